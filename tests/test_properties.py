@@ -13,6 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 import cconv.compressors as cc
 import cconv.memory as mem
+from cconv.compressors.randomk import sample_indices
 from cconv.compressors.sparse import SparsePayload
 
 SHAPES = [(), (1,), (7,), (3, 5), (2, 3, 4), (33, 3)]
@@ -115,7 +116,7 @@ def test_contract(comp, shape, dtype, seed):
 def _sparse_indices(name, hp, c, payload, shape):
     if isinstance(payload, SparsePayload):
         return np.asarray(payload.indices)
-    return np.asarray(cc.randomk.sample_indices(payload.key, max(int(np.prod(shape)), 1),
+    return np.asarray(sample_indices(payload.key, max(int(np.prod(shape)), 1),
                                                 payload.values.shape[0]))
 
 

@@ -35,7 +35,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from cconv import compressors as C
-from cconv.compressors import powersgd as _psgd
+from cconv.compressors.powersgd import is_compressed as _psgd_compressed, matrix_shape as _psgd_matrix
 from cconv.theory import constants as K
 from cconv.theory import network as N
 from cconv.theory import workloads as W
@@ -106,8 +106,8 @@ def _calls(method: str, hp: dict, workload: W.Workload, workers: int, granularit
         r = hp["rank"]
         fused_p = fused_q = 0.0
         for i, s in enumerate(workload.shapes):
-            if _psgd.is_compressed(s, r):
-                n, m = _psgd.matrix_shape(s)
+            if _psgd_compressed(s, r):
+                n, m = _psgd_matrix(s)
                 p_b, q_b = 4.0 * r * n, 4.0 * r * m
             else:
                 p_b, q_b = 4.0 * int(np.prod(s)), 0.0

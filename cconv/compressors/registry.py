@@ -1,0 +1,396 @@
+"""The compressor registry: one ``Entry`` per compressor holds everything cconv asks about it.
+
+A compressor module builds its ``Compressor`` with a plain factory and registers it once::
+
+    natural = register("natural", Entry(
+        factory=_natural,                       # hyper-parameters -> Compressor (no validation)
+        schema=Schema(),                        # types, ranges, defaults: the one place bad values
+                                                # are rejected
+        aggregation="allgather",                # or a function of the validated hyper-parameters
+        theory=Theory(wire_bytes=..., bound=..., error_sq=...),   # or None: "no constant"
+        label="natural compression",            # plots and the planner
+        cases=({},),                            # small hyper-parameter sets the generic tests run
+    ))
+
+``register`` returns the validated public factory (``natural(**hp)`` checks ``hp`` against the
+schema, then builds), and ``cconv.compressors`` imports it: a new compressor is one module, its
+import line in ``cconv/compressors/__init__.py`` and (optionally) its own test file.  Every generic
+test (contract, wire bytes, error-feedback invariant, bad input from the schema, determinism,
+unbiasedness when the compressor says so, contraction when its theory says so) parametrizes over
+``names()`` and each entry's ``cases``.
+
+Outside a compressor's own module nothing names a compressor: the engine reads ``aggregation``
+and ``collectives``, ``cconv.theory.constants`` calls the ``theory`` oracle, the planner and the
+plots read ``knob`` and ``label``, the benchmarks read ``bench``.
+
+Users register their own with ``cconv.compressors.register(name, entry)`` or name a factory by
+import path (``get("my_pkg.my_mod:my_factory", ...)``, also in YAML configs).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import math
+from typing import Any, Callable, Mapping, NamedTuple
+
+import numpy as np
+
+from cconv.compressors.base import Compressor
+
+# --------------------------------------------------------------------------- schema
+
+class Param(NamedTuple):
+    """One hyper-parameter: its type, range and default.
+
+    type      "int" | "float" | "bool" | "str" ("any": unchecked, for plain user factories)
+    low/high  inclusive bounds (None: unbounded); ``low_open``/``high_open`` make them exclusive
+    optional  None is a valid value (meaning "not given" / "off")
+    choices   the valid values of a "str" parameter
+
+    Errors read ``<compressor>: <name> must be ..., got <value>`` (one line).
+    An int where a float is expected is accepted and converted; bools are never numbers.
+    """
+
+    name: str
+    type: str
+    default: Any = None
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    optional: bool = False
+    choices: tuple | None = None
+    help: str = ""
+    show_help: bool = False     # name the help text in errors: "tau (the threshold) must be ..."
+
+    def describe(self) -> str:
+        """The constraint in words: 'in (0, 1]', 'an integer >= 1', 'a positive number', ..."""
+        if self.type == "bool":
+            return "true or false"
+        if self.type == "str":
+            return "one of " + ", ".join(map(str, self.choices or ()))
+        what = "an integer" if self.type == "int" else "a number"
+        lo, hi = self.low, self.high
+        if lo is not None and hi is not None:
+            return (f"{'an integer ' if self.type == 'int' else ''}in {'(' if self.low_open else '['}"
+                    f"{_fmt(lo)}, {_fmt(hi)}{')' if self.high_open else ']'}")
+        if lo is not None:
+            if self.type == "float" and lo == 0 and self.low_open:
+                return "a positive number"
+            return f"{what} {'>' if self.low_open else '>='} {_fmt(lo)}"
+        if hi is not None:
+            return f"{what} {'<' if self.high_open else '<='} {_fmt(hi)}"
+        return what
+
+    def check(self, owner: str, value: Any) -> Any:
+        """The normalised value (int -> float for "float"); ValueError if it is not valid."""
+        if self.type == "any":      # plain factories (Schema.from_signature): the factory checks
+            return value
+        if value is None:
+            if self.optional:
+                return None
+            raise ValueError(f"{owner}: {self.name}{f' ({self.help})' if self.help and self.show_help else ''} "
+                             f"must be {self.describe()}, got None")
+        bad = ValueError(f"{owner}: {self.name}{f' ({self.help})' if self.help and self.show_help else ''} "
+                         f"must be {self.describe()}, got {value!r}")
+        if self.type == "bool":
+            if not isinstance(value, (bool, np.bool_)):
+                raise bad
+            return bool(value)
+        if self.type == "str":
+            if not isinstance(value, str) or (self.choices is not None and value not in self.choices):
+                raise bad
+            return value
+        if isinstance(value, (bool, np.bool_)):
+            raise bad
+        if self.type == "int":
+            if not isinstance(value, (int, np.integer)):
+                raise bad
+            value = int(value)
+        else:
+            if not isinstance(value, (int, float, np.integer, np.floating)) or not math.isfinite(float(value)):
+                raise bad
+            value = float(value)
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            raise bad
+        if self.high is not None and (value >= self.high if self.high_open else value > self.high):
+            raise bad
+        return value
+
+
+def _fmt(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else repr(v)
+
+
+class Schema(NamedTuple):
+    """A compressor's hyper-parameters (in signature order) and a cross-parameter rule.
+
+    ``rule(owner, values) -> values`` sees the per-parameter-checked values and may reject
+    combinations (e.g. "give either ratio or k, not both") or fill a default that depends on
+    another parameter.  ``validate`` is the one place cconv rejects bad hyper-parameters.
+    """
+
+    params: tuple[Param, ...] = ()
+    rule: Callable[[str, dict], dict] | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.params]
+
+    def defaults(self) -> dict:
+        return {p.name: p.default for p in self.params}
+
+    def validate(self, owner: str, hparams: Mapping[str, Any]) -> dict:
+        """Checked and normalised hyper-parameters, defaults filled in; a one-line ValueError
+        naming the accepted hyper-parameters for an unknown one, or the constraint for a bad value."""
+        unknown = sorted(set(hparams) - set(self.names))
+        if unknown:
+            valid = ", ".join(self.names) if self.params else "(none)"
+            raise ValueError(f"compressor {owner!r} got unknown hyper-parameter(s) {', '.join(unknown)}; "
+                             f"valid: {valid}")
+        values = {p.name: p.check(owner, hparams.get(p.name, p.default)) for p in self.params}
+        return dict(self.rule(owner, values)) if self.rule is not None else values
+
+    @classmethod
+    def from_signature(cls, factory: Callable) -> "Schema":
+        """A permissive schema for a plain factory (user code without an Entry): the signature's
+        names and defaults, types from the defaults (no ranges; the factory checks the rest)."""
+        params = []
+        for p in inspect.signature(factory).parameters.values():
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                continue
+            d = None if p.default is inspect.Parameter.empty else p.default
+            t = {bool: "bool", int: "int", float: "float", str: "str"}.get(type(d))
+            params.append(Param(p.name, t or "any", d, optional=True))
+        return cls(tuple(params))
+
+
+# --------------------------------------------------------------------------- theory
+
+
+class Bound(NamedTuple):
+    """Worst-case (over x) constant of a compressor for one shape.
+
+    kind   "unbiased": E[C(x)] = x and E||C(x) - x||^2 <= omega ||x||^2
+           "contractive": E||C(x) - x||^2 <= (1 - delta) ||x||^2 with delta > 0
+           "biased": neither; delta = 0 when C is only non-expansive, None when even that fails
+    tight  the worst case is attained (or is the exact supremum), else a valid bound
+    """
+
+    kind: str
+    omega: float | None = None
+    delta: float | None = None
+    tight: bool = True
+
+
+class Theory(NamedTuple):
+    """A compressor's closed forms, computed independently of its JAX code (float64 NumPy).
+
+    wire_bytes(c, shape, itemsize) -> int      payload bytes from the paper's formula
+    bound(c, shape) -> Bound                   worst-case omega / delta
+    error_sq(c, x, state) -> float             exact E||C(x) - x||^2 for this x (x: float64
+                                               array of the input's shape; ``state`` is the
+                                               compressor state or None for its ``init``)
+    variance(c, x) -> ndarray | None           Var[C(x)_i] (unbiased compressors)
+    worst_case(c, shape) -> ndarray | None     an x attaining the bound (tight ones); raise
+                                               ValueError where it is a supremum, not attained
+    ``c`` is the built Compressor (``c.hparams`` holds the validated hyper-parameters).
+    """
+
+    wire_bytes: Callable[[Compressor, tuple, int], int]
+    bound: Callable[[Compressor, tuple], Bound]
+    error_sq: Callable[[Compressor, np.ndarray, Any], float]
+    variance: Callable[[Compressor, np.ndarray], np.ndarray] | None = None
+    worst_case: Callable[[Compressor, tuple], np.ndarray] | None = None
+
+
+class Knob(NamedTuple):
+    """The hyper-parameter a sweep varies (plot colour, planner settings) and its default values."""
+
+    name: str
+    values: tuple = ()
+
+
+class Bench(NamedTuple):
+    """How the benchmark suite times a compressor: ``hparams(ratio)`` and its target as a multiple
+    of the memory read floor (None: report only)."""
+
+    hparams: Callable[[float], dict] = lambda ratio: {}
+    target_x: float | None = None
+
+
+# --------------------------------------------------------------------------- entries
+
+
+class Entry(NamedTuple):
+    """Everything cconv asks about one compressor (see the module docstring).
+
+    factory      validated hyper-parameters -> Compressor
+    schema       hyper-parameter types, ranges, defaults (``Schema``)
+    aggregation  "allreduce" | "allgather" | "powersgd", or a function of the hyper-parameters
+    collectives  other exchange algorithms it supports besides its aggregation ("gtopk" for
+                 top-k selections)
+    theory       ``Theory`` oracle, or None ("no constant": theory functions raise ValueError)
+    knob         the swept hyper-parameter (``Knob``), or None
+    label        human-readable name for plots and tables
+    cases        small hyper-parameter sets the generic tests run (at least one)
+    bench        ``Bench`` settings (None: benchmarked with its defaults, no target)
+    name         filled in by ``register``
+    """
+
+    factory: Callable[..., Compressor]
+    schema: Schema = Schema()
+    aggregation: str | Callable[[dict], str] = "allgather"
+    collectives: tuple[str, ...] = ()
+    theory: Theory | None = None
+    knob: Knob | None = None
+    label: str = ""
+    cases: tuple[dict, ...] = ({},)
+    bench: Bench | None = None
+    name: str = ""
+
+    def aggregation_of(self, hparams: Mapping[str, Any]) -> str:
+        return self.aggregation(dict(hparams)) if callable(self.aggregation) else self.aggregation
+
+    def build(self, **hparams) -> Compressor:
+        """Validate ``hparams`` against the schema and build the compressor."""
+        hp = self.schema.validate(self.name, hparams)
+        c = self.factory(**hp)
+        if not isinstance(c, Compressor):
+            raise ValueError(f"compressor {self.name!r}: its factory returned {type(c).__name__}, "
+                             "not a cconv.compressors.Compressor")
+        return c._replace(name=self.name, aggregation=self.aggregation_of(hp), hparams=hp)
+
+
+AGGREGATIONS = ("allreduce", "allgather", "powersgd")
+_REGISTRY: dict[str, Entry] = {}
+
+
+def register(name: str, entry: Entry) -> Callable[..., Compressor]:
+    """Register ``entry`` as ``name``; returns its validated public factory.
+
+    Registering the same factory again under the same name is a no-op (module reloads); another
+    entry under a taken name is a ValueError.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"register: name must be a non-empty string, got {name!r}")
+    if not isinstance(entry, Entry):
+        raise ValueError(f"register: entry must be a cconv.compressors.Entry, got {type(entry).__name__}")
+    if not entry.cases:
+        raise ValueError(f"register: {name!r} needs at least one test case (cases=({{}},) for defaults)")
+    if not callable(entry.aggregation) and entry.aggregation not in AGGREGATIONS:
+        raise ValueError(f"register: {name!r} aggregation must be one of {', '.join(AGGREGATIONS)}, "
+                         f"got {entry.aggregation!r}")
+    old = _REGISTRY.get(name)
+    if old is not None and old.factory is not entry.factory and \
+            getattr(old.factory, "__qualname__", None) != getattr(entry.factory, "__qualname__", 0):
+        raise ValueError(f"register: a compressor named {name!r} is already registered")
+    entry = entry._replace(name=name)
+    _REGISTRY[name] = entry
+    return _public_factory(entry)
+
+
+def _public_factory(entry: Entry) -> Callable[..., Compressor]:
+    @functools.wraps(entry.factory)
+    def factory(**hparams) -> Compressor:
+        return entry.build(**hparams)
+
+    factory.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, default=p.default)
+         for p in entry.schema.params], return_annotation=Compressor)
+    factory.__name__ = entry.name
+    factory.entry = entry  # type: ignore[attr-defined]
+    return factory
+
+
+def _from_path(path: str) -> Entry:
+    """Import ``"package.module:attr"``: an Entry, a factory returned by ``register``, or a plain
+    factory returning a Compressor (registered with a permissive schema and no theory)."""
+    module, _, attr = path.partition(":")
+    try:
+        obj = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"compressor {path!r}: cannot import it ({type(e).__name__}: {e})") from None
+    if isinstance(obj, Entry):
+        entry = obj
+    elif isinstance(getattr(obj, "entry", None), Entry):
+        entry = obj.entry
+    elif callable(obj):
+        entry = Entry(factory=obj, schema=Schema.from_signature(obj), label=path)
+    else:
+        raise ValueError(f"compressor {path!r}: {type(obj).__name__} is not a factory or an Entry")
+    register(path, entry._replace(name=""))
+    return _REGISTRY[path]
+
+
+def entry(name: str) -> Entry:
+    """The registry entry of ``name`` (a registered name or ``"package.module:factory"``)."""
+    if isinstance(name, str) and name in _REGISTRY:
+        return _REGISTRY[name]
+    if isinstance(name, str) and ":" in name:
+        return _from_path(name)
+    raise ValueError(f"unknown compressor {name!r}; valid names: {', '.join(sorted(_REGISTRY))} "
+                     "(or 'package.module:factory')")
+
+
+def entry_of(c: Compressor) -> Entry:
+    """The entry a (possibly memory-wrapped) compressor was built from: ``c.name`` is its
+    registered name; memory wrappers name themselves ``ef(<name>)``, ``dgc_memory(<name>)``."""
+    return entry(_base_name(c))
+
+
+def _base_name(c: Compressor) -> str:
+    name = c.name
+    while "(" in name and name.endswith(")"):
+        name = name[name.index("(") + 1:-1]
+    return name
+
+
+def names() -> list[str]:
+    """Registered compressor names (sorted)."""
+    return sorted(_REGISTRY)
+
+
+def entries() -> list[Entry]:
+    """Registered entries, sorted by name."""
+    return [_REGISTRY[n] for n in names()]
+
+
+def hparams_of(name: str) -> list[str]:
+    """The hyper-parameters a registered compressor accepts (schema order)."""
+    return entry(name).schema.names
+
+
+def get(name: str, **hparams) -> Compressor:
+    """Build a registered compressor by name, e.g. ``get("qsgd", levels=4)``.
+
+    Raises ValueError for an unknown name (listing the valid ones), an unknown hyper-parameter
+    (listing the accepted ones) or an out-of-range value.
+    """
+    return entry(name).build(**hparams)
+
+
+def ratio_or_k(owner: str, values: dict, default_ratio: float | None = None) -> dict:
+    """Schema rule of the sparsifiers: exactly one of ``ratio`` and ``k`` (``ratio`` defaults to
+    ``default_ratio`` when neither is given; without a default one of them is required)."""
+    ratio, k = values.get("ratio"), values.get("k")
+    if ratio is not None and k is not None:
+        raise ValueError(f"{owner}: give either ratio or k, not both")
+    if ratio is None and k is None:
+        if default_ratio is None:
+            raise ValueError(f"{owner}: needs ratio (fraction of entries kept, in (0, 1]) or k (>= 1)")
+        values = {**values, "ratio": float(default_ratio)}
+    return values
+
+
+RATIO = Param("ratio", "float", None, low=0.0, high=1.0, low_open=True, optional=True,
+              help="fraction of entries kept, k = ceil(ratio * d)")
+K = Param("k", "int", None, low=1, optional=True, help="entries kept per tensor (instead of ratio)")
+
+__all__ = ["Param", "Schema", "Bound", "Theory", "Knob", "Bench", "Entry", "register", "entry",
+           "entry_of", "names", "entries", "hparams_of", "get", "ratio_or_k", "RATIO", "K",
+           "AGGREGATIONS"]
