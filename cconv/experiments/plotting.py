@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Iterable
 
 import numpy as np
 
@@ -63,7 +64,7 @@ def knobs(family: str | None = None) -> list[str]:
     return list(dict.fromkeys([*own, "ratio", "k", *others]))
 
 
-def family_order(families) -> list[str]:
+def family_order(families: Iterable[str]) -> list[str]:
     """Registered families in name order, then the others by name."""
     from cconv import compressors as C
 

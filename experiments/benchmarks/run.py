@@ -38,6 +38,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:   # jax and cconv are imported lazily (after the device flags are set)
+    import jax
+
+    from cconv.compressors import Bench, Compressor
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -136,7 +142,7 @@ def loadavg() -> list[float] | None:
 
 # --------------------------------------------------------------------------- (a) compressors
 
-def bench_of(name: str):
+def bench_of(name: str) -> Bench:
     """A compressor's ``Bench`` from its registry entry (defaults and no target when it has none)."""
     from cconv import compressors as C
 
@@ -154,7 +160,7 @@ def target_x(name: str) -> float | None:
     return bench_of(name).target_x
 
 
-def bench_input(c, x):
+def bench_input(c: Compressor, x: jax.Array) -> jax.Array:
     """The tensor a compressor is timed on: a 2-D view (1000 rows) for an aggregation that is not
     one collective of a flat payload (PowerSGD's low-rank factors need a matrix), else ``x``."""
     if c.aggregation not in ("allreduce", "allgather") and x.size % 1000 == 0:

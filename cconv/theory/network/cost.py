@@ -32,7 +32,6 @@ def _check_network(net: object) -> Network:
     return net
 
 
-
 def _check_args(nbytes, workers) -> tuple[float, int]:
     if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float, np.integer, np.floating)) \
             or not math.isfinite(nbytes) or nbytes < 0:
