@@ -30,6 +30,7 @@ from cconv.compressors.onebit import onebit
 from cconv.compressors.qsgd import qsgd
 from cconv.compressors.stc import stc
 from cconv.compressors.powersgd import powersgd
+from cconv.compressors.natural import natural
 
 none = identity
 
