@@ -60,7 +60,6 @@ State = Any
 Payload = Any
 
 AGGREGATIONS = ("allreduce", "allgather", "powersgd")
-FLOAT_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16, jnp.float64)
 
 
 class Compressor(NamedTuple):
@@ -161,17 +160,6 @@ def itemsize(dtype) -> int:
 def like_info(like) -> tuple[tuple[int, ...], Any]:
     """(shape, dtype) of an array or ShapeDtypeStruct."""
     return tuple(like.shape), like.dtype
-
-
-def sign_pm1(x: Array) -> Array:
-    """sign with the convention sign(0) = +1 (returns x.dtype)."""
-    return jnp.where(x >= 0, 1, -1).astype(x.dtype)
-
-
-def l2_norm_f32(x: Array) -> Array:
-    """2-norm computed in float32 (inputs may be bf16/fp16)."""
-    x32 = x.astype(jnp.float32)
-    return jnp.sqrt(jnp.sum(x32 * x32))
 
 
 def safe_div(a: Array, b: Array) -> Array:
