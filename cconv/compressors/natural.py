@@ -99,7 +99,8 @@ def _variance(c, x):
     x = flat64(x)
     lo, hi = _neighbours(x)
     t = np.abs(x)
-    var = np.where((lo >= _OVERFLOW) & (t > lo), np.inf, (t - lo) * (hi - t))
+    with np.errstate(invalid="ignore"):
+        var = np.where((lo >= _OVERFLOW) & (t > lo), np.inf, (t - lo) * (hi - t))
     return np.where(np.isfinite(t), var, np.nan)
 
 
