@@ -112,7 +112,8 @@ def test_unknown_hparam_lists_the_accepted_ones():
 CASES = [("none", {}), ("fp16", {}), ("bf16", {}), ("randomk", {"ratio": 0.5}),
          ("topk", {"ratio": 0.5}), ("threshold", {"tau": 0.1}), ("dgc", {"ratio": 0.5}),
          ("terngrad", {}), ("signsgd", {}), ("scaled_sign", {}), ("onebit", {}), ("qsgd", {}),
-         ("stc", {"ratio": 0.5}), ("powersgd", {"rank": 1})]
+         ("stc", {"ratio": 0.5}), ("powersgd", {"rank": 1}),
+         ("natural", {})]
 
 
 def test_cases_cover_the_registry():

@@ -19,8 +19,9 @@ CASES = [
     ("threshold", {"tau": 0.5, "ratio": 0.2}), ("dgc", {"ratio": 0.2}), ("terngrad", {}),
     ("signsgd", {}), ("scaled_sign", {}), ("onebit", {"columns": True}), ("qsgd", {"levels": 4}),
     ("qsgd", {"levels": 2, "bucket": 6}), ("stc", {"ratio": 0.2}), ("powersgd", {"rank": 2}),
+    ("natural", {}),
 ]
-RANDOM = {"randomk", "terngrad", "qsgd"}
+RANDOM = {"randomk", "terngrad", "qsgd", "natural"}
 ALLREDUCE = {"none", "fp16", "bf16"}
 KEY = jax.random.PRNGKey(0)
 ids = functools.partial(str)
@@ -88,7 +89,7 @@ def test_same_key_same_payload(name, hp):
         # the random choices differ: the kept coordinates (random-k) or the stochastic codes
         c = compiled(name, tuple(sorted(hp.items())))[0]
         choice = (lambda p: np.flatnonzero(np.asarray(c.decompress(p, x)))) if name == "randomk" \
-            else (lambda p: np.asarray(p.codes))
+            else (lambda p: np.asarray(p.exponents if name == "natural" else p.codes))
         assert not np.array_equal(choice(a), choice(other))
     else:
         assert leaves_equal(a, other)                # deterministic compressors ignore the key

@@ -16,7 +16,7 @@ CASES = [
     ("terngrad", {}), ("terngrad", {"clip": 2.5}), ("signsgd", {}), ("scaled_sign", {}),
     ("onebit", {}), ("onebit", {"columns": True}), ("qsgd", {"levels": 4}),
     ("qsgd", {"levels": 2, "bucket": 8}), ("stc", {"ratio": 0.3}), ("powersgd", {"rank": 1}),
-    ("powersgd", {"rank": 2}),
+    ("powersgd", {"rank": 2}), ("natural", {}),
 ]
 STEPS = 4
 

@@ -66,6 +66,7 @@ UNBIASED = [
     ("qsgd", (("levels", 2),)),
     ("qsgd", (("levels", 1),)),
     ("qsgd", (("levels", 3), ("bucket", 5))),
+    ("natural", ()),
 ]
 
 
