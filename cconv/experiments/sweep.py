@@ -161,7 +161,7 @@ def load_sweep(path: str) -> tuple[str, list[SweepRun]]:
     return str(name), runs
 
 
-def _get_path(d: dict, dotted: str):
+def _get_path(d: dict, dotted: str) -> Any:
     """Value of a dotted key in a raw config (names given as strings count as {name: ...})."""
     parts = dotted.split(".")
     if parts[0] not in FIELDS:
@@ -175,8 +175,6 @@ def _get_path(d: dict, dotted: str):
             return None
         node = node.get(p)
     return node
-
-
 
 
 def validate(runs: list[SweepRun]) -> None:
