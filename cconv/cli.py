@@ -108,7 +108,7 @@ def _describe(out: str, s: dict) -> str:
 
 
 def cmd_sweep(args) -> int:
-    from cconv.experiments.config import load_sweep
+    from cconv.experiments.sweep import load_sweep
 
     _, runs = load_sweep(args.config)
     configure_devices(max(r.config.workers for r in runs))
