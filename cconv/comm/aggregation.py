@@ -225,6 +225,7 @@ class Vote(AllGather):
     """Majority vote over gathered payloads: sign(sum_w decompress(payload_w)), sign(0) = +1."""
 
     name = "vote"
+    selectable = False     # asked for by ``vote=True``, not by ``collective``
 
     def check(self, cfg, c):
         if c.aggregation != "allgather":

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import jax
 import optax
 
+from cconv import memory as M
 from cconv.comm.accounting import Collective, merge, total_traffic
 from cconv.comm.aggregation import TRANSPORTS
 from cconv.comm.backend import DryComm
@@ -82,7 +83,7 @@ class Trainer:
             if phase.kind == "bsp" or cfg.compress_delta:
                 base, memory = compressor_at(cfg, phase.density), cfg.memory
             else:
-                base, memory = None, "none"
+                base, memory = None, M.NONE
             self._plans[phase] = make_plan(cfg, base, self._shapes, memory=memory)
         return self._plans[phase]
 
