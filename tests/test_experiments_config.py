@@ -178,8 +178,12 @@ def test_option_lists_are_the_engines_and_aliases_map_before_validation():
 
     for arch in ("all-to-all", "parameter-server", "ps", "gtopk"):
         C.from_dict({"architecture": arch})
-    for launcher in E.LAUNCHERS:
-        assert C.from_dict({"launcher": launcher}).launcher == launcher
+    for launcher, cls in E.LAUNCHERS.items():
+        if cls.one_process_per_worker:   # mpirun launches: the engine API, not the one-process runner
+            with pytest.raises(ConfigError, match="launcher must be one of"):
+                C.from_dict({"launcher": launcher})
+        else:
+            assert C.from_dict({"launcher": launcher}).launcher == launcher
     ps = C.engine_config(C.from_dict({"architecture": "ps", "compressor": {"name": "topk", "ratio": 0.1}}))
     assert (ps.architecture, ps.collective) == ("parameter-server", "auto")
     # `architecture: gtopk` is all-to-all with the gTop-k collective (it wins over `collective`)

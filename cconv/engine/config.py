@@ -17,9 +17,8 @@ from cconv.comm import aggregation as A
 from cconv.compressors.base import Compressor
 from cconv.engine.launchers import LAUNCHERS   # name -> Launcher class
 
-# The uncompressed baseline's registered name.  TRANSITIONAL: ``cconv.compressors.IDENTITY``
-# is being added; until then the name the identity factory was registered under.
-IDENTITY: str = getattr(C, "IDENTITY", None) or C.identity.entry.name
+# The uncompressed baseline's registered name (defined by the compressors layer).
+IDENTITY: str = C.IDENTITY
 MEMORIES = M.MEMORIES                      # name -> Memory factory
 GRANULARITIES = ("layerwise", "fused")
 ARCHITECTURES = tuple(A.TRANSPORTS)        # "all-to-all", "parameter-server"

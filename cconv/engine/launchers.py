@@ -41,6 +41,7 @@ class Launcher:
 
     name = ""
     supports_seeds = False
+    one_process_per_worker = False   # True: started by an external launcher (mpirun), one rank each
 
     def __init__(self, cfg, devices=None, mpi_comm=None, seeds: int | None = None):
         self.cfg, self.workers, self.seeds = cfg, cfg.workers, seeds
@@ -163,6 +164,7 @@ class MPI(Launcher):
     """One process per worker (``mpirun``); the step is ``jax.jit``-compiled per process."""
 
     name = "mpi"
+    one_process_per_worker = True
 
     def __init__(self, cfg, devices=None, mpi_comm=None, seeds=None):
         super().__init__(cfg, devices, mpi_comm, seeds)

@@ -107,7 +107,8 @@ class RunConfig:
     collective: str = field(default="auto", metadata={"help": "auto (the compressor's) | allgather | gtopk"})
     vote: bool = field(default=False, metadata={"help": "signSGD majority vote"})
     ps_downlink: Any = field(default=None, metadata={"help": "PS downlink compressor (name or mapping) or null"})
-    launcher: str = field(default="shard_map", metadata={"help": " | ".join(LAUNCHERS)})
+    launcher: str = field(default="shard_map", metadata={"help": " | ".join(
+        n for n, cls in LAUNCHERS.items() if not cls.one_process_per_worker)})
     network: Any = field(default=None,
                          metadata={"help": "network for simulated time: preset name, {name, alpha, beta}, or a list"})
     log_every: int = field(default=10, metadata={"help": "steps between metric lines (and test evaluations)"})
@@ -328,7 +329,10 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
         raise ConfigError(f"vote must be true or false, got {cfg.vote!r}")
     if cfg.ps_downlink is not None:
         cfg.ps_downlink = _named(cfg.ps_downlink, "ps_downlink")
-    cfg.launcher = _choice("launcher", cfg.launcher, LAUNCHERS)
+    # the runner is one process: launchers that need one process per worker (mpirun) are for the
+    # engine API (experiments/cluster/), not for `cconv run`
+    cfg.launcher = _choice("launcher", cfg.launcher,
+                           [n for n, cls in LAUNCHERS.items() if not cls.one_process_per_worker])
     cfg.log_every = _int("log_every", cfg.log_every)
     cfg.checkpoint_every = _int("checkpoint_every", cfg.checkpoint_every)
     cfg.target_loss = _num("target_loss", cfg.target_loss, allow_none=True)

@@ -33,8 +33,7 @@ def identity_name() -> str:
     """The registered name of the identity compressor: the dense baseline of every panel."""
     from cconv import compressors as C
 
-    name = getattr(C, "IDENTITY", None)
-    return name if name is not None else C.identity.entry.name   # before cconv.compressors.IDENTITY
+    return C.IDENTITY
 
 
 def family_label(name: str) -> str:

@@ -130,8 +130,7 @@ def _delta_of(r: Row) -> float:
 
 def identity_name() -> str:
     """The registered name of the identity compressor (the dense baseline)."""
-    name = getattr(C, "IDENTITY", None)
-    return name if name is not None else C.identity.entry.name   # before cconv.compressors.IDENTITY
+    return C.IDENTITY
 
 
 def _collective_methods() -> dict[tuple[str, str], str]:
