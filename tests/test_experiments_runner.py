@@ -164,6 +164,7 @@ def wandb_records(path):
 
 
 def test_wandb_offline_with_bytes_axis(tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="the wandb extra is not installed (pip install -e '.[wandb]')")
     monkeypatch.delenv("WANDB_MODE", raising=False)   # offline must be the default
     monkeypatch.setenv("WANDB_SILENT", "true")
     d = str(tmp_path / "run")
