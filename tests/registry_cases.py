@@ -552,12 +552,15 @@ def check_theory_error(s: Subject) -> None:
     b = s.bound(PROBE_SHAPE)
     probes = s.probes()
     if not s.is_random:
-        ys = s.roundtrips(list(probes.values()))
-        for (label, x), y in zip(probes.items(), ys):
+        # not on the rank-1 probes ("ties", "one"): there a low-rank method's Gram-Schmidt is
+        # ill-conditioned and float32 and the float64 closed form may pick different bases
+        general = {k: v for k, v in probes.items() if k not in ("ties", "one")}
+        ys = s.roundtrips(list(general.values()))
+        for (label, x), y in zip(general.items(), ys):
             expected = t.error_sq(s.c, x, None)
             assert sq(y - x) == pytest.approx(expected, rel=1e-4, abs=1e-9 * sq(x) + 1e-12), label
     else:
-        for label in ("mc", "heavy"):
+        for label in ("mc", "heavy") + (("worst",) if "worst" in probes else ()):
             x = probes[label]
             expected = t.error_sq(s.c, x, None)
             ok, z = scalar_mean_ok(_err(s.samples(x), x), expected)
@@ -568,8 +571,8 @@ def check_theory_error(s: Subject) -> None:
             assert ratio <= b.omega + 1e-9, (label, ratio, b)
         if b.delta is not None:
             assert 1 - ratio >= b.delta - 1e-9, (label, ratio, b)
-        if label == "worst" and b.tight:
-            worst = b.omega if b.kind == "unbiased" else 1 - b.delta
+        worst = b.omega if b.kind == "unbiased" else None if b.delta is None else 1 - b.delta
+        if label == "worst" and b.tight and worst is not None:
             assert ratio == pytest.approx(worst, rel=1e-9, abs=1e-12)
 
 
