@@ -127,6 +127,14 @@ class Subject:
 
     def __init__(self, c: Compressor, theory: Theory | None, entry: Entry | None = None):
         self.c, self.theory, self.entry = c, theory, entry
+        self._mc: dict = {}
+
+    def with_theory(self, theory: Theory | None) -> "Subject":
+        """The same compressor (and its compiled programs and samples) with another theory."""
+        other = Subject(self.c, theory, self.entry)
+        other.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("theory",)})
+        other.theory = theory
+        return other
 
     def __repr__(self) -> str:
         return f"Subject({self.c.name}, {self.c.hparams})"
@@ -219,14 +227,12 @@ class Subject:
 
     def samples(self, x: np.ndarray, seed: int = 0) -> np.ndarray:
         """(N_MC, *PROBE_SHAPE) float64 samples of C(x) over N_MC fixed keys."""
-        return self._samples(x.tobytes(), seed)
-
-    @functools.lru_cache(maxsize=8)
-    def _samples(self, xb: bytes, seed: int) -> np.ndarray:
-        x = np.frombuffer(xb, np.float64).reshape(PROBE_SHAPE)
-        xs = jnp.broadcast_to(jnp.asarray(x, jnp.float32), (N_MC, *PROBE_SHAPE))
-        keys = jax.random.split(jax.random.PRNGKey(seed), N_MC)
-        return f64(self.batch_program(xs, keys))
+        key = (f64(x).tobytes(), seed)
+        if key not in self._mc:
+            xs = jnp.broadcast_to(jnp.asarray(x, jnp.float32), (N_MC, *PROBE_SHAPE))
+            keys = jax.random.split(jax.random.PRNGKey(seed), N_MC)
+            self._mc[key] = f64(self.batch_program(xs, keys))
+        return self._mc[key]
 
     def roundtrips(self, xs: list[np.ndarray], key=KEY1) -> np.ndarray:
         """C(x) for a few PROBE_SHAPE inputs with one key (through the same compiled program)."""
@@ -272,9 +278,16 @@ def subject(name: str, hp: dict) -> Subject:
 
 
 def local_subject(entry: Entry, hp: dict, name: str = "local") -> Subject:
-    """A subject for an Entry that is not registered (tests of the checks themselves)."""
+    """A subject for an Entry that is not registered (tests of the checks themselves); entries
+    with the same factory share compiled programs (only their theory may differ)."""
     entry = entry._replace(name=name)
-    return Subject(entry.build(**hp), entry.theory, entry)
+    key = (entry.factory, name, hp_key(hp))
+    if key not in _LOCAL:
+        _LOCAL[key] = Subject(entry.build(**hp), None, entry._replace(theory=None))
+    return _LOCAL[key].with_theory(entry.theory)
+
+
+_LOCAL: dict = {}
 
 
 def _leaves_equal(a, b) -> bool:
@@ -333,17 +346,24 @@ def check_static(s: Subject) -> None:
 
 
 def check_contract(s: Subject) -> None:
-    """decompress(compress(x)) has x's shape and dtype and is finite; zero -> exact zero;
+    """decompress(compress(x)) has x's shape and dtype and is finite; zero -> exact zero (see below);
     payload layouts do not depend on the values or the key; every float dtype is accepted."""
     assert s.accepts(F32)
+    # zero -> exactly zero wherever a declared property implies it: unbiased (E C(0) = 0, and
+    # every unbiased method here sends 0 for 0) or a bound with delta (||C(0)||^2 <= (1 - delta) 0).
+    # Otherwise only finite (signSGD's sign(0) = +1 sends ones).
+    b = s.bound((7,))
+    zero_to_zero = s.c.unbiased or (b is not None and b.delta is not None)
     xs, _, res, _ = s.runs["a"]
     _, _, zero, _ = s.runs["zero"]
     _, _, other, _ = s.runs["b"]
     for (shape, dtype), x, r, z, o in zip(s.inputs, xs, res, zero, other):
         assert r.y.shape == shape and r.y.dtype == dtype, (shape, dtype, r.y.shape, r.y.dtype)
         assert np.all(np.isfinite(f64(r.y))), (shape, dtype)
-        assert np.all(f64(z.y) == 0), (shape, dtype)
-        assert z.residual is None or np.all(f64(z.residual) == 0), (shape, dtype)
+        if zero_to_zero:
+            assert np.all(f64(z.y) == 0), (shape, dtype)
+            assert z.residual is None or np.all(f64(z.residual) == 0), (shape, dtype)
+        assert np.all(np.isfinite(f64(z.y))), (shape, dtype)
         assert _layout(r.payload) == _layout(z.payload) == _layout(o.payload), (shape, dtype)
     assert s.runs["a"][2][0].y.shape == ()          # a 0-d input ran
 

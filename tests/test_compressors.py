@@ -125,7 +125,8 @@ def _run(mesh, fn, args, in_specs, out_specs):
     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs))(*args)
 
 
-@pytest.mark.parametrize("name,hp", [("randomk", {"ratio": 0.25}), ("fp16", {}), ("none", {})], ids=ids)
+@pytest.mark.parametrize("name,hp", [pytest.param("randomk", {"ratio": 0.25}, marks=pytest.mark.slow),
+                                     ("fp16", {}), ("none", {})], ids=ids)
 def test_shard_map_allreduce(mesh, name, hp):
     """Summable payloads: psum the floating leaves (the shared key is not communicated)."""
     c = cc.get(name, **hp)
