@@ -108,7 +108,7 @@ def _describe(out: str, s: dict) -> str:
 
 
 def cmd_sweep(args) -> int:
-    from cconv.experiments.config import load_sweep
+    from cconv.experiments.sweep import load_sweep
 
     _, runs = load_sweep(args.config)
     configure_devices(max(r.config.workers for r in runs))
@@ -229,9 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--csv", metavar="FILE", help="also write the full table as CSV ('-' prints CSV only)")
     rp.set_defaults(func=cmd_report)
 
-    from cconv.theory import planner
+    from cconv.theory import plan_cli
 
-    plan = planner.register(sub)
+    plan = plan_cli.register(sub)
     plan.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                       help="show tracebacks instead of one-line errors")
     return p
@@ -246,9 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     debug = bool(getattr(args, "debug", False))
     try:
         if args.command == "plan":
-            from cconv.theory import planner
+            from cconv.theory import plan_cli
 
-            return int(planner.run(args) or 0)
+            return int(plan_cli.run(args) or 0)
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("cconv: interrupted; run the same command again to resume", file=sys.stderr)

@@ -45,7 +45,7 @@ for name, kw in cfgs.items():
     result[name + "/bytes"] = np.array([float(m["bytes_sent"]), float(m["bytes_received"])])
     for k, v in tr.params(state).items():
         result[f"{name}/{k}"] = np.asarray(v)
-rank0 = (jax.process_index() == 0) if mode != "mpi" else (tr._mpi.rank() == 0)
+rank0 = tr.launcher.is_main()
 if rank0:
     np.savez(out, **result)
 distributed.shutdown()

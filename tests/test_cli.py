@@ -248,3 +248,54 @@ def test_device_flag_is_set_before_jax_starts():
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["--xla_force_host_platform_device_count=6", "6"]
+
+
+USER_MODULE = '''
+"""User code named by import path in a config (not registered with cconv)."""
+import numpy as np
+
+import cconv.compressors as C
+from cconv.data import Dataset
+from cconv.models import MLP
+
+
+def toy(n=96, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, 4)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int32)
+    return Dataset({"x": x[:64], "y": y[:64]}, {"x": x[64:], "y": y[64:]}, 2, (4,), "classification",
+                   {"name": "toy"})
+
+
+def tiny_mlp(input_shape, num_classes, *, rngs, width=8):
+    return MLP(input_shape, num_classes, rngs=rngs, hidden=(width,))
+
+
+def half_topk(fraction=0.5):
+    return C.get("topk", ratio=fraction)
+'''
+
+
+def test_import_paths_for_compressor_model_and_data(tmp_path):
+    (tmp_path / "cconv_user_ext.py").write_text(USER_MODULE)
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)}
+    cfg = tmp_path / "user.yaml"
+    cfg.write_text("model: {name: 'cconv_user_ext:tiny_mlp', width: 8}\n"
+                   "data: {name: 'cconv_user_ext:toy', n: 96}\n"
+                   "compressor: {name: 'cconv_user_ext:half_topk', fraction: 0.25}\n"
+                   "memory: ef\nworkers: 2\nbatch_size: 8\nsteps: 4\nlog_every: 2\n")
+    out = tmp_path / "out"
+    r = cconv("run", str(cfg), "--out", str(out), env_extra=env)
+    assert r.returncode == 0 and "completed" in r.stdout, r.stderr
+    lines = io.read_jsonl(str(out / io.METRICS))
+    assert [l["step"] for l in lines] == [2, 4]
+    # top-k of a 4x8 + 8 + 8x2 + 2 MLP at ratio 0.25: fewer bytes than dense fp32 (58 floats)
+    assert 0 < lines[0]["bytes_sent"] < 58 * 4
+    for key, bad, fragment in (("model", "cconv_user_ext:nope", "model 'cconv_user_ext:nope': cannot import"),
+                               ("data", "no_such_module_xyz:toy", "dataset 'no_such_module_xyz:toy': cannot import"),
+                               ("compressor", "cconv_user_ext:nope", "compressor 'cconv_user_ext:nope': cannot import")):
+        bad_out = tmp_path / f"bad_{key}"
+        r = cconv("run", str(cfg), "--out", str(bad_out), "--set", f"{key}.name={bad}", env_extra=env)
+        err = r.stderr.strip()
+        assert r.returncode == 2 and len(err.splitlines()) == 1 and fragment in err, err
+        assert not bad_out.exists()

@@ -168,11 +168,11 @@ def test_views_compile_once_per_trainer():
     s, _ = t.step(t.init(), make_batch(0), jax.random.PRNGKey(0))
     np.testing.assert_array_equal(t.params(s)["w1"], s.params["w1"][0])   # worker 0's replica
     np.testing.assert_array_equal(t.model_state(s)["mean"], s.model_state["mean"][0])
-    compiled = t._view_fn._cache_size()          # one program per tree structure
+    compiled = t.launcher._view_fn._cache_size()          # one program per tree structure
     for _ in range(3):
         s, _ = t.step(s, make_batch(1), jax.random.PRNGKey(1))
         t.params(s), t.model_state(s)
-    assert t._view_fn._cache_size() == compiled == 2
+    assert t.launcher._view_fn._cache_size() == compiled == 2
 
 
 def test_seeds_equal_separate_runs():

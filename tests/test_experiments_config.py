@@ -171,3 +171,41 @@ def test_include_and_rules(tmp_path):
     bad = write(tmp_path, "b.yaml", "base: {}\ngrid: {lr: [0.1]}\nrules: [{when: {x: 1}}]\n")
     with pytest.raises(ConfigError, match="rules"):
         C.load_sweep(bad)
+
+
+def test_option_lists_are_the_engines_and_aliases_map_before_validation():
+    from cconv.engine import config as E
+
+    for arch in ("all-to-all", "parameter-server", "ps", "gtopk"):
+        C.from_dict({"architecture": arch})
+    for launcher in E.LAUNCHERS:
+        assert C.from_dict({"launcher": launcher}).launcher == launcher
+    ps = C.engine_config(C.from_dict({"architecture": "ps", "compressor": {"name": "topk", "ratio": 0.1}}))
+    assert (ps.architecture, ps.collective) == ("parameter-server", "auto")
+    # `architecture: gtopk` is all-to-all with the gTop-k collective (it wins over `collective`)
+    g = C.engine_config(C.from_dict({"architecture": "gtopk", "collective": "allgather", "compressor": {"name": "topk", "ratio": 0.1}}))
+    assert (g.architecture, g.collective) == ("all-to-all", "gtopk")
+    # the resolved config keeps the spelling the user wrote (run directories stay comparable)
+    assert C.from_dict({"architecture": "ps"}).architecture == "ps"
+    with pytest.raises(ConfigError, match="launcher must be one of"):
+        C.from_dict({"launcher": "threads"})
+    with pytest.raises(ConfigError, match="collective must be one of"):
+        C.from_dict({"collective": "ring"})
+    with pytest.raises(ConfigError, match="granularity must be one of"):
+        C.from_dict({"granularity": "bucketed"})
+
+
+def test_exponent_floats_without_a_dot(tmp_path):
+    p = write(tmp_path, "a.yaml", "lr: 1e-3\ncompressor: {name: threshold, tau: 2E-4}\nclip: +5e0\nname: 1e3x\n")
+    cfg = C.load_run(p, ["momentum=5e-1"])
+    assert cfg.lr == 0.001 and cfg.compressor["tau"] == 2e-4 and cfg.clip == 5.0 and cfg.momentum == 0.5
+    assert cfg.name == "1e3x"
+    C.check_names(cfg)
+    assert C.parse_value("1e-3") == 0.001 and C.parse_value("1.0e-3") == 0.001 and C.parse_value("10") == 10
+
+
+def test_sweep_names_still_importable_from_config():
+    from cconv.experiments import sweep
+
+    assert C.load_sweep is sweep.load_sweep and C.expand_grid is sweep.expand_grid
+    assert C.expand_grid({"memory": ["none", "ef"]}) == [{"memory": "none"}, {"memory": "ef"}]

@@ -65,6 +65,7 @@ PAPER = [
      if kof(d, 0.1) < d else ceil(d / 8) + 4),
     ("powersgd", {"rank": 1}, lambda sh, d, i: powersgd_bytes(sh, 1, i)),
     ("powersgd", {"rank": 2}, lambda sh, d, i: powersgd_bytes(sh, 2, i)),
+    ("natural", {}, lambda sh, d, i: ceil(d / 8) + d),
 ]
 
 

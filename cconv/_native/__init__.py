@@ -17,7 +17,19 @@ in ``$CCONV_CACHE_DIR`` (default ``$XDG_CACHE_HOME/cconv`` or ``~/.cache/cconv``
 keyed by the SHA-256 of the source, the compiler command and the jaxlib version, so an edit or
 an upgrade triggers a rebuild and stale libraries are never loaded.  Concurrent first uses
 (several processes, e.g. ``mpirun``) serialise on a file lock and the library is moved into
-place atomically.  Compilation takes a few seconds once per machine.
+place atomically.  Compilation takes a few seconds once per machine.  Where the cache cannot be
+written (read-only home), the per-user ``$TMPDIR/cconv-<uid>`` is used instead.
+
+Loading a library runs its code in this process, so the cache must be private.  The cache
+directory and its ``native`` subdirectory are created with ``os.mkdir(path, 0o700)`` (atomic:
+no window with a wider mode) and then checked with ``lstat``: each must be a real directory
+(not a symlink), owned by the current user and writable by nobody else (no group/other write
+bit); the library file must be a regular file (not a symlink) with the same owner and mode
+rule.  A directory or file that fails a check is refused and left as it is (never chmod-ed or
+chown-ed: it may be someone else's), and the framework falls back to ``lax.top_k`` with the
+one-time warning, which names the offending path.  Not checked: the ancestors of the cache
+directory (``~``, ``~/.cache``) and ACLs; a parent others can write would let them swap the
+directory between the check and ``dlopen``.
 
 ``CCONV_NATIVE=0`` disables the kernels (everything falls back to pure JAX); this is how the
 benchmark suite measures the fallback.
@@ -27,9 +39,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -40,6 +54,9 @@ SOURCE = Path(__file__).with_name("select.cc")
 ABI_VERSION = 1
 TOPK_TARGET = "cconv_topk_indices"
 CXXFLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
+
+# Creating a cache here fails for want of permission: try the next place (the per-user $TMPDIR).
+_UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 _lock = threading.Lock()
 _state: dict = {"tried": False, "lib": None, "error": None}
@@ -81,12 +98,99 @@ def _build_key(cxx: str) -> str:
     return h.hexdigest()[:16]
 
 
+class UnsafeCacheError(RuntimeError):
+    """A cache directory or library that someone other than the current user could have written."""
+
+
+def _uid() -> int | None:
+    return os.getuid() if hasattr(os, "getuid") else None
+
+
+def _check_owner_mode(path: Path, st: os.stat_result) -> None:
+    uid = _uid()
+    if uid is not None and st.st_uid != uid:
+        raise UnsafeCacheError(
+            f"{path} is owned by uid {st.st_uid}, not by this user "
+            f"(uid {uid}); refusing to load from it (set CCONV_CACHE_DIR "
+            "to a directory of your own)"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafeCacheError(
+            f"{path} is writable by group or others (mode "
+            f"{oct(stat.S_IMODE(st.st_mode))}); refusing to load from it "
+            f"(chmod go-w {path}, or set CCONV_CACHE_DIR)"
+        )
+
+
+def _check_private_dir(path: Path) -> None:
+    """Raise UnsafeCacheError unless ``path`` is a real directory, ours, that nobody else can write."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeCacheError(f"{path} is a symlink; refusing to load from it")
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeCacheError(f"{path} is not a directory; refusing to load from it")
+    _check_owner_mode(path, st)
+
+
+def _check_library(path: Path) -> None:
+    """Raise UnsafeCacheError unless ``path`` is a regular file, ours, that nobody else can write."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeCacheError(f"{path} is a symlink; refusing to load it")
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeCacheError(f"{path} is not a regular file; refusing to load it")
+    _check_owner_mode(path, st)
+
+
+def _private_dir(path: Path) -> Path:
+    """``path`` as a private directory: created with mode 0700 if missing, then lstat-verified.
+
+    An existing directory is verified, never repaired.  Missing ancestors are created (mode
+    0700) but not verified.
+    """
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)  # the mode applies at creation (masked by umask: never wider)
+    except FileExistsError:
+        pass
+    _check_private_dir(path)
+    return path
+
+
+def _candidates() -> list[Path]:
+    uid = _uid()
+    return [cache_dir(), Path(tempfile.gettempdir()) / ("cconv" if uid is None else f"cconv-{uid}")]
+
+
+def _locate(cxx: str) -> Path:
+    """The verified path of the compiled library for ``cxx``, built first if missing.
+
+    Tries ``cache_dir()``, then the per-user ``$TMPDIR/cconv-<uid>`` when the former cannot be
+    created or written.  Raises UnsafeCacheError (no fallback) when a directory or the library
+    fails the privacy checks, RuntimeError when no place is writable or the build fails.
+    """
+    name = f"cconv_select-{_build_key(cxx)}.so"
+    last_err = None
+    for base in _candidates():
+        try:
+            out = _private_dir(_private_dir(base) / "native") / name
+            if not os.path.lexists(out):
+                _compile(cxx, out)
+            _check_library(out)
+            return out
+        except OSError as e:
+            if e.errno not in _UNWRITABLE:
+                raise
+            last_err = e  # unwritable cache dir: try the next location
+    raise RuntimeError(f"cannot write a kernel cache ({last_err})")
+
+
 def _compile(cxx: str, out: Path) -> None:
     import jax.ffi
 
-    out.parent.mkdir(parents=True, exist_ok=True)
+    _private_dir(out.parent)
     with _file_lock(out.parent / (out.name + ".lock")):
-        if out.exists():  # another process built it while we waited
+        if os.path.lexists(out):  # another process built it while we waited
             return
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
         os.close(fd)
@@ -96,6 +200,7 @@ def _compile(cxx: str, out: Path) -> None:
             os.unlink(tmp)
             msg = (proc.stderr or proc.stdout).strip().splitlines()
             raise RuntimeError(f"{' '.join(cmd)} failed: {msg[-1] if msg else proc.returncode}")
+        os.chmod(tmp, 0o700)  # the linker's mode follows the umask (002 would be group-writable)
         os.replace(tmp, out)  # atomic: readers see either nothing or the whole library
 
 
@@ -107,12 +212,15 @@ def _file_lock(path: Path):
     except ImportError:  # not POSIX
         yield
         return
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def _load():
@@ -123,20 +231,8 @@ def _load():
     cxx = compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
-    key = _build_key(cxx)
-    candidates = [cache_dir(), Path(tempfile.gettempdir()) / f"cconv-{os.getuid()}"]
-    last_err = None
-    for base in candidates:
-        out = base / "native" / f"cconv_select-{key}.so"
-        try:
-            if not out.exists():
-                _compile(cxx, out)
-            lib = ctypes.CDLL(str(out))
-            break
-        except PermissionError as e:  # unwritable cache dir: try the next location
-            last_err = e
-    else:
-        raise RuntimeError(f"cannot write a kernel cache ({last_err})")
+    out = _locate(cxx)
+    lib = ctypes.CDLL(str(out))
     if lib.cconv_native_abi_version() != ABI_VERSION:
         raise RuntimeError(f"{out} has ABI {lib.cconv_native_abi_version()}, expected {ABI_VERSION}")
     jax.ffi.register_ffi_target(TOPK_TARGET, jax.ffi.pycapsule(lib.CconvTopkIndices), platform="cpu")
@@ -161,7 +257,10 @@ def load():
                 _state["error"] = f"{type(e).__name__}: {e}"
                 warnings.warn(
                     "cconv: native top-k kernel unavailable, falling back to lax.top_k (exact, "
-                    f"slower): {_state['error']}", RuntimeWarning, stacklevel=2)
+                    f"slower): {_state['error']}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
             _state["tried"] = True
     return _state["lib"]
 

@@ -28,9 +28,9 @@ from __future__ import annotations
 import math
 from typing import Iterable, NamedTuple
 
-import jax
-import jax.numpy as jnp
 import numpy as np
+
+from cconv.compressors.base import payload_bytes
 
 KINDS = ("allreduce", "allgather", "recursive_doubling", "ps_push", "ps_pull", "broadcast")
 
@@ -44,14 +44,9 @@ class Collective(NamedTuple):
     control: bool = False
 
 
-def tree_bytes(tree, floating_only: bool = False) -> int:
-    """Bytes of the leaves of a pytree (arrays, tracers or ShapeDtypeStructs)."""
-    total = 0
-    for leaf in jax.tree.leaves(tree):
-        if floating_only and not jnp.issubdtype(leaf.dtype, jnp.floating):
-            continue
-        total += int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
-    return total
+# Bytes of the leaves of a pytree (arrays, tracers or ShapeDtypeStructs): one implementation,
+# ``cconv.compressors.base.payload_bytes`` (the lower layer); this name is kept for the comm layer.
+tree_bytes = payload_bytes
 
 
 def traffic(c: Collective, workers: int) -> tuple[np.ndarray, np.ndarray]:

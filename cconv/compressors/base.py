@@ -24,7 +24,10 @@ Static properties
                  ``"powersgd"``   two all-reduces (P, then Q) with orthogonalisation between;
                                   see ``cconv.compressors.powersgd``.
 ``density``      fraction of coordinates a payload carries (k/d for sparsifiers, 1 otherwise).
-``hparams``      the constructor's arguments, for logging.
+``hparams``      the validated hyper-parameters, for logging.
+
+``aggregation`` and ``hparams`` are filled in from the compressor's registry entry when it is
+built (``cconv.compressors.registry.Entry.build``), so a raw factory need not repeat them.
 
 Conventions (documented once, used everywhere)
 ----------------------------------------------
@@ -44,7 +47,8 @@ Conventions (documented once, used everywhere)
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple, Sequence
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -56,7 +60,6 @@ State = Any
 Payload = Any
 
 AGGREGATIONS = ("allreduce", "allgather", "powersgd")
-FLOAT_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16, jnp.float64)
 
 
 class Compressor(NamedTuple):
@@ -69,8 +72,8 @@ class Compressor(NamedTuple):
     density: Callable[[Shape], float]
     name: str
     unbiased: bool
-    aggregation: str
-    hparams: dict
+    aggregation: str = "allgather"     # set from the registry entry by ``Entry.build``
+    hparams: Mapping[str, Any] = MappingProxyType({})   # the validated hyper-parameters (build)
 
     @property
     def summable(self) -> bool:
@@ -105,24 +108,7 @@ def payload_bytes(payload: Payload) -> int:
     return total
 
 
-# --------------------------------------------------------------------------- validation
-
-
-def check_ratio_k(name: str, ratio: float | None, k: int | None, default_ratio: float | None = None):
-    """Validate a sparsifier's size arguments; returns (ratio, k) with exactly one not None."""
-    if ratio is not None and k is not None:
-        raise ValueError(f"{name}: give either ratio or k, not both")
-    if ratio is None and k is None:
-        if default_ratio is None:
-            raise ValueError(f"{name}: needs ratio (fraction of entries kept, in (0, 1]) or k (>= 1)")
-        ratio = default_ratio
-    if ratio is not None:
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not (0.0 < float(ratio) <= 1.0):
-            raise ValueError(f"{name}: ratio must be in (0, 1], got {ratio!r}")
-        return float(ratio), None
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or int(k) < 1:
-        raise ValueError(f"{name}: k must be an integer >= 1, got {k!r}")
-    return None, int(k)
+# --------------------------------------------------------------------------- helpers
 
 
 def resolve_k(d: int, ratio: float | None, k: int | None) -> int:
@@ -136,7 +122,8 @@ def resolve_k(d: int, ratio: float | None, k: int | None) -> int:
 
 
 class SparsifierSize(NamedTuple):
-    """A sparsifier's validated size: ``k(shape)`` entries kept, ``density(shape)`` = k / d."""
+    """A sparsifier's size rule from its validated ``ratio`` / ``k`` (exactly one is not None; the
+    schema, ``registry.ratio_or_k``, enforces it): ``k(shape)`` entries kept, ``density`` = k / d."""
 
     ratio: float | None
     k_fixed: int | None
@@ -146,11 +133,6 @@ class SparsifierSize(NamedTuple):
 
     def density(self, shape: Shape) -> float:
         return self.k(shape) / max(size_of(shape), 1)
-
-
-def sparsifier_size(name: str, ratio, k, default_ratio: float | None = None) -> SparsifierSize:
-    """Validate ``ratio``/``k`` (see ``check_ratio_k``) and return the sparsifier's size rule."""
-    return SparsifierSize(*check_ratio_k(name, ratio, k, default_ratio))
 
 
 def stateless_init(x) -> EmptyState:
@@ -167,12 +149,6 @@ def check_float(name: str, x) -> None:
         )
 
 
-def check_positive_int(name: str, what: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < 1:
-        raise ValueError(f"{name}: {what} must be an integer >= 1, got {value!r}")
-    return int(value)
-
-
 def size_of(shape: Shape) -> int:
     return int(np.prod(tuple(shape), dtype=np.int64))
 
@@ -184,17 +160,6 @@ def itemsize(dtype) -> int:
 def like_info(like) -> tuple[tuple[int, ...], Any]:
     """(shape, dtype) of an array or ShapeDtypeStruct."""
     return tuple(like.shape), like.dtype
-
-
-def sign_pm1(x: Array) -> Array:
-    """sign with the convention sign(0) = +1 (returns x.dtype)."""
-    return jnp.where(x >= 0, 1, -1).astype(x.dtype)
-
-
-def l2_norm_f32(x: Array) -> Array:
-    """2-norm computed in float32 (inputs may be bf16/fp16)."""
-    x32 = x.astype(jnp.float32)
-    return jnp.sqrt(jnp.sum(x32 * x32))
 
 
 def safe_div(a: Array, b: Array) -> Array:

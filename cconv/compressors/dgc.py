@@ -30,12 +30,15 @@ from __future__ import annotations
 import math
 
 import jax.numpy as jnp
+import numpy as np
 
-from cconv.compressors.base import (Compressor, check_float, sparsifier_size, stateless_init,
-                                    size_of)
+from cconv.compressors.base import Compressor, SparsifierSize, check_float, size_of, stateless_init
+from cconv.compressors.oracle import flat64, sparsifier_k, top_idx
+from cconv.compressors.registry import K, RATIO, Bound, Entry, Knob, Param, Schema, Theory, ratio_or_k, \
+    register
 from cconv.compressors.select import topk_indices
-from cconv.compressors.sparse import (DensePayload, SparsePayload, decompress_sparse,
-                                      sparse_bytes)
+from cconv.compressors.sparse import (SPARSE_BENCH, SPARSE_RATIOS, DensePayload, SparsePayload,
+                                      decompress_sparse, sparse_bytes)
 
 
 def sampled_threshold(mag, k: int, sample_ratio: float):
@@ -49,13 +52,9 @@ def sampled_threshold(mag, k: int, sample_ratio: float):
     return jnp.min(sample[topk_indices(sample, k_s)])
 
 
-def dgc(ratio: float | None = None, k: int | None = None, sample_ratio: float = 0.01) -> Compressor:
-    size = sparsifier_size("dgc", ratio, k)
-    ratio, k_fixed, kof = size.ratio, size.k_fixed, size.k
-    if isinstance(sample_ratio, bool) or not isinstance(sample_ratio, (int, float)) or not 0 < sample_ratio <= 1:
-        raise ValueError(f"dgc: sample_ratio must be in (0, 1], got {sample_ratio!r}")
-
-
+def _dgc(ratio: float | None = None, k: int | None = None, sample_ratio: float = 0.01) -> Compressor:
+    size = SparsifierSize(ratio, k)
+    kof = size.k
 
     def compress(x, state, key):
         check_float("dgc", x)
@@ -76,7 +75,55 @@ def dgc(ratio: float | None = None, k: int | None = None, sample_ratio: float = 
     def wire_bytes(shape, dtype="float32"):
         return sparse_bytes(kof(shape), size_of(shape), dtype)
 
-    return Compressor(stateless_init, compress, decompress_sparse, wire_bytes,
-                      size.density,
-                      name="dgc", unbiased=False, aggregation="allgather",
-                      hparams={"ratio": ratio, "k": k_fixed, "sample_ratio": sample_ratio})
+    return Compressor(stateless_init, compress, decompress_sparse, wire_bytes, size.density,
+                      name="dgc", unbiased=False)
+
+
+def _wire_bytes(c, shape, isz):
+    d = size_of(shape)
+    k = sparsifier_k(c, d)
+    return d * isz if k >= d else k * (isz + 4)
+
+
+def _sample_k(d: int, k: int, sample_ratio: float) -> int:
+    """k_s: how many sampled magnitudes are >= DGC's threshold (the oracle's own count)."""
+    n_s = max(math.ceil(sample_ratio * d), min(d, 256))
+    stride = max(d // n_s, 1)
+    n_s = len(range(0, d, stride))
+    return max(1, min(n_s, math.ceil(k * n_s / d)))
+
+
+def _bound(c, shape):
+    """At least the k_s sampled entries above the threshold are sent: delta >= k_s / d (a valid
+    bound, not tight); k >= d is the identity."""
+    d = size_of(shape)
+    k = sparsifier_k(c, d)
+    if k >= d:
+        return Bound("contractive", delta=1.0)
+    return Bound("contractive", delta=_sample_k(d, k, c.hparams["sample_ratio"]) / d, tight=False)
+
+
+def _error_sq(c, x, state):
+    """The entries of the top-k set at or above the sampled threshold are sent (module doc)."""
+    x = flat64(x)
+    d = x.size
+    k = sparsifier_k(c, d)
+    if k >= d:
+        return 0.0
+    mag = np.abs(x.astype(np.float32)).astype(np.float64)
+    n_s = max(math.ceil(c.hparams["sample_ratio"] * d), min(d, 256))
+    sample = mag[::max(d // n_s, 1)]
+    k_s = max(1, min(sample.size, math.ceil(k * sample.size / d)))
+    thr = np.sort(sample)[::-1][k_s - 1]
+    cand = np.flatnonzero(mag >= thr)
+    sent = cand[top_idx(mag[cand], k)] if cand.size > k else cand
+    return float(np.sum(x * x)) - float(np.sum(x[sent] ** 2))
+
+
+THEORY = Theory(wire_bytes=_wire_bytes, bound=_bound, error_sq=_error_sq)
+
+dgc = register("dgc", Entry(
+    _dgc, Schema((RATIO, K, Param("sample_ratio", "float", 0.01, low=0.0, high=1.0, low_open=True)),
+                 rule=ratio_or_k),
+    collectives=("gtopk",), theory=THEORY, knob=Knob("ratio", SPARSE_RATIOS), label="DGC",
+    cases=({"ratio": 0.2},), bench=SPARSE_BENCH))

@@ -17,10 +17,13 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax.numpy as jnp
+import numpy as np
 
-from cconv.compressors.base import (Array, Compressor, EmptyState, check_float, like_info,
-                                    safe_div, size_of)
+from cconv.compressors.base import (Array, Compressor, check_float, like_info, safe_div, size_of,
+                                    stateless_init)
+from cconv.compressors.oracle import flat64, spike
 from cconv.compressors.packing import pack_signs, packed_size, unpack_bits
+from cconv.compressors.registry import Bench, Bound, Entry, Param, Schema, Theory, register
 
 
 class OneBitPayload(NamedTuple):
@@ -32,13 +35,7 @@ def _ncols(shape, columns):
     return shape[-1] if (columns and len(shape) >= 2) else 1
 
 
-def onebit(columns: bool = False) -> Compressor:
-    if not isinstance(columns, bool):
-        raise ValueError(f"onebit: columns must be true or false, got {columns!r}")
-
-    def init(x):
-        return EmptyState()
-
+def _onebit(columns: bool = False) -> Compressor:
     def compress(x, state, key):
         check_float("onebit", x)
         n = _ncols(x.shape, columns)
@@ -62,6 +59,36 @@ def onebit(columns: bool = False) -> Compressor:
     def wire_bytes(shape, dtype="float32"):
         return packed_size(size_of(shape), 1) + 8 * _ncols(tuple(shape), columns)
 
-    return Compressor(init, compress, decompress, wire_bytes, lambda shape: 1.0,
-                      name="onebit", unbiased=False, aggregation="allgather",
-                      hparams={"columns": columns})
+    return Compressor(stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0,
+                      name="onebit", unbiased=False)
+
+
+def _groups(c, shape) -> int:
+    """Columns with their own pair of means (1 unless ``columns`` and a matrix)."""
+    return int(shape[-1]) if (c.hparams["columns"] and len(shape) >= 2) else 1
+
+
+def _bound(c, shape):
+    """delta = 1/n with n the entries per column (a spike in one column), attained."""
+    return Bound("contractive", delta=1.0 / (size_of(shape) // _groups(c, shape)))
+
+
+def _error_sq(c, x, state):
+    """||x||^2 minus, per column and sign group G, (sum_G x_i)^2 / |G| (projection onto the means)."""
+    shape = np.shape(x)
+    x = flat64(x)
+    kept = 0.0
+    for col in x.reshape(-1, _groups(c, shape)).T:
+        for grp in (col[col >= 0], col[col < 0]):
+            if grp.size:
+                kept += float(np.sum(grp)) ** 2 / grp.size
+    return float(np.sum(x * x)) - kept
+
+
+THEORY = Theory(
+    wire_bytes=lambda c, shape, isz: packed_size(size_of(shape), 1) + 8 * _groups(c, shape),
+    bound=_bound, error_sq=_error_sq, worst_case=lambda c, shape: spike(shape),
+)
+
+onebit = register("onebit", Entry(_onebit, Schema((Param("columns", "bool", False),)), theory=THEORY,
+                                  label="1-bit SGD", cases=({}, {"columns": True}), bench=Bench(target_x=4.0)))

@@ -27,9 +27,10 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from cconv.compressors.base import (Array, Compressor, DensePayload, check_float,
-                                    check_positive_int, itemsize, like_info, size_of)
+from cconv.compressors.base import Array, Compressor, DensePayload, check_float, itemsize, like_info, size_of
+from cconv.compressors.registry import Bench, Bound, Entry, Knob, Param, Schema, Theory, register
 
 
 class PowerSGDPayload(NamedTuple):
@@ -74,8 +75,8 @@ def compute_q(m: Array, p: Array) -> Array:
     return m.T @ p
 
 
-def powersgd(rank: int = 1, seed: int = 0) -> Compressor:
-    r = check_positive_int("powersgd", "rank", rank)
+def _powersgd(rank: int = 1, seed: int = 0) -> Compressor:
+    r = rank
 
     def init(x):
         if not is_compressed(x.shape, r):
@@ -111,6 +112,54 @@ def powersgd(rank: int = 1, seed: int = 0) -> Compressor:
         n, m = matrix_shape(shape)
         return min(1.0, r * (n + m) / (n * m))
 
-    return Compressor(init, compress, decompress, wire_bytes, density,
-                      name="powersgd", unbiased=False, aggregation="powersgd",
-                      hparams={"rank": r, "seed": seed})
+    return Compressor(init, compress, decompress, wire_bytes, density, name="powersgd", unbiased=False)
+
+
+# ---------------------------------------------------------------- theory (float64 NumPy)
+
+
+def _factorised(shape, rank: int) -> tuple[int, int] | None:
+    """(n, m) of the matrix view when the tensor is factorised, else None (sent dense)."""
+    if len(shape) < 2:
+        return None
+    n, m = size_of(shape[:-1]), int(shape[-1])
+    return (n, m) if min(n, m) > rank else None
+
+
+def _wire_bytes(c, shape, isz):
+    nm = _factorised(shape, c.hparams["rank"])
+    return size_of(shape) * isz if nm is None else c.hparams["rank"] * (nm[0] + nm[1]) * isz
+
+
+def _bound(c, shape):
+    """Dense tensors are exact; factorised ones only non-expansive (delta = 0: M Q = 0)."""
+    if _factorised(shape, c.hparams["rank"]) is None:
+        return Bound("unbiased", omega=0.0, delta=1.0)
+    return Bound("biased", delta=0.0)
+
+
+def _error_sq(c, x, state):
+    """||M - P P^T M||^2 for one power step from the warm start Q (``state``, default init(x))."""
+    nm = _factorised(np.shape(x), c.hparams["rank"])
+    if nm is None:
+        return 0.0
+    m = np.asarray(x, np.float64).reshape(nm)
+    if state is None:
+        state = c.init(jnp.asarray(x, jnp.float32))
+    q = np.asarray(getattr(state, "q", state), np.float64)
+    # P = Gram-Schmidt(M Q) with the compressor's eps (a zero column stays zero), C(M) = P P^T M
+    cols = []
+    for col in (m @ q).T:
+        for prev in cols:
+            col = col - (prev @ col) * prev
+        cols.append(col / (np.linalg.norm(col) + 1e-8))
+    basis = np.stack(cols, axis=1)
+    return float(np.sum((m - basis @ (basis.T @ m)) ** 2))
+
+
+THEORY = Theory(wire_bytes=_wire_bytes, bound=_bound, error_sq=_error_sq)
+
+powersgd = register("powersgd", Entry(
+    _powersgd, Schema((Param("rank", "int", 1, low=1), Param("seed", "int", 0))),
+    aggregation="powersgd", theory=THEORY, knob=Knob("rank", (1, 4)), label="PowerSGD",
+    cases=({"rank": 2}, {"rank": 1}), bench=Bench(lambda r: {"rank": 4})))

@@ -19,11 +19,13 @@ import math
 from typing import NamedTuple
 
 import jax.numpy as jnp
+import numpy as np
 
-from cconv.compressors.base import (Array, Compressor, EmptyState, check_float,
-                                    check_positive_int, like_info, safe_div, size_of)
 from cconv.compressors import fastrng
+from cconv.compressors.base import Array, Compressor, check_float, like_info, safe_div, size_of, stateless_init
+from cconv.compressors.oracle import alternating, flat64
 from cconv.compressors.packing import pack_bits, packed_size, unpack_bits
+from cconv.compressors.registry import Bench, Bound, Entry, Knob, Param, Schema, Theory, register
 
 
 class QSGDPayload(NamedTuple):
@@ -36,21 +38,14 @@ def code_bits(levels: int) -> int:
     return max(1, math.ceil(math.log2(2 * levels + 1)))
 
 
-def qsgd(levels: int = 8, bucket: int | None = None) -> Compressor:
-    s = check_positive_int("qsgd", "levels", levels)
-    if s > 127:
-        raise ValueError(f"qsgd: levels must be <= 127 (codes of at most 8 bits), got {levels!r}")
-    if bucket is not None:
-        bucket = check_positive_int("qsgd", "bucket", bucket)
+def _qsgd(levels: int = 8, bucket: int | None = None) -> Compressor:
+    s = levels
     nbits = code_bits(s)
 
     def layout(d):
         b = d if bucket is None else min(bucket, d)
         b = max(b, 1)
         return b, -(-d // b)
-
-    def init(x):
-        return EmptyState()
 
     def compress(x, state, key):
         check_float("qsgd", x)
@@ -80,6 +75,73 @@ def qsgd(levels: int = 8, bucket: int | None = None) -> Compressor:
         d = size_of(shape)
         return packed_size(d, nbits) + 4 * layout(d)[1]
 
-    return Compressor(init, compress, decompress, wire_bytes, lambda shape: 1.0,
-                      name="qsgd", unbiased=True, aggregation="allgather",
-                      hparams={"levels": s, "bucket": bucket})
+    return Compressor(stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0,
+                      name="qsgd", unbiased=True)
+
+
+# ---------------------------------------------------------------- theory (float64 NumPy)
+
+
+def _buckets(d: int, bucket: int | None) -> tuple[int, int]:
+    """(bucket size b, number of buckets)."""
+    b = max(1, d if bucket is None else min(bucket, d))
+    return b, -(-d // b)
+
+
+def _wire_bytes(c, shape, isz):
+    d, s = size_of(shape), c.hparams["levels"]
+    nbits = max(1, math.ceil(math.log2(2 * s + 1)))
+    return -(-d * nbits // 8) + 4 * _buckets(d, c.hparams["bucket"])[1]
+
+
+def _bound(c, shape):
+    """s = 1: omega = sqrt(b) - 1, attained when all magnitudes are equal; else the paper's
+    min(b/s^2, sqrt(b)/s) (a valid bound, not tight)."""
+    s = c.hparams["levels"]
+    b, _ = _buckets(size_of(shape), c.hparams["bucket"])
+    if s == 1:
+        return Bound("unbiased", omega=math.sqrt(b) - 1.0)
+    return Bound("unbiased", omega=min(b / s ** 2, math.sqrt(b) / s), tight=False)
+
+
+def _bucket_variances(c, x):
+    """Per bucket v: (its slice, (||v|| / s)^2, p) with p_i = frac(s |v_i| / ||v||), so that
+    Var[C(v)_i] = (||v|| / s)^2 p_i (1 - p_i); zero buckets (decompressed exactly) are skipped."""
+    x = flat64(x)
+    s = c.hparams["levels"]
+    b, nb = _buckets(x.size, c.hparams["bucket"])
+    for i in range(nb):
+        v = x[i * b:(i + 1) * b]
+        nv = math.sqrt(float(np.sum(v * v)))
+        if nv > 0:
+            r = s * np.abs(v) / nv
+            p = r - np.floor(r)
+            yield slice(i * b, (i + 1) * b), (nv / s) ** 2, p
+
+
+def _error_sq(c, x, state):
+    return float(sum(scale * float(np.sum(p * (1 - p))) for _, scale, p in _bucket_variances(c, x)))
+
+
+def _variance(c, x):
+    out = np.zeros(np.size(x))
+    for sl, scale, p in _bucket_variances(c, x):
+        out[sl] = scale * p * (1 - p)
+    return out
+
+
+def _worst_case(c, shape):
+    if c.hparams["levels"] != 1:
+        return None
+    return alternating(shape)
+
+
+THEORY = Theory(wire_bytes=_wire_bytes, bound=_bound,
+                error_sq=_error_sq,
+                variance=_variance, worst_case=_worst_case)
+
+qsgd = register("qsgd", Entry(
+    _qsgd, Schema((Param("levels", "int", 8, low=1, high=127, help="s, quantisation levels"),
+                   Param("bucket", "int", None, low=1, optional=True))),
+    theory=THEORY, knob=Knob("levels", (4, 16)), label="QSGD", cases=({"levels": 4}, {"levels": 2, "bucket": 6}),
+    bench=Bench(lambda r: {"levels": 2}, 4.0)))     # 3-bit codes: the generic bit-stream packing path

@@ -23,11 +23,16 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from cconv.compressors.base import (Array, Compressor, DensePayload, check_float, sparsifier_size,
-                                    stateless_init, itemsize, like_info, size_of)
+from cconv.compressors.base import (Array, Compressor, DensePayload, SparsifierSize, check_float,
+                                    itemsize, like_info, size_of, stateless_init)
+from cconv.compressors.oracle import alternating, flat64, sparsifier_k
+from cconv.compressors.registry import K, RATIO, Bench, Bound, Entry, Knob, Param, Schema, Theory, \
+    ratio_or_k, register
 from cconv.compressors.select import sample_k_distinct
-from cconv.compressors.sparse import decompress_sparse, scatter, SparsePayload, sparse_bytes
+from cconv.compressors.sparse import (SPARSE_RATIOS, SparsePayload, decompress_sparse, scatter,
+                                      sparse_bytes)
 
 
 class SharedKeyPayload(NamedTuple):
@@ -47,12 +52,10 @@ def sample_indices(key: Array, d: int, k: int) -> Array:
     return sample_k_distinct(jax.random.wrap_key_data(_raw(key)), d, k)
 
 
-def randomk(ratio: float | None = None, k: int | None = None, scaled: bool = True,
-            shared: bool = True) -> Compressor:
-    size = sparsifier_size("randomk", ratio, k)
-    ratio, k_fixed, kof = size.ratio, size.k_fixed, size.k
-
-
+def _randomk(ratio: float | None = None, k: int | None = None, scaled: bool = True,
+             shared: bool = True) -> Compressor:
+    size = SparsifierSize(ratio, k)
+    kof = size.k
 
     def compress(x, state, key):
         check_float("randomk", x)
@@ -85,8 +88,51 @@ def randomk(ratio: float | None = None, k: int | None = None, scaled: bool = Tru
             return kk * itemsize(dtype) + 8
         return sparse_bytes(kk, d, dtype)
 
-    return Compressor(stateless_init, compress, decompress, wire_bytes,
-                      size.density,
-                      name="randomk", unbiased=bool(scaled),
-                      aggregation="allreduce" if shared else "allgather",
-                      hparams={"ratio": ratio, "k": k_fixed, "scaled": scaled, "shared": shared})
+    return Compressor(stateless_init, compress, decompress, wire_bytes, size.density,
+                      name="randomk", unbiased=bool(scaled))
+
+
+def _wire_bytes(c, shape, isz):
+    d = size_of(shape)
+    k = sparsifier_k(c, d)
+    if k >= d:
+        return d * isz
+    return k * isz + 8 if c.hparams["shared"] else k * (isz + 4)
+
+
+def _bound(c, shape):
+    d = size_of(shape)
+    k = sparsifier_k(c, d)
+    if c.hparams["scaled"]:
+        return Bound("unbiased", omega=d / k - 1.0, delta=1.0 if k >= d else None)
+    return Bound("contractive", delta=k / d)
+
+
+def _error_sq(c, x, state):
+    x = flat64(x)
+    d, sq = x.size, float(np.sum(x * x))
+    k = sparsifier_k(c, d)
+    if k >= d:
+        return 0.0
+    return (d / k - 1.0) * sq if c.hparams["scaled"] else (1.0 - k / d) * sq
+
+
+def _variance(c, x):
+    """Var[C(x)_i] = (d/k - 1) x_i^2 (scaled: each entry is kept with probability k/d)."""
+    if not c.hparams["scaled"]:
+        return None
+    x = flat64(x)
+    k = sparsifier_k(c, x.size)
+    return np.zeros_like(x) if k >= x.size else (x.size / k - 1.0) * x * x
+
+
+THEORY = Theory(wire_bytes=_wire_bytes, bound=_bound, error_sq=_error_sq, variance=_variance,
+                worst_case=lambda c, shape: alternating(shape))
+
+randomk = register("randomk", Entry(
+    _randomk,
+    Schema((RATIO, K, Param("scaled", "bool", True), Param("shared", "bool", True)), rule=ratio_or_k),
+    aggregation=lambda hp: "allreduce" if hp["shared"] else "allgather",
+    theory=THEORY, knob=Knob("ratio", SPARSE_RATIOS), label="random-k",
+    cases=({"ratio": 0.2}, {"ratio": 0.2, "scaled": False, "shared": False}, {"k": 3, "scaled": False}),
+    bench=Bench(lambda r: {"ratio": r}, 4.0)))

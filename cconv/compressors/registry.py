@@ -37,7 +37,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 
-from cconv.compressors.base import Compressor
+from cconv.compressors.base import AGGREGATIONS, Compressor
 
 # --------------------------------------------------------------------------- schema
 
@@ -193,9 +193,11 @@ class Theory(NamedTuple):
     error_sq(c, x, state) -> float             exact E||C(x) - x||^2 for this x (x: float64
                                                array of the input's shape; ``state`` is the
                                                compressor state or None for its ``init``)
-    variance(c, x) -> ndarray | None           Var[C(x)_i] (unbiased compressors)
-    worst_case(c, shape) -> ndarray | None     an x attaining the bound (tight ones); raise
-                                               ValueError where it is a supremum, not attained
+    variance(c, x) -> ndarray | None           Var[C(x)_i], flat (unbiased compressors; None
+                                               for hyper-parameters that make C biased)
+    worst_case(c, shape) -> ndarray | None     an x attaining the bound (tight ones); None where
+                                               there is none, or a ValueError saying why (e.g.
+                                               the bound is a supremum, not attained)
     ``c`` is the built Compressor (``c.hparams`` holds the validated hyper-parameters).
     """
 
@@ -264,7 +266,6 @@ class Entry(NamedTuple):
         return c._replace(name=self.name, aggregation=self.aggregation_of(hp), hparams=hp)
 
 
-AGGREGATIONS = ("allreduce", "allgather", "powersgd")
 _REGISTRY: dict[str, Entry] = {}
 
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax.numpy as jnp
+import numpy as np
 
-from cconv.compressors.base import Array, Compressor, EmptyState, check_float, like_info, size_of
+from cconv.compressors.base import Array, Compressor, check_float, like_info, size_of, stateless_init
+from cconv.compressors.oracle import flat64, spike
 from cconv.compressors.packing import pack_signs, packed_size, unpack_signs
+from cconv.compressors.registry import Bench, Bound, Entry, Theory, register
 
 
 class ScaledSignPayload(NamedTuple):
@@ -21,10 +24,7 @@ class ScaledSignPayload(NamedTuple):
     scale: Array  # float32: ||x||_1 / d
 
 
-def scaled_sign() -> Compressor:
-    def init(x):
-        return EmptyState()
-
+def _scaled_sign() -> Compressor:
     def compress(x, state, key):
         check_float("scaled_sign", x)
         d = max(x.size, 1)
@@ -39,5 +39,22 @@ def scaled_sign() -> Compressor:
     def wire_bytes(shape, dtype="float32"):
         return packed_size(size_of(shape), 1) + 4
 
-    return Compressor(init, compress, decompress, wire_bytes, lambda shape: 1.0,
-                      name="scaled_sign", unbiased=False, aggregation="allgather", hparams={})
+    return Compressor(stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0,
+                      name="scaled_sign", unbiased=False)
+
+
+def _error_sq(c, x, state):
+    x = flat64(x)
+    return float(np.sum(x * x)) - float(np.sum(np.abs(x))) ** 2 / x.size
+
+
+# delta = 1/d, attained at a spike e_1.
+THEORY = Theory(
+    wire_bytes=lambda c, shape, isz: packed_size(size_of(shape), 1) + 4,
+    bound=lambda c, shape: Bound("contractive", delta=1.0 / size_of(shape)),
+    error_sq=_error_sq,
+    worst_case=lambda c, shape: spike(shape),
+)
+
+scaled_sign = register("scaled_sign", Entry(_scaled_sign, theory=THEORY, label="scaled sign (EF-signSGD)",
+                                            bench=Bench(target_x=4.0)))

@@ -11,18 +11,19 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from cconv.compressors.base import Array, Compressor, EmptyState, check_float, like_info, size_of
+import numpy as np
+
+from cconv.compressors.base import Array, Compressor, check_float, like_info, size_of, stateless_init
+from cconv.compressors.oracle import flat64
 from cconv.compressors.packing import pack_signs, packed_size, unpack_signs
+from cconv.compressors.registry import Bench, Bound, Entry, Theory, register
 
 
 class SignPayload(NamedTuple):
     signs: Array  # uint8[ceil(d/8)]
 
 
-def signsgd() -> Compressor:
-    def init(x):
-        return EmptyState()
-
+def _signsgd() -> Compressor:
     def compress(x, state, key):
         check_float("signsgd", x)
         return SignPayload(pack_signs(x)), state
@@ -34,5 +35,20 @@ def signsgd() -> Compressor:
     def wire_bytes(shape, dtype="float32"):
         return packed_size(size_of(shape), 1)
 
-    return Compressor(init, compress, decompress, wire_bytes, lambda shape: 1.0,
-                      name="signsgd", unbiased=False, aggregation="allgather", hparams={})
+    return Compressor(stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0,
+                      name="signsgd", unbiased=False)
+
+
+def _error_sq(c, x, state):
+    x = flat64(x)
+    return float(np.sum((x - np.where(x >= 0, 1.0, -1.0)) ** 2))
+
+
+# Neither unbiased nor a contraction (||x - sign(x)||^2 >> ||x||^2 for small x): no constant.
+THEORY = Theory(
+    wire_bytes=lambda c, shape, isz: packed_size(size_of(shape), 1),
+    bound=lambda c, shape: Bound("biased"),
+    error_sq=_error_sq,
+)
+
+signsgd = register("signsgd", Entry(_signsgd, theory=THEORY, label="signSGD", bench=Bench(target_x=4.0)))

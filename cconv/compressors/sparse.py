@@ -13,9 +13,14 @@ from typing import NamedTuple
 import jax.numpy as jnp
 
 from cconv.compressors.base import Array, DensePayload, itemsize, like_info, size_of
+from cconv.compressors.registry import K, RATIO, Bench, Schema, ratio_or_k
 
 __all__ = ["SparsePayload", "DensePayload", "scatter", "decompress_sparse", "sparse_bytes",
-           "gather_sparse"]
+           "gather_sparse", "SIZE", "SPARSE_RATIOS", "SPARSE_BENCH"]
+
+SIZE = Schema((RATIO, K), rule=ratio_or_k)          # exactly one of ratio and k
+SPARSE_RATIOS = (0.1, 0.01, 0.001)                  # the ratios a sweep varies (``Knob``)
+SPARSE_BENCH = Bench(lambda r: {"ratio": r}, 10.0)  # benchmarked at each ratio, target 10x the read floor
 
 
 class SparsePayload(NamedTuple):

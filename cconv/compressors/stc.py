@@ -15,11 +15,15 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax.numpy as jnp
+import numpy as np
 
-from cconv.compressors.base import (Array, Compressor, check_float, sparsifier_size,
-                                    stateless_init, like_info, size_of)
+from cconv.compressors.base import (Array, Compressor, SparsifierSize, check_float, like_info, size_of,
+                                    stateless_init)
+from cconv.compressors.oracle import flat64, sparsifier_k, top_idx
 from cconv.compressors.packing import pack_signs, packed_size, unpack_signs
+from cconv.compressors.registry import Bound, Entry, Knob, Theory, register
 from cconv.compressors.select import topk_indices
+from cconv.compressors.sparse import SIZE, SPARSE_BENCH, SPARSE_RATIOS
 
 
 class STCPayload(NamedTuple):
@@ -28,11 +32,9 @@ class STCPayload(NamedTuple):
     mu: Array       # float32 scalar
 
 
-def stc(ratio: float | None = None, k: int | None = None) -> Compressor:
-    size = sparsifier_size("stc", ratio, k)
-    ratio, k_fixed, kof = size.ratio, size.k_fixed, size.k
-
-
+def _stc(ratio: float | None = None, k: int | None = None) -> Compressor:
+    size = SparsifierSize(ratio, k)
+    kof = size.k
 
     def compress(x, state, key):
         check_float("stc", x)
@@ -64,7 +66,40 @@ def stc(ratio: float | None = None, k: int | None = None) -> Compressor:
             return packed_size(d, 1) + 4
         return 4 * kk + packed_size(kk, 1) + 4
 
-    return Compressor(stateless_init, compress, decompress, wire_bytes,
-                      size.density,
-                      name="stc", unbiased=False, aggregation="allgather",
-                      hparams={"ratio": ratio, "k": k_fixed})
+    return Compressor(stateless_init, compress, decompress, wire_bytes, size.density,
+                      name="stc", unbiased=False)
+
+
+def _wire_bytes(c, shape, isz):
+    d = size_of(shape)
+    k = sparsifier_k(c, d)
+    return packed_size(d, 1) + 4 if k >= d else 4 * k + packed_size(k, 1) + 4
+
+
+def _bound(c, shape):
+    """delta = min(k/d, 1/k): all magnitudes equal gives k/d, a spike approaches 1/k."""
+    d = size_of(shape)
+    k = min(sparsifier_k(c, d), d)
+    return Bound("contractive", delta=min(k / d, 1.0 / k))
+
+
+def _error_sq(c, x, state):
+    """||x||^2 - (sum of the top-k |x_i|)^2 / k: the top-k part is projected onto mu * sign."""
+    x = flat64(x)
+    k = min(sparsifier_k(c, x.size), x.size)
+    top = np.abs(x[top_idx(np.abs(x), k)])
+    return float(np.sum(x * x)) - float(np.sum(top)) ** 2 / k
+
+
+def _worst_case(c, shape):
+    d = size_of(shape)
+    k = min(sparsifier_k(c, d), d)
+    if k / d > 1.0 / k:
+        raise ValueError("stc: for k/d > 1/k the worst case 1/k is a supremum (a spike), not attained")
+    return np.ones(shape)
+
+
+THEORY = Theory(wire_bytes=_wire_bytes, bound=_bound, error_sq=_error_sq, worst_case=_worst_case)
+
+stc = register("stc", Entry(_stc, SIZE, theory=THEORY, knob=Knob("ratio", SPARSE_RATIOS), label="STC",
+                            cases=({"ratio": 0.2}, {"k": 3}), bench=SPARSE_BENCH))

@@ -3,7 +3,8 @@
 C(x) = s * sign(x) * b,  s = max_i |x_i| (per tensor),  b_i ~ Bernoulli(|x_i| / s).
 Unbiased: E[C(x)] = x, and E||C(x)||^2 = s ||x||_1, so the variance is s||x||_1 - ||x||^2
 (omega(x) = s||x||_1/||x||^2 - 1; its worst case over x is (sqrt(d) - 1)/2, attained at
-x = (1, a, ..., a) with a = 1/(sqrt(d) + 1): see cconv.theory.constants and its test).
+x = (1, a, ..., a) with a = 1/(sqrt(d) + 1): ``THEORY`` below, checked in
+tests/test_theory_constants.py).
 
 Optional gradient clipping (``clip=c``, the paper uses c = 2.5): x is first clipped to
 [-c*sigma, c*sigma] with sigma the standard deviation of x, and s = max|clip(x)| (= c*sigma when
@@ -20,12 +21,17 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import jax.numpy as jnp
+import math
 
-from cconv.compressors.base import (Array, Compressor, EmptyState, check_float, like_info,
-                                    safe_div, size_of)
+import jax.numpy as jnp
+import numpy as np
+
 from cconv.compressors import fastrng
+from cconv.compressors.base import (Array, Compressor, check_float, like_info, safe_div, size_of,
+                                    stateless_init)
+from cconv.compressors.oracle import flat64
 from cconv.compressors.packing import pack_bits, packed_size, unpack_bits
+from cconv.compressors.registry import Bench, Bound, Entry, Knob, Param, Schema, Theory, register
 
 
 class TernPayload(NamedTuple):
@@ -33,13 +39,7 @@ class TernPayload(NamedTuple):
     scale: Array  # float32 scalar s
 
 
-def terngrad(clip: float | None = None) -> Compressor:
-    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip <= 0):
-        raise ValueError(f"terngrad: clip must be a positive number (the paper uses 2.5) or None, got {clip!r}")
-
-    def init(x):
-        return EmptyState()
-
+def _terngrad(clip: float | None = None) -> Compressor:
     def compress(x, state, key):
         check_float("terngrad", x)
         flat = x.reshape(-1).astype(jnp.float32)
@@ -65,6 +65,47 @@ def terngrad(clip: float | None = None) -> Compressor:
     def wire_bytes(shape, dtype="float32"):
         return packed_size(size_of(shape), 2) + 4
 
-    return Compressor(init, compress, decompress, wire_bytes, lambda shape: 1.0,
-                      name="terngrad", unbiased=clip is None, aggregation="allgather",
-                      hparams={"clip": clip})
+    return Compressor(stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0,
+                      name="terngrad", unbiased=clip is None)
+
+
+def _bound(c, shape):
+    """Without clipping: omega = (sqrt(d) - 1)/2, attained; with clipping biased, no constant."""
+    if c.hparams["clip"] is not None:
+        return Bound("biased")
+    return Bound("unbiased", omega=(math.sqrt(size_of(shape)) - 1.0) / 2.0)
+
+
+def _error_sq(c, x, state):
+    """s ||clip(x)||_1 - ||clip(x)||^2 (the variance) + ||clip(x) - x||^2 (the clipping bias)."""
+    x = flat64(x)
+    xc = x
+    if c.hparams["clip"] is not None:
+        sigma = float(np.std(x.astype(np.float32)))
+        xc = np.clip(x, -c.hparams["clip"] * sigma, c.hparams["clip"] * sigma)
+    s = float(np.max(np.abs(xc)))
+    return s * float(np.sum(np.abs(xc))) - float(np.sum(xc * xc)) + float(np.sum((xc - x) ** 2))
+
+
+def _variance(c, x):
+    """Var[C(x)_i] = s |x_i| - x_i^2 (without clipping; with it C is biased: None)."""
+    if c.hparams["clip"] is not None:
+        return None
+    x = flat64(x)
+    return float(np.max(np.abs(x))) * np.abs(x) - x * x
+
+
+def _worst_case(c, shape):
+    x = np.full(size_of(shape), 1.0 / (math.sqrt(size_of(shape)) + 1.0))
+    x[0] = 1.0
+    return x.reshape(shape)
+
+
+THEORY = Theory(wire_bytes=lambda c, shape, isz: packed_size(size_of(shape), 2) + 4, bound=_bound,
+                error_sq=_error_sq, variance=_variance, worst_case=_worst_case)
+
+terngrad = register("terngrad", Entry(
+    _terngrad, Schema((Param("clip", "float", None, low=0.0, low_open=True, optional=True,
+                             help="clip at clip * std(x); the paper uses 2.5"),)),
+    theory=THEORY, knob=Knob("clip"), label="TernGrad", cases=({}, {"clip": 2.5}),
+    bench=Bench(target_x=4.0)))

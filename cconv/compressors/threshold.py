@@ -22,22 +22,22 @@ magnitudes, are sent first and propagate.
 
 from __future__ import annotations
 
-import jax.numpy as jnp
+from statistics import NormalDist
 
-from cconv.compressors.base import (Compressor, check_float, sparsifier_size, stateless_init,
-                                    itemsize, size_of)
+import jax.numpy as jnp
+import numpy as np
+
+from cconv.compressors.base import Compressor, SparsifierSize, check_float, itemsize, size_of, stateless_init
+from cconv.compressors.oracle import flat64, sparsifier_k, top_idx
+from cconv.compressors.registry import K, RATIO, Bench, Bound, Entry, Knob, Param, Schema, Theory, \
+    ratio_or_k, register
 from cconv.compressors.select import topk_indices
 from cconv.compressors.sparse import SparsePayload, decompress_sparse
 
 
-def threshold(tau: float | None = None, ratio: float | None = None, k: int | None = None) -> Compressor:
-    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not tau >= 0:
-        raise ValueError(f"threshold: tau (the magnitude threshold) must be a number >= 0, got {tau!r}")
-    tau = float(tau)
-    size = sparsifier_size("threshold", ratio, k, default_ratio=0.01)
-    ratio, k_fixed, kof = size.ratio, size.k_fixed, size.k
-
-
+def _threshold(tau: float, ratio: float | None = None, k: int | None = None) -> Compressor:
+    size = SparsifierSize(ratio, k)
+    kof = size.k
 
     def compress(x, state, key):
         check_float("threshold", x)
@@ -55,7 +55,31 @@ def threshold(tau: float | None = None, ratio: float | None = None, k: int | Non
         # A fixed capacity of k slots, always sparse (even when k == d).
         return kof(shape) * (itemsize(dtype) + 4)
 
-    return Compressor(stateless_init, compress, decompress_sparse, wire_bytes,
-                      size.density,
-                      name="threshold", unbiased=False, aggregation="allgather",
-                      hparams={"tau": tau, "ratio": ratio, "k": k_fixed})
+    return Compressor(stateless_init, compress, decompress_sparse, wire_bytes, size.density,
+                      name="threshold", unbiased=False)
+
+
+def _error_sq(c, x, state):
+    """What is not sent: the entries below tau, and on overflow those beyond the k largest."""
+    x = flat64(x)
+    mag = np.abs(x)
+    passed = np.flatnonzero(mag >= c.hparams["tau"])
+    k = sparsifier_k(c, x.size)
+    sent = passed[top_idx(mag[passed], k)] if passed.size > k else passed
+    return float(np.sum(x * x)) - float(np.sum(x[sent] ** 2))
+
+
+# Only non-expansive (delta = 0, attained when nothing reaches tau); no attained worst case.
+THEORY = Theory(
+    wire_bytes=lambda c, shape, isz: sparsifier_k(c, size_of(shape)) * (isz + 4),
+    bound=lambda c, shape: Bound("biased", delta=0.0),
+    error_sq=_error_sq,
+)
+
+threshold = register("threshold", Entry(
+    _threshold,
+    Schema((Param("tau", "float", None, low=0.0, help="the magnitude threshold", show_help=True), RATIO, K),
+           rule=lambda owner, v: ratio_or_k(owner, v, default_ratio=0.01)),
+    theory=THEORY, knob=Knob("tau"), label="threshold", cases=({"tau": 0.5, "ratio": 0.2}, {"tau": 0.1}),
+    # N(0, 1) input: P(|x| >= tau) = ratio
+    bench=Bench(lambda r: {"tau": round(NormalDist().inv_cdf(1 - r / 2), 4), "ratio": r}, 10.0)))

@@ -12,11 +12,14 @@ propagate; +-inf likewise.
 
 from __future__ import annotations
 
-from cconv.compressors.base import (Compressor, check_float, sparsifier_size, stateless_init,
-                                    size_of)
+import numpy as np
+
+from cconv.compressors.base import Compressor, SparsifierSize, check_float, size_of, stateless_init
+from cconv.compressors.oracle import alternating, flat64, sparsifier_k, top_idx
+from cconv.compressors.registry import Bound, Entry, Knob, Theory, register
 from cconv.compressors.select import topk_indices as _select_topk_indices
-from cconv.compressors.sparse import (DensePayload, decompress_sparse, gather_sparse,
-                                      sparse_bytes)
+from cconv.compressors.sparse import (SIZE, SPARSE_BENCH, SPARSE_RATIOS, DensePayload,
+                                      decompress_sparse, gather_sparse, sparse_bytes)
 
 
 def topk_indices(flat, k):
@@ -24,25 +27,44 @@ def topk_indices(flat, k):
     return _select_topk_indices(flat, k)
 
 
-def topk(ratio: float | None = None, k: int | None = None) -> Compressor:
-    size = sparsifier_size("topk", ratio, k)
-    ratio, k_fixed, kof = size.ratio, size.k_fixed, size.k
-
-
+def _topk(ratio: float | None = None, k: int | None = None) -> Compressor:
+    size = SparsifierSize(ratio, k)
 
     def compress(x, state, key):
         check_float("topk", x)
         d = x.size
-        kk = kof(x.shape)
+        kk = size.k(x.shape)
         if kk >= d:
             return DensePayload(x.reshape(-1)), state
         flat = x.reshape(-1)
         return gather_sparse(flat, topk_indices(flat, kk)), state
 
     def wire_bytes(shape, dtype="float32"):
-        return sparse_bytes(kof(shape), size_of(shape), dtype)
+        return sparse_bytes(size.k(shape), size_of(shape), dtype)
 
-    return Compressor(stateless_init, compress, decompress_sparse, wire_bytes,
-                      size.density,
-                      name="topk", unbiased=False, aggregation="allgather",
-                      hparams={"ratio": ratio, "k": k_fixed})
+    return Compressor(stateless_init, compress, decompress_sparse, wire_bytes, size.density,
+                      name="topk", unbiased=False)
+
+
+def _wire_bytes(c, shape, isz):
+    d = size_of(shape)
+    k = sparsifier_k(c, d)
+    return d * isz if k >= d else k * (isz + 4)
+
+
+def _error_sq(c, x, state):
+    x = flat64(x)
+    k = sparsifier_k(c, x.size)
+    return float(np.sum(x * x)) - float(np.sum(x[top_idx(np.abs(x), k)] ** 2))
+
+
+THEORY = Theory(
+    wire_bytes=_wire_bytes,
+    bound=lambda c, shape: Bound("contractive", delta=sparsifier_k(c, size_of(shape)) / size_of(shape)),
+    error_sq=_error_sq,
+    worst_case=lambda c, shape: alternating(shape),
+)
+
+topk = register("topk", Entry(_topk, SIZE, collectives=("gtopk",), theory=THEORY,
+                              knob=Knob("ratio", SPARSE_RATIOS), label="top-k",
+                              cases=({"ratio": 0.2}, {"k": 5}), bench=SPARSE_BENCH))

@@ -21,7 +21,8 @@ cifar10         classification python pickle batches in a local directory
 text            lm             bytes of CPython's standard library (``cconv.data.text``)
 =============== ============== ======================================================================
 
-A new dataset is one function returning a ``Dataset`` and a line in ``_REGISTRY``.
+A new dataset is one function returning a ``Dataset`` and a line in ``_REGISTRY``; unregistered ones
+are named by import path, ``load("my_pkg.sets:toy", n=100)``.
 """
 
 from __future__ import annotations

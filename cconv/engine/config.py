@@ -12,13 +12,18 @@ import dataclasses
 from typing import NamedTuple, Sequence
 
 from cconv import compressors as C
+from cconv import memory as M
+from cconv.comm import aggregation as A
 from cconv.compressors.base import Compressor
+from cconv.engine.launchers import LAUNCHERS   # name -> Launcher class
 
-MEMORIES = ("none", "ef", "dgc")
+# The uncompressed baseline's registered name.  TRANSITIONAL: ``cconv.compressors.IDENTITY``
+# is being added; until then the name the identity factory was registered under.
+IDENTITY: str = getattr(C, "IDENTITY", None) or C.identity.entry.name
+MEMORIES = M.MEMORIES                      # name -> Memory factory
 GRANULARITIES = ("layerwise", "fused")
-ARCHITECTURES = ("all-to-all", "parameter-server")
-COLLECTIVES = ("auto", "allgather", "gtopk")
-LAUNCHERS = ("shard_map", "pmap", "mpi")
+ARCHITECTURES = tuple(A.TRANSPORTS)        # "all-to-all", "parameter-server"
+COLLECTIVES = A.COLLECTIVES               # "auto" (the compressor's aggregation), "allgather", "gtopk"
 DGC_WARMUP = (0.25, 0.0625, 0.015625, 0.004)
 
 
@@ -62,8 +67,9 @@ class EngineConfig:
 
     workers            P, number of data-parallel workers (mesh devices, pmap devices or MPI ranks)
     compressor         a ``Compressor`` or a registered name (None: no compression)
-    memory             "none" | "ef" (error feedback) | "dgc" (momentum correction + masking;
-                       the optimizer must then be plain SGD: the momentum lives in the memory)
+    memory             a key of ``MEMORIES``: none, ef (error feedback) or dgc (DGC's momentum
+                       correction + masking; the optimizer must then be plain SGD: the momentum
+                       lives in the memory)
     momentum, masking  DGC memory's momentum factor and momentum-factor masking
     clip               local gradient clipping: each worker clips its gradient's global norm to
                        clip * P^(-1/2) (DGC), before memory and compression; None: off
@@ -78,16 +84,17 @@ class EngineConfig:
     compress_vectors   False: tensors with ndim <= 1 (biases, norms) are sent dense
     architecture       "all-to-all" | "parameter-server" (server co-located with worker 0)
     collective         "auto" (the compressor's aggregation) | "allgather" | "gtopk"
-                       (recursive-doubling global top-k; topk/dgc compressors, P a power of 2)
+                       (recursive-doubling global top-k; compressors whose registry entry lists
+                       it in ``collectives``, P a power of 2)
     vote               signSGD majority vote: update = sign(sum_w decompress(payload_w))
     ps_downlink        compressor for the server's reply (error feedback on the server)
-    launcher           "shard_map" | "pmap" | "mpi"
+    launcher           a key of ``LAUNCHERS``: shard_map (default), pmap or mpi
     axis_name          name of the worker axis
     """
 
     workers: int = 1
     compressor: Compressor | str | None = None
-    memory: str = "none"
+    memory: str = M.NONE
     momentum: float = 0.9
     masking: bool = True
     clip: float | None = None
@@ -116,7 +123,7 @@ class EngineConfig:
         for name in ("compressor", "ps_downlink"):
             v = getattr(self, name)
             if v is None and name == "compressor":
-                v = "none"
+                v = IDENTITY
             if isinstance(v, str):
                 object.__setattr__(self, name, C.get(v))
             elif v is not None and not isinstance(v, Compressor):
@@ -136,30 +143,13 @@ class EngineConfig:
         if self.warmup is not None and not isinstance(self.warmup, Warmup):
             raise ValueError("EngineConfig.warmup must be a cconv.engine.Warmup (e.g. dgc_warmup(...)) or None")
         c = self.compressor
-        if self.collective == "gtopk":
-            if c.name not in ("topk", "dgc"):
-                raise ValueError(f"collective='gtopk' needs a top-k selection compressor (topk, dgc), got {c.name!r}")
-            if self.architecture != "all-to-all":
-                raise ValueError("collective='gtopk' is an all-to-all algorithm; use architecture='all-to-all'")
-            if self.workers & (self.workers - 1):
-                raise ValueError(f"collective='gtopk' needs a power-of-two number of workers "
-                                 f"(recursive doubling), got workers={self.workers}")
-        if self.collective == "allgather" and c.aggregation == "powersgd":
-            raise ValueError("powersgd's factors are all-reduced; collective='allgather' does not apply")
-        if c.aggregation == "powersgd":
-            if self.memory == "dgc":
-                raise ValueError("powersgd supports memory='ef' or 'none' (error feedback on the aggregate)")
-            if self.granularity == "fused":
-                raise ValueError("powersgd factorises each matrix: use granularity='layerwise'")
-            if self.ps_downlink is not None:
-                raise ValueError("powersgd's factors are already compressed: ps_downlink must be None")
-        if self.vote and c.aggregation != "allgather":
-            raise ValueError(f"vote=True needs a gathered (sign) compressor such as signsgd, got {c.name!r}")
+        A.check(self, c)      # what the aggregation methods cannot do (powersgd, gtopk, vote)
         if self.ps_downlink is not None and self.architecture != "parameter-server":
             raise ValueError("ps_downlink needs architecture='parameter-server'")
-        if self.warmup is not None and "ratio" not in C.hparams_of(c.name):
+        if self.warmup is not None and "ratio" not in C.entry_of(c).schema.names:
+            ok = [e.name for e in C.entries() if "ratio" in e.schema.names]
             raise ValueError(f"warmup changes the density: needs a compressor with a ratio "
-                             f"hyper-parameter (topk, randomk, dgc, stc, threshold), got {c.name!r}")
+                             f"hyper-parameter ({', '.join(ok)}), got {c.name!r}")
 
     @property
     def model_averaging(self) -> bool:
@@ -187,7 +177,8 @@ def compressor_at(cfg: EngineConfig, density: float | None) -> Compressor:
     if density is None:
         return c
     if density >= 1.0:
-        return C.get("none")
-    hp = {k: v for k, v in c.hparams.items() if k in C.hparams_of(c.name)}
+        return C.get(IDENTITY)
+    entry = C.entry_of(c)
+    hp = {k: v for k, v in c.hparams.items() if k in entry.schema.names}
     hp.update(ratio=density, k=None)
-    return C.get(c.name, **hp)
+    return entry.build(**hp)

@@ -1,10 +1,16 @@
-"""Bytes per worker per step for each compressor at several worker counts (no training needed).
+"""Bytes per worker per step for every registered compressor at several worker counts (no
+training needed).
 
     python -m cconv.engine.report                    # the default MLP on 8x8 digits
     python -m cconv.engine.report --model resnet8 --input 32,32,3 --workers 2 4 8
+    python -m cconv.engine.report --architecture all-to-all parameter-server --ratio 0.001
 
-Each entry comes from ``trainer.traffic(step)``: the engine's own trace-time ledger of the
-payload arrays handed to the collectives (the same numbers the HLO test checks against the
+Rows come from the compressor registry: each entry's first test case (its ``ratio``, if it has
+one, replaced by ``--ratio``), with error feedback where the compressor is biased, plus one row
+per extra collective its entry lists (``collectives``, e.g. gTop-k), for each architecture asked
+for.  A configuration the engine rejects (gTop-k on a worker count that is not a power of two)
+is "n/a".  Each cell comes from ``trainer.traffic(step)``: the engine's own trace-time ledger of
+the payload arrays handed to the collectives (the same numbers the HLO test checks against the
 compiled program), gradient exchange and model-state averaging included, metric logging not.
 """
 
@@ -16,44 +22,52 @@ import jax
 import optax
 
 from cconv import compressors as C
-from cconv.engine.config import EngineConfig
+from cconv import memory as M
+from cconv.comm.aggregation import TRANSPORTS
+from cconv.engine.config import IDENTITY, EngineConfig
 from cconv.engine.trainer import build
 
-# (label, EngineConfig keyword arguments): one row of the table each.
-DEFAULT_ROWS = [
-    ("none (fp32 allreduce)", dict()),
-    ("fp16", dict(compressor=C.fp16())),
-    ("bf16", dict(compressor=C.bf16())),
-    ("randomk 1% (shared key)", dict(compressor=C.randomk(ratio=0.01), memory="ef")),
-    ("topk 1% allgather", dict(compressor=C.topk(ratio=0.01), memory="ef")),
-    ("gtopk 1%", dict(compressor=C.topk(ratio=0.01), memory="ef", collective="gtopk")),
-    ("threshold 1% cap", dict(compressor=C.threshold(tau=1e-3, ratio=0.01), memory="ef")),
-    ("dgc 1%", dict(compressor=C.dgc(ratio=0.01), memory="dgc")),
-    ("terngrad", dict(compressor=C.terngrad())),
-    ("signsgd (vote)", dict(compressor=C.signsgd(), vote=True)),
-    ("scaled_sign (EF)", dict(compressor=C.scaled_sign(), memory="ef")),
-    ("onebit", dict(compressor=C.onebit(), memory="ef")),
-    ("qsgd s=4", dict(compressor=C.qsgd(levels=4))),
-    ("stc 1%", dict(compressor=C.stc(ratio=0.01), memory="ef")),
-    ("powersgd r=2", dict(compressor=C.powersgd(rank=2), memory="ef")),
-    ("PS: topk 1% up, dense down", dict(compressor=C.topk(ratio=0.01), memory="ef",
-                                        architecture="parameter-server")),
-    ("PS: signsgd vote up+down", dict(compressor=C.signsgd(), vote=True, architecture="parameter-server")),
-]
+
+def _hparams(case: dict, ratio: float) -> dict:
+    return {**case, "ratio": ratio} if "ratio" in case else dict(case)
 
 
-def bytes_table(params, model_state=None, workers=(2, 4, 8), rows=DEFAULT_ROWS, devices=None):
-    """{label: {P: (sent, received)}} for the worker that reports (a non-server one under PS)."""
+def default_rows(ratio: float = 0.01, architectures=("all-to-all",)) -> list[tuple[str, dict]]:
+    """(label, EngineConfig keyword arguments) for every registered compressor (the uncompressed
+    baseline first), see the module docstring."""
+    names = [IDENTITY] + [n for n in C.names() if n != IDENTITY]
+    rows = []
+    for arch in architectures:
+        prefix = "" if arch == "all-to-all" else f"{arch}: "
+        for name in names:
+            e = C.entry(name)
+            hp = _hparams(e.cases[0], ratio)
+            c = e.build(**hp)
+            memory = "ef" if not c.unbiased else M.NONE
+            what = " ".join([name, *(f"{k}={v}" for k, v in hp.items())])
+            kw = dict(compressor=c, memory=memory, architecture=arch)
+            tail = " + EF" if memory == "ef" else ""
+            rows.append((f"{prefix}{what}{tail}", kw))
+            for coll in e.collectives:
+                if arch == "all-to-all":
+                    rows.append((f"{prefix}{what} {coll}{tail}", {**kw, "collective": coll}))
+    return rows
+
+
+def bytes_table(params, model_state=None, workers=(2, 4, 8), rows=None, devices=None):
+    """{label: {P: (sent, received)}} for the worker that reports (a non-server one under PS);
+    a configuration the engine rejects for some P is left out of that row."""
     out = {}
-    for label, kw in rows:
+    for label, kw in (default_rows() if rows is None else rows):
         out[label] = {}
         for p in workers:
-            if kw.get("collective") == "gtopk" and p & (p - 1):
+            try:
+                cfg = EngineConfig(workers=p, **kw)
+            except ValueError:
                 continue
-            tr = build(lambda *a: None, params, optax.sgd(0.1), EngineConfig(workers=p, **kw),
-                       model_state=model_state, devices=devices)
+            tr = build(lambda *a: None, params, optax.sgd(0.1), cfg, model_state=model_state, devices=devices)
             sent, recv = tr.traffic(0)
-            r = 1 if kw.get("architecture") == "parameter-server" else 0
+            r = TRANSPORTS[cfg.architecture].report_rank(p)
             out[label][p] = (float(sent[r]), float(recv[r]))
     return out
 
@@ -73,14 +87,17 @@ def main(argv=None) -> int:
     ap.add_argument("--input", default="64", help="input shape, comma separated")
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--ratio", type=float, default=0.01, help="density of the compressors with a ratio")
+    ap.add_argument("--architecture", nargs="+", default=["all-to-all"], choices=list(TRANSPORTS))
     args = ap.parse_args(argv)
     from cconv import models
     spec = models.build(args.model, tuple(int(v) for v in args.input.split(",")), args.classes,
                         jax.random.PRNGKey(0))
     n = sum(x.size for x in jax.tree.leaves(spec.params))
     devices = [jax.devices()[0]] * max(args.workers)      # traffic() needs no real devices
+    rows = default_rows(args.ratio, tuple(args.architecture))
     print(f"{args.model}: {n:,} parameters ({4 * n:,} bytes fp32); bytes per worker per step\n")
-    print(markdown(bytes_table(spec.params, spec.model_state, args.workers, devices=devices), args.workers))
+    print(markdown(bytes_table(spec.params, spec.model_state, args.workers, rows, devices=devices), args.workers))
     return 0
 
 

@@ -1,8 +1,8 @@
 """Experiments: configs, runs that survive kills, sweeps, logging, reports and figures.
 
-* ``config``      YAML run/sweep configs, validation, ``--set`` overrides, grid expansion
+* ``config``      YAML run configs, validation, ``--set`` overrides, the engine's options
 * ``runner``      one run: build, train, log metrics.jsonl, checkpoint, resume, simulated time
-* ``sweep``       a grid of runs: skip finished, resume interrupted, report + figure at the end
+* ``sweep``       grid expansion; a grid of runs: skip finished, resume interrupted, report + figure
 * ``io``          atomic result files (fsync'ed JSONL lines, atomic replace)
 * ``checkpoint``  orbax checkpoints of arbitrary pytrees plus host-side state
 * ``loggers``     wandb (offline by default) and progress bars
@@ -12,6 +12,7 @@
 The command line (``cconv run|sweep|plot|report|plan``) is ``cconv.cli``.
 """
 
-from cconv.experiments.config import ConfigError, RunConfig, load_run, load_sweep
+from cconv.experiments.config import ConfigError, RunConfig, load_run
+from cconv.experiments.sweep import load_sweep
 
 __all__ = ["ConfigError", "RunConfig", "load_run", "load_sweep"]

@@ -1,6 +1,6 @@
 """Run and sweep configurations: YAML in, one validated, fully resolved ``RunConfig`` out.
 
-A run config is a flat mapping (YAML, loaded with ``yaml.safe_load``)::
+A run config is a flat mapping (YAML, loaded with a safe loader, see below)::
 
     model: {name: mlp, hidden: [64]}          # or just `model: mlp`
     data: {name: digits, partition: iid}      # or just `data: digits`
@@ -18,28 +18,15 @@ Every field, its default and its meaning is in ``FIELDS`` (``cconv run --help`` 
 unknown key is an error that lists the valid ones.  Nested values are addressed with dots in
 ``--set`` overrides (``--set compressor.ratio=0.001``); values are parsed as YAML scalars.
 
-A sweep file has ``base`` (a run config, inline or ``base: path.yaml`` relative to the sweep file)
-and ``grid``: a mapping from a field (dotted for nested ones) to a list of values.  The runs are the
-Cartesian product of the grid's lists.  A value that is a mapping may itself contain lists, which
-expand inside it; this is how compressors with different hyper-parameters share one axis::
+Sweep files (``base`` + ``grid``, ``include``, ``rules``) are expanded by ``cconv.experiments.sweep``.
 
-    grid:
-      memory: [none, ef]
-      compressor:
-        - {name: topk, ratio: [0.001, 0.01, 0.1]}
-        - {name: signsgd}
+Option lists (memories, architectures, collectives, granularities, launchers) are the engine's
+(``cconv.engine.config``; ``EngineConfig`` is the truth and validates every combination).  The
+only config-level spellings are the architecture aliases of ``ARCHITECTURE_ALIASES``
+(``architecture: ps`` and ``architecture: gtopk``), mapped before the engine sees them.
 
-gives 2 x (3 + 1) = 8 runs.  Optional:
-
-``include``: extra points outside the product, each a mapping of (dotted) fields, e.g. the dense
-baseline ``include: [{compressor: none, memory: none}]``;
-``rules``: conditional settings, applied in order to every point they match::
-
-    rules:
-      - when: {compressor.name: signsgd}     # all listed (dotted) fields equal
-        set: {lr: 0.01}
-
-A rule's ``set`` does not change the run's directory name (which lists the grid values only).
+YAML 1.1 (PyYAML) reads ``1e-3`` as a string; configs and ``--set`` values are read with a loader
+that also resolves such exponent-only floats (YAML 1.2), so ``lr: 1e-3`` is 0.001.
 """
 
 from __future__ import annotations
@@ -47,15 +34,20 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import itertools
 import json
 import math
-import os
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 import yaml
+
+from cconv.engine.config import ARCHITECTURES, COLLECTIVES, GRANULARITIES, LAUNCHERS, MEMORIES
+
+if TYPE_CHECKING:
+    from cconv.compressors.base import Compressor
+    from cconv.engine.config import EngineConfig
+    from cconv.theory.network import Network
 
 
 class ConfigError(ValueError):
@@ -64,12 +56,13 @@ class ConfigError(ValueError):
 
 # --------------------------------------------------------------------------- schema
 
-MEMORIES = ("none", "ef", "dgc")
-ARCHITECTURES = ("all-to-all", "gtopk", "ps")
-GRANULARITIES = ("layerwise", "fused")
-COLLECTIVES = ("auto", "allgather", "gtopk")
+# Config spellings of engine settings: ``architecture: <alias>`` stands for these EngineConfig
+# fields (they override the config's own ``architecture`` and ``collective``).  The one alias table.
+ARCHITECTURE_ALIASES: dict[str, dict[str, str]] = {
+    "ps": {"architecture": "parameter-server"},
+    "gtopk": {"architecture": "all-to-all", "collective": "gtopk"},
+}
 WARMUP_KEYS = ("densities", "steps_per_stage", "dense_steps")
-LAUNCHERS = ("shard_map", "pmap")
 LR_SCHEDULES = ("constant", "cosine")
 # optax optimizer aliases a config may name (each called as optax.<name>(learning_rate, **hp)).
 OPTIMIZERS = ("sgd", "adam", "adamw", "nadam", "lamb", "lars", "lion", "rmsprop", "adagrad",
@@ -109,11 +102,12 @@ class RunConfig:
     min_compress_size: int = field(default=0, metadata={"help": "tensors with fewer elements are sent dense"})
     compress_vectors: bool = field(default=True, metadata={"help": "false: biases and other 1-D tensors are sent dense"})
     architecture: str = field(default="all-to-all",
-                              metadata={"help": "all-to-all | gtopk (recursive-doubling global top-k) | ps (parameter server)"})
+                              metadata={"help": "all-to-all | parameter-server | ps (= parameter-server) | "
+                                                      "gtopk (= all-to-all with collective gtopk)"})
     collective: str = field(default="auto", metadata={"help": "auto (the compressor's) | allgather | gtopk"})
     vote: bool = field(default=False, metadata={"help": "signSGD majority vote"})
     ps_downlink: Any = field(default=None, metadata={"help": "PS downlink compressor (name or mapping) or null"})
-    launcher: str = field(default="shard_map", metadata={"help": "shard_map | pmap"})
+    launcher: str = field(default="shard_map", metadata={"help": " | ".join(LAUNCHERS)})
     network: Any = field(default=None,
                          metadata={"help": "network for simulated time: preset name, {name, alpha, beta}, or a list"})
     log_every: int = field(default=10, metadata={"help": "steps between metric lines (and test evaluations)"})
@@ -123,12 +117,15 @@ class RunConfig:
 
     # ------------------------------------------------------------------ helpers
     def to_dict(self) -> dict:
+        """Every field, as plain Python values."""
         return dataclasses.asdict(self)
 
     def seeds(self) -> list[int]:
+        """The seeds of the run (one, or the list run as one vmapped program)."""
         return list(self.seed) if isinstance(self.seed, list) else [int(self.seed)]
 
     def networks(self) -> list:
+        """The network entries (preset names or mappings) simulated time is computed on."""
         if self.network is None:
             return []
         return list(self.network) if isinstance(self.network, list) else [self.network]
@@ -141,7 +138,6 @@ class RunConfig:
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(RunConfig)}
 _NAMED = ("model", "data", "optimizer", "compressor")  # fields given as name or {name, **hp}
-SWEEP_KEYS = ("name", "base", "grid", "include", "rules")
 
 
 def field_help() -> str:
@@ -155,8 +151,22 @@ def field_help() -> str:
 
 # --------------------------------------------------------------------------- loading
 
+class _Loader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that also reads exponent floats without a dot (``1e-3``, YAML 1.2)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
+def _safe_load(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+
+
 def load_yaml(path: str) -> Any:
-    """yaml.safe_load a file; errors become one-line ConfigErrors."""
+    """Load a YAML file (safe loader, ``1e-3`` is a float); errors become one-line ConfigErrors."""
     try:
         with open(path) as fh:
             text = fh.read()
@@ -165,7 +175,7 @@ def load_yaml(path: str) -> Any:
     except OSError as e:
         raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
     try:
-        return yaml.safe_load(text)
+        return _safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
@@ -176,7 +186,7 @@ def load_yaml(path: str) -> Any:
 def parse_value(text: str) -> Any:
     """A --set value: a YAML scalar/flow value (``0.01``, ``true``, ``null``, ``[1, 2]``, ``ef``)."""
     try:
-        return yaml.safe_load(text)
+        return _safe_load(text)
     except yaml.YAMLError:
         return text
 
@@ -193,6 +203,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 
 
 def set_path(d: dict, dotted: str, value: Any) -> None:
+    """Set a dotted key of a raw config in place (a name given as a string becomes {name: ...})."""
     parts = dotted.split(".")
     if not all(parts):
         raise ConfigError(f"bad key {dotted!r}")
@@ -247,7 +258,8 @@ def _num(name: str, v: Any, lo: float | None = None, allow_none: bool = False, s
     return float(v)
 
 
-def _choice(name: str, v: Any, choices: tuple) -> str:
+def _choice(name: str, v: Any, choices: Iterable[str]) -> str:
+    choices = tuple(choices)
     if v not in choices:
         raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {v!r}")
     return v
@@ -311,7 +323,7 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
                 isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x <= 1 for x in d)):
             raise ConfigError(f"warmup.densities must be 'dgc' or a list of numbers in (0, 1], got {d!r}")
     cfg.min_compress_size = _int("min_compress_size", cfg.min_compress_size, 0)
-    cfg.architecture = _choice("architecture", cfg.architecture, ARCHITECTURES)
+    cfg.architecture = _choice("architecture", cfg.architecture, (*ARCHITECTURES, *ARCHITECTURE_ALIASES))
     if not isinstance(cfg.vote, bool):
         raise ConfigError(f"vote must be true or false, got {cfg.vote!r}")
     if cfg.ps_downlink is not None:
@@ -336,24 +348,24 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
 
 def check_names(cfg: RunConfig) -> None:
     """Check names and hyper-parameters against the registries (compressors, models, data,
-    networks, optax) so that a bad name fails before anything is written."""
-    import optax
-
-    from cconv import compressors
-
-    hp = {k: v for k, v in cfg.compressor.items() if k != "name"}
-    try:
-        compressors.get(cfg.compressor["name"], **hp)
-        if cfg.ps_downlink is not None:
-            compressors.get(cfg.ps_downlink["name"], **{k: v for k, v in cfg.ps_downlink.items() if k != "name"})
-    except ValueError as e:
-        raise ConfigError(str(e).splitlines()[0]) from None
-    except TypeError as e:
-        raise ConfigError(f"compressor {cfg.compressor!r}: {e}") from None
-    opt = getattr(optax, cfg.optimizer["name"])
+    networks, optax) and the combination against ``EngineConfig``, so that a bad name fails before
+    anything is written.  Compressor hyper-parameters are validated by the compressor registry
+    (its entry's schema); names may be import paths (``"package.module:factory"``)."""
     import inspect
 
-    params = inspect.signature(opt).parameters
+    import optax
+
+    from cconv import data, models
+
+    try:
+        make_compressor(cfg.compressor)
+        if cfg.ps_downlink is not None:
+            make_compressor(cfg.ps_downlink)
+    except ValueError as e:
+        raise ConfigError(str(e).splitlines()[0]) from None
+    except TypeError as e:   # a plain user factory called with arguments it does not take
+        raise ConfigError(f"compressor {cfg.compressor!r}: {e}") from None
+    params = inspect.signature(getattr(optax, cfg.optimizer["name"])).parameters
     bad = [k for k in cfg.optimizer if k != "name" and k not in params]
     if bad:
         valid = [p for p in params if p != "learning_rate"]
@@ -365,30 +377,27 @@ def check_names(cfg: RunConfig) -> None:
         raise ConfigError(str(e).splitlines()[0]) from None
     if cfg.memory == "dgc" and (cfg.optimizer["name"] != "sgd" or cfg.optimizer.get("momentum")):
         raise ConfigError("memory: dgc keeps the momentum itself; use optimizer {name: sgd} without momentum")
-    try:
-        from cconv import models
-    except ImportError:
-        models = None
-    if models is not None and hasattr(models, "names") and cfg.model["name"] not in models.names():
-        raise ConfigError(f"unknown model {cfg.model['name']!r}; valid: {', '.join(models.names())}")
-    try:
-        from cconv import data
-    except ImportError:
-        data = None
-    if data is not None and hasattr(data, "names") and cfg.data["name"] not in data.names():
-        raise ConfigError(f"unknown dataset {cfg.data['name']!r}; valid: {', '.join(data.names())}")
+    for registry, spec in ((models, cfg.model), (data, cfg.data)):
+        try:
+            registry.hparams_of(spec["name"])   # a registered name or an importable "module:function"
+        except ValueError as e:
+            raise ConfigError(str(e).splitlines()[0]) from None
     for n in cfg.networks():
         resolve_network(n)
 
 
-def make_compressor(spec: dict):
+def make_compressor(spec: dict) -> Compressor:
+    """The compressor of a ``{name, **hparams}`` spec (validated by the compressor registry)."""
     from cconv import compressors
 
     return compressors.get(spec["name"], **{k: v for k, v in spec.items() if k != "name"})
 
 
-def engine_config(cfg: RunConfig):
-    """The ``cconv.engine.EngineConfig`` of a run (the engine validates the combination)."""
+def engine_config(cfg: RunConfig) -> EngineConfig:
+    """The ``cconv.engine.EngineConfig`` of a run (the engine validates the combination).
+
+    An architecture alias (``ARCHITECTURE_ALIASES``) is replaced by the engine fields it stands for.
+    """
     from cconv.engine import DGC_WARMUP, EngineConfig, Warmup
 
     warm = None
@@ -397,19 +406,18 @@ def engine_config(cfg: RunConfig):
         warm = Warmup(DGC_WARMUP if d == "dgc" else tuple(d),
                       steps_per_stage=int(cfg.warmup.get("steps_per_stage", 1)),
                       dense_steps=int(cfg.warmup.get("dense_steps", 0)))
-    arch = {"all-to-all": "all-to-all", "gtopk": "all-to-all", "ps": "parameter-server"}[cfg.architecture]
-    collective = "gtopk" if cfg.architecture == "gtopk" else cfg.collective
+    topology = {"architecture": cfg.architecture, "collective": cfg.collective,
+                **ARCHITECTURE_ALIASES.get(cfg.architecture, {})}
     return EngineConfig(workers=cfg.workers, compressor=make_compressor(cfg.compressor), memory=cfg.memory,
                         momentum=cfg.momentum, masking=cfg.masking, clip=cfg.clip, warmup=warm,
                         local_steps=cfg.local_steps, post_local_switch=cfg.post_local_switch,
                         compress_delta=cfg.compress_delta, granularity=cfg.granularity,
                         min_compress_size=cfg.min_compress_size, compress_vectors=cfg.compress_vectors,
-                        architecture=arch, collective=collective, vote=cfg.vote,
-                        ps_downlink=None if cfg.ps_downlink is None else make_compressor(cfg.ps_downlink),
-                        launcher=cfg.launcher)
+                        vote=cfg.vote, launcher=cfg.launcher, **topology,
+                        ps_downlink=None if cfg.ps_downlink is None else make_compressor(cfg.ps_downlink))
 
 
-def resolve_network(spec):
+def resolve_network(spec: str | dict) -> Network:
     """A ``cconv.theory.network.Network`` from a config entry (name or mapping)."""
     from cconv.theory import network
 
@@ -419,7 +427,8 @@ def resolve_network(spec):
         raise ConfigError(f"network {spec!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
-def network_label(spec) -> str:
+def network_label(spec: str | dict) -> str:
+    """The name a network entry is shown and logged under (``sim_time@<label>``)."""
     return spec if isinstance(spec, str) else str(spec.get("name", "custom"))
 
 
@@ -434,128 +443,8 @@ def load_run(path: str | None, overrides: list[str] | None = None) -> RunConfig:
 
 
 def to_yaml(cfg: RunConfig) -> str:
+    """The resolved config as YAML (what ``config.yaml`` of a run holds)."""
     return yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=None)
-
-
-# --------------------------------------------------------------------------- sweeps
-
-@dataclass
-class SweepRun:
-    name: str           # directory name inside the sweep directory
-    point: dict         # the grid values of this run (dotted key -> value)
-    config: RunConfig
-
-
-def _expand_value(v: Any) -> list:
-    """Alternatives of one grid entry: a mapping with list-valued entries expands into their
-    product; anything else is one alternative."""
-    if isinstance(v, dict):
-        keys = list(v)
-        axes = [x if isinstance(x, list) else [x] for x in (v[k] for k in keys)]
-        return [dict(zip(keys, combo)) for combo in itertools.product(*axes)]
-    return [v]
-
-
-def expand_grid(grid: dict) -> list[dict]:
-    """All points of a grid: a list of {dotted key: value}."""
-    if not isinstance(grid, dict) or not grid:
-        raise ConfigError("sweep: 'grid' must be a non-empty mapping from a field to a list of values")
-    keys = list(grid)
-    axes = []
-    for k in keys:
-        vals = grid[k]
-        if not isinstance(vals, list) or not vals:
-            raise ConfigError(f"sweep grid: {k!r} must map to a non-empty list of values, got {vals!r}")
-        alts = [a for v in vals for a in _expand_value(v)]
-        axes.append(alts)
-    return [dict(zip(keys, combo)) for combo in itertools.product(*axes)]
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, dict):
-        name = v.get("name")
-        rest = [f"{k}{_fmt(x)}" for k, x in v.items() if k != "name"]
-        return "-".join(([str(name)] if name is not None else []) + rest)
-    if isinstance(v, float):
-        return f"{v:g}"
-    if isinstance(v, list):
-        return "+".join(_fmt(x) for x in v)
-    return str(v)
-
-
-def point_name(point: dict) -> str:
-    """A readable, filesystem-safe directory name for a grid point, e.g.
-    ``compressor=topk-ratio0.01,memory=ef,seed=0``."""
-    parts = [f"{k}={_fmt(v)}" for k, v in point.items()]
-    name = ",".join(parts)
-    name = re.sub(r"[^A-Za-z0-9_.,=+\-]", "_", name)
-    if len(name) > 150:
-        name = name[:130] + "," + hashlib.sha256(name.encode()).hexdigest()[:12]
-    return name
-
-
-def load_sweep(path: str) -> tuple[str, list[SweepRun]]:
-    """(sweep name, runs) of a sweep file; every run config is validated."""
-    raw = load_yaml(path)
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: a sweep file is a mapping with 'base' and 'grid'")
-    if "grid" not in raw:
-        raise ConfigError(f"{path}: a sweep file needs 'grid' (use `cconv run` for a single config)")
-    unknown = [k for k in raw if k not in SWEEP_KEYS]
-    if unknown:
-        raise ConfigError(f"{path}: unknown sweep key(s) {', '.join(map(str, unknown))}; valid keys: "
-                          f"{', '.join(SWEEP_KEYS)} (run fields go under 'base')")
-    base = raw.get("base") or {}
-    if isinstance(base, str):
-        base_path = base if os.path.isabs(base) else os.path.join(os.path.dirname(os.path.abspath(path)), base)
-        base = load_yaml(base_path) or {}
-    if not isinstance(base, dict):
-        raise ConfigError(f"{path}: 'base' must be a mapping of run config keys or a path to one")
-    name = raw.get("name") or os.path.splitext(os.path.basename(path))[0]
-    points = expand_grid(raw["grid"])
-    include = raw.get("include") or []
-    if not isinstance(include, list) or not all(isinstance(p, dict) and p for p in include):
-        raise ConfigError(f"{path}: 'include' must be a list of mappings from a field to a value")
-    for extra in include:
-        points += expand_grid({k: (v if isinstance(v, list) else [v]) for k, v in extra.items()})
-    rules = raw.get("rules") or []
-    if not isinstance(rules, list) or not all(isinstance(r, dict) and set(r) == {"when", "set"}
-                                              and isinstance(r["when"], dict) and isinstance(r["set"], dict)
-                                              for r in rules):
-        raise ConfigError(f"{path}: 'rules' must be a list of {{when: {{field: value}}, set: {{field: value}}}}")
-    runs = []
-    seen = set()
-    for point in points:
-        merged = copy.deepcopy(base)
-        for k, v in point.items():
-            set_path(merged, k, copy.deepcopy(v))
-        for rule in rules:
-            if all(_get_path(merged, k) == v for k, v in rule["when"].items()):
-                for k, v in rule["set"].items():
-                    set_path(merged, k, copy.deepcopy(v))
-        rname = point_name(point)
-        if rname in seen:
-            raise ConfigError(f"{path}: grid produces the run {rname!r} twice")
-        seen.add(rname)
-        cfg = from_dict(merged, source=f"{path} [{rname}]")
-        runs.append(SweepRun(rname, point, cfg))
-    return str(name), runs
-
-
-def _get_path(d: dict, dotted: str):
-    """Value of a dotted key in a raw config (names given as strings count as {name: ...})."""
-    parts = dotted.split(".")
-    if parts[0] not in FIELDS:
-        raise ConfigError(f"unknown config key {parts[0]!r} in a rule; valid keys: {', '.join(FIELDS)}")
-    node = d.get(parts[0], FIELDS[parts[0]].default_factory() if FIELDS[parts[0]].default_factory
-                 is not dataclasses.MISSING else FIELDS[parts[0]].default)
-    for p in parts[1:]:
-        if isinstance(node, str) and p == "name":
-            return node
-        if not isinstance(node, dict):
-            return None
-        node = node.get(p)
-    return node
 
 
 def diff(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -568,3 +457,15 @@ def diff(a: dict, b: dict, prefix: str = "") -> list[str]:
         elif x != y:
             out.append(f"{prefix}{k}: {x!r} -> {y!r}")
     return out
+
+
+_MOVED_TO_SWEEP = ("SweepRun", "SWEEP_KEYS", "expand_grid", "point_name", "load_sweep")
+
+
+def __getattr__(name: str) -> Any:
+    """Grid expansion lives in ``cconv.experiments.sweep``; its names stay importable from here."""
+    if name in _MOVED_TO_SWEEP:
+        from cconv.experiments import sweep
+
+        return getattr(sweep, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -113,10 +113,10 @@ class JsonlWriter:
         if not self._fh.closed:
             self._fh.close()
 
-    def __enter__(self):
+    def __enter__(self) -> "JsonlWriter":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
 

@@ -20,7 +20,7 @@ def progress_enabled() -> bool:
     return sys.stderr.isatty() and os.environ.get("CCONV_PROGRESS", "1") != "0"
 
 
-def progress(total: int, desc: str, initial: int = 0, position: int | None = None, leave: bool = True):
+def progress(total: int, desc: str, initial: int = 0, position: int | None = None, leave: bool = True) -> Any:
     """A tqdm bar on stderr; disabled (a no-op object) when stderr is not a terminal."""
     from tqdm.auto import tqdm
 

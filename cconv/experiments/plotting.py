@@ -3,7 +3,8 @@
 * ``curves``: one panel, one line per run (seeds averaged, min-max band when several).
 * ``family_grid``: one panel per compressor family; within a panel, colour = the family's swept
   hyper-parameter (ratio, levels, rank, ...), line style = memory (solid EF, dashed none, dotted
-  DGC); the uncompressed baseline (``compressor: none``) is drawn in black in every panel.
+  DGC); the uncompressed baseline (the identity compressor) is drawn in black in every panel.
+  Labels and knobs come from the compressor registry (``Entry.label``, ``Entry.knob``).
 * ``ratio_summary``: bytes to reach a target loss against the compression ratio, with and without
   error feedback, one line per sparsifier family; methods without a ratio (signSGD, TernGrad, ...)
   and the dense baseline are horizontal reference lines.
@@ -18,20 +19,57 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Iterable
 
 import numpy as np
 
-FAMILY_LABELS = {
-    "none": "dense (no compression)", "topk": "top-k", "randomk": "random-k", "terngrad": "TernGrad",
-    "signsgd": "signSGD", "stc": "STC", "qsgd": "QSGD", "powersgd": "PowerSGD", "dgc": "DGC",
-    "threshold": "threshold", "onebit": "1-bit SGD", "scaled_sign": "scaled sign (EF-signSGD)",
-    "fp16": "fp16", "bf16": "bf16",
-}
 MEMORY_STYLE = {"ef": "-", "none": "--", "dgc": ":"}
 MEMORY_LABEL = {"ef": "EF", "none": "no EF", "dgc": "DGC memory"}
 Y_LABELS = {"loss": "training loss", "test_loss": "test loss", "test_accuracy": "test accuracy",
             "accuracy": "training accuracy"}
-KNOBS = ("ratio", "k", "levels", "rank", "threshold", "clip")
+
+
+def identity_name() -> str:
+    """The registered name of the identity compressor: the dense baseline of every panel."""
+    from cconv import compressors as C
+
+    name = getattr(C, "IDENTITY", None)
+    return name if name is not None else C.identity.entry.name   # before cconv.compressors.IDENTITY
+
+
+def family_label(name: str) -> str:
+    """A compressor family's label: its registry entry's ``label`` (also for a compressor named by
+    import path, ``pkg.mod:factory``), else its name."""
+    from cconv import compressors as C
+
+    if name in C.names() or (isinstance(name, str) and ":" in name):
+        try:
+            return C.entry(name).label or str(name)
+        except ValueError:
+            pass
+    return str(name)
+
+
+def knobs(family: str | None = None) -> list[str]:
+    """Hyper-parameters that can colour a family's runs, in order of preference: the family's own
+    ``Entry.knob``, then ``ratio`` and ``k`` (sparsifier runs that set k instead of ratio), then
+    every other registered knob."""
+    from cconv import compressors as C
+
+    own = []
+    if family in C.names():
+        knob = C.entry(family).knob
+        own = [knob.name] if knob is not None else []
+    others = sorted({e.knob.name for e in C.entries() if e.knob is not None})
+    return list(dict.fromkeys([*own, "ratio", "k", *others]))
+
+
+def family_order(families: Iterable[str]) -> list[str]:
+    """Registered families in name order, then the others by name."""
+    from cconv import compressors as C
+
+    registered = C.names()
+    return sorted(families, key=lambda f: (registered.index(f) if f in registered else len(registered), str(f)))
 
 
 def _plt():
@@ -138,7 +176,7 @@ def run_label(row, varying: list[str]) -> str:
         v = row[c]
         key = c.split(".")[-1] if c.startswith("cfg.") else c
         if c == "compressor":
-            parts.append(FAMILY_LABELS.get(v, str(v)))
+            parts.append(family_label(v))
         elif c == "memory":
             parts.append(MEMORY_LABEL.get(v, str(v)))
         else:
@@ -195,8 +233,8 @@ def curves(df, x: str = "bytes", y: str = "loss", network: str | None = None, ti
     return save(fig, out)
 
 
-def _knob(g) -> str | None:
-    for k in KNOBS:
+def _knob(g, family: str | None = None) -> str | None:
+    for k in knobs(family):
         c = f"cfg.compressor.{k}"
         if c in g.columns and g[c].notna().any() and g[c].astype(str).nunique() >= 1 and g[c].notna().all():
             return c
@@ -212,14 +250,13 @@ def family_grid(df, x: str = "bytes", y: str = "loss", network: str | None = Non
     if df.empty:
         raise ValueError("no metric lines to plot (have the runs started?)")
     xcol, xlabel = x_column(df, x, network)
-    base = df[df["compressor"] == "none"]
+    ident = identity_name()
+    base = df[df["compressor"] == ident]
     limits = y_range(df, y)
     top = limits[1] if limits else None
-    order = list(FAMILY_LABELS)
-    fams = families or sorted((f for f in dict.fromkeys(df["compressor"]) if f != "none"),
-                              key=lambda f: (order.index(f) if f in order else len(order), f))
+    fams = families or family_order(f for f in dict.fromkeys(df["compressor"]) if f != ident)
     if not fams:
-        fams = ["none"]
+        fams = [ident]
     n = len(fams)
     ncols = min(ncols, n)
     nrows = math.ceil(n / ncols)
@@ -230,7 +267,7 @@ def family_grid(df, x: str = "bytes", y: str = "loss", network: str | None = Non
         if x == "bytes":
             ax.set_xscale("log")
         g = df[df["compressor"] == fam]
-        knob = _knob(g)
+        knob = _knob(g, fam)
         levels = sorted(g[knob].dropna().unique(), key=float) if knob else [None]
         ys = []
         handles = []
@@ -244,7 +281,7 @@ def family_grid(df, x: str = "bytes", y: str = "loss", network: str | None = Non
                     ys.append(yv)
             if lev is not None:
                 handles.append(Line2D([], [], color=color, label=f"{knob.split('.')[-1]} = {float(lev):g}"))
-        if not base.empty and fam != "none":
+        if not base.empty and fam != ident:
             for _, gb in base.groupby("run"):
                 _, yv = _draw(ax, gb, xcol, y, top=top, color="black", linewidth=1.0, alpha=0.8)
                 ys.append(yv)
@@ -252,7 +289,7 @@ def family_grid(df, x: str = "bytes", y: str = "loss", network: str | None = Non
         for mem in [m for m in ("ef", "none", "dgc") if m in set(g["memory"])]:
             handles.append(Line2D([], [], color="grey", linestyle=MEMORY_STYLE[mem], label=MEMORY_LABEL[mem]))
         _scales(ax, ys, x, y, limits)
-        ax.set_title(FAMILY_LABELS.get(fam, fam))
+        ax.set_title(family_label(fam))
         ax.legend(handles=handles, fontsize=7, loc="best")
         if idx // ncols == nrows - 1 or idx + ncols >= n:
             ax.set_xlabel(xlabel)
@@ -281,9 +318,10 @@ def ratio_summary(runs, title: str | None = None, out: str = "ratio_summary.png"
     ax.set_yscale("log")
     colors = plt.get_cmap("tab10")
     handles = []
-    ratio_fams = [f for f in dict.fromkeys(runs["compressor"]) if f != "none"
+    ident = identity_name()
+    ratio_fams = [f for f in dict.fromkeys(runs["compressor"]) if f != ident
                   and "ratio" in runs.columns and runs.loc[runs["compressor"] == f, "ratio"].notna().all()]
-    flat_fams = [f for f in dict.fromkeys(runs["compressor"]) if f != "none" and f not in ratio_fams]
+    flat_fams = [f for f in dict.fromkeys(runs["compressor"]) if f != ident and f not in ratio_fams]
     ci = 0
     for fam in ratio_fams:
         color = colors(ci % 10)
@@ -294,7 +332,7 @@ def ratio_summary(runs, title: str | None = None, out: str = "ratio_summary.png"
             r = agg.index.to_numpy(float)
             b = agg.to_numpy(float)
             ax.plot(r, b, color=color, linestyle=MEMORY_STYLE.get(mem, "-."), marker="o", markersize=4)
-        handles.append(Line2D([], [], color=color, marker="o", label=FAMILY_LABELS.get(fam, fam)))
+        handles.append(Line2D([], [], color=color, marker="o", label=family_label(fam)))
     for fam in flat_fams:
         color = colors(ci % 10)
         ci += 1
@@ -303,8 +341,8 @@ def ratio_summary(runs, title: str | None = None, out: str = "ratio_summary.png"
             v = gm["bytes_to_target"]
             if v.notna().all():
                 ax.axhline(v.mean(), color=color, linestyle=MEMORY_STYLE.get(mem, "-."), linewidth=1.2)
-        handles.append(Line2D([], [], color=color, label=f"{FAMILY_LABELS.get(fam, fam)} (no ratio)"))
-    base = runs[runs["compressor"] == "none"]["bytes_to_target"]
+        handles.append(Line2D([], [], color=color, label=f"{family_label(fam)} (no ratio)"))
+    base = runs[runs["compressor"] == ident]["bytes_to_target"]
     if len(base) and base.notna().all():
         ax.axhline(base.mean(), color="black", linewidth=1.0)
         handles.append(Line2D([], [], color="black", label="dense baseline"))

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import yaml
 
 from cconv.experiments import io
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FINAL_COLUMNS = ("loss", "accuracy", "test_loss", "test_accuracy", "cum_bytes", "sim_time", "wall_time")
 
@@ -88,7 +91,7 @@ def _num(v):
     return float(v)
 
 
-def load_metrics(paths: Iterable[str]):
+def load_metrics(paths: Iterable[str]) -> pd.DataFrame:
     """All metric lines of all runs under ``paths`` as one long DataFrame."""
     import pandas as pd
 
@@ -114,7 +117,7 @@ def _first_reaching(lines: list[dict], metric: str, target: float, higher_is_bet
     return None
 
 
-def load_runs(paths: Iterable[str], target: float | None = None, metric: str = "loss"):
+def load_runs(paths: Iterable[str], target: float | None = None, metric: str = "loss") -> pd.DataFrame:
     """One row per (run, seed): status, final metrics and, when a target is known (argument, else
     the run config's ``target_loss``), bytes/steps/time to reach it."""
     import pandas as pd
@@ -156,12 +159,12 @@ SHOW = ("run", "seed", "status", "step", "loss", "test_loss", "test_accuracy", "
         "wall_time", "bytes_to_target", "steps_to_target", "time_to_target")
 
 
-def table(paths: Iterable[str], target: float | None = None, metric: str = "loss"):
+def table(paths: Iterable[str], target: float | None = None, metric: str = "loss") -> pd.DataFrame:
     """The report table (the columns ``cconv report`` prints; the CSV has every column)."""
     return load_runs(paths, target=target, metric=metric)
 
 
-def format_table(df) -> str:
+def format_table(df: pd.DataFrame) -> str:
     cols = [c for c in SHOW if c in df.columns and (c.endswith("_to_target") or not df[c].isna().all())]
     view = df[cols].copy()
     fmt = {}

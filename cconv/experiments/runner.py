@@ -37,12 +37,13 @@ static list of collectives the step performs.  Steps without communication (loca
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import time
 import traceback
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +53,11 @@ from cconv.experiments import io
 from cconv.experiments.checkpoint import Checkpointer, decode_host_state, encode_host_state
 from cconv.experiments.config import (ConfigError, RunConfig, engine_config, network_label, resolve_network,
                                       to_yaml)
+
+if TYPE_CHECKING:
+    import optax
+
+    from cconv.data import Dataset
 
 # The deadlock trap (DEVELOPERS.md): never have more than this many steps in flight.
 MAX_INFLIGHT = 16
@@ -80,7 +86,7 @@ def seed_keys(seed: int) -> dict:
     return {name: jax.random.fold_in(base, i) for i, name in enumerate(("model", "data", "steps"))}
 
 
-def make_optimizer(cfg: RunConfig):
+def make_optimizer(cfg: RunConfig) -> optax.GradientTransformation:
     """optax.<name>(learning_rate=schedule, **kwargs); schedule = warm-up then constant/cosine."""
     import optax
 
@@ -97,7 +103,8 @@ def make_optimizer(cfg: RunConfig):
     return getattr(optax, cfg.optimizer["name"])(learning_rate=sched, **kwargs)
 
 
-def load_dataset(cfg: RunConfig):
+def load_dataset(cfg: RunConfig) -> Dataset:
+    """The run's dataset (``data`` without the partition keys)."""
     from cconv import data
 
     hp = {k: v for k, v in cfg.data.items() if k not in ("name",) + PARTITION_KEYS}
@@ -238,7 +245,7 @@ class Calibration:
 class SimClock:
     """Per-step simulated time on each configured network (see module docstring)."""
 
-    def __init__(self, cfg: RunConfig, trainer, calib: Calibration):
+    def __init__(self, cfg: RunConfig, trainer: Any, calib: Calibration):
         from cconv.theory import network
 
         self._network = network
@@ -267,11 +274,11 @@ class RunResult(NamedTuple):
     summary: dict
 
 
-def _stack(trees):
+def _stack(trees: list) -> Any:
     return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
-def make_evaluator(problem: Problem):
+def make_evaluator(problem: Problem) -> Callable[[Any, dict], dict]:
     """One jitted program: the trainer's model view (``trainer.params`` / ``model_state``) and the
     test metrics on a chunk, vmapped over seeds when there are several.  Call it with a state
     whose static step is 0 (other steps are other pytree structures)."""
@@ -359,156 +366,269 @@ def execute(cfg: RunConfig, run_dir: str, problem: Problem | None = None, desc: 
         raise
 
 
+@dataclasses.dataclass
+class Counters:
+    """Running totals of a run, per seed; checkpointed with the state (``to_dict`` / ``from_dict``,
+    a JSON mapping with these keys).
+
+    cum_sent, cum_recv  bytes sent / received per worker since step 0
+    sim                 simulated time since step 0, per seed and network (None: no network)
+    wall                wall-clock seconds spent training, resumes included
+    diverged            the step whose loss was non-finite, per seed (None: still finite)
+    calibration         the measured compute / exchange times behind ``sim`` (None: no network)
+    acc                 running sums of the metrics since the last metric line, per seed, with
+                        ``_n`` (steps summed), ``_last`` (the last step's metrics) and ``_times``
+                        (its simulated step times)
+    """
+
+    cum_sent: list[float]
+    cum_recv: list[float]
+    sim: list[list[float]] | None
+    wall: float
+    diverged: list[int | None]
+    calibration: dict | None
+    acc: list[dict]
+
+    @classmethod
+    def fresh(cls, seeds: int) -> "Counters":
+        return cls([0.0] * seeds, [0.0] * seeds, None, 0.0, [None] * seeds, None, [dict() for _ in range(seeds)])
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Counters":
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+
+    def to_dict(self) -> dict:
+        """The checkpointed mapping (shares the lists and dicts, no copy)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def all_diverged(self) -> bool:
+        return all(d is not None for d in self.diverged)
+
+
+class _Outputs(NamedTuple):
+    """Where a run's results go while it trains."""
+
+    writer: io.JsonlWriter   # metrics.jsonl
+    bar: Any                 # progress bar
+    wandb: Any               # WandbLogger or None
+    ckpt: Checkpointer
+
+    def emit(self, lines: list[dict]) -> None:
+        self.writer.write_many(lines)
+        if self.wandb is not None:
+            for line in lines:
+                self.wandb.log(line)
+
+
+def initial_state(problem: Problem) -> Any:
+    """The trainer's initial state; several seeds: one initial model per seed on the leading axis
+    (the engine's ``build(seeds=S)`` program, whose state, batch and keys carry a seed axis)."""
+    trainer = problem.trainer
+    if len(problem.seeds) > 1:
+        return trainer.init(params=_stack([sp.params for sp in problem.specs]),
+                            model_state=_stack([sp.model_state for sp in problem.specs]))
+    return trainer.init()
+
+
+def _restore(problem: Problem, ckpt: Checkpointer, state: Any, mpath: str) -> tuple[int, Any, Counters]:
+    """(first step, state, counters): from the latest checkpoint (metrics.jsonl cut back to its
+    step, the batchers' positions restored), or fresh (metrics.jsonl emptied)."""
+    latest = ckpt.latest_step()
+    if latest is None:
+        io.repair_jsonl(mpath, -1)
+        return 0, state, Counters.fresh(len(problem.seeds))
+    start, state, meta = ckpt.restore(state)
+    state = state.replace(step=start)   # the step counter is static metadata, not a leaf
+    for b, st in zip(problem.batchers, meta["batchers"]):
+        b.load_state_dict(decode_host_state(st))
+    io.repair_jsonl(mpath, start)
+    return start, state, Counters.from_dict(meta["counters"])
+
+
+def _save(problem: Problem, ckpt: Checkpointer, step: int, state: Any, counters: Counters) -> None:
+    ckpt.save(step, state, {"counters": counters.to_dict(),
+                            "batchers": [encode_host_state(b.state_dict()) for b in problem.batchers]})
+
+
+def _make_clock(problem: Problem, counters: Counters, start: int) -> SimClock | None:
+    """The simulated clock when the config names networks (its calibration is kept in, and on
+    resume taken from, ``counters``); measured here, before the wall clock starts."""
+    cfg = problem.cfg
+    if not cfg.networks():
+        return None
+    calib = Calibration(problem, counters.calibration)
+    counters.calibration = calib.data
+    clock = SimClock(cfg, problem.trainer, calib)
+    if counters.sim is None:
+        counters.sim = [[0.0] * len(clock.nets) for _ in problem.seeds]
+    clock.step_times(start)
+    return clock
+
+
+def _step_inputs(problem: Problem, step: int, step_keys: list) -> tuple[Any, Any]:
+    """(batch, key) of one step; several seeds: stacked on a leading seed axis."""
+    batch = [b.next() for b in problem.batchers]
+    if len(problem.seeds) > 1:
+        return ({k: np.stack([bt[k] for bt in batch]) for k in batch[0]},
+                jnp.stack([jax.random.fold_in(k, step) for k in step_keys]))
+    return batch[0], jax.random.fold_in(step_keys[0], step)
+
+
+def _must_flush(cfg: RunConfig, step: int, pending: int, stop_after: int | None) -> bool:
+    """Wait for the device here?  At most ``MAX_INFLIGHT`` steps in flight (the deadlock trap),
+    and at every metric line, checkpoint, the last step and ``stop_after``."""
+    return (pending >= MAX_INFLIGHT or step % cfg.log_every == 0 or step == cfg.steps
+            or step % cfg.checkpoint_every == 0 or step == stop_after)
+
+
+def _accumulate(problem: Problem, counters: Counters, clock: SimClock | None,
+                pending: list[tuple[int, dict]]) -> list[tuple[int, int, dict]]:
+    """Add the host metrics of finished steps to ``counters``; returns the metric lines due, as
+    (seed index, step, accumulated sums).  A non-finite loss marks its seed diverged (that line
+    is written, later steps of the seed are not counted)."""
+    cfg, multi = problem.cfg, len(problem.seeds) > 1
+    records = []
+    for s_idx, hm in pending:
+        times = clock.step_times(s_idx) if clock else []
+        for i in range(len(problem.seeds)):
+            if counters.diverged[i] is not None:
+                continue
+            mi = {k: float(np.asarray(v)[i]) if multi else float(np.asarray(v)) for k, v in hm.items()}
+            counters.cum_sent[i] += mi.get("bytes_sent", 0.0)
+            counters.cum_recv[i] += mi.get("bytes_received", 0.0)
+            for j, t in enumerate(times):
+                counters.sim[i][j] += t
+            a = counters.acc[i]
+            for k, v in mi.items():
+                if not k.startswith("bytes_") and k != "density":
+                    a[k] = a.get(k, 0.0) + v
+            a["_n"] = a.get("_n", 0) + 1
+            a["_last"] = mi
+            a["_times"] = times
+            done = s_idx + 1
+            bad = not math.isfinite(mi.get("loss", 0.0))
+            if bad:
+                counters.diverged[i] = done
+            if bad or done % cfg.log_every == 0 or done == cfg.steps:
+                records.append((i, done, a))
+                counters.acc[i] = {}
+    return records
+
+
+def _metric_line(problem: Problem, counters: Counters, clock: SimClock | None, i: int, done: int,
+                 a: dict, test: dict | None, elapsed: float) -> dict:
+    """One metrics.jsonl line (module docstring) of seed index ``i`` at step ``done``."""
+    line = {"step": done, "seed": problem.seeds[i]}
+    n = a.pop("_n")
+    last = a.pop("_last")
+    times = a.pop("_times")
+    for k, v in a.items():
+        line[k] = v / n
+    if test is not None:
+        line.update(test)
+    line["bytes_sent"] = last.get("bytes_sent", 0.0)
+    line["bytes_received"] = last.get("bytes_received", 0.0)
+    if "density" in last:
+        line["density"] = last["density"]
+    line["cum_bytes_sent"] = counters.cum_sent[i]
+    line["cum_bytes_received"] = counters.cum_recv[i]
+    line["cum_bytes"] = counters.cum_sent[i] + counters.cum_recv[i]
+    if clock:
+        for j, lab in enumerate(clock.labels):
+            line[f"sim_time@{lab}"] = counters.sim[i][j]
+            line[f"sim_step_time@{lab}"] = times[j]
+        line["sim_time"] = counters.sim[i][0]
+        line["sim_step_time"] = times[0]
+    line["wall_time"] = elapsed
+    return line
+
+
+def _train_steps(problem: Problem, state: Any, step: int, counters: Counters, clock: SimClock | None,
+                 out: _Outputs, t0: float, last_lines: list, stop_after: int | None) -> tuple[int, Any]:
+    """The step loop from ``step`` to ``cfg.steps`` (or until every seed diverged): steps are
+    dispatched without waiting; every ``_must_flush`` the finished steps' metrics are fetched,
+    counted, written (with a test evaluation) and the run is checkpointed.  Returns (step, state);
+    raises ``_Stopped`` after ``stop_after``."""
+    cfg = problem.cfg
+    step_fn = problem.trainer.step
+    step_keys = [seed_keys(s)["steps"] for s in problem.seeds]
+    evaluator = make_evaluator(problem)
+    pending: list = []
+    while step < cfg.steps:
+        batch, key = _step_inputs(problem, step, step_keys)
+        state, m = step_fn(state, batch, key)
+        pending.append((step, m))
+        step += 1
+        if not _must_flush(cfg, step, len(pending), stop_after):
+            continue
+        host = jax.device_get([p[1] for p in pending])
+        records = _accumulate(problem, counters, clock, [(p[0], h) for p, h in zip(pending, host)])
+        steps_done = len(pending)
+        pending = []
+        elapsed = time.perf_counter() - t0
+        if records:
+            need_eval = any(counters.diverged[i] is None for i, _, _ in records)
+            tests = evaluate(problem, evaluator, state) if need_eval else None
+            lines = []
+            for i, done, a in records:
+                test = tests[i] if counters.diverged[i] is None else None
+                lines.append(_metric_line(problem, counters, clock, i, done, a, test, elapsed))
+                last_lines[i] = lines[-1]
+            out.emit(lines)
+        out.bar.update(steps_done)
+        if counters.all_diverged():
+            break
+        if step % cfg.checkpoint_every == 0 and step < cfg.steps:
+            counters.wall = time.perf_counter() - t0
+            _save(problem, out.ckpt, step, state, counters)
+        if stop_after is not None and step >= stop_after:
+            raise _Stopped()
+    return step, state
+
+
+def _final_summary(problem: Problem, base: dict, step: int, counters: Counters, last_lines: list) -> dict:
+    """summary.json of a run that ended: completed, or diverged (with the steps per seed)."""
+    seeds, div = problem.seeds, counters.diverged
+    status = "diverged" if any(d is not None for d in div) else "completed"
+    per_seed = {str(s): {"status": "diverged" if div[i] is not None else "completed",
+                         "diverged_at_step": div[i], "final": last_lines[i]} for i, s in enumerate(seeds)}
+    summary = {**base, "status": status, "error": None,
+               "step": step, "wall_time": counters.wall,
+               "final": last_lines[0] if len(seeds) == 1 else None, "per_seed": per_seed}
+    if status == "diverged":
+        summary["error"] = "non-finite loss at step " + ", ".join(
+            f"{d} (seed {s})" for s, d in zip(seeds, div) if d is not None)
+    return summary
+
+
 def _train(problem: Problem, run_dir: str, desc: str, stop_after: int | None, nested: bool = False) -> RunResult:
+    """Restore or start, train, write the summary (the protocol of the module docstring)."""
     from cconv.experiments.loggers import WandbLogger, progress
 
-    cfg, trainer = problem.cfg, problem.trainer
-    seeds = problem.seeds
-    S = len(seeds)
-    multi = S > 1
-    keys = [seed_keys(s) for s in seeds]
-
-    # Initial state; several seeds: the engine's build(seeds=S) program, whose state, batch and
-    # keys carry a leading seed axis (one initial model per seed).
-    if multi:
-        state = trainer.init(params=_stack([sp.params for sp in problem.specs]),
-                             model_state=_stack([sp.model_state for sp in problem.specs]))
-    else:
-        state = trainer.init()
-    step_fn = trainer.step
-    step_keys = [k["steps"] for k in keys]
-    evaluator = make_evaluator(problem)
-
+    cfg = problem.cfg
     ckpt = Checkpointer(os.path.join(run_dir, io.CHECKPOINTS))
     mpath = os.path.join(run_dir, io.METRICS)
-    start = 0
-    counters = {"cum_sent": [0.0] * S, "cum_recv": [0.0] * S, "sim": None, "wall": 0.0,
-                "diverged": [None] * S, "calibration": None, "acc": [dict() for _ in range(S)]}
-    latest = ckpt.latest_step()
-    if latest is not None:
-        start, state, meta = ckpt.restore(state)
-        state = state.replace(step=start)   # the step counter is static metadata, not a leaf
-        counters = meta["counters"]
-        for b, st in zip(problem.batchers, meta["batchers"]):
-            b.load_state_dict(decode_host_state(st))
-        io.repair_jsonl(mpath, start)
-    else:
-        io.repair_jsonl(mpath, -1)
+    start, state, counters = _restore(problem, ckpt, initial_state(problem), mpath)
+    clock = _make_clock(problem, counters, start)   # measured before the wall clock starts
 
-    clock = None
-    if cfg.networks():
-        calib = Calibration(problem, counters["calibration"])
-        counters["calibration"] = calib.data
-        clock = SimClock(cfg, trainer, calib)
-        if counters["sim"] is None:
-            counters["sim"] = [[0.0] * len(clock.nets) for _ in range(S)]
-        clock.step_times(start)  # measure before the clock starts
-
-    summary_base = {"run": desc, "config_digest": cfg.digest(), "seeds": seeds,
-                    "calibration": counters["calibration"]}
+    summary_base = {"run": desc, "config_digest": cfg.digest(), "seeds": problem.seeds,
+                    "calibration": counters.calibration}
     io.write_json(os.path.join(run_dir, io.SUMMARY), {**summary_base, "status": "running", "step": start})
 
     wb = None
     if cfg.wandb:
-        wb = WandbLogger(cfg.wandb, cfg.to_dict(), run_dir, desc, run_id=f"{desc[:40]}-{cfg.digest()}".replace(",", "_").replace("=", "-"))
-
-    writer = io.JsonlWriter(mpath)
-    bar = progress(cfg.steps, desc, initial=start, position=1 if nested else None, leave=not nested)
-    t0 = time.perf_counter() - counters["wall"]
-    acc = counters["acc"]   # running sums since the last metric line, per seed (checkpointed)
-    pending: list = []
-    last_lines: list = [None] * S
-    step = start
+        wb = WandbLogger(cfg.wandb, cfg.to_dict(), run_dir, desc,
+                         run_id=f"{desc[:40]}-{cfg.digest()}".replace(",", "_").replace("=", "-"))
+    out = _Outputs(io.JsonlWriter(mpath),
+                   progress(cfg.steps, desc, initial=start, position=1 if nested else None, leave=not nested),
+                   wb, ckpt)
+    t0 = time.perf_counter() - counters.wall
+    last_lines: list = [None] * len(problem.seeds)
     try:
-        while step < cfg.steps:
-            batch = [b.next() for b in problem.batchers]
-            if multi:
-                batch_in = {k: np.stack([bt[k] for bt in batch]) for k in batch[0]}
-                k_in = jnp.stack([jax.random.fold_in(k, step) for k in step_keys])
-            else:
-                batch_in = batch[0]
-                k_in = jax.random.fold_in(step_keys[0], step)
-            state, m = step_fn(state, batch_in, k_in)
-            pending.append((step, m))
-            step += 1
-            flush = (len(pending) >= MAX_INFLIGHT or step % cfg.log_every == 0 or step == cfg.steps
-                     or step % cfg.checkpoint_every == 0 or step == stop_after)
-            if not flush:
-                continue
-            host = jax.device_get([p[1] for p in pending])
-            steps_done = [p[0] for p in pending]
-            pending = []
-            records = []
-            for s_idx, hm in zip(steps_done, host):
-                times = clock.step_times(s_idx) if clock else []
-                for i in range(S):
-                    if counters["diverged"][i] is not None:
-                        continue
-                    mi = {k: float(np.asarray(v)[i]) if multi else float(np.asarray(v)) for k, v in hm.items()}
-                    counters["cum_sent"][i] += mi.get("bytes_sent", 0.0)
-                    counters["cum_recv"][i] += mi.get("bytes_received", 0.0)
-                    for j, t in enumerate(times):
-                        counters["sim"][i][j] += t
-                    a = acc[i]
-                    for k, v in mi.items():
-                        if not k.startswith("bytes_") and k != "density":
-                            a[k] = a.get(k, 0.0) + v
-                    a["_n"] = a.get("_n", 0) + 1
-                    a["_last"] = mi
-                    a["_times"] = times
-                    done = s_idx + 1
-                    bad = not math.isfinite(mi.get("loss", 0.0))
-                    if bad:
-                        counters["diverged"][i] = done
-                    if bad or done % cfg.log_every == 0 or done == cfg.steps:
-                        records.append((i, done, a))
-                        acc[i] = {}
-            elapsed = time.perf_counter() - t0
-            if records:
-                need_eval = any(counters["diverged"][i] is None for i, _, _ in records)
-                tests = evaluate(problem, evaluator, state) if need_eval else None
-                lines = []
-                for i, done, a in records:
-                    line = {"step": done, "seed": seeds[i]}
-                    n = a.pop("_n")
-                    last = a.pop("_last")
-                    times = a.pop("_times")
-                    for k, v in a.items():
-                        line[k] = v / n
-                    if counters["diverged"][i] is None:
-                        line.update(tests[i])
-                    line["bytes_sent"] = last.get("bytes_sent", 0.0)
-                    line["bytes_received"] = last.get("bytes_received", 0.0)
-                    if "density" in last:
-                        line["density"] = last["density"]
-                    line["cum_bytes_sent"] = counters["cum_sent"][i]
-                    line["cum_bytes_received"] = counters["cum_recv"][i]
-                    line["cum_bytes"] = counters["cum_sent"][i] + counters["cum_recv"][i]
-                    if clock:
-                        for j, lab in enumerate(clock.labels):
-                            line[f"sim_time@{lab}"] = counters["sim"][i][j]
-                            line[f"sim_step_time@{lab}"] = times[j]
-                        line["sim_time"] = counters["sim"][i][0]
-                        line["sim_step_time"] = times[0]
-                    line["wall_time"] = elapsed
-                    lines.append(line)
-                    last_lines[i] = line
-                writer.write_many(lines)
-                if wb is not None:
-                    for line in lines:
-                        wb.log(line)
-            bar.update(len(steps_done))
-            if all(d is not None for d in counters["diverged"]):
-                break
-            if step % cfg.checkpoint_every == 0 and step < cfg.steps:
-                counters["wall"] = time.perf_counter() - t0
-                ckpt.save(step, state, {"counters": counters,
-                                        "batchers": [encode_host_state(b.state_dict()) for b in problem.batchers]})
-            if stop_after is not None and step >= stop_after:
-                raise _Stopped()
+        step, state = _train_steps(problem, state, start, counters, clock, out, t0, last_lines, stop_after)
     except _Stopped:
-        writer.close()
-        bar.close()
+        out.writer.close()
+        out.bar.close()
         ckpt.close()
         if wb is not None:
             wb.finish()
@@ -518,26 +638,16 @@ def _train(problem: Problem, run_dir: str, desc: str, stop_after: int | None, ne
             wb.finish(exit_code=1)
         raise
     finally:
-        writer.close()
-        bar.close()
-    counters["wall"] = time.perf_counter() - t0
-    ckpt.save(step, state, {"counters": counters,
-                            "batchers": [encode_host_state(b.state_dict()) for b in problem.batchers]})
+        out.writer.close()
+        out.bar.close()
+    counters.wall = time.perf_counter() - t0
+    _save(problem, ckpt, step, state, counters)
     ckpt.close()
-    div = counters["diverged"]
-    status = "diverged" if any(d is not None for d in div) else "completed"
-    per_seed = {str(s): {"status": "diverged" if div[i] is not None else "completed",
-                         "diverged_at_step": div[i], "final": last_lines[i]} for i, s in enumerate(seeds)}
-    summary = {**summary_base, "status": status, "error": None,
-               "step": step, "wall_time": counters["wall"],
-               "final": last_lines[0] if not multi else None, "per_seed": per_seed}
-    if status == "diverged":
-        summary["error"] = "non-finite loss at step " + ", ".join(
-            f"{d} (seed {s})" for s, d in zip(seeds, div) if d is not None)
+    summary = _final_summary(problem, summary_base, step, counters, last_lines)
     io.write_json(os.path.join(run_dir, io.SUMMARY), summary)
     if wb is not None:
-        wb.finish({"status": status, **{k: v for k, v in (last_lines[0] or {}).items()}})
-    return RunResult(status, summary)
+        wb.finish({"status": summary["status"], **{k: v for k, v in (last_lines[0] or {}).items()}})
+    return RunResult(summary["status"], summary)
 
 
 class _Stopped(Exception):

@@ -1,5 +1,28 @@
 """Sweeps: expand a grid, validate every run, then run what is not finished.
 
+A sweep file has ``base`` (a run config, inline or ``base: path.yaml`` relative to the sweep file)
+and ``grid``: a mapping from a field (dotted for nested ones) to a list of values.  The runs are the
+Cartesian product of the grid's lists.  A value that is a mapping may itself contain lists, which
+expand inside it; this is how compressors with different hyper-parameters share one axis::
+
+    grid:
+      memory: [none, ef]
+      compressor:
+        - {name: topk, ratio: [0.001, 0.01, 0.1]}
+        - {name: signsgd}
+
+gives 2 x (3 + 1) = 8 runs.  Optional:
+
+``include``: extra points outside the product, each a mapping of (dotted) fields, e.g. the dense
+baseline ``include: [{compressor: none, memory: none}]``;
+``rules``: conditional settings, applied in order to every point they match::
+
+    rules:
+      - when: {compressor.name: signsgd}     # all listed (dotted) fields equal
+        set: {lr: 0.01}
+
+A rule's ``set`` does not change the run's directory name (which lists the grid values only).
+
 ``run_sweep(path, out)``:
 
 1. loads and validates every grid point (names, hyper-parameters, ranges) and loads each distinct
@@ -16,12 +39,142 @@ Running the same command again after a kill at any moment loses nothing and dupl
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import hashlib
+import itertools
 import json
 import os
+import re
 import sys
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from cconv.experiments import io
-from cconv.experiments.config import ConfigError, SweepRun, check_names, load_sweep
+from cconv.experiments.config import FIELDS, ConfigError, RunConfig, check_names, from_dict, load_yaml, set_path
+
+SWEEP_KEYS = ("name", "base", "grid", "include", "rules")
+
+
+@dataclass
+class SweepRun:
+    """One point of a sweep: its directory name, grid values and validated config."""
+
+    name: str           # directory name inside the sweep directory
+    point: dict         # the grid values of this run (dotted key -> value)
+    config: RunConfig
+
+
+def _expand_value(v: Any) -> list:
+    """Alternatives of one grid entry: a mapping with list-valued entries expands into their
+    product; anything else is one alternative."""
+    if isinstance(v, dict):
+        keys = list(v)
+        axes = [x if isinstance(x, list) else [x] for x in (v[k] for k in keys)]
+        return [dict(zip(keys, combo)) for combo in itertools.product(*axes)]
+    return [v]
+
+
+def expand_grid(grid: dict) -> list[dict]:
+    """All points of a grid: a list of {dotted key: value}."""
+    if not isinstance(grid, dict) or not grid:
+        raise ConfigError("sweep: 'grid' must be a non-empty mapping from a field to a list of values")
+    keys = list(grid)
+    axes = []
+    for k in keys:
+        vals = grid[k]
+        if not isinstance(vals, list) or not vals:
+            raise ConfigError(f"sweep grid: {k!r} must map to a non-empty list of values, got {vals!r}")
+        alts = [a for v in vals for a in _expand_value(v)]
+        axes.append(alts)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*axes)]
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, dict):
+        name = v.get("name")
+        rest = [f"{k}{_fmt(x)}" for k, x in v.items() if k != "name"]
+        return "-".join(([str(name)] if name is not None else []) + rest)
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, list):
+        return "+".join(_fmt(x) for x in v)
+    return str(v)
+
+
+def point_name(point: dict) -> str:
+    """A readable, filesystem-safe directory name for a grid point, e.g.
+    ``compressor=topk-ratio0.01,memory=ef,seed=0``."""
+    parts = [f"{k}={_fmt(v)}" for k, v in point.items()]
+    name = ",".join(parts)
+    name = re.sub(r"[^A-Za-z0-9_.,=+\-]", "_", name)
+    if len(name) > 150:
+        name = name[:130] + "," + hashlib.sha256(name.encode()).hexdigest()[:12]
+    return name
+
+
+def load_sweep(path: str) -> tuple[str, list[SweepRun]]:
+    """(sweep name, runs) of a sweep file; every run config is validated."""
+    raw = load_yaml(path)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a sweep file is a mapping with 'base' and 'grid'")
+    if "grid" not in raw:
+        raise ConfigError(f"{path}: a sweep file needs 'grid' (use `cconv run` for a single config)")
+    unknown = [k for k in raw if k not in SWEEP_KEYS]
+    if unknown:
+        raise ConfigError(f"{path}: unknown sweep key(s) {', '.join(map(str, unknown))}; valid keys: "
+                          f"{', '.join(SWEEP_KEYS)} (run fields go under 'base')")
+    base = raw.get("base") or {}
+    if isinstance(base, str):
+        base_path = base if os.path.isabs(base) else os.path.join(os.path.dirname(os.path.abspath(path)), base)
+        base = load_yaml(base_path) or {}
+    if not isinstance(base, dict):
+        raise ConfigError(f"{path}: 'base' must be a mapping of run config keys or a path to one")
+    name = raw.get("name") or os.path.splitext(os.path.basename(path))[0]
+    points = expand_grid(raw["grid"])
+    include = raw.get("include") or []
+    if not isinstance(include, list) or not all(isinstance(p, dict) and p for p in include):
+        raise ConfigError(f"{path}: 'include' must be a list of mappings from a field to a value")
+    for extra in include:
+        points += expand_grid({k: (v if isinstance(v, list) else [v]) for k, v in extra.items()})
+    rules = raw.get("rules") or []
+    if not isinstance(rules, list) or not all(isinstance(r, dict) and set(r) == {"when", "set"}
+                                              and isinstance(r["when"], dict) and isinstance(r["set"], dict)
+                                              for r in rules):
+        raise ConfigError(f"{path}: 'rules' must be a list of {{when: {{field: value}}, set: {{field: value}}}}")
+    runs = []
+    seen = set()
+    for point in points:
+        merged = copy.deepcopy(base)
+        for k, v in point.items():
+            set_path(merged, k, copy.deepcopy(v))
+        for rule in rules:
+            if all(_get_path(merged, k) == v for k, v in rule["when"].items()):
+                for k, v in rule["set"].items():
+                    set_path(merged, k, copy.deepcopy(v))
+        rname = point_name(point)
+        if rname in seen:
+            raise ConfigError(f"{path}: grid produces the run {rname!r} twice")
+        seen.add(rname)
+        cfg = from_dict(merged, source=f"{path} [{rname}]")
+        runs.append(SweepRun(rname, point, cfg))
+    return str(name), runs
+
+
+def _get_path(d: dict, dotted: str) -> Any:
+    """Value of a dotted key in a raw config (names given as strings count as {name: ...})."""
+    parts = dotted.split(".")
+    if parts[0] not in FIELDS:
+        raise ConfigError(f"unknown config key {parts[0]!r} in a rule; valid keys: {', '.join(FIELDS)}")
+    node = d.get(parts[0], FIELDS[parts[0]].default_factory() if FIELDS[parts[0]].default_factory
+                 is not dataclasses.MISSING else FIELDS[parts[0]].default)
+    for p in parts[1:]:
+        if isinstance(node, str) and p == "name":
+            return node
+        if not isinstance(node, dict):
+            return None
+        node = node.get(p)
+    return node
 
 
 def validate(runs: list[SweepRun]) -> None:
@@ -62,13 +215,14 @@ def write_index(out: str, name: str, source: str, runs: list[SweepRun]) -> None:
     io.write_json(path, {"name": name, "source": os.path.abspath(source), "runs": entries})
 
 
-def _log(msg: str, file=None) -> None:
+def _log(msg: str, file: Any = None) -> None:
     from tqdm.auto import tqdm
 
     tqdm.write(msg, file=file or sys.stdout)
 
 
-def run_sweep(path: str, out: str | None = None, figure: bool = True, log=_log) -> dict:
+def run_sweep(path: str, out: str | None = None, figure: bool = True,
+              log: Callable[..., None] = _log) -> dict:
     """Run a sweep file; returns counts {completed, diverged, failed, skipped} and the outputs."""
     from cconv.experiments import runner
     from cconv.experiments.loggers import progress

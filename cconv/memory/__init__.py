@@ -1,14 +1,32 @@
-"""Memory: compressor wrappers that keep what compression dropped.
+"""Memory: what compression dropped is kept and sent later.
 
 * ``error_feedback(c)``: error feedback / error accumulation (Seide et al. 2014; Stich,
   Cordonnier & Jaggi 2018; Karimireddy et al. 2019).
 * ``dgc(c, momentum)``: DGC's momentum correction with momentum-factor masking (Lin et al. 2018).
 
 Both return a ``Compressor`` with the same wire format as ``c``, so they compose with any
-compressor and with each other's consumers (the engine sees one compressor).
+compressor and with each other's consumers (the engine sees one compressor).  Both are built
+from a ``Memory`` (``cconv.memory.base``): four pure hooks (init, absorb, settle, give_back) that
+the aggregation methods call too.  ``MEMORIES`` maps each memory's name to its factory
+``factory(c, **options) -> Memory`` (options: ``momentum``, ``masking``).
 """
 
-from cconv.memory.error_feedback import EFState, error_feedback
-from cconv.memory.dgc import DGCState, dgc
+from typing import Callable
 
-__all__ = ["EFState", "error_feedback", "DGCState", "dgc"]
+from cconv.memory.base import Memory, no_memory, wrap
+from cconv.memory.dgc import DGCState, dgc, dgc_memory
+from cconv.memory.error_feedback import EFState, ef_memory, error_feedback
+
+NONE = "none"   # the name of "no memory" (the engine's default)
+MEMORIES: dict[str, Callable[..., Memory]] = {NONE: no_memory, "ef": ef_memory, "dgc": dgc_memory}
+
+
+def get(name: str, c, **options) -> Memory:
+    """The memory ``name`` for compressor ``c``; one-line ValueError for an unknown name."""
+    if name not in MEMORIES:
+        raise ValueError(f"unknown memory {name!r}; valid: {', '.join(MEMORIES)}")
+    return MEMORIES[name](c, **options)
+
+
+__all__ = ["Memory", "MEMORIES", "NONE", "get", "wrap", "no_memory", "ef_memory", "dgc_memory",
+           "EFState", "error_feedback", "DGCState", "dgc"]

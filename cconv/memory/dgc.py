@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from cconv.compressors.base import Array, Compressor
+from cconv.memory.base import Memory, wrap
 
 
 class DGCState(NamedTuple):
@@ -34,23 +35,35 @@ class DGCState(NamedTuple):
     v: Array  # accumulated velocity (the residual)
 
 
-def dgc(c: Compressor, momentum: float = 0.9, masking: bool = True) -> Compressor:
+def dgc_memory(c: Compressor, momentum: float = 0.9, masking: bool = True, **options) -> Memory:
+    """DGC's memory for compressor ``c`` (its density decides whether masking applies)."""
+    del options
     if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
         raise ValueError(f"memory.dgc: momentum must be in [0, 1), got {momentum!r}")
     m = float(momentum)
 
-    def init(x):
+    def init(x, inner_init):
         z = jnp.zeros(x.shape, x.dtype)
-        return DGCState(c.init(x), z, z)
+        return DGCState(inner_init(x), z, z)
 
-    def compress(g, state, key):
+    def absorb(g, state: DGCState):
         u = jnp.asarray(m, g.dtype) * state.u + g
         v = state.v + u
-        payload, inner = c.compress(v, state.inner, key)
-        sent = c.decompress(payload, v)
-        if masking and c.density(g.shape) < 1.0:
-            u = jnp.where(sent != 0, jnp.zeros((), g.dtype), u)
-        return payload, DGCState(inner, u, v - sent)
+        return v, state.inner, DGCState(state.inner, u, v)
 
-    return c._replace(init=init, compress=compress, name=f"dgc_memory({c.name})", unbiased=False,
-                      hparams={**c.hparams, "momentum": m, "masking": masking})
+    def settle(state: DGCState, v, inner, sent) -> DGCState:
+        u = state.u
+        if masking and c.density(v.shape) < 1.0:
+            u = jnp.where(sent != 0, jnp.zeros((), v.dtype), u)
+        return DGCState(inner, u, v - sent)
+
+    def give_back(state: DGCState, back) -> DGCState:
+        return state._replace(v=state.v + back)
+
+    return Memory("dgc_memory", init, absorb, settle, give_back,
+                  hparams={"momentum": m, "masking": masking})
+
+
+def dgc(c: Compressor, momentum: float = 0.9, masking: bool = True) -> Compressor:
+    """``c`` with DGC's momentum correction (and momentum-factor masking)."""
+    return wrap(c, dgc_memory(c, momentum=momentum, masking=masking))

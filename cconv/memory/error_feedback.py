@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from cconv.compressors.base import Array, Compressor
+from cconv.memory.base import Memory, wrap
 
 
 class EFState(NamedTuple):
@@ -25,13 +26,30 @@ class EFState(NamedTuple):
     residual: Array  # e, same shape/dtype as x
 
 
+def _init(x, inner_init):
+    return EFState(inner_init(x), jnp.zeros(x.shape, x.dtype))
+
+
+def _absorb(x, state: EFState):
+    return x + state.residual, state.inner, state
+
+
+def _settle(state: EFState, p, inner, sent) -> EFState:
+    # p - sent in p's dtype; cast to the residual's (a no-op unless p was widened, as PowerSGD's
+    # float32 matrices of a bfloat16 tensor are)
+    return EFState(inner, (p - sent).astype(state.residual.dtype))
+
+
+def _give_back(state: EFState, back) -> EFState:
+    return state._replace(residual=state.residual + back)
+
+
+def ef_memory(c: Compressor | None = None, **options) -> Memory:
+    """Error feedback as a ``Memory`` (ignores the engine's memory options)."""
+    del c, options
+    return Memory("ef", _init, _absorb, _settle, _give_back)
+
+
 def error_feedback(c: Compressor) -> Compressor:
-    def init(x):
-        return EFState(c.init(x), jnp.zeros(x.shape, x.dtype))
-
-    def compress(x, state, key):
-        p = x + state.residual
-        payload, inner = c.compress(p, state.inner, key)
-        return payload, EFState(inner, p - c.decompress(payload, p))
-
-    return c._replace(init=init, compress=compress, name=f"ef({c.name})", unbiased=False)
+    """``c`` with error feedback: e <- (x + e) - decompress(C(x + e))."""
+    return wrap(c, ef_memory(c))

@@ -24,7 +24,8 @@ transformer  causal decoder-only LM (``cconv.models.transformer``)            d_
 ============ ================================================================ ===================
 
 A new model is an ``nnx.Module`` with the call convention ``module(x, train, key)`` and a line in
-``_REGISTRY``.
+``_REGISTRY``; unregistered ones are named by import path, ``build("my_pkg.nets:Wide", ...)`` (a
+class or function called as ``factory(input_shape, num_classes, rngs=..., **hparams)``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@
 * ``cconv.theory.network``: ``Network(name, alpha, beta)``, presets calibrated on the survey's
   measurements, collective times, ``step_comm_time`` for the engine's ``Collective`` lists.
 * ``cconv.theory.workloads``: ResNet-50, BERT-Base, BERT-Large with their tensor shapes.
-* ``cconv.theory.planner``: ``cconv plan`` (imported on demand by the CLI).
+* ``cconv.theory.planner``: predicted iteration time and speedup of every registered compressor
+  (methods, sweeps and byte models read from the compressor registry); ``cconv.theory.plan_cli``:
+  the ``cconv plan`` command (both imported on demand).
 * ``cconv.theory.simulate``: single-process simulations that check the convergence notes.
 
 Derivations: ``theory/*.md`` in the repository; each claim names the test that checks it.

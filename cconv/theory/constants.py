@@ -7,10 +7,14 @@ Two classes of compressors (see ``theory/compressors.md`` for every derivation):
   (Stich, Cordonnier & Jaggi 2018; Karimireddy et al. 2019).
 
 Some compressors are neither uniformly: ``kind = "biased"`` with ``delta = 0`` when C is only
-non-expansive (threshold, PowerSGD: E||C(x) - x||^2 <= ||x||^2), or ``delta = None`` when even
-that fails (signSGD's unscaled sign, TernGrad with clipping).
+non-expansive (E||C(x) - x||^2 <= ||x||^2), or ``delta = None`` when even that fails (an
+unscaled sign, stochastic rounding after clipping).
 
-For each compressor this module gives
+Each compressor's closed forms live in its own module, as the ``Theory`` oracle on its registry
+entry (``cconv.compressors.registry.Theory``); this module resolves a compressor, finds its entry
+(memory wrappers such as ``ef(...)`` resolve to the wrapped compressor) and calls the oracle.
+A compressor without an oracle, or whose oracle lacks a function, gets a one-line ValueError.
+For each compressor it gives
 
 * the worst case over x (``constants(...)``: ``omega`` or ``delta``, ``tight`` when the worst
   case is attained or is the exact supremum), and
@@ -24,13 +28,13 @@ For each compressor this module gives
 
 from __future__ import annotations
 
-import math
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from cconv import compressors as _compressors
-from cconv.compressors.base import Compressor, resolve_k
+from cconv.compressors.base import Compressor
+from cconv.compressors.registry import Bound, Theory, entry_of
 
 KINDS = ("unbiased", "contractive", "biased")
 
@@ -50,7 +54,7 @@ class Constants(NamedTuple):
 def resolve(c: Compressor | str, **hparams) -> Compressor:
     """A Compressor from an object or a registered name plus hyper-parameters.
 
-    Memory wrappers (``ef(topk)``) have their inner compressor's constants: error feedback changes
+    Memory wrappers (``ef(<name>)``) have their inner compressor's constants: error feedback changes
     what is compressed, not the compressor.
     """
     if isinstance(c, Compressor):
@@ -62,59 +66,30 @@ def resolve(c: Compressor | str, **hparams) -> Compressor:
     raise ValueError(f"expected a Compressor or one of: {', '.join(_compressors.names())}; got {c!r}")
 
 
-def _base_name(c: Compressor) -> str:
-    name = c.name
-    while "(" in name and name.endswith(")"):
-        name = name[name.index("(") + 1:-1]
-    return name
+def _oracle(c: Compressor, what: str):
+    """The function ``what`` of c's ``Theory`` oracle; ValueError when it has no such function."""
+    theory: Theory | None = entry_of(c).theory
+    fn = getattr(theory, what, None) if theory is not None else None
+    if fn is None:
+        known = ", ".join(e.name for e in _compressors.entries() if getattr(e.theory, what, None) is not None)
+        raise ValueError(f"no constants for compressor {c.name!r} ({what}); known: {known}")
+    return fn
 
 
-def _d(shape) -> int:
+def _shape(shape) -> tuple[int, ...]:
     shape = tuple(int(s) for s in shape)
     if any(s < 0 for s in shape):
         raise ValueError(f"shape must have non-negative sizes, got {shape}")
-    return int(np.prod(shape, dtype=np.int64))
+    return shape
+
+
+def _d(shape) -> int:
+    return int(np.prod(_shape(shape), dtype=np.int64))
 
 
 def _itemsize(dtype) -> int:
     import jax.numpy as jnp
     return np.dtype(jnp.dtype(dtype)).itemsize
-
-
-def _k(c: Compressor, d: int) -> int:
-    return resolve_k(d, c.hparams.get("ratio"), c.hparams.get("k"))
-
-
-def _packed(d: int, nbits: int) -> int:
-    return -(-d * nbits // 8)
-
-
-def _qsgd_code_bits(levels: int) -> int:
-    return max(1, math.ceil(math.log2(2 * levels + 1)))
-
-
-def _qsgd_buckets(d: int, bucket: int | None) -> tuple[int, int]:
-    b = max(1, d if bucket is None else min(bucket, d))
-    return b, -(-d // b)
-
-
-def _onebit_cols(shape, columns: bool) -> int:
-    return int(shape[-1]) if (columns and len(shape) >= 2) else 1
-
-
-def _powersgd_compressed(shape, rank: int) -> bool:
-    if len(shape) < 2:
-        return False
-    n, m = _d(shape[:-1]), int(shape[-1])
-    return min(n, m) > rank
-
-
-def _dgc_sample_k(d: int, k: int, sample_ratio: float) -> int:
-    """k_s: how many sampled magnitudes are >= DGC's threshold (cconv.compressors.dgc)."""
-    n_s = max(math.ceil(sample_ratio * d), min(d, 256))
-    stride = max(d // n_s, 1)
-    n_s = len(range(0, d, stride))
-    return max(1, min(n_s, math.ceil(k * n_s / d)))
 
 
 # --------------------------------------------------------------------------- bits
@@ -123,42 +98,7 @@ def _dgc_sample_k(d: int, k: int, sample_ratio: float) -> int:
 def wire_bytes(c: Compressor | str, shape, dtype="float32", **hparams) -> int:
     """Payload bytes from the papers' closed forms (module doc of each compressor)."""
     c = resolve(c, **hparams)
-    name, hp = _base_name(c), c.hparams
-    d, isz = _d(shape), _itemsize(dtype)
-    shape = tuple(shape)
-    if name in ("none",):
-        return d * isz
-    if name in ("fp16", "bf16"):
-        return 2 * d
-    if name == "randomk":
-        k = _k(c, d)
-        if k >= d:
-            return d * isz
-        return k * isz + 8 if hp["shared"] else k * (isz + 4)
-    if name in ("topk", "dgc"):
-        k = _k(c, d)
-        return d * isz if k >= d else k * (isz + 4)
-    if name == "threshold":
-        return _k(c, d) * (isz + 4)
-    if name == "terngrad":
-        return _packed(d, 2) + 4
-    if name == "signsgd":
-        return _packed(d, 1)
-    if name == "scaled_sign":
-        return _packed(d, 1) + 4
-    if name == "onebit":
-        return _packed(d, 1) + 8 * _onebit_cols(shape, hp["columns"])
-    if name == "qsgd":
-        return _packed(d, _qsgd_code_bits(hp["levels"])) + 4 * _qsgd_buckets(d, hp["bucket"])[1]
-    if name == "stc":
-        k = _k(c, d)
-        return _packed(d, 1) + 4 if k >= d else 4 * k + _packed(k, 1) + 4
-    if name == "powersgd":
-        r = hp["rank"]
-        if not _powersgd_compressed(shape, r):
-            return d * isz
-        return r * (_d(shape[:-1]) + shape[-1]) * isz
-    raise ValueError(f"no constants for compressor {c.name!r}; known: {', '.join(_compressors.names())}")
+    return int(_oracle(c, "wire_bytes")(c, _shape(shape), _itemsize(dtype)))
 
 
 def bits(c: Compressor | str, shape, dtype="float32", **hparams) -> float:
@@ -172,70 +112,18 @@ def bits(c: Compressor | str, shape, dtype="float32", **hparams) -> float:
 # --------------------------------------------------------------------------- worst case
 
 
-def unit_roundoff(name: str) -> float:
-    """Unit round-off u of the wire format: 2^-11 (fp16), 2^-8 (bf16)."""
-    return {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}[name]
-
-
 def constants(c: Compressor | str, shape, dtype="float32", **hparams) -> Constants:
     """Worst-case (over x) omega or delta, whether it is tight, and the wire size for ``shape``."""
     c = resolve(c, **hparams)
-    name, hp = _base_name(c), c.hparams
-    shape = tuple(int(s) for s in shape)
+    shape = _shape(shape)
     d = _d(shape)
     if d == 0:
         raise ValueError("constants: the shape has no elements")
+    bound: Bound = _oracle(c, "bound")(c, shape)
+    if bound.kind not in KINDS:
+        raise ValueError(f"{c.name}: its theory gave kind {bound.kind!r}, not one of {', '.join(KINDS)}")
     nbytes = wire_bytes(c, shape, dtype)
-    b = 8.0 * nbytes / d
-
-    def out(kind, omega=None, delta=None, tight=True):
-        return Constants(c.name, kind, omega, delta, tight, b, nbytes)
-
-    if name == "none":
-        return out("unbiased", omega=0.0, delta=1.0)
-    if name in ("fp16", "bf16"):
-        u = unit_roundoff(name)
-        # |x - fl(x)| <= u/(1+u) |x| for round-to-nearest (Higham, Thm 2.2), attained at x = 1+u.
-        return out("contractive", delta=1.0 - (u / (1.0 + u)) ** 2)
-    if name == "randomk":
-        k = _k(c, d)
-        if hp["scaled"]:
-            return out("unbiased", omega=d / k - 1.0, delta=1.0 if k >= d else None)
-        return out("contractive", delta=k / d)
-    if name == "topk":
-        return out("contractive", delta=_k(c, d) / d)
-    if name == "dgc":
-        k = _k(c, d)
-        if k >= d:
-            return out("contractive", delta=1.0)
-        return out("contractive", delta=_dgc_sample_k(d, k, hp["sample_ratio"]) / d, tight=False)
-    if name == "threshold":
-        return out("biased", delta=0.0)
-    if name == "terngrad":
-        if hp["clip"] is not None:
-            return out("biased")
-        return out("unbiased", omega=(math.sqrt(d) - 1.0) / 2.0)
-    if name == "signsgd":
-        return out("biased")
-    if name == "scaled_sign":
-        return out("contractive", delta=1.0 / d)
-    if name == "onebit":
-        n = d // _onebit_cols(shape, hp["columns"])
-        return out("contractive", delta=1.0 / n)
-    if name == "qsgd":
-        s = hp["levels"]
-        bsz, _ = _qsgd_buckets(d, hp["bucket"])
-        if s == 1:
-            return out("unbiased", omega=math.sqrt(bsz) - 1.0)
-        return out("unbiased", omega=min(bsz / s ** 2, math.sqrt(bsz) / s), tight=False)
-    if name == "stc":
-        k = min(_k(c, d), d)
-        return out("contractive", delta=min(k / d, 1.0 / k))
-    if name == "powersgd":
-        if not _powersgd_compressed(shape, hp["rank"]):
-            return out("unbiased", omega=0.0, delta=1.0)
-        return out("biased", delta=0.0)
-    raise ValueError(f"no constants for compressor {c.name!r}; known: {', '.join(_compressors.names())}")
+    return Constants(c.name, bound.kind, bound.omega, bound.delta, bound.tight, 8.0 * nbytes / d, nbytes)
 
 
 def omega(c: Compressor | str, shape, **hparams) -> float:
@@ -247,7 +135,7 @@ def omega(c: Compressor | str, shape, **hparams) -> float:
 
 
 def delta(c: Compressor | str, shape, **hparams) -> float:
-    """Worst-case contraction factor delta (ValueError when there is none)."""
+    """Worst-case contraction factor delta (ValueError when the compressor has no delta)."""
     k = constants(c, shape, **hparams)
     if k.delta is None:
         raise ValueError(f"{k.name} has no contraction factor (kind {k.kind})")
@@ -257,116 +145,18 @@ def delta(c: Compressor | str, shape, **hparams) -> float:
 # --------------------------------------------------------------------------- x-dependent, exact
 
 
-def _top_idx(mag: np.ndarray, k: int) -> np.ndarray:
-    # stable: among equal magnitudes the lowest index first (as lax.top_k)
-    return np.argsort(-mag, kind="stable")[:k]
-
-
-def _cast_error(x: np.ndarray, name: str) -> float:
-    import jax.numpy as jnp
-    wire = jnp.float16 if name == "fp16" else jnp.bfloat16
-    y = np.asarray(jnp.asarray(x, jnp.float32).astype(wire).astype(jnp.float32), np.float64)
-    return float(np.sum((x - y) ** 2))
-
-
 def error_sq(c: Compressor | str, x, state: Any = None, **hparams) -> float:
     """Exact E||C(x) - x||^2 (expectation over the compressor's randomness), float64 NumPy.
 
-    ``state``: PowerSGD's warm-start Q (default: the compressor's ``init(x)``).
+    ``state``: the compressor state the error depends on, e.g. a warm start (default: its
+    ``init(x)``).
     """
     c = resolve(c, **hparams)
-    name, hp = _base_name(c), c.hparams
-    xs = np.asarray(x)
-    shape = xs.shape
-    x = xs.astype(np.float64).reshape(-1)
-    d = x.size
-    sq = float(np.sum(x * x))
-    if d == 0:
+    fn = _oracle(c, "error_sq")
+    x = np.asarray(x).astype(np.float64)
+    if x.size == 0:
         return 0.0
-    if name == "none":
-        return 0.0
-    if name in ("fp16", "bf16"):
-        return _cast_error(x, name)
-    if name == "randomk":
-        k = _k(c, d)
-        if k >= d:
-            return 0.0
-        return (d / k - 1.0) * sq if hp["scaled"] else (1.0 - k / d) * sq
-    if name == "topk":
-        k = _k(c, d)
-        return sq - float(np.sum(x[_top_idx(np.abs(x), k)] ** 2))
-    if name == "threshold":
-        mag = np.abs(x)
-        passed = np.flatnonzero(mag >= hp["tau"])
-        k = _k(c, d)
-        sent = passed[_top_idx(mag[passed], k)] if passed.size > k else passed
-        return sq - float(np.sum(x[sent] ** 2))
-    if name == "dgc":
-        k = _k(c, d)
-        if k >= d:
-            return 0.0
-        mag = np.abs(x.astype(np.float32)).astype(np.float64)
-        n_s = max(math.ceil(hp["sample_ratio"] * d), min(d, 256))
-        sample = mag[::max(d // n_s, 1)]
-        k_s = max(1, min(sample.size, math.ceil(k * sample.size / d)))
-        thr = np.sort(sample)[::-1][k_s - 1]
-        cand = np.flatnonzero(mag >= thr)
-        sent = cand[_top_idx(mag[cand], k)] if cand.size > k else cand
-        return sq - float(np.sum(x[sent] ** 2))
-    if name == "terngrad":
-        xc = x
-        if hp["clip"] is not None:
-            sigma = float(np.std(x.astype(np.float32)))
-            xc = np.clip(x, -hp["clip"] * sigma, hp["clip"] * sigma)
-        s = float(np.max(np.abs(xc)))
-        return s * float(np.sum(np.abs(xc))) - float(np.sum(xc * xc)) + float(np.sum((xc - x) ** 2))
-    if name == "signsgd":
-        return float(np.sum((x - np.where(x >= 0, 1.0, -1.0)) ** 2))
-    if name == "scaled_sign":
-        return sq - float(np.sum(np.abs(x))) ** 2 / d
-    if name == "onebit":
-        m = x.reshape(-1, _onebit_cols(shape, hp["columns"]))
-        kept = 0.0
-        for col in m.T:
-            for grp in (col[col >= 0], col[col < 0]):
-                if grp.size:
-                    kept += float(np.sum(grp)) ** 2 / grp.size
-        return sq - kept
-    if name == "qsgd":
-        s = hp["levels"]
-        b, nb = _qsgd_buckets(d, hp["bucket"])
-        total = 0.0
-        for i in range(nb):
-            v = x[i * b:(i + 1) * b]
-            nv = math.sqrt(float(np.sum(v * v)))
-            if nv == 0:
-                continue
-            r = s * np.abs(v) / nv
-            p = r - np.floor(r)
-            total += (nv / s) ** 2 * float(np.sum(p * (1 - p)))
-        return total
-    if name == "stc":
-        k = min(_k(c, d), d)
-        top = np.abs(x[_top_idx(np.abs(x), k)])
-        return sq - float(np.sum(top)) ** 2 / k
-    if name == "powersgd":
-        r = hp["rank"]
-        if not _powersgd_compressed(shape, r):
-            return 0.0
-        m = x.reshape(_d(shape[:-1]), shape[-1])
-        if state is None:
-            import jax.numpy as jnp
-            state = c.init(jnp.asarray(xs, jnp.float32))
-        q = np.asarray(getattr(state, "q", state), np.float64)
-        # P = Gram-Schmidt(M Q) with the compressor's eps (a zero column stays zero), C(M) = P P^T M
-        cols = []
-        for c in (m @ q).T:
-            for prev in cols:
-                c = c - (prev @ c) * prev
-            cols.append(c / (np.linalg.norm(c) + 1e-8))
-        basis = np.stack(cols, axis=1)
-        return float(np.sum((m - basis @ (basis.T @ m)) ** 2))
-    raise ValueError(f"no constants for compressor {c.name!r}; known: {', '.join(_compressors.names())}")
+    return float(fn(c, x, state))
 
 
 def error_ratio(c: Compressor | str, x, state: Any = None, **hparams) -> float:
@@ -384,65 +174,33 @@ def omega_x(c: Compressor | str, x, **hparams) -> float:
 
 
 def delta_x(c: Compressor | str, x, state: Any = None, **hparams) -> float:
-    """x-dependent contraction 1 - E||C(x) - x||^2 / ||x||^2 (may be negative for signSGD)."""
+    """x-dependent contraction 1 - E||C(x) - x||^2 / ||x||^2 (negative when C expands, e.g.
+    an unscaled sign of small entries)."""
     return 1.0 - error_ratio(c, x, state, **hparams)
 
 
 def variance_per_coordinate(c: Compressor | str, x, **hparams) -> np.ndarray:
-    """Var[C(x)_i] for the unbiased compressors (random-k scaled, TernGrad, QSGD), float64."""
+    """Var[C(x)_i] for the unbiased compressors, float64, flat (one entry per coordinate)."""
     c = resolve(c, **hparams)
-    name, hp = _base_name(c), c.hparams
-    xs = np.asarray(x, np.float64)
-    x = xs.reshape(-1)
-    d = x.size
-    if name == "none":
-        return np.zeros_like(x)
-    if name == "randomk" and hp["scaled"]:
-        k = _k(c, d)
-        return np.zeros_like(x) if k >= d else (d / k - 1.0) * x * x
-    if name == "terngrad" and hp["clip"] is None:
-        return float(np.max(np.abs(x))) * np.abs(x) - x * x
-    if name == "qsgd":
-        s = hp["levels"]
-        b, nb = _qsgd_buckets(d, hp["bucket"])
-        out = np.zeros_like(x)
-        for i in range(nb):
-            v = x[i * b:(i + 1) * b]
-            nv = math.sqrt(float(np.sum(v * v)))
-            if nv > 0:
-                r = s * np.abs(v) / nv
-                p = r - np.floor(r)
-                out[i * b:(i + 1) * b] = (nv / s) ** 2 * p * (1 - p)
-        return out
-    raise ValueError(f"{c.name} is not one of the unbiased compressors (none, randomk scaled, terngrad, qsgd)")
+    theory = entry_of(c).theory
+    fn = theory.variance if theory is not None else None
+    out = fn(c, np.asarray(x).astype(np.float64)) if fn is not None and c.unbiased else None
+    if out is None:
+        unbiased = [e.name for e in _compressors.entries() if e.theory is not None and e.theory.variance]
+        raise ValueError(f"{c.name} is not an unbiased compressor with a per-coordinate variance "
+                         f"(those with one: {', '.join(unbiased)})")
+    return np.asarray(out, np.float64).reshape(-1)
 
 
 def worst_case_input(c: Compressor | str, shape, **hparams) -> np.ndarray:
-    """An x attaining the worst case (tight compressors), for tests and the notes.
-
-    top-k, random-k, STC with k/d <= 1/k: all magnitudes equal; scaled sign, 1-bit: e_1;
-    TernGrad: (1, eps, ..., eps) with eps = 1/(sqrt(d)+1); QSGD s=1: all magnitudes equal;
-    fp16/bf16: (1 + u) e_1 (a rounding tie).
+    """An x attaining the worst case (tight compressors), for tests and the notes (each
+    compressor's oracle says which: e.g. all magnitudes equal for top-k, e_1 for scaled sign).
     """
     c = resolve(c, **hparams)
-    name, hp = _base_name(c), c.hparams
-    shape = tuple(int(s) for s in shape)
-    d = _d(shape)
-    x = np.zeros(d)
-    if name in ("topk", "randomk", "none") or (name == "qsgd" and hp["levels"] == 1):
-        x[:] = np.where(np.arange(d) % 2 == 0, 1.0, -1.0)
-    elif name == "stc":
-        k = min(_k(c, d), d)
-        if k / d > 1.0 / k:
-            raise ValueError("stc: for k/d > 1/k the worst case 1/k is a supremum (a spike), not attained")
-        x[:] = 1.0
-    elif name in ("scaled_sign", "onebit"):
-        x[0] = 1.0
-    elif name == "terngrad":
-        x[:] = 1.0 / (math.sqrt(d) + 1.0)
-        x[0] = 1.0
-    elif name in ("fp16", "bf16"):
-        x[0] = 1.0 + unit_roundoff(name)
-    else:
+    shape = _shape(shape)
+    theory = entry_of(c).theory
+    fn = theory.worst_case if theory is not None else None
+    x = fn(c, shape) if fn is not None else None
+    if x is None:
         raise ValueError(f"{c.name}: no attained worst case (bound not tight or not uniform)")
-    return x.reshape(shape)
+    return np.asarray(x, np.float64).reshape(shape)

@@ -1,4 +1,4 @@
-"""``cconv plan``: predicted iteration time, speedup and traffic of every compressor on a network.
+"""Predicted iteration time, speedup and traffic of every registered compressor on a network.
 
 Model (``theory/planner.md``): P workers each process a local mini-batch of M samples of a
 model with D parameters and C FLOPs per sample (forward + backward) on a device sustaining F
@@ -6,7 +6,7 @@ FLOP/s, then exchange their (compressed) gradients:
 
     t_comp = M C / F
     t_iter(P) = t_comp + t_comm(P)              (BSP: communication after backpropagation)
-    t_iter(P) = t_comp + exposed(P)             (``--overlap``: wait-free backprop, Zhang et al.
+    t_iter(P) = t_comp + exposed(P)             (``overlap``: wait-free backprop, Zhang et al.
                                                  2017, behind a backward pass of 2/3 t_comp)
     speedup(P) = P t_comp / t_iter(P)           (throughput over one worker, weak scaling, as
                                                  in the survey's evaluation)
@@ -23,46 +23,69 @@ Columns: payload/worker is what one worker contributes per iteration (the compre
 Granularity ``fused`` (default): the gradient is one flat vector of D entries (tensor fusion,
 as Horovod and the gTop-k paper do), one call per step.  ``layerwise``: one call per tensor
 (needs the workload's tensor shapes), as each tensor's gradient becomes ready.
+
+Methods come from the compressor registry (``all_methods()``), nothing here names a compressor:
+
+* every registered compressor is a method of its own name, exchanged by its aggregation: a
+  summable payload (``"allreduce"``) in one ring all-reduce, any other single payload
+  (``"allgather"``) in one ring all-gather.  An aggregation that is not a network collective
+  (PowerSGD's low-rank exchange) is a sequence of all-reduces, one per floating leaf of the
+  payload the compressor emits for each tensor (P, then Q), found with ``jax.eval_shape`` of its
+  ``compress``; it factorises tensors, so it needs the workload's tensor shapes and is omitted
+  (with a note) for a workload known only by D;
+* the identity baseline (``cconv.compressors.IDENTITY``) is lossless and has a second method,
+  ``<identity>-ps``: push and pull through parameter servers;
+* each extra collective an entry declares (``Entry.collectives``) with a cost model here
+  (``EXTRA_COLLECTIVES``: ``"gtopk"`` -> recursive doubling) is a method too.  Naming rule: the
+  method is called ``<collective>`` for one declarer, the one whose name the collective's name
+  ends with (gTop-k is the global top-k), else the first declarer in name order; every other
+  declarer's method is ``<compressor>-<collective>``.  A registered compressor of the same name
+  as the collective keeps the name; the collective's method is then ``<declarer>-<collective>``;
+* the order is the identity baseline first, then compressors in name order, each followed by
+  its extra collectives' methods.  ``Plan.best`` breaks ties in speedup and bytes by the larger
+  contraction delta, so the winner does not depend on the order;
+* the sweep: ``Entry.knob`` names the hyper-parameter and its default values; ``sweep`` (the
+  CLI's ``--sweep NAME=v1,v2`` and its aliases ``--ratios``, ``--ranks``, ``--levels``)
+  overrides the values of a knob by name.  A knob without values plans the defaults; a method
+  whose defaults do not build (a required hyper-parameter without a default) is left out of
+  the default set with a note and is planned once its knob values are given.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
-from typing import NamedTuple, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from cconv import compressors as C
-from cconv.compressors.powersgd import is_compressed as _psgd_compressed, matrix_shape as _psgd_matrix
+from cconv.compressors.base import Compressor, payload_bytes
 from cconv.theory import constants as K
 from cconv.theory import network as N
 from cconv.theory import workloads as W
 
-DEFAULT_RATIOS = (0.1, 0.01, 0.001)
-DEFAULT_RANKS = (1, 4)
-DEFAULT_LEVELS = (4, 16)
 BACKWARD_SHARE = 2.0 / 3.0          # backward ~ 2x forward
 FUSION_BYTES = 64 * 2 ** 20         # Horovod's default fusion buffer
+PS = "ps"                           # the parameter-server variant of the identity baseline
+SINGLE_COLLECTIVES = ("allreduce", "allgather")   # aggregations that are one network collective
+EXTRA_COLLECTIVES = {"gtopk": "recursive_doubling"}   # Entry.collectives -> network cost kind
+ALIASES = {"ratios": "ratio", "ranks": "rank", "levels": "levels"}   # plan(...) keyword -> knob
 
-# method -> (registered compressor, collective kind, lossless, which hyper-parameter sweeps)
-METHODS = {
-    "none": ("none", "allreduce", True, None),
-    "none-ps": ("none", "ps", True, None),
-    "fp16": ("fp16", "allreduce", False, None),
-    "randomk": ("randomk", "allreduce", False, "ratio"),
-    "topk": ("topk", "allgather", False, "ratio"),
-    "gtopk": ("topk", "recursive_doubling", False, "ratio"),
-    "dgc": ("dgc", "allgather", False, "ratio"),
-    "stc": ("stc", "allgather", False, "ratio"),
-    "qsgd": ("qsgd", "allgather", False, "levels"),
-    "terngrad": ("terngrad", "allgather", False, None),
-    "signsgd": ("signsgd", "allgather", False, None),
-    "scaled_sign": ("scaled_sign", "allgather", False, None),
-    "onebit": ("onebit", "allgather", False, None),
-    "powersgd": ("powersgd", "powersgd", False, "rank"),
-}
+
+class Method(NamedTuple):
+    """One planned method: a registered compressor and how its payload travels.
+
+    ``collective`` None: the compressor's aggregation; ``PS``: parameter-server push + pull; else
+    a ``cconv.theory.network`` collective kind (an extra collective of the entry).
+    """
+
+    name: str
+    compressor: str
+    collective: str | None
+    lossless: bool
+    knob: C.Knob | None
 
 
 class Row(NamedTuple):
@@ -88,96 +111,226 @@ class Plan(NamedTuple):
 
     def best(self, lossless_only: bool = False, contractive_only: bool = False) -> Row:
         """The fastest row; ``lossless_only``: dense methods; ``contractive_only``: methods with a
-        contraction delta > 0 (error feedback's guarantee, theory/convergence.md) or lossless."""
+        contraction delta > 0 (error feedback's guarantee, theory/convergence.md) or lossless.
+        Ties (equal speedup and bytes sent) go to the larger delta, then to the earlier row."""
         rows = [r for r in self.rows if r.lossless or not lossless_only]
         if contractive_only:
             rows = [r for r in rows if r.lossless or r.constant.startswith("delta=")]
-        return max(rows, key=lambda r: (r.speedup, -r.sent_bytes))
+        if not rows:
+            raise ValueError(f"no {'lossless' if lossless_only else 'contractive'} method in this plan")
+        return max(rows, key=lambda r: (r.speedup, -r.sent_bytes, _delta_of(r)))
 
 
-def _calls(method: str, hp: dict, workload: W.Workload, workers: int, granularity: str,
-           servers: int) -> list[tuple[str, float, int]]:
+def _delta_of(r: Row) -> float:
+    return float(r.constant[len("delta="):]) if r.constant.startswith("delta=") else -1.0
+
+
+# --------------------------------------------------------------------------- methods
+
+
+def identity_name() -> str:
+    """The registered name of the identity compressor (the dense baseline)."""
+    name = getattr(C, "IDENTITY", None)
+    return name if name is not None else C.identity.entry.name   # before cconv.compressors.IDENTITY
+
+
+def _collective_methods() -> dict[tuple[str, str], str]:
+    """(compressor, collective) -> method name, by the naming rule of the module docstring."""
+    taken = set(C.names())
+    declarers: dict[str, list[str]] = {}
+    for e in C.entries():
+        for col in e.collectives:
+            if col in EXTRA_COLLECTIVES:
+                declarers.setdefault(col, []).append(e.name)
+    out = {}
+    for col, names in declarers.items():
+        suffix = [n for n in names if col != n and col.endswith(n)]
+        owner = max(suffix, key=len) if suffix else names[0]
+        for n in names:
+            out[(n, col)] = col if n == owner and col not in taken else f"{n}-{col}"
+    return out
+
+
+def all_methods() -> dict[str, Method]:
+    """Every method the planner knows, in table order (see the module docstring)."""
+    ident = identity_name()
+    base = C.entry(ident)
+    out = {ident: Method(ident, ident, None, True, base.knob),
+           f"{ident}-{PS}": Method(f"{ident}-{PS}", ident, PS, True, base.knob)}
+    extra = _collective_methods()
+    for e in C.entries():
+        if e.name == ident:
+            continue
+        out[e.name] = Method(e.name, e.name, None, False, e.knob)
+        for col in e.collectives:
+            if (e.name, col) in extra:
+                name = extra[(e.name, col)]
+                out[name] = Method(name, e.name, EXTRA_COLLECTIVES[col], False, e.knob)
+    return out
+
+
+def knob_names() -> list[str]:
+    """Names of the registered knobs (what ``sweep`` may override)."""
+    return sorted({e.knob.name for e in C.entries() if e.knob is not None})
+
+
+def settings(method: Method, sweep: Mapping[str, Sequence] | None = None) -> list[dict]:
+    """The hyper-parameter sets a method is planned with: its knob's values (``sweep`` overrides
+    them by knob name); ``[{}]`` (the defaults) without a knob or without values."""
+    knob, sweep = method.knob, sweep or {}
+    if knob is None or (knob.name not in sweep and not knob.values):
+        return [{}]
+    return [{knob.name: v} for v in (sweep[knob.name] if knob.name in sweep else knob.values)]
+
+
+def kind_of(method: Method, c: Compressor) -> str:
+    """The exchange of one call: a network collective kind, ``PS``, or an aggregation that is not a
+    network collective (planned as one all-reduce per payload leaf)."""
+    return method.collective or c.aggregation
+
+
+def per_tensor(kind: str) -> bool:
+    """An aggregation that is not one network collective works per tensor (PowerSGD's low-rank
+    factors of each matrix): it needs the workload's tensor shapes."""
+    return kind != PS and kind not in SINGLE_COLLECTIVES and kind not in N.COLLECTIVES
+
+
+# --------------------------------------------------------------------------- byte model
+
+
+def payload_leaf_bytes(c: Compressor, shape: tuple[int, ...], dtype: str = "float32") -> list[float]:
+    """Bytes of each floating leaf of the payload ``c`` emits for a tensor of ``shape`` (from
+    ``jax.eval_shape`` of ``init`` + ``compress``: nothing is computed).  Integer leaves (a shared
+    PRNG key) are identical on every worker and are not communicated."""
+    like = jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype))
+    payload = jax.eval_shape(lambda x, k: c.compress(x, c.init(x), k)[0], like, jax.random.PRNGKey(0))
+    return [float(payload_bytes(leaf)) for leaf in jax.tree.leaves(payload)
+            if jnp.issubdtype(leaf.dtype, jnp.floating)]
+
+
+def calls(method: Method, c: Compressor, workload: W.Workload,
+          granularity: str) -> list[tuple[str, float, int]]:
     """(kind, bytes, tensor index) of every call, in forward order of the tensors."""
-    name, kind, _, _ = METHODS[method]
-    c = C.get(name, **hp)
-    shapes = workload.shapes if granularity == "layerwise" else ((workload.params,),)
-    calls: list[tuple[str, float, int]] = []
-    if kind == "powersgd":
-        r = hp["rank"]
-        fused_p = fused_q = 0.0
+    kind = kind_of(method, c)
+    out: list[tuple[str, float, int]] = []
+    if per_tensor(kind):
+        cache: dict[tuple[int, ...], list[float]] = {}
+        phases: list[float] = []
         for i, s in enumerate(workload.shapes):
-            if _psgd_compressed(s, r):
-                n, m = _psgd_matrix(s)
-                p_b, q_b = 4.0 * r * n, 4.0 * r * m
-            else:
-                p_b, q_b = 4.0 * int(np.prod(s)), 0.0
+            leaves = cache[s] if s in cache else cache.setdefault(s, payload_leaf_bytes(c, s))
             if granularity == "layerwise":
-                calls.append(("allreduce", p_b, i))
-                if q_b:
-                    calls.append(("allreduce", q_b, i))
+                out += [("allreduce", b, i) for b in leaves]
             else:
-                fused_p += p_b
-                fused_q += q_b
-        if granularity != "layerwise":
-            calls = [("allreduce", fused_p, 0), ("allreduce", fused_q, 0)]
-        return calls
+                phases += [0.0] * (len(leaves) - len(phases))
+                for j, b in enumerate(leaves):
+                    phases[j] += b
+        return out if granularity == "layerwise" else [("allreduce", b, 0) for b in phases]
+    shapes = workload.shapes if granularity == "layerwise" else ((workload.params,),)
     for i, s in enumerate(shapes):
         b = float(c.wire_bytes(s, "float32"))
-        if kind == "ps":
-            calls += [("ps_push", b, i), ("ps_pull", b, i)]
+        if kind == PS:
+            out += [("ps_push", b, i), ("ps_pull", b, i)]
         else:
-            calls.append((kind, b, i))
-    return calls
+            out.append((kind, b, i))
+    return out
 
 
-def _settings(method: str, ratios, ranks, levels) -> list[dict]:
-    sweep = METHODS[method][3]
-    if sweep == "ratio":
-        return [dict(ratio=r) for r in ratios]
-    if sweep == "rank":
-        return [dict(rank=r) for r in ranks]
-    if sweep == "levels":
-        return [dict(levels=s) for s in levels]
-    return [{}]
+# --------------------------------------------------------------------------- constants
 
 
-def _constant(method: str, hp: dict, workload: W.Workload) -> str:
-    """The compressor's worst-case constant on the flat D-vector (cconv.theory.constants)."""
-    name = METHODS[method][0]
-    if name == "powersgd":
-        return "delta>=0"
-    k = K.constants(C.get(name, **hp), (workload.params,))
-    if k.kind == "unbiased":
-        return f"omega={k.omega:.3g}"
-    if k.kind == "contractive":
-        return f"delta={k.delta:.3g}"
-    return "delta>=0" if k.delta == 0.0 else "biased"
+def _combine(ks: list[K.Constants]) -> tuple[str, float | None]:
+    """The weakest class over tensors: biased if any is; else the largest omega or smallest delta
+    (lossless tensors, omega = 0, are neutral); a mix of omega > 0 and delta is biased."""
+    if any(k.kind == "biased" for k in ks):
+        return "biased", None if any(k.delta is None for k in ks) else 0.0
+    lossy = [k for k in ks if not (k.kind == "unbiased" and k.omega == 0.0)] or ks[:1]
+    kinds = {k.kind for k in lossy}
+    if kinds == {"unbiased"}:
+        return "unbiased", max(k.omega for k in lossy)
+    if kinds == {"contractive"}:
+        return "contractive", min(k.delta for k in lossy)
+    return "biased", None
 
 
-def plan(workload: W.Workload, workers: int, net: N.Network | N.Hierarchical, device_flops: float = W.SURVEY_DEVICE_FLOPS,
-         *, ratios: Sequence[float] = DEFAULT_RATIOS, ranks: Sequence[int] = DEFAULT_RANKS,
-         levels: Sequence[int] = DEFAULT_LEVELS, granularity: str = "fused", overlap: bool = False,
+def constant(c: Compressor, workload: W.Workload, tensors: bool = False) -> str:
+    """The compressor's worst-case constant (cconv.theory.constants) on the flat D-vector, or with
+    ``tensors`` the weakest over the workload's tensor shapes; "unknown" without a theory."""
+    shapes = list(dict.fromkeys(workload.shapes)) if tensors else [(workload.params,)]
+    try:
+        ks = [K.constants(c, s) for s in shapes]
+    except ValueError:
+        return "unknown"
+    kind, value = _combine(ks)
+    if kind == "unbiased":
+        return f"omega={value:.3g}"
+    if kind == "contractive":
+        return f"delta={value:.3g}"
+    return "delta>=0" if value == 0.0 else "biased"
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def _sweep(sweep: Mapping[str, Sequence] | None, aliases: Mapping[str, Sequence | None]) -> dict:
+    out = {str(k): list(v) for k, v in (sweep or {}).items()}
+    for kw, knob in ALIASES.items():
+        if aliases.get(kw) is not None:
+            if knob in out:
+                raise ValueError(f"the {knob} values are given twice ({kw} and sweep {knob}=)")
+            out[knob] = list(aliases[kw])
+    unknown = sorted(set(out) - set(knob_names()))
+    if unknown:
+        raise ValueError(f"unknown sweep knob(s) {', '.join(unknown)}; knobs: {', '.join(knob_names())}")
+    return out
+
+
+def plan(workload: W.Workload, workers: int, net: N.Network | N.Hierarchical,
+         device_flops: float = W.SURVEY_DEVICE_FLOPS, *, sweep: Mapping[str, Sequence] | None = None,
+         ratios: Sequence[float] | None = None, ranks: Sequence[int] | None = None,
+         levels: Sequence[int] | None = None, granularity: str = "fused", overlap: bool = False,
          methods: Sequence[str] | None = None, servers: int | None = None) -> Plan:
-    """Predict every method's iteration time on ``net`` (see the module docstring for the model)."""
+    """Predict every method's iteration time on ``net`` (see the module docstring for the model).
+
+    ``sweep``: knob name -> values (overrides ``Entry.knob``'s); ``ratios``, ``ranks``,
+    ``levels`` are aliases of ``sweep["ratio"]``, ``sweep["rank"]``, ``sweep["levels"]``.
+    """
     if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
         raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
     if not (isinstance(device_flops, (int, float)) and math.isfinite(device_flops) and device_flops > 0):
         raise ValueError(f"device_flops must be a number > 0, got {device_flops!r}")
     if granularity not in ("fused", "layerwise"):
         raise ValueError(f"granularity must be one of fused, layerwise; got {granularity!r}")
-    methods = list(METHODS) if methods is None else list(methods)
-    unknown = [m for m in methods if m not in METHODS]
+    table = all_methods()
+    sweep = _sweep(sweep, {"ratios": ratios, "ranks": ranks, "levels": levels})
+    explicit = methods is not None
+    chosen = list(table) if methods is None else list(methods)
+    unknown = [m for m in chosen if m not in table]
     if unknown:
-        raise ValueError(f"unknown method(s) {', '.join(unknown)}; valid: {', '.join(METHODS)}")
+        raise ValueError(f"unknown method(s) {', '.join(unknown)}; valid: {', '.join(table)}")
     if servers is None:   # one server per worker machine, as the survey's BytePS runs
         servers = max(1, workers // net.per_node) if isinstance(net, N.Hierarchical) else workers
     notes = []
     layered = len(workload.shapes) > 1
     if granularity == "layerwise" and not layered:
         notes.append("layerwise granularity without tensor shapes: the model is one tensor")
-    if "powersgd" in methods and not layered:
-        methods.remove("powersgd")
-        notes.append("powersgd needs the tensor shapes (use --workload); omitted")
+    planned: list[tuple[Method, list[tuple[dict, Compressor]]]] = []
+    for m in chosen:
+        method = table[m]
+        try:
+            built = [(hp, C.get(method.compressor, **hp)) for hp in settings(method, sweep)]
+        except ValueError as e:
+            if explicit:
+                raise
+            knob = method.knob
+            if knob is None or knob.values or knob.name in sweep:
+                notes.append(f"{m} omitted: {e}")
+            else:
+                notes.append(f"{m} omitted: its knob {knob.name} has no default (give --sweep {knob.name}=...)")
+            continue
+        if not layered and any(per_tensor(kind_of(method, c)) for _, c in built):
+            notes.append(f"{m} needs the tensor shapes (use --workload); omitted")
+            continue
+        planned.append((method, built))
     compute = workload.batch * workload.flops_per_sample / device_flops
     backward = BACKWARD_SHARE * compute
     # ready time of each tensor's gradient: backprop runs from the last tensor to the first,
@@ -185,201 +338,30 @@ def plan(workload: W.Workload, workers: int, net: N.Network | N.Hierarchical, de
     sizes = np.array([float(np.prod(s)) for s in workload.shapes])
     ready_of = backward * np.cumsum(sizes[::-1])[::-1] / sizes.sum()
     rows = []
-    for m in methods:
-        _, _, lossless, _ = METHODS[m]
-        for hp in _settings(m, ratios, ranks, levels):
-            calls = _calls(m, hp, workload, workers, granularity, servers)
-            colls = [(k, b) for k, b, _ in calls]
-            payload = sum(b for k, b, _ in calls if k != "ps_pull")
+    for method, built in planned:
+        for hp, c in built:
+            cs = calls(method, c, workload, granularity)
+            colls = [(k, b) for k, b, _ in cs]
+            payload = sum(b for k, b, _ in cs if k != "ps_pull")
             sent = sum(N.bytes_sent(k, b, workers, servers=servers) for k, b in colls)
             if overlap:
                 if granularity == "layerwise":
-                    ready = [float(ready_of[i]) for _, _, i in calls]
+                    ready = [float(ready_of[i]) for _, _, i in cs]
                 else:
-                    ready = [backward] * len(calls)
+                    ready = [backward] * len(cs)
                 ov = N.Overlap(backward, FUSION_BYTES if granularity == "layerwise" else 0, ready)
                 comm = N.step_comm_time(colls, workers, net, ov, servers=servers)
             else:
                 comm = N.step_comm_time(colls, workers, net, servers=servers)
             it = compute + comm
             setting = ", ".join(f"{k}={v}" for k, v in hp.items()) or "-"
-            rows.append(Row(m, setting, payload, sent, comm, it, workers * compute / it, lossless,
-                            _constant(m, hp, workload)))
+            rows.append(Row(method.name, setting, payload, sent, comm, it, workers * compute / it,
+                            method.lossless, constant(c, workload, per_tensor(kind_of(method, c)))))
     if not rows:
         raise ValueError("no method left to plan")
     return Plan(workload, net, workers, float(device_flops), compute, rows, notes)
 
 
-# --------------------------------------------------------------------------- printing
-
-
-def human_bytes(n: float) -> str:
-    """Decimal units with 3 significant digits: 1.34 GB, 80.0 kB, 12 B."""
-    for unit, f in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= f:
-            return f"{n / f:.3g} {unit}"
-    return f"{n:.0f} B"
-
-
-def _describe(net) -> str:
-    if isinstance(net, N.Hierarchical):
-        return (f"{net.name}: {net.per_node} workers per node on {_describe(net.intra)}, "
-                f"nodes on {_describe(net.inter)}")
-    return f"{net.name} (alpha={net.alpha * 1e6:.2f} us, beta={net.beta:.4g} s/B, {net.bandwidth / 1e9:.3g} GB/s)"
-
-
-def format_plan(p: Plan, overlap: bool = False, granularity: str = "fused") -> str:
-    w, net = p.workload, p.network
-    lines = [
-        f"workload {w.name}: D={w.params:,} params, C={w.flops_per_sample:.4g} FLOP/sample, "
-        f"I=C/D={w.intensity:.1f}, M={w.batch} per worker, P={p.workers}",
-        f"network {_describe(net)}; device {p.device_flops:.4g} FLOP/s",
-        f"compute {p.compute_s * 1e3:.1f} ms/iteration; granularity {granularity}; "
-        f"overlap {'WFBP' if overlap else 'none (BSP)'}; compression compute not modelled",
-        "",
-        f"{'method':<12} {'setting':<12} {'payload/worker':>14} {'sent/worker':>12} "
-        f"{'comm ms':>9} {'iter ms':>9} {'speedup':>8}  {'constant':<14}",
-    ]
-    for r in p.rows:
-        lines.append(f"{r.method:<12} {r.setting:<12} {human_bytes(r.payload_bytes):>14} "
-                     f"{human_bytes(r.sent_bytes):>12} {r.comm_s * 1e3:>9.2f} {r.iter_s * 1e3:>9.1f} "
-                     f"{r.speedup:>7.2f}x  {r.constant:<14}")
-    best, best_ll, best_c = p.best(), p.best(lossless_only=True), p.best(contractive_only=True)
-    lines.append("")
-    lines.append(f"fastest: {best.method} ({best.setting}) {best.speedup:.2f}x; "
-                 f"fastest contractive (EF-compatible): {best_c.method} ({best_c.setting}) "
-                 f"{best_c.speedup:.2f}x; fastest lossless: {best_ll.method} {best_ll.speedup:.2f}x")
-    lines.append("lossy speedups are per iteration, not time-to-accuracy: see the constant column "
-                 "(omega = variance factor, delta = contraction; theory/compressors.md)")
-    lines += [f"note: {n}" for n in p.notes]
-    return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def _pos_int(text: str) -> int:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if not math.isfinite(v) or v < 1 or v != int(v):
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return int(v)
-
-
-def _pos_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not math.isfinite(v) or v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return v
-
-
-def _list(conv):
-    def parse(text: str):
-        try:
-            return [conv(t) for t in text.split(",") if t.strip()]
-        except (ValueError, argparse.ArgumentTypeError) as e:
-            raise argparse.ArgumentTypeError(f"bad list {text!r}: {e}") from None
-    return parse
-
-
-def _ratio(text: str) -> float:
-    v = _pos_float(text)
-    if v > 1:
-        raise argparse.ArgumentTypeError(f"ratio must be in (0, 1], got {text!r}")
-    return v
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", help=f"a survey workload preset: {', '.join(W.names())}")
-    p.add_argument("--params", type=_pos_int, help="D, number of parameters")
-    p.add_argument("--flops-per-sample", type=_pos_float, help="C, FLOPs per sample (forward + backward)")
-    p.add_argument("--batch", type=_pos_int, help="M, local mini-batch per worker")
-    p.add_argument("--workers", type=_pos_int, required=True, help="P, number of workers")
-    p.add_argument("--network", required=True,
-                   help=f"preset(s), comma-separated: {', '.join(N.names())}; or a name for --alpha/--beta")
-    p.add_argument("--alpha", type=float, help="custom network: seconds per message")
-    p.add_argument("--beta", type=float, help="custom network: seconds per byte")
-    p.add_argument("--device-flops", type=_pos_float, default=W.SURVEY_DEVICE_FLOPS,
-                   help="F, sustained FLOP/s of one worker (default: the survey's RTX 2080Ti on "
-                        "BERT-Large, 597e9/0.163 s = 3.66e12)")
-    p.add_argument("--ratios", type=_list(_ratio), default=list(DEFAULT_RATIOS),
-                   help="sparsifier ratios k/d (default 0.1,0.01,0.001)")
-    p.add_argument("--ranks", type=_list(_pos_int), default=list(DEFAULT_RANKS), help="PowerSGD ranks")
-    p.add_argument("--levels", type=_list(_pos_int), default=list(DEFAULT_LEVELS), help="QSGD levels s")
-    p.add_argument("--methods", type=_list(str), default=None, help=f"subset of: {', '.join(METHODS)}")
-    p.add_argument("--granularity", choices=("fused", "layerwise"), default="fused")
-    p.add_argument("--overlap", action="store_true",
-                   help="model wait-free backprop (backward = 2/3 of compute) with 64 MiB tensor fusion")
-    p.add_argument("--servers", type=_pos_int, default=None,
-                   help="parameter servers for none-ps (default: one per worker, as BytePS in the survey)")
-
-
-def register(subparsers) -> argparse.ArgumentParser:
-    """Add the ``plan`` sub-command to ``cconv``'s argparse sub-parsers."""
-    p = subparsers.add_parser("plan", help="predict iteration time and speedup of every compressor",
-                              description=__doc__.split("\n\n")[0])
-    add_arguments(p)
-    p.set_defaults(func=run)
-    return p
-
-
-def _workload(args) -> W.Workload:
-    given = {k: getattr(args, k) for k in ("params", "flops_per_sample", "batch")}
-    if args.workload is not None:
-        w = W.get(args.workload)
-        if given["params"] is not None and given["params"] != w.params:
-            w = W.custom(given["params"], w.flops_per_sample, w.batch, name=f"{w.name}(custom D)")
-        if given["flops_per_sample"] is not None:
-            w = w._replace(flops_per_sample=given["flops_per_sample"])
-        if given["batch"] is not None:
-            w = w._replace(batch=given["batch"])
-        return w
-    missing = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is None]
-    if missing:
-        raise ValueError(f"give --workload ({', '.join(W.names())}) or all of --params, "
-                         f"--flops-per-sample, --batch (missing {', '.join(missing)})")
-    return W.custom(given["params"], given["flops_per_sample"], given["batch"])
-
-
-def _networks(args) -> list[N.Network]:
-    if args.alpha is not None or args.beta is not None:
-        if args.alpha is None or args.beta is None:
-            raise ValueError("a custom network needs both --alpha (s per message) and --beta (s per byte)")
-        return [N.from_config({"name": args.network, "alpha": args.alpha, "beta": args.beta})]
-    return [N.get(n.strip()) for n in args.network.split(",") if n.strip()]
-
-
-def run(args) -> int:
-    """Print the plan; 0 on success, 2 with one line on stderr for bad input."""
-    try:
-        w = _workload(args)
-        nets = _networks(args)
-        if not nets:
-            raise ValueError(f"--network is empty; presets: {', '.join(N.names())}")
-        out = []
-        for net in nets:
-            p = plan(w, args.workers, net, args.device_flops, ratios=args.ratios, ranks=args.ranks,
-                     levels=args.levels, granularity=args.granularity, overlap=args.overlap,
-                     methods=args.methods, servers=args.servers)
-            out.append(format_plan(p, args.overlap, args.granularity))
-    except ValueError as e:
-        print(f"cconv plan: error: {e}", file=sys.stderr)
-        return 2
-    print("\n\n".join(out))
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m cconv.theory.planner ...`` (the same as ``cconv plan ...``)."""
-    parser = argparse.ArgumentParser(prog="cconv plan", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+__all__ = ["Method", "Row", "Plan", "all_methods", "knob_names", "settings", "identity_name", "kind_of",
+           "per_tensor", "payload_leaf_bytes", "calls", "constant", "plan", "BACKWARD_SHARE",
+           "FUSION_BYTES", "EXTRA_COLLECTIVES"]

@@ -24,7 +24,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cconv.compressors.base import Compressor
 from cconv.memory import error_feedback
 
 

@@ -38,6 +38,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:   # jax and cconv are imported lazily (after the device flags are set)
+    import jax
+
+    from cconv.compressors import Bench, Compressor
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -136,23 +142,30 @@ def loadavg() -> list[float] | None:
 
 # --------------------------------------------------------------------------- (a) compressors
 
-ELEMENTWISE = ("none", "fp16", "bf16", "signsgd", "scaled_sign", "onebit", "terngrad", "qsgd", "randomk")
-TOPK_FAMILY = ("topk", "stc", "dgc", "threshold")
-TARGETS = {**{n: 4.0 for n in ELEMENTWISE}, **{n: 10.0 for n in TOPK_FAMILY}}
+def bench_of(name: str) -> Bench:
+    """A compressor's ``Bench`` from its registry entry (defaults and no target when it has none)."""
+    from cconv import compressors as C
+
+    return C.entry(name).bench or C.Bench()
 
 
 def bench_hparams(name: str, ratio: float) -> dict:
-    """Hyper-parameters each compressor is benchmarked with (sparsifiers at ``ratio``)."""
-    if name in ("topk", "stc", "dgc", "randomk"):
-        return {"ratio": ratio}
-    if name == "threshold":   # N(0,1) input: P(|x| >= tau) = ratio
-        from statistics import NormalDist
-        return {"tau": round(NormalDist().inv_cdf(1 - ratio / 2), 4), "ratio": ratio}
-    if name == "qsgd":
-        return {"levels": 2}      # 3-bit codes: the generic bit-stream packing path
-    if name == "powersgd":
-        return {"rank": 4}
-    return {}
+    """Hyper-parameters each compressor is benchmarked with (``Entry.bench.hparams(ratio)``:
+    sparsifiers at ``ratio``, threshold's tau for that ratio on N(0, 1) input, ...)."""
+    return dict(bench_of(name).hparams(ratio))
+
+
+def target_x(name: str) -> float | None:
+    """Target of compress + decompress as a multiple of the read floor (``Entry.bench.target_x``)."""
+    return bench_of(name).target_x
+
+
+def bench_input(c: Compressor, x: jax.Array) -> jax.Array:
+    """The tensor a compressor is timed on: a 2-D view (1000 rows) for an aggregation that is not
+    one collective of a flat payload (PowerSGD's low-rank factors need a matrix), else ``x``."""
+    if c.aggregation not in ("allreduce", "allgather") and x.size % 1000 == 0:
+        return x.reshape(1000, -1)
+    return x
 
 
 def part_a(sizes, repeats, ratio, names=None, log=print) -> dict:
@@ -178,7 +191,7 @@ def part_a(sizes, repeats, ratio, names=None, log=print) -> dict:
         for name in names:
             hp = bench_hparams(name, ratio)
             c = C.get(name, **hp)
-            xin = x.reshape(1000, -1) if name == "powersgd" and d % 1000 == 0 else x
+            xin = bench_input(c, x)
             state = c.init(xin)
             comp = jax.jit(lambda v, k, s, c=c: c.compress(v, s, k)[0])
             payload = comp(xin, key, state)
@@ -188,7 +201,7 @@ def part_a(sizes, repeats, ratio, names=None, log=print) -> dict:
             md = measure(dec, (payload,), floor, (x,), rep)
             total = mc["ratio"] + md["ratio"]
             wr = (mc["s"] + md["s"]) / (mc["floor_s"] + md["floor_s"] * w["ratio"])  # vs read + write floor
-            target = TARGETS.get(name)
+            target = target_x(name)
             row = {"d": d, "name": name, "hparams": hp, "compress_s": mc["s"], "decompress_s": md["s"],
                    "compress_x": mc["ratio"], "decompress_x": md["ratio"], "total_x": total,
                    "total_vs_read_write_floor_x": wr, "target_x": target,

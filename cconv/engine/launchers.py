@@ -1,0 +1,202 @@
+"""Launchers: how the per-worker step runs on devices or processes, one object each.
+
+A launcher owns everything the trainer does differently per execution model:
+
+    comm()                            a fresh ``Comm`` for one trace of the step
+    init(worker_init, params, mstate) the initial state (stacked over workers, or this rank's)
+    compile(trace)                    ``trace(comm, ws, batch, key) -> (new ws, metrics)`` as a
+                                      callable ``fn(ws, batch, key)`` on the launcher's layout
+    inputs(batch, key)                the global host batch and key placed for ``fn``
+    lower(fn, ws, batch, key)         ``jax.stages.Lowered`` (HLO inspection)
+    view(tree, average)               the model to evaluate: worker 0's or the workers' average
+    is_main()                         whether this process writes results
+
+``LAUNCHERS`` maps a name to the class, built as ``cls(cfg, devices=..., mpi_comm=...,
+seeds=...)``; ``supports_seeds`` says whether ``build(seeds=S)`` works with it.  Adding a
+launcher is one class and one entry.
+
+  shard_map  ``jax.shard_map`` over a 1-D device mesh (default); state leaves carry a leading
+             worker axis of size P, sharded over the devices (a seed axis first with ``seeds``).
+  pmap       ``jax.pmap`` over the same devices and the same stacked state.
+  mpi        one process per worker (``mpirun``), collectives by mpi4jax; each process holds
+             its own worker's state.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from cconv.comm.backend import Comm, MeshComm
+
+Trace = Callable[[Comm, Any, Any, Any], tuple]
+
+
+class Launcher:
+    """Base class and protocol (see the module docstring)."""
+
+    name = ""
+    supports_seeds = False
+
+    def __init__(self, cfg, devices=None, mpi_comm=None, seeds: int | None = None):
+        self.cfg, self.workers, self.seeds = cfg, cfg.workers, seeds
+
+    def comm(self) -> Comm:
+        raise NotImplementedError
+
+    def init(self, worker_init: Callable, params, mstate, like_params=None, like_mstate=None):
+        raise NotImplementedError
+
+    def compile(self, trace: Trace) -> Callable:
+        raise NotImplementedError
+
+    def inputs(self, batch, key):
+        return batch, key
+
+    def lower(self, fn, ws, batch, key):
+        return fn.lower(ws, batch, key)
+
+    def view(self, tree, average: bool):
+        raise NotImplementedError
+
+    def is_main(self) -> bool:
+        return jax.process_index() == 0
+
+
+class _Stacked(Launcher):
+    """Launchers on a device mesh: every state leaf has a leading worker axis of size P."""
+
+    def __init__(self, cfg, devices=None, mpi_comm=None, seeds=None):
+        super().__init__(cfg, devices, mpi_comm, seeds)
+        devices = list(devices if devices is not None else jax.devices())
+        if len(devices) < cfg.workers:
+            raise ValueError(f"EngineConfig.workers={cfg.workers} but only {len(devices)} devices are "
+                             "visible (CPU: XLA_FLAGS=--xla_force_host_platform_device_count=N)")
+        if jax.process_count() > 1 and len(devices) != cfg.workers:
+            raise ValueError(f"multi-process run: workers must equal the {len(devices)} global devices")
+        self.mesh = Mesh(np.array(devices[:cfg.workers]), (cfg.axis_name,),
+                         axis_types=(jax.sharding.AxisType.Auto,))
+        self.sharded = NamedSharding(self.mesh, P(cfg.axis_name) if seeds is None else P(None, cfg.axis_name))
+        self.replicated = NamedSharding(self.mesh, P())
+        self.platform = devices[0].platform
+        self._view_fn: Callable | None = None
+
+    def comm(self) -> Comm:
+        return MeshComm(self.cfg.axis_name, self.workers, self.platform)
+
+    def init(self, worker_init, params, mstate, like_params=None, like_mstate=None):
+        P_, S = self.workers, self.seeds
+
+        def per_seed(p, m):
+            return jax.tree.map(lambda x: jnp.broadcast_to(x, (P_, *jnp.shape(x))), worker_init(p, m))
+
+        if S is None:
+            return jax.jit(per_seed, out_shardings=self.sharded)(params, mstate)
+        lead = lambda t, like: jax.tree.leaves(t) and jnp.ndim(jax.tree.leaves(t)[0]) == jnp.ndim(
+            jax.tree.leaves(like)[0]) + 1
+        axes = (0 if lead(params, like_params) else None,
+                0 if jax.tree.leaves(mstate) and lead(mstate, like_mstate) else None)
+        return jax.jit(lambda p, m: jax.vmap(per_seed, in_axes=axes, axis_size=S)(p, m),
+                       out_shardings=self.sharded)(params, mstate)
+
+    def inputs(self, batch, key):
+        if jax.process_count() > 1:   # every process passes the same global (host) batch and key
+            glob = lambda x, sh: x if isinstance(x, jax.Array) and not x.is_fully_addressable else \
+                jax.make_array_from_callback(np.shape(x), sh, lambda idx, x=np.asarray(x): x[idx])
+            batch = jax.tree.map(lambda x: glob(x, self.sharded), batch)
+            key = glob(jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+                       else key, self.replicated)
+        return batch, key
+
+    def view(self, tree, average: bool):
+        if self._view_fn is None:   # compiled once per trainer (jit caches per tree structure)
+            ax = 0 if self.seeds is None else 1
+            pick = lambda x: x.mean(ax).astype(x.dtype) if average else jnp.take(x, 0, axis=ax)
+            self._view_fn = jax.jit(lambda t: jax.tree.map(pick, t), out_shardings=self.replicated)
+        return self._view_fn(tree)
+
+
+class ShardMap(_Stacked):
+    """``jax.shard_map`` over the mesh; with ``seeds`` a vmap inside the SPMD program."""
+
+    name = "shard_map"
+    supports_seeds = True
+
+    def compile(self, trace):
+        axis = self.cfg.axis_name
+
+        def run(ws, batch, key):
+            new, metrics = trace(self.comm(), jax.tree.map(lambda a: a[0], ws), batch, key)
+            return jax.tree.map(lambda a: a[None], new), metrics
+
+        if self.seeds is None:
+            block, spec = run, P(axis)
+        else:   # a leading seed axis on everything: vmap inside the SPMD program
+            block, spec = jax.vmap(run, in_axes=(0, 0, 0)), P(None, axis)
+        return jax.jit(jax.shard_map(block, mesh=self.mesh, in_specs=(spec, spec, P()), out_specs=(spec, P())))
+
+
+class Pmap(_Stacked):
+    """``jax.pmap`` over the mesh's devices (the global batch is split on the host side)."""
+
+    name = "pmap"
+
+    def compile(self, trace):
+        pm = jax.pmap(lambda ws, batch, key: trace(self.comm(), ws, batch, key),
+                      axis_name=self.cfg.axis_name, in_axes=(0, 0, None), devices=list(self.mesh.devices.flat))
+
+        def fn(ws, batch, key):
+            batch = jax.tree.map(lambda x: x.reshape(self.workers, -1, *x.shape[1:]), batch)
+            new, metrics = pm(ws, batch, key)
+            return new, jax.tree.map(lambda m: m[0], metrics)
+        return fn
+
+    def lower(self, fn, ws, batch, key):
+        raise ValueError("lower() supports launcher='shard_map' (pmap's program is per device)")
+
+
+class MPI(Launcher):
+    """One process per worker (``mpirun``); the step is ``jax.jit``-compiled per process."""
+
+    name = "mpi"
+
+    def __init__(self, cfg, devices=None, mpi_comm=None, seeds=None):
+        super().__init__(cfg, devices, mpi_comm, seeds)
+        from cconv.comm.mpi import MPIComm
+        self.mpi = MPIComm(mpi_comm)
+        if self.mpi.size != cfg.workers:
+            raise ValueError(f"launcher='mpi': EngineConfig.workers={cfg.workers} but the MPI "
+                             f"communicator has {self.mpi.size} ranks")
+
+    def comm(self) -> Comm:
+        from cconv.comm.mpi import MPIComm
+        return MPIComm(self.mpi.mpi_comm)
+
+    def init(self, worker_init, params, mstate, like_params=None, like_mstate=None):
+        return jax.jit(worker_init)(params, mstate)
+
+    def compile(self, trace):
+        return jax.jit(lambda ws, batch, key: trace(self.comm(), ws, batch, key))
+
+    def inputs(self, batch, key):
+        r, b = self.mpi.rank(), jax.tree.leaves(batch)[0].shape[0] // self.workers
+        return jax.tree.map(lambda x: x[r * b:(r + 1) * b], batch), key
+
+    def view(self, tree, average: bool):
+        if not average:
+            return tree
+        from mpi4py import MPI as _MPI
+        return jax.tree.map(lambda x: jnp.asarray(self.mpi.mpi_comm.allreduce(
+            np.asarray(x), op=_MPI.SUM) / self.workers, x.dtype), tree)
+
+    def is_main(self) -> bool:
+        return self.mpi.rank() == 0
+
+
+LAUNCHERS: dict[str, type[Launcher]] = {cls.name: cls for cls in (ShardMap, Pmap, MPI)}
+
+__all__ = ["Launcher", "LAUNCHERS", "ShardMap", "Pmap", "MPI"]

@@ -1,0 +1,77 @@
+"""The ``Memory`` protocol: what a memory does around a compressor, as four pure functions.
+
+A memory keeps, per tensor, what compression has not delivered yet.  One step with compressor C:
+
+    p, inner, s = absorb(x, state)                 # p: the input C sees; inner: C's state
+    payload, inner = C.compress(p, inner, key)
+    state = settle(s, p, inner, decompress(payload))   # what left is no longer owed
+
+and an aggregation that drops part of what a worker sent (gTop-k) hands it back:
+
+    state = give_back(state, back)
+
+PowerSGD's aggregation runs the same ``absorb`` / ``settle`` around the *aggregated*
+approximation (error feedback on the aggregate, Vogels et al. 2019), so no consumer of a memory
+needs to know its state type.  ``wrap(c, memory)`` turns a compressor and a memory into one
+``Compressor`` with the same wire format (what ``error_feedback`` and ``dgc`` return).
+
+``MEMORIES`` maps a name to a factory ``factory(c, **options) -> Memory``; the engine passes its
+memory options (``momentum``, ``masking``) as keywords and a memory ignores those it does not use.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+from cconv.compressors.base import Array, Compressor
+
+
+class Memory(NamedTuple):
+    """One memory kind (see the module docstring).
+
+    name       prefix of the wrapped compressor's name: ``f"{name}({c.name})"``
+    init       (x, inner_init) -> state;  ``inner_init(x)`` is the compressor's initial state
+    absorb     (x, state) -> (p, inner, state'): the compressor's input, its state, and the
+               memory state having taken x in (e.g. DGC's new momentum)
+    settle     (state', p, inner, sent) -> new state after ``sent`` (decompressed) left
+    give_back  (state, back) -> state with ``back`` owed again (entries the aggregation dropped)
+    hparams    added to the wrapped compressor's ``hparams``
+    transparent  True for "no memory": ``wrap`` returns the compressor itself
+    """
+
+    name: str
+    init: Callable[[Array, Callable[[Array], Any]], Any]
+    absorb: Callable[[Array, Any], tuple]
+    settle: Callable[[Any, Array, Any, Array], Any]
+    give_back: Callable[[Any, Array], Any]
+    hparams: dict = {}
+    transparent: bool = False
+
+
+def no_memory(c: Compressor | None = None, **options) -> Memory:
+    """No memory: the state is the compressor's own; what it drops is lost."""
+    del c, options
+    return Memory("none",
+                  init=lambda x, inner_init: inner_init(x),
+                  absorb=lambda x, state: (x, state, state),
+                  settle=lambda state, p, inner, sent: inner,
+                  give_back=lambda state, back: state,
+                  transparent=True)
+
+
+def wrap(c: Compressor, memory: Memory) -> Compressor:
+    """``c`` with ``memory``: same wire format, aggregation and density; never unbiased."""
+    if memory.transparent:
+        return c
+
+    def init(x):
+        return memory.init(x, c.init)
+
+    def compress(x, state, key):
+        p, inner, state = memory.absorb(x, state)
+        payload, inner = c.compress(p, inner, key)
+        return payload, memory.settle(state, p, inner, c.decompress(payload, p))
+
+    hparams = {**c.hparams, **memory.hparams} if memory.hparams else c.hparams
+    return c._replace(init=init, compress=compress, name=f"{memory.name}({c.name})", unbiased=False,
+                      hparams=hparams)

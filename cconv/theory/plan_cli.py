@@ -1,0 +1,251 @@
+"""``cconv plan``: predicted iteration time, speedup and traffic of every compressor on a network.
+
+The command-line half of ``cconv.theory.planner`` (the model): arguments, the workload and
+networks they name, and the printed table.  ``python -m cconv.theory.plan_cli ...`` is the same
+as ``cconv plan ...``.
+
+Sweeps: ``--sweep NAME=v1,v2`` sets the values of the knob NAME (a compressor entry's
+``Knob``: ratio, rank, levels, tau, clip, ...; repeatable); ``--ratios``, ``--ranks`` and
+``--levels`` are aliases of ``--sweep ratio=``, ``rank=`` and ``levels=``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Any, Callable, Sequence
+
+from cconv import compressors as C
+from cconv.theory import network as N
+from cconv.theory import planner as PL
+from cconv.theory import workloads as W
+
+# --------------------------------------------------------------------------- printing
+
+
+def human_bytes(n: float) -> str:
+    """Decimal units with 3 significant digits: 1.34 GB, 80.0 kB, 12 B."""
+    for unit, f in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= f:
+            return f"{n / f:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def _describe(net: N.Network | N.Hierarchical) -> str:
+    if isinstance(net, N.Hierarchical):
+        return (f"{net.name}: {net.per_node} workers per node on {_describe(net.intra)}, "
+                f"nodes on {_describe(net.inter)}")
+    return f"{net.name} (alpha={net.alpha * 1e6:.2f} us, beta={net.beta:.4g} s/B, {net.bandwidth / 1e9:.3g} GB/s)"
+
+
+def format_plan(p: PL.Plan, overlap: bool = False, granularity: str = "fused") -> str:
+    """The plan as the table ``cconv plan`` prints, with the winners and the notes."""
+    w, net = p.workload, p.network
+    lines = [
+        f"workload {w.name}: D={w.params:,} params, C={w.flops_per_sample:.4g} FLOP/sample, "
+        f"I=C/D={w.intensity:.1f}, M={w.batch} per worker, P={p.workers}",
+        f"network {_describe(net)}; device {p.device_flops:.4g} FLOP/s",
+        f"compute {p.compute_s * 1e3:.1f} ms/iteration; granularity {granularity}; "
+        f"overlap {'WFBP' if overlap else 'none (BSP)'}; compression compute not modelled",
+        "",
+        f"{'method':<12} {'setting':<12} {'payload/worker':>14} {'sent/worker':>12} "
+        f"{'comm ms':>9} {'iter ms':>9} {'speedup':>8}  {'constant':<14}",
+    ]
+    for r in p.rows:
+        lines.append(f"{r.method:<12} {r.setting:<12} {human_bytes(r.payload_bytes):>14} "
+                     f"{human_bytes(r.sent_bytes):>12} {r.comm_s * 1e3:>9.2f} {r.iter_s * 1e3:>9.1f} "
+                     f"{r.speedup:>7.2f}x  {r.constant:<14}")
+    best = p.best()
+    winners = [f"fastest: {best.method} ({best.setting}) {best.speedup:.2f}x"]
+    if any(r.lossless or r.constant.startswith("delta=") for r in p.rows):
+        best_c = p.best(contractive_only=True)
+        winners.append(f"fastest contractive (EF-compatible): {best_c.method} ({best_c.setting}) "
+                       f"{best_c.speedup:.2f}x")
+    if any(r.lossless for r in p.rows):
+        best_ll = p.best(lossless_only=True)
+        winners.append(f"fastest lossless: {best_ll.method} {best_ll.speedup:.2f}x")
+    lines.append("")
+    lines.append("; ".join(winners))
+    lines.append("lossy speedups are per iteration, not time-to-accuracy: see the constant column "
+                 "(omega = variance factor, delta = contraction; theory/compressors.md)")
+    lines += [f"note: {n}" for n in p.notes]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+def _pos_int(text: str) -> int:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if not math.isfinite(v) or v < 1 or v != int(v):
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(v)
+
+
+def _pos_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return v
+
+
+def _list(conv: Callable[[str], Any]) -> Callable[[str], list]:
+    def parse(text: str) -> list:
+        try:
+            return [conv(t) for t in text.split(",") if t.strip()]
+        except (ValueError, argparse.ArgumentTypeError) as e:
+            raise argparse.ArgumentTypeError(f"bad list {text!r}: {e}") from None
+    return parse
+
+
+def _ratio(text: str) -> float:
+    v = _pos_float(text)
+    if v > 1:
+        raise argparse.ArgumentTypeError(f"ratio must be in (0, 1], got {text!r}")
+    return v
+
+
+def _sweep_item(text: str) -> tuple[str, list[str]]:
+    name, eq, values = text.partition("=")
+    items = [v.strip() for v in values.split(",") if v.strip()]
+    if not eq or not name.strip() or not items:
+        raise argparse.ArgumentTypeError(f"expected NAME=v1,v2,..., got {text!r}")
+    return name.strip(), items
+
+
+def knob_value(name: str, text: str) -> Any:
+    """``text`` as a value of knob ``name``, typed by the schema of an entry that sweeps it."""
+    param = next((p for e in C.entries() if e.knob is not None and e.knob.name == name
+                  for p in e.schema.params if p.name == name), None)
+    kind = param.type if param is not None else "any"
+    try:
+        if kind == "bool":
+            if text.lower() not in ("true", "false"):
+                raise ValueError
+            return text.lower() == "true"
+        if kind == "str":
+            return text
+        v = float(text)
+        if kind == "float":
+            return v
+        if kind == "int" or (kind == "any" and v.is_integer() and "." not in text and "e" not in text.lower()):
+            if not v.is_integer():
+                raise ValueError
+            return int(v)
+        return v
+    except ValueError:
+        raise ValueError(f"--sweep {name}: bad value {text!r} (expected {kind if kind != 'any' else 'a number'})") \
+            from None
+
+
+def sweep_of(args: argparse.Namespace) -> dict[str, list]:
+    """Knob name -> values from ``--sweep`` (the aliases are passed to ``plan`` separately)."""
+    out: dict[str, list] = {}
+    for name, items in getattr(args, "sweep", None) or []:
+        if name in out:
+            raise ValueError(f"--sweep {name} given twice")
+        out[name] = [knob_value(name, t) for t in items]
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``plan`` options on ``p``."""
+    p.add_argument("--workload", help=f"a survey workload preset: {', '.join(W.names())}")
+    p.add_argument("--params", type=_pos_int, help="D, number of parameters")
+    p.add_argument("--flops-per-sample", type=_pos_float, help="C, FLOPs per sample (forward + backward)")
+    p.add_argument("--batch", type=_pos_int, help="M, local mini-batch per worker")
+    p.add_argument("--workers", type=_pos_int, required=True, help="P, number of workers")
+    p.add_argument("--network", required=True,
+                   help=f"preset(s), comma-separated: {', '.join(N.names())}; or a name for --alpha/--beta")
+    p.add_argument("--alpha", type=float, help="custom network: seconds per message")
+    p.add_argument("--beta", type=float, help="custom network: seconds per byte")
+    p.add_argument("--device-flops", type=_pos_float, default=W.SURVEY_DEVICE_FLOPS,
+                   help="F, sustained FLOP/s of one worker (default: the survey's RTX 2080Ti on "
+                        "BERT-Large, 597e9/0.163 s = 3.66e12)")
+    p.add_argument("--sweep", type=_sweep_item, action="append", metavar="NAME=v1,v2",
+                   help="values of a compressor knob (repeatable); knobs: " + ", ".join(PL.knob_names()))
+    p.add_argument("--ratios", type=_list(_ratio), default=None,
+                   help="alias of --sweep ratio=... (sparsifier ratios k/d; default 0.1,0.01,0.001)")
+    p.add_argument("--ranks", type=_list(_pos_int), default=None, help="alias of --sweep rank=... (PowerSGD ranks)")
+    p.add_argument("--levels", type=_list(_pos_int), default=None, help="alias of --sweep levels=... (QSGD levels s)")
+    p.add_argument("--methods", type=_list(str), default=None,
+                   help=f"subset of: {', '.join(PL.all_methods())}")
+    p.add_argument("--granularity", choices=("fused", "layerwise"), default="fused")
+    p.add_argument("--overlap", action="store_true",
+                   help="model wait-free backprop (backward = 2/3 of compute) with 64 MiB tensor fusion")
+    p.add_argument("--servers", type=_pos_int, default=None,
+                   help="parameter servers for the -ps method (default: one per worker, as BytePS in the survey)")
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``plan`` sub-command to ``cconv``'s argparse sub-parsers."""
+    p = subparsers.add_parser("plan", help="predict iteration time and speedup of every compressor",
+                              description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def _workload(args: argparse.Namespace) -> W.Workload:
+    given = {k: getattr(args, k) for k in ("params", "flops_per_sample", "batch")}
+    if args.workload is not None:
+        w = W.get(args.workload)
+        if given["params"] is not None and given["params"] != w.params:
+            w = W.custom(given["params"], w.flops_per_sample, w.batch, name=f"{w.name}(custom D)")
+        if given["flops_per_sample"] is not None:
+            w = w._replace(flops_per_sample=given["flops_per_sample"])
+        if given["batch"] is not None:
+            w = w._replace(batch=given["batch"])
+        return w
+    missing = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is None]
+    if missing:
+        raise ValueError(f"give --workload ({', '.join(W.names())}) or all of --params, "
+                         f"--flops-per-sample, --batch (missing {', '.join(missing)})")
+    return W.custom(given["params"], given["flops_per_sample"], given["batch"])
+
+
+def _networks(args: argparse.Namespace) -> list[N.Network | N.Hierarchical]:
+    if args.alpha is not None or args.beta is not None:
+        if args.alpha is None or args.beta is None:
+            raise ValueError("a custom network needs both --alpha (s per message) and --beta (s per byte)")
+        return [N.from_config({"name": args.network, "alpha": args.alpha, "beta": args.beta})]
+    return [N.get(n.strip()) for n in args.network.split(",") if n.strip()]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the plan; 0 on success, 2 with one line on stderr for bad input."""
+    try:
+        w = _workload(args)
+        nets = _networks(args)
+        if not nets:
+            raise ValueError(f"--network is empty; presets: {', '.join(N.names())}")
+        sweep = sweep_of(args)
+        out = []
+        for net in nets:
+            p = PL.plan(w, args.workers, net, args.device_flops, sweep=sweep, ratios=args.ratios,
+                        ranks=args.ranks, levels=args.levels, granularity=args.granularity,
+                        overlap=args.overlap, methods=args.methods, servers=args.servers)
+            out.append(format_plan(p, args.overlap, args.granularity))
+    except ValueError as e:
+        print(f"cconv plan: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    print("\n\n".join(out))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m cconv.theory.plan_cli ...`` (the same as ``cconv plan ...``)."""
+    parser = argparse.ArgumentParser(prog="cconv plan", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
