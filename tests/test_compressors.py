@@ -1,6 +1,8 @@
 """The compressor API: registry, static properties, determinism, jit / vmap / shard_map."""
 
 import functools
+import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -9,45 +11,20 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import cconv.compressors as cc
-from cconv.compressors.base import AGGREGATIONS
+
+import registry_cases as R
+from registry_cases import CASES, SUMMABLE
 
 REQUIRED = {"none", "fp16", "bf16", "randomk", "topk", "threshold", "dgc", "terngrad", "signsgd",
             "scaled_sign", "onebit", "qsgd", "stc", "powersgd"}
-CASES = [
-    ("none", {}), ("fp16", {}), ("bf16", {}), ("randomk", {"ratio": 0.2}),
-    ("randomk", {"ratio": 0.2, "scaled": False, "shared": False}), ("topk", {"ratio": 0.2}),
-    ("threshold", {"tau": 0.5, "ratio": 0.2}), ("dgc", {"ratio": 0.2}), ("terngrad", {}),
-    ("signsgd", {}), ("scaled_sign", {}), ("onebit", {"columns": True}), ("qsgd", {"levels": 4}),
-    ("qsgd", {"levels": 2, "bucket": 6}), ("stc", {"ratio": 0.2}), ("powersgd", {"rank": 2}),
-    ("natural", {}),
-]
-RANDOM = {"randomk", "terngrad", "qsgd", "natural"}
-ALLREDUCE = {"none", "fp16", "bf16"}
 KEY = jax.random.PRNGKey(0)
 ids = functools.partial(str)
 
 
-@functools.lru_cache(maxsize=None)
-def compiled(name, hp):
-    c = cc.get(name, **dict(hp))
-    return (c, jax.jit(lambda x, k: c.compress(x, c.init(x), k)[0]),
-            jax.jit(lambda x, k: c.roundtrip(x, c.init(x), k)[0]))
-
-
-def compress(name, hp, x, key=KEY):
-    return compiled(name, tuple(sorted(hp.items())))[1](x, key)
-
-
-def leaves_equal(a, b):
-    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-    return len(la) == len(lb) and all(np.array_equal(np.asarray(u), np.asarray(v)) for u, v in zip(la, lb))
-
-
 def test_registry():
-    assert REQUIRED <= set(cc.names())
-    assert {n for n, _ in CASES} == set(cc.names())
-    for name in cc.names():
-        assert callable(getattr(cc, name))                 # each name also has a factory
+    assert REQUIRED <= set(cc.names())                     # the built-ins (others may be added)
+    for name in REQUIRED:
+        assert callable(getattr(cc, name))                 # each built-in also has a factory
     assert cc.none is cc.identity
     assert cc.hparams_of("randomk") == ["ratio", "k", "scaled", "shared"]
     assert cc.hparams_of("qsgd") == ["levels", "bucket"]
@@ -63,36 +40,49 @@ def test_registry():
     np.testing.assert_array_equal(np.sort(np.asarray(topk_indices(jnp.array([0.1, -3.0, 2.0, 0.5]), 2))), [1, 2])
 
 
-@pytest.mark.parametrize("name,hp", CASES, ids=ids)
+def test_every_entry_has_cases_and_they_build():
+    for e in cc.entries():
+        assert e.cases and e.name in cc.names()
+        for hp in e.cases:
+            c = cc.get(e.name, **hp)
+            assert c.hparams == e.build(**hp).hparams
+            for key, value in hp.items():
+                assert c.hparams[key] == value
+
+
+@pytest.mark.parametrize("name,hp", CASES)
 def test_static_properties(name, hp):
-    c = cc.get(name, **hp)
-    assert c.name == name
-    assert c.aggregation in AGGREGATIONS
-    assert c.summable == (c.aggregation == "allreduce")
-    expected = ("powersgd" if name == "powersgd" else "allreduce"
-                if name in ALLREDUCE or (name == "randomk" and hp.get("shared", True)) else "allgather")
-    assert c.aggregation == expected
-    assert 0 < c.density((10, 10)) <= 1
-    for key, value in hp.items():
-        assert c.hparams[key] == value
-    factory = getattr(cc, name)(**hp)
-    assert factory.name == c.name and factory.hparams == c.hparams
+    R.check_static(R.subject(name, hp))
 
 
-@pytest.mark.parametrize("name,hp", CASES, ids=ids)
+@pytest.mark.parametrize("name,hp,aggregation", [
+    ("none", {}, "allreduce"), ("fp16", {}, "allreduce"), ("bf16", {}, "allreduce"),
+    ("randomk", {"ratio": 0.2}, "allreduce"), ("randomk", {"ratio": 0.2, "shared": False}, "allgather"),
+    ("topk", {"ratio": 0.2}, "allgather"), ("qsgd", {}, "allgather"), ("powersgd", {}, "powersgd"),
+], ids=ids)
+def test_aggregation_spot_checks(name, hp, aggregation):
+    assert cc.get(name, **hp).aggregation == aggregation
+
+
+@pytest.mark.parametrize("name,hp", CASES)
+def test_contract(name, hp):
+    """Shapes 0-d, (1,), odd, 2-D, 3-D; float32 and the half-precision dtypes it accepts:
+    C(x) has x's shape and dtype, zero compresses to exactly zero, payload layouts are static."""
+    R.check_contract(R.subject(name, hp))
+
+
+@pytest.mark.parametrize("name,hp", CASES)
 def test_same_key_same_payload(name, hp):
-    x = jax.random.normal(jax.random.PRNGKey(1), (6, 9))
-    a, b = compress(name, hp, x, jax.random.PRNGKey(7)), compress(name, hp, x, jax.random.PRNGKey(7))
-    assert leaves_equal(a, b)
-    other = compress(name, hp, x, jax.random.PRNGKey(8))
-    if name in RANDOM:
-        # the random choices differ: the kept coordinates (random-k) or the stochastic codes
-        c = compiled(name, tuple(sorted(hp.items())))[0]
-        choice = (lambda p: np.flatnonzero(np.asarray(c.decompress(p, x)))) if name == "randomk" \
-            else (lambda p: np.asarray(p.exponents if name == "natural" else p.codes))
-        assert not np.array_equal(choice(a), choice(other))
-    else:
-        assert leaves_equal(a, other)                # deterministic compressors ignore the key
+    R.check_determinism(R.subject(name, hp))
+
+
+@pytest.mark.parametrize("name,hp,random", [
+    ("randomk", {"ratio": 0.2}, True), ("terngrad", {}, True), ("qsgd", {"levels": 4}, True),
+    ("topk", {"ratio": 0.2}, False), ("signsgd", {}, False), ("powersgd", {"rank": 2}, False),
+], ids=ids)
+def test_randomness_is_detected(name, hp, random):
+    """The generic tests detect random compressors (two keys, different payloads); spot checks."""
+    assert R.subject(name, hp).is_random == random
 
 
 def test_shared_randomk_indices_depend_only_on_the_key():
@@ -109,15 +99,14 @@ def test_shared_randomk_indices_depend_only_on_the_key():
     np.testing.assert_array_equal(np.flatnonzero(np.asarray(typed)), s1)
 
 
-@pytest.mark.parametrize("name,hp", CASES, ids=ids)
+@pytest.mark.parametrize("name,hp", CASES)
 def test_vmap_over_examples_matches_a_loop(name, hp):
-    c, _, single = compiled(name, tuple(sorted(hp.items())))
-    xs = jax.random.normal(jax.random.PRNGKey(4), (3, 6, 9))
-    keys = jax.random.split(jax.random.PRNGKey(5), 3)
-    batched = jax.jit(jax.vmap(lambda x, k: c.roundtrip(x, c.init(x), k)[0]))(xs, keys)
-    for i in range(3):
-        np.testing.assert_allclose(np.asarray(batched[i]), np.asarray(single(xs[i], keys[i])),
-                                   rtol=1e-6, atol=1e-6)
+    R.check_vmap(R.subject(name, hp))
+
+
+@pytest.mark.parametrize("name,hp", SUMMABLE)
+def test_summable_payloads_add_up(name, hp):
+    R.check_summable(R.subject(name, hp))
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +125,8 @@ def _run(mesh, fn, args, in_specs, out_specs):
     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs))(*args)
 
 
-@pytest.mark.parametrize("name,hp", [("randomk", {"ratio": 0.25}), ("fp16", {}), ("none", {})], ids=ids)
+@pytest.mark.parametrize("name,hp", [pytest.param("randomk", {"ratio": 0.25}, marks=pytest.mark.slow),
+                                     ("fp16", {}), ("none", {})], ids=ids)
 def test_shard_map_allreduce(mesh, name, hp):
     """Summable payloads: psum the floating leaves (the shared key is not communicated)."""
     c = cc.get(name, **hp)
@@ -194,3 +184,161 @@ def test_shard_map_powersgd_equals_compressing_the_mean(mesh):
     mean = jnp.mean(xs, axis=0)
     expected = c.roundtrip(mean, c.init(mean), KEY)[0]
     np.testing.assert_allclose(np.asarray(out), np.asarray(expected), rtol=1e-4, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- a new compressor
+# The generic checks are plain functions (tests/registry_cases.py); here they run on compressors
+# defined in the tests and never registered globally, and on broken variants of them.
+
+DEMOS = [pytest.param(entry, hp, id=f"{entry.label}-{hp}") for entry in (R.SHRINK, R.DROPOUT)
+         for hp in entry.cases]
+
+
+def _all_checks(s):
+    """Every generic check that applies to ``s`` by its declared properties; returns their names."""
+    ran = []
+    for check in R.GENERIC_CHECKS:
+        check(s)
+        ran.append(check.__name__)
+    R.check_bad_hparams(s.entry, {})
+    ran.append("check_bad_hparams")
+    for applies, check in [(s.c.unbiased, R.check_unbiased), (s.theory is not None, R.check_theory_error),
+                           (R._contractive(s), R.check_contraction), (s.c.summable, R.check_summable)]:
+        if applies:
+            check(s)
+            ran.append(check.__name__)
+    return ran
+
+
+@pytest.mark.parametrize("entry,hp", DEMOS)
+def test_generic_checks_run_on_a_new_compressor(entry, hp):
+    s = R.local_subject(entry, hp, name="demo")
+    ran = _all_checks(s)
+    if entry is R.SHRINK:
+        assert not s.is_random and {"check_contraction", "check_summable", "check_theory_error"} <= set(ran)
+    else:
+        assert s.is_random and {"check_unbiased", "check_theory_error"} <= set(ran)
+
+
+def test_registering_a_compressor_adds_its_cases(monkeypatch):
+    """A registered entry appears in every generic parametrization (a copy of the registry is
+    patched in, so the compressor is gone after the test)."""
+    monkeypatch.setattr(cc.registry, "_REGISTRY", dict(cc.registry._REGISTRY))
+    cc.register("tests-demo-shrink", R.SHRINK)
+    cc.register("tests-demo-dropout", R.DROPOUT)
+    ids = {p.id for p in R.cases()}
+    assert {"tests-demo-shrink", "tests-demo-shrink-scale=0.5", "tests-demo-dropout"} <= ids
+    assert "tests-demo-shrink" in {p.id for p in R.cases(R._contractive)}
+    assert "tests-demo-shrink" in {p.id for p in R.cases(lambda s: s.c.summable)}
+    assert "tests-demo-dropout" in {p.id for p in R.cases(lambda s: s.c.unbiased)}
+    s = R.subject("tests-demo-shrink", {"scale": 0.5})
+    assert s.c.name == "tests-demo-shrink" and s.theory is R.SHRINK.theory
+    R.check_static(s)
+    R.check_contract(s)
+
+
+def test_import_path_factories(monkeypatch):
+    """get("package.module:attr") with a plain factory (permissive schema, no theory) and with
+    an Entry (its schema and theory)."""
+    monkeypatch.setattr(cc.registry, "_REGISTRY", dict(cc.registry._REGISTRY))
+    path = "tests.registry_cases:scaled_identity"
+    c = cc.get(path, scale=0.25)
+    assert c.name == path and c.hparams == {"scale": 0.25} and cc.hparams_of(path) == ["scale"]
+    x = jnp.arange(6.0)
+    np.testing.assert_array_equal(np.asarray(c.roundtrip(x, c.init(x), KEY)[0]), 0.25 * np.arange(6.0))
+    s = R.Subject(c, R.theory_of(cc.entry(path)), cc.entry(path))
+    assert s.theory is None
+    for check in R.GENERIC_CHECKS:
+        check(s)
+    e = cc.entry("tests.registry_cases:SHRINK")       # (a second import of the helper module)
+    assert e.label == R.SHRINK.label and e.theory is not None and e.schema == R.SHRINK.schema
+    with pytest.raises(ValueError, match=r"scale must be in \(0, 1\]"):
+        cc.get("tests.registry_cases:SHRINK", scale=2.0)
+    with pytest.raises(ValueError, match="cannot import"):
+        cc.get("tests.registry_cases:no_such_factory")
+
+
+def _omega(c):
+    return 1 / c.hparams["p"] - 1
+
+
+def _theory(entry, **changes):
+    return entry._replace(theory=entry.theory._replace(**changes))
+
+
+class _PartialSum(NamedTuple):
+    values: jax.Array
+    count: jax.Array
+
+
+def _mean_not_sum():
+    """Declared summable, but summing its payloads gives the mean of the workers' vectors."""
+    from cconv.compressors.base import like_info, stateless_init
+
+    c = R.shrink(1.0)
+
+    def compress(x, state, key):
+        return _PartialSum(x, jnp.ones((), jnp.float32)), state
+
+    def decompress(p, like):
+        shape, dtype = like_info(like)
+        return (p.values / p.count).reshape(shape).astype(dtype)
+
+    return c._replace(compress=compress, decompress=decompress,
+                      wire_bytes=lambda shape, dtype="float32": R._dense_bytes(shape, dtype) + 4)
+
+
+def _nan_at_zero():
+    from cconv.compressors.base import DensePayload
+    c = R.shrink(1.0)
+    return c._replace(compress=lambda x, st, k: (DensePayload(x * jnp.sqrt(jnp.sum(x * x)) /
+                                                              jnp.sqrt(jnp.sum(x * x))), st))
+
+
+BROKEN = [
+    ("wire_bytes off by one", lambda: R.local_subject(R.SHRINK._replace(
+        factory=lambda scale: R.shrink(scale, bytes_extra=1)), {}), R.check_wire_bytes),
+    ("theory wire_bytes off by one", lambda: R.local_subject(_theory(
+        R.SHRINK, wire_bytes=lambda c, shape, isz: math.prod(shape) * isz + 1), {}), R.check_wire_bytes),
+    ("decompress ignores the dtype", lambda: R.local_subject(R.SHRINK._replace(
+        factory=lambda scale: R.shrink(scale, out_dtype=jnp.float32)), {}), R.check_contract),
+    ("zero gives NaN", lambda: R.Subject(_nan_at_zero(), None), R.check_contract),
+    ("biased but declared unbiased", lambda: R.local_subject(R.DROPOUT._replace(
+        factory=lambda p: R.dropout(p, bias=0.85)), {}), R.check_unbiased),
+    ("second moment 10% off", lambda: R.local_subject(_theory(
+        R.DROPOUT, error_sq=lambda c, x, state=None: 1.1 * _omega(c) * R.sq(x),
+        variance=lambda c, x: 1.1 * _omega(c) * R.f64(x) ** 2), {}), R.check_unbiased),
+    ("variance spread evenly, right total", lambda: R.local_subject(_theory(
+        R.DROPOUT, variance=lambda c, x: np.full(np.shape(x), _omega(c) * R.sq(x) / np.size(x))), {}),
+     R.check_unbiased),
+    ("wrong error_sq (deterministic)", lambda: R.local_subject(_theory(
+        R.SHRINK, error_sq=lambda c, x, state=None: 0.07 * R.sq(x)), {}), R.check_theory_error),
+    ("wrong error_sq (random)", lambda: R.local_subject(_theory(
+        R.DROPOUT, error_sq=lambda c, x, state=None: 0.9 * _omega(c) * R.sq(x)), {}), R.check_theory_error),
+    ("delta too large", lambda: R.local_subject(_theory(
+        R.SHRINK, bound=lambda c, shape: cc.Bound("contractive", delta=0.99)), {}), R.check_contraction),
+    ("delta too large (random)", lambda: R.local_subject(_theory(
+        R.DROPOUT, bound=lambda c, shape: cc.Bound("contractive", delta=0.5, tight=False)), {}),
+     R.check_contraction),
+    ("sums to the mean", lambda: R.Subject(_mean_not_sum(), None), R.check_summable),
+]
+
+
+@pytest.mark.parametrize("make,check", [pytest.param(m, c, id=i) for i, m, c in BROKEN])
+def test_each_check_can_fail(make, check):
+    with pytest.raises(AssertionError):
+        check(make())
+
+
+def test_bad_values_cover_every_kind_of_constraint():
+    levels = cc.Param("levels", "int", 8, low=1, high=127)
+    bad = R.bad_values(levels)
+    assert {0, 128, 2.5, None} <= set(v for v in bad if not isinstance(v, list)) and True in bad
+    ratio = cc.registry.RATIO
+    assert 0.0 in R.bad_values(ratio) and None not in R.bad_values(ratio)     # open bound; optional
+    assert 1 in R.bad_values(cc.Param("flag", "bool", False))
+    assert "__not_a_choice__" in R.bad_values(cc.Param("mode", "str", "a", choices=("a", "b")))
+    for p in (levels, ratio):                                                  # all really rejected
+        for v in R.bad_values(p):
+            with pytest.raises(ValueError):
+                p.check("x", v)

@@ -1,6 +1,8 @@
-"""Deterministic properties of the biased compressors, as their papers state them.
+"""Contraction E||C(x) - x||^2 <= (1 - delta) ||x||^2 for every registered case whose theory
+bound is contractive (generic), and deterministic properties of the biased compressors, as
+their papers state them (spot checks).
 
-(Unscaled random-k's contraction holds in expectation: see test_unbiased.py.)
+(Unscaled random-k's contraction holds in expectation: see also test_unbiased.py.)
 """
 
 import jax
@@ -9,6 +11,7 @@ import numpy as np
 import pytest
 
 import cconv.compressors as cc
+import registry_cases as R
 from cconv.compressors.powersgd import orthogonalize
 
 KEY = jax.random.PRNGKey(0)
@@ -30,6 +33,13 @@ def sq(a):
 
 def randn(seed, shape):
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("name,hp", R.CONTRACTIVE)
+def test_contraction(name, hp):
+    """Deterministic: on every probe (exactly, to float32 rounding); random: by Monte Carlo with a
+    variance-derived bound; the theory's worst case attains the bound when it is tight."""
+    R.check_contraction(R.subject(name, hp))
 
 
 @pytest.mark.parametrize("shape,k", [((100,), 1), ((100,), 7), ((13, 7), 30), ((999,), 10), ((5,), 4)])

@@ -1,4 +1,5 @@
-"""Hypothesis property tests across shapes (0-d, 1, odd, multi-dim), dtypes and ratios.
+"""Hypothesis property tests across shapes (0-d, 1, odd, multi-dim), dtypes, input scales and
+hyper-parameters: every registered case (tests/registry_cases.py) and a few more variants.
 
 Compilation dominates, so each (compressor, hparams) has one cached jitted function that
 returns everything a property needs, and shapes come from a small pool (jit caches per shape).
@@ -13,7 +14,9 @@ from hypothesis import given, settings, strategies as st
 
 import cconv.compressors as cc
 import cconv.memory as mem
+import registry_cases as R
 from cconv.compressors.randomk import sample_indices
+from registry_cases import hp_key
 from cconv.compressors.sparse import SparsePayload
 
 SHAPES = [(), (1,), (7,), (3, 5), (2, 3, 4), (33, 3)]
@@ -22,26 +25,17 @@ RATIOS = [0.01, 0.1, 0.3, 0.5, 1.0]
 EPS = {jnp.dtype(jnp.float32): 2.0**-23, jnp.dtype(jnp.bfloat16): 2.0**-7, jnp.dtype(jnp.float16): 2.0**-10}
 
 
+# Every registered case, plus a few variants of the built-ins beyond their cases (spot checks).
+VARIANTS = [(p.values[0], hp_key(p.values[1])) for p in R.CASES] + [
+    ("topk", (("ratio", 0.01),)), ("topk", (("ratio", 1.0),)), ("threshold", (("ratio", 0.5), ("tau", 0.0))),
+    ("qsgd", (("bucket", 4), ("levels", 1))), ("qsgd", (("levels", 8),)),
+    ("randomk", (("ratio", 0.5), ("scaled", False), ("shared", True))),
+]
+
+
 @st.composite
 def compressor(draw):
-    name = draw(st.sampled_from(cc.names()))
-    hp = {}
-    if name in ("randomk", "topk", "dgc", "stc", "threshold"):
-        hp["ratio"] = draw(st.sampled_from(RATIOS))
-    if name == "threshold":
-        hp["tau"] = draw(st.sampled_from([0.0, 0.5, 1.5]))
-    if name == "randomk":
-        hp["scaled"], hp["shared"] = draw(st.booleans()), draw(st.booleans())
-    if name == "qsgd":
-        hp["levels"] = draw(st.sampled_from([1, 2, 5, 8]))
-        hp["bucket"] = draw(st.sampled_from([None, 4]))
-    if name == "powersgd":
-        hp["rank"] = draw(st.sampled_from([1, 2]))
-    if name == "onebit":
-        hp["columns"] = draw(st.booleans())
-    if name == "terngrad":
-        hp["clip"] = draw(st.sampled_from([None, 2.5]))
-    return name, tuple(sorted(hp.items()))
+    return draw(st.sampled_from(VARIANTS))
 
 
 def data(seed, shape, dtype):
@@ -85,11 +79,13 @@ def f64(a):
     return np.asarray(a, np.float64)
 
 
-@settings(max_examples=30, deadline=None, derandomize=True)
+@settings(max_examples=25, deadline=None, derandomize=True)
 @given(comp=compressor(), shape=st.sampled_from(SHAPES), dtype=st.sampled_from(DTYPES),
        seed=st.integers(0, 2**31 - 1))
 def test_contract(comp, shape, dtype, seed):
     name, hp = comp
+    if not R.subject(name, dict(hp)).accepts(dtype):
+        return                                   # a dtype this compressor rejects (ValueError)
     c, run = program(name, hp)
     x = data(seed, shape, dtype)
     e = data(seed + 1, shape, dtype)
@@ -103,9 +99,6 @@ def test_contract(comp, shape, dtype, seed):
     p = f64(x) + f64(e)
     tol = 4 * EPS[jnp.dtype(dtype)] * (np.abs(p).max(initial=0) + np.abs(f64(sent)).max(initial=0)) + 1e-30
     assert np.all(np.abs(f64(sent) + f64(e_new) - p) <= tol)
-    # contraction for the deterministic biased compressors that are projections/optimal fits
-    if name in ("topk", "dgc", "threshold", "stc", "scaled_sign", "onebit", "powersgd"):
-        assert np.sum((f64(x) - f64(y)) ** 2) <= np.sum(f64(x) ** 2) * (1 + 8 * EPS[jnp.dtype(dtype)])
     if name == "topk":
         d = max(x.size, 1)
         k = c.density(shape) * d
@@ -116,14 +109,16 @@ def test_contract(comp, shape, dtype, seed):
 def _sparse_indices(name, hp, c, payload, shape):
     if isinstance(payload, SparsePayload):
         return np.asarray(payload.indices)
-    return np.asarray(sample_indices(payload.key, max(int(np.prod(shape)), 1),
-                                                payload.values.shape[0]))
+    return np.asarray(_sample(payload.key, max(int(np.prod(shape)), 1), payload.values.shape[0]))
 
 
-@settings(max_examples=20, deadline=None, derandomize=True)
+_sample = jax.jit(sample_indices, static_argnums=(1, 2))
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
 @given(name=st.sampled_from(["topk", "randomk"]), ratio=st.sampled_from([0.01, 0.1, 0.3, 0.5]),
        scaled=st.booleans(), shared=st.booleans(), shape=st.sampled_from(SHAPES[2:]),
-       dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31 - 1))
+       dtype=st.sampled_from(DTYPES[:2]), seed=st.integers(0, 2**31 - 1))
 def test_exactly_k_distinct(name, ratio, scaled, shared, shape, dtype, seed):
     hp = (("ratio", ratio),) if name == "topk" else (("ratio", ratio), ("scaled", scaled), ("shared", shared))
     c, run = roundtrip(name, hp)
