@@ -82,32 +82,9 @@ def case_id(name: str, hp: dict) -> str:
 # --------------------------------------------------------------------------- theory
 
 
-def _constants_theory(entry: Entry) -> Theory | None:
-    """TRANSITIONAL: a Theory view of ``cconv.theory.constants`` for an entry that carries no
-    oracle yet, when that module knows the compressor; None otherwise.  Once every entry holds
-    its own ``Theory``, ``theory_of`` never gets here."""
-    from cconv.theory import constants as K
-    try:
-        K.constants(entry.build(**entry.cases[0]), (7,))
-    except ValueError:
-        return None
-    dtype_of = {4: "float32", 2: "bfloat16", 8: "float64"}
-
-    def variance(c, x):
-        try:
-            return K.variance_per_coordinate(c, x)
-        except ValueError:
-            return None
-
-    return Theory(wire_bytes=lambda c, shape, isz: K.wire_bytes(c, shape, dtype_of[isz]),
-                  bound=lambda c, shape: K.constants(c, shape),
-                  error_sq=lambda c, x, state=None: K.error_sq(c, x, state),
-                  variance=variance, worst_case=lambda c, shape: K.worst_case_input(c, shape))
-
-
 def theory_of(entry: Entry) -> Theory | None:
     """The entry's Theory oracle (None: "no constant", the theory checks do not apply)."""
-    return entry.theory if entry.theory is not None else _constants_theory(entry)
+    return entry.theory
 
 
 # --------------------------------------------------------------------------- the subject
