@@ -9,7 +9,13 @@ from cconv import compressors, memory
 __version__ = "0.1.0"
 __all__ = ["compressors", "memory", "data", "models", "comm", "engine", "distributed", "__version__"]
 
-_LAZY = ("data", "models", "comm", "engine", "distributed")   # imported on first use: `import cconv` stays free of flax/sklearn
+_LAZY = (
+    "data",
+    "models",
+    "comm",
+    "engine",
+    "distributed",
+)  # imported on first use: `import cconv` stays free of flax/sklearn
 
 
 def __getattr__(name):

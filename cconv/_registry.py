@@ -8,7 +8,7 @@ A name is either registered (a key of the registry) or an import path ``"package
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 
 def import_path(kind: str, path: str) -> Callable:
@@ -35,8 +35,9 @@ def lookup(kind: str, registry: Mapping[str, Callable], name: str) -> Callable:
         return registry[name]
     if isinstance(name, str) and ":" in name:
         return import_path(kind, name)
-    raise ValueError(f"unknown {kind} {name!r}; valid names: {', '.join(sorted(registry))} "
-                     "(or 'package.module:function')")
+    raise ValueError(
+        f"unknown {kind} {name!r}; valid names: {', '.join(sorted(registry))} (or 'package.module:function')"
+    )
 
 
 def check_hparams(kind: str, name: str, hparams: Iterable[str], accepted: list[str]) -> None:
@@ -44,5 +45,4 @@ def check_hparams(kind: str, name: str, hparams: Iterable[str], accepted: list[s
     unknown = sorted(set(hparams) - set(accepted))
     if unknown:
         valid = ", ".join(accepted) if accepted else "(none)"
-        raise ValueError(f"{kind} {name!r} got unknown hyper-parameter(s) {', '.join(unknown)}; "
-                         f"valid: {valid}")
+        raise ValueError(f"{kind} {name!r} got unknown hyper-parameter(s) {', '.join(unknown)}; valid: {valid}")

@@ -36,9 +36,14 @@ def detect() -> str:
     return "single"
 
 
-def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None, local_device_ids=None,
-               cpu_collectives: str = "gloo", **kwargs) -> dict:
+def initialize(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    local_device_ids=None,
+    cpu_collectives: str = "gloo",
+    **kwargs,
+) -> dict:
     """Start ``jax.distributed`` (a no-op for a single process); returns a description.
 
     Explicit arguments win, then ``CCONV_*`` variables, then JAX's own cluster detection
@@ -55,11 +60,20 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     if how == "single" and not explicit:
         return {"launcher": "single", "process_id": 0, "num_processes": 1}
     jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
-    jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                               process_id=process_id, local_device_ids=local_device_ids, **kwargs)
-    return {"launcher": "explicit" if explicit else how, "process_id": jax.process_index(),
-            "num_processes": jax.process_count(), "devices": jax.device_count(),
-            "local_devices": jax.local_device_count()}
+    jax.distributed.initialize(
+        coordinator_address=coordinator_address,
+        num_processes=num_processes,
+        process_id=process_id,
+        local_device_ids=local_device_ids,
+        **kwargs,
+    )
+    return {
+        "launcher": "explicit" if explicit else how,
+        "process_id": jax.process_index(),
+        "num_processes": jax.process_count(),
+        "devices": jax.device_count(),
+        "local_devices": jax.local_device_count(),
+    }
 
 
 def shutdown() -> None:

@@ -54,8 +54,10 @@ def main(argv=None) -> int:
             a = [l["loss"] for l in vm if l["seed"] == s][-1]
             b = r.summary["final"]["loss"]
             worst = max(worst, abs(a - b) / abs(b))
-    print(f"{jax.device_count()} {jax.default_backend()} devices, {cfg.workers} workers, {cfg.steps} steps, "
-          f"model {cfg.model}, compressor {cfg.compressor}, memory {cfg.memory}")
+    print(
+        f"{jax.device_count()} {jax.default_backend()} devices, {cfg.workers} workers, {cfg.steps} steps, "
+        f"model {cfg.model}, compressor {cfg.compressor}, memory {cfg.memory}"
+    )
     print(f"{len(seeds)} seeds as one vmapped program: {t_multi:7.2f} s  ({multi.status})")
     print(f"{len(seeds)} separate runs:                {t_single:7.2f} s")
     print(f"speedup of the vmapped program:      {t_single / t_multi:7.2f}x")

@@ -29,8 +29,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", help="sweep results directory (e.g. results/paper_digits)")
     ap.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)), help="output directory")
-    ap.add_argument("--target", type=float, help="target training loss for the ratio summary "
-                                                 "(default: the configs' target_loss)")
+    ap.add_argument(
+        "--target", type=float, help="target training loss for the ratio summary (default: the configs' target_loss)"
+    )
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     df = report.load_metrics([args.results])
@@ -39,14 +40,29 @@ def main(argv=None) -> int:
     written = []
     for short, y in Y.items():
         what = "training loss" if short == "loss" else "test accuracy"
-        written += plotting.family_grid(df, x="bytes", y=y, out=os.path.join(args.out, f"{short}_vs_bytes.png"),
-                                        title=f"{what} against traffic ({task})")
-        written += plotting.family_grid(df, x="steps", y=y, out=os.path.join(args.out, f"{short}_vs_steps.png"),
-                                        title=f"{what} against steps ({task})")
+        written += plotting.family_grid(
+            df,
+            x="bytes",
+            y=y,
+            out=os.path.join(args.out, f"{short}_vs_bytes.png"),
+            title=f"{what} against traffic ({task})",
+        )
+        written += plotting.family_grid(
+            df,
+            x="steps",
+            y=y,
+            out=os.path.join(args.out, f"{short}_vs_steps.png"),
+            title=f"{what} against steps ({task})",
+        )
         for net in NETWORKS:
-            written += plotting.family_grid(df, x="time", y=y, network=net,
-                                            out=os.path.join(args.out, f"{short}_vs_time_{net}.png"),
-                                            title=f"{what} against simulated time on {net} ({task})")
+            written += plotting.family_grid(
+                df,
+                x="time",
+                y=y,
+                network=net,
+                out=os.path.join(args.out, f"{short}_vs_time_{net}.png"),
+                title=f"{what} against simulated time on {net} ({task})",
+            )
     runs = report.load_runs([args.results], target=args.target)
     written += plotting.ratio_summary(runs, out=os.path.join(args.out, "ratio_summary.png"))
     for w in written:

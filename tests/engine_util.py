@@ -20,8 +20,11 @@ def loss_fn(params, model_state, batch, key):
 
 def make_params(din=6, hidden=16, seed=0):
     k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
-    return {"w1": jax.random.normal(k1, (din, hidden)) * 0.5, "b1": jnp.zeros((hidden,)),
-            "w2": jax.random.normal(k2, (hidden, 1)) * 0.5}
+    return {
+        "w1": jax.random.normal(k1, (din, hidden)) * 0.5,
+        "b1": jnp.zeros((hidden,)),
+        "w2": jax.random.normal(k2, (hidden, 1)) * 0.5,
+    }
 
 
 def make_model_state(din=6):
@@ -45,7 +48,7 @@ def worker_grad(params, step, w, workers):
     """Worker w's own gradient at ``step`` (its rows of the global batch), computed directly."""
     b = make_batch(step)
     n = b["x"].shape[0] // workers
-    return _grad(params, {k: v[w * n:(w + 1) * n] for k, v in b.items()})
+    return _grad(params, {k: v[w * n : (w + 1) * n] for k, v in b.items()})
 
 
 def run(trainer, steps, start_key=0):

@@ -13,19 +13,21 @@ import os
 import sys
 
 os.environ["JAX_PLATFORMS"] = "cpu"
-os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 "
-                           f"--xla_cpu_collective_call_terminate_timeout_seconds={sys.argv[1]} "
-                           "--xla_cpu_collective_call_warn_stuck_timeout_seconds=1")
+os.environ["XLA_FLAGS"] = (
+    "--xla_force_host_platform_device_count=8 "
+    f"--xla_cpu_collective_call_terminate_timeout_seconds={sys.argv[1]} "
+    "--xla_cpu_collective_call_warn_stuck_timeout_seconds=1"
+)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
+from jax.sharding import Mesh  # noqa: E402
+from jax.sharding import PartitionSpec as P
 
 block_every = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 mesh = Mesh(np.array(jax.devices()), ("w",), axis_types=(jax.sharding.AxisType.Auto,))
-f = jax.jit(jax.shard_map(lambda x: x + jax.lax.psum(x, "w") * 1e-3, mesh=mesh, in_specs=P("w"),
-                          out_specs=P("w")))
+f = jax.jit(jax.shard_map(lambda x: x + jax.lax.psum(x, "w") * 1e-3, mesh=mesh, in_specs=P("w"), out_specs=P("w")))
 x = jnp.ones((8, 4))
 for i in range(int(sys.argv[2])):
     x = f(x)

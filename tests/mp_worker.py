@@ -12,31 +12,41 @@ import sys
 
 mode, out = sys.argv[1], sys.argv[2]
 os.environ["JAX_PLATFORMS"] = "cpu"
-os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=" + ("2" if mode == "single" else "1")
-                           + " --xla_cpu_collective_call_terminate_timeout_seconds=60")
+os.environ["XLA_FLAGS"] = (
+    "--xla_force_host_platform_device_count="
+    + ("2" if mode == "single" else "1")
+    + " --xla_cpu_collective_call_terminate_timeout_seconds=60"
+)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-
-from cconv import compressors as C, distributed  # noqa: E402
-from cconv.engine import EngineConfig, build  # noqa: E402
 from engine_util import loss_fn, make_batch, make_model_state, make_params  # noqa: E402
+
+from cconv import compressors as C  # noqa: E402
+from cconv import distributed  # noqa: E402
+from cconv.engine import EngineConfig, build  # noqa: E402
 
 if mode == "jaxdist":
     rank, port = int(sys.argv[3]), int(sys.argv[4])
-    distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=rank,
-                           initialization_timeout=60)
+    distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=rank, initialization_timeout=60)
 launcher = "mpi" if mode == "mpi" else "shard_map"
-cfgs = {"topk-ef": dict(compressor=C.topk(ratio=0.2), memory="ef"),
-        "gtopk": dict(compressor=C.topk(ratio=0.2), memory="ef", collective="gtopk"),
-        "ps-qsgd": dict(compressor=C.qsgd(levels=4), architecture="parameter-server")}
+cfgs = {
+    "topk-ef": dict(compressor=C.topk(ratio=0.2), memory="ef"),
+    "gtopk": dict(compressor=C.topk(ratio=0.2), memory="ef", collective="gtopk"),
+    "ps-qsgd": dict(compressor=C.qsgd(levels=4), architecture="parameter-server"),
+}
 result = {}
 for name, kw in cfgs.items():
-    tr = build(loss_fn, make_params(), optax.sgd(0.1, momentum=0.9),
-               EngineConfig(workers=2, launcher=launcher, **kw), model_state=make_model_state())
+    tr = build(
+        loss_fn,
+        make_params(),
+        optax.sgd(0.1, momentum=0.9),
+        EngineConfig(workers=2, launcher=launcher, **kw),
+        model_state=make_model_state(),
+    )
     state, losses = tr.init(), []
     for t in range(3):
         state, m = tr.step(state, make_batch(t), jax.random.PRNGKey(t))

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from statistics import NormalDist
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -44,8 +45,7 @@ EPS = {F32: 2.0**-23, BF16: 2.0**-7, F16: 2.0**-10}
 # Real runs, one compiled program per case: 0-d, (1,), odd, 2-D, 3-D in float32, and half
 # precision where the compressor accepts it.  Dropped dtypes are the ones the compressor rejects
 # with a ValueError at trace time (float32 must be accepted).
-CONTRACT_INPUTS = (((), F32), ((1,), F32), ((7,), F32), ((3, 5), F32), ((2, 3, 4), F32),
-                   ((7,), BF16), ((3, 5), F16))
+CONTRACT_INPUTS = (((), F32), ((1,), F32), ((7,), F32), ((3, 5), F32), ((2, 3, 4), F32), ((7,), BF16), ((3, 5), F16))
 # The error-feedback step runs on these (fewer programs to compile for costly compressors).
 EF_INPUTS = (((), F32), ((2, 3, 4), F32), ((7,), BF16))
 # Byte counts only (traced with jax.eval_shape, never run).
@@ -94,9 +94,9 @@ class Result(NamedTuple):
     """One compiled contract program's outputs for one input (numpy / pytrees of numpy)."""
 
     payload: Any
-    y: np.ndarray           # decompress(payload, ShapeDtypeStruct)
-    sent: np.ndarray | None       # error feedback (EF_INPUTS only): decompress of C(x + e)
-    residual: np.ndarray | None   # error feedback: the new residual
+    y: np.ndarray  # decompress(payload, ShapeDtypeStruct)
+    sent: np.ndarray | None  # error feedback (EF_INPUTS only): decompress of C(x + e)
+    residual: np.ndarray | None  # error feedback: the new residual
 
 
 class Subject:
@@ -106,7 +106,7 @@ class Subject:
         self.c, self.theory, self.entry = c, theory, entry
         self._mc: dict = {}
 
-    def with_theory(self, theory: Theory | None) -> "Subject":
+    def with_theory(self, theory: Theory | None) -> Subject:
         """The same compressor (and its compiled programs and samples) with another theory."""
         other = Subject(self.c, theory, self.entry)
         other.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("theory",)})
@@ -142,7 +142,7 @@ class Subject:
         for shape, dtype in self.inputs:
             x = rng.standard_normal(shape)
             if x.size > 2:
-                x.reshape(-1)[:: 3] = 0.0
+                x.reshape(-1)[::3] = 0.0
             xs.append(jnp.asarray(x, dtype))
             es.append(jnp.asarray(0.5 * rng.standard_normal(shape), dtype))
         return xs, es
@@ -187,8 +187,12 @@ class Subject:
     @functools.cached_property
     def runs(self) -> dict:
         """The contract program at KEY1 (twice), KEY2 and on zeros."""
-        return {"a": self._run(0, KEY1), "again": self._run(0, KEY1), "b": self._run(0, KEY2),
-                "zero": self._run(0, KEY1, zero=True)}
+        return {
+            "a": self._run(0, KEY1),
+            "again": self._run(0, KEY1),
+            "b": self._run(0, KEY2),
+            "zero": self._run(0, KEY1, zero=True),
+        }
 
     @functools.cached_property
     def is_random(self) -> bool:
@@ -221,10 +225,13 @@ class Subject:
     def probes(self) -> dict[str, np.ndarray]:
         """Deterministic probe inputs of PROBE_SHAPE (float32-representable values)."""
         rng = np.random.default_rng(1)
-        out = {"mc": X, "heavy": rng.standard_t(1.5, PROBE_SHAPE),
-               "sparse": np.where(rng.random(PROBE_SHAPE) < 0.25, rng.standard_normal(PROBE_SHAPE), 0.0),
-               "ties": np.where(np.arange(12).reshape(PROBE_SHAPE) % 2 == 0, 0.37, -0.37),
-               "one": np.eye(1, 12).reshape(PROBE_SHAPE)}
+        out = {
+            "mc": X,
+            "heavy": rng.standard_t(1.5, PROBE_SHAPE),
+            "sparse": np.where(rng.random(PROBE_SHAPE) < 0.25, rng.standard_normal(PROBE_SHAPE), 0.0),
+            "ties": np.where(np.arange(12).reshape(PROBE_SHAPE) % 2 == 0, 0.37, -0.37),
+            "one": np.eye(1, 12).reshape(PROBE_SHAPE),
+        }
         worst = self.worst_case(PROBE_SHAPE)
         if worst is not None:
             out["worst"] = worst
@@ -235,7 +242,7 @@ class Subject:
             return None
         try:
             w = self.theory.worst_case(self.c, shape)
-        except ValueError:           # a supremum, not attained
+        except ValueError:  # a supremum, not attained
             return None
         return None if w is None else f64(w).reshape(shape)
 
@@ -243,7 +250,7 @@ class Subject:
         return None if self.theory is None else self.theory.bound(self.c, tuple(shape))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _subject(name: str, hpk: tuple) -> Subject:
     e = cc.entry(name)
     return Subject(cc.get(name, **dict(hpk)), theory_of(e), e)
@@ -269,8 +276,9 @@ _LOCAL: dict = {}
 
 def _leaves_equal(a, b) -> bool:
     la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-    return jax.tree.structure(a) == jax.tree.structure(b) and \
-        all(np.array_equal(np.asarray(u), np.asarray(v), equal_nan=True) for u, v in zip(la, lb))
+    return jax.tree.structure(a) == jax.tree.structure(b) and all(
+        np.array_equal(np.asarray(u), np.asarray(v), equal_nan=True) for u, v in zip(la, lb)
+    )
 
 
 def _layout(payload) -> tuple:
@@ -334,7 +342,7 @@ def check_contract(s: Subject) -> None:
     xs, _, res, _ = s.runs["a"]
     _, _, zero, _ = s.runs["zero"]
     _, _, other, _ = s.runs["b"]
-    for (shape, dtype), x, r, z, o in zip(s.inputs, xs, res, zero, other):
+    for (shape, dtype), _x, r, z, o in zip(s.inputs, xs, res, zero, other):
         assert r.y.shape == shape and r.y.dtype == dtype, (shape, dtype, r.y.shape, r.y.dtype)
         assert np.all(np.isfinite(f64(r.y))), (shape, dtype)
         if zero_to_zero:
@@ -342,7 +350,7 @@ def check_contract(s: Subject) -> None:
             assert z.residual is None or np.all(f64(z.residual) == 0), (shape, dtype)
         assert np.all(np.isfinite(f64(z.y))), (shape, dtype)
         assert _layout(r.payload) == _layout(z.payload) == _layout(o.payload), (shape, dtype)
-    assert s.runs["a"][2][0].y.shape == ()          # a 0-d input ran
+    assert s.runs["a"][2][0].y.shape == ()  # a 0-d input ran
 
 
 def check_wire_bytes(s: Subject) -> None:
@@ -416,7 +424,7 @@ def bad_values(p) -> list:
         return out + [3, "__not_a_choice__"] if p.choices else out + [3]
     out += [True, "1", [1]]
     if p.type == "int":
-        out += [2.5, float(p.low if p.low is not None else 1)]     # floats are not ints
+        out += [2.5, float(p.low if p.low is not None else 1)]  # floats are not ints
     else:
         out += [float("nan"), float("inf"), float("-inf")]
     step = 1 if p.type == "int" else None
@@ -535,8 +543,11 @@ def check_contraction(s: Subject) -> None:
         x = probes[label]
         err = _err(s.samples(x), x)
         se = err.std(ddof=1) / math.sqrt(N_MC)
-        assert err.mean() <= (1 - b.delta) * sq(x) + z_for(1) * se + 1e-9 * sq(x), \
-            (label, err.mean() / sq(x), 1 - b.delta)
+        assert err.mean() <= (1 - b.delta) * sq(x) + z_for(1) * se + 1e-9 * sq(x), (
+            label,
+            err.mean() / sq(x),
+            1 - b.delta,
+        )
         if label == "worst" and b.tight:
             assert scalar_mean_ok(err, (1 - b.delta) * sq(x))[0]
 
@@ -585,21 +596,27 @@ def check_summable(s: Subject, workers: int = 4) -> None:
     def run(xs):
         payloads = jax.vmap(lambda x: c.compress(x, c.init(x), KEY1)[0])(xs)
         ints = [leaf for leaf in jax.tree.leaves(payloads) if not jnp.issubdtype(leaf.dtype, jnp.floating)]
-        summed = jax.tree.map(lambda a: jnp.sum(a, 0) if jnp.issubdtype(a.dtype, jnp.floating) else a[0],
-                              payloads)
+        summed = jax.tree.map(lambda a: jnp.sum(a, 0) if jnp.issubdtype(a.dtype, jnp.floating) else a[0], payloads)
         each = jax.vmap(lambda p: c.decompress(p, xs[0]))(payloads)
         return c.decompress(summed, xs[0]), each, ints
 
     total, each, ints = run(xs)
-    for leaf in ints:                                     # identical on every worker
+    for leaf in ints:  # identical on every worker
         assert np.all(np.asarray(leaf) == np.asarray(leaf)[:1])
     each = f64(each)
     tol = 8 * 2.0**-11 * np.abs(each).sum(0) + 1e-5 * (1 + np.abs(each.sum(0)))
     assert np.all(np.abs(f64(total) - each.sum(0)) <= tol), np.abs(f64(total) - each.sum(0)).max()
 
 
-GENERIC_CHECKS = (check_static, check_contract, check_wire_bytes, check_determinism, check_vmap,
-                  check_error_feedback, check_float_input_only)
+GENERIC_CHECKS = (
+    check_static,
+    check_contract,
+    check_wire_bytes,
+    check_determinism,
+    check_vmap,
+    check_error_feedback,
+    check_float_input_only,
+)
 
 
 # --------------------------------------------------------------------------- import paths
@@ -618,10 +635,17 @@ def scaled_identity(scale: float = 0.5) -> Compressor:
         shape, dtype = like_info(like)
         return payload.values.reshape(shape).astype(dtype)
 
-    return Compressor(stateless_init, compress, decompress,
-                      lambda shape, dtype="float32": size_of(shape) * itemsize(dtype), lambda shape: 1.0,
-                      name="scaled_identity", unbiased=scale == 1.0, aggregation="allgather",
-                      hparams={"scale": scale})
+    return Compressor(
+        stateless_init,
+        compress,
+        decompress,
+        lambda shape, dtype="float32": size_of(shape) * itemsize(dtype),
+        lambda shape: 1.0,
+        name="scaled_identity",
+        unbiased=scale == 1.0,
+        aggregation="allgather",
+        hparams={"scale": scale},
+    )
 
 
 # --------------------------------------------------------------------------- demo entries
@@ -632,6 +656,7 @@ def scaled_identity(scale: float = 0.5) -> Compressor:
 
 def _dense_bytes(shape, dtype="float32") -> int:
     from cconv.compressors.base import itemsize, size_of
+
     return size_of(shape) * itemsize(dtype)
 
 
@@ -647,10 +672,17 @@ def shrink(scale: float = 0.75, *, bytes_extra: int = 0, out_dtype=None) -> Comp
         shape, dtype = like_info(like)
         return payload.values.reshape(shape).astype(out_dtype or dtype)
 
-    return Compressor(stateless_init, compress, decompress,
-                      lambda shape, dtype="float32": _dense_bytes(shape, dtype) + bytes_extra,
-                      lambda shape: 1.0, name="shrink", unbiased=False, aggregation="allreduce",
-                      hparams={"scale": scale})
+    return Compressor(
+        stateless_init,
+        compress,
+        decompress,
+        lambda shape, dtype="float32": _dense_bytes(shape, dtype) + bytes_extra,
+        lambda shape: 1.0,
+        name="shrink",
+        unbiased=False,
+        aggregation="allreduce",
+        hparams={"scale": scale},
+    )
 
 
 def dropout(p: float = 0.25, *, bias: float = 1.0) -> Compressor:
@@ -666,8 +698,17 @@ def dropout(p: float = 0.25, *, bias: float = 1.0) -> Compressor:
         shape, dtype = like_info(like)
         return payload.values.reshape(shape).astype(dtype)
 
-    return Compressor(stateless_init, compress, decompress, _dense_bytes, lambda shape: 1.0,
-                      name="dropout", unbiased=True, aggregation="allgather", hparams={"p": p})
+    return Compressor(
+        stateless_init,
+        compress,
+        decompress,
+        _dense_bytes,
+        lambda shape: 1.0,
+        name="dropout",
+        unbiased=True,
+        aggregation="allgather",
+        hparams={"p": p},
+    )
 
 
 def _unit(c, shape):
@@ -675,18 +716,28 @@ def _unit(c, shape):
 
 
 SHRINK = Entry(
-    shrink, cc.Schema((cc.Param("scale", "float", 0.75, low=0.0, high=1.0, low_open=True),)),
+    shrink,
+    cc.Schema((cc.Param("scale", "float", 0.75, low=0.0, high=1.0, low_open=True),)),
     aggregation="allreduce",
-    theory=Theory(wire_bytes=lambda c, shape, isz: math.prod(shape) * isz,
-                  bound=lambda c, shape: cc.Bound("contractive", delta=1 - (1 - c.hparams["scale"]) ** 2),
-                  error_sq=lambda c, x, state=None: (1 - c.hparams["scale"]) ** 2 * sq(x),
-                  worst_case=_unit),
-    label="shrink (test)", cases=({}, {"scale": 0.5}))
+    theory=Theory(
+        wire_bytes=lambda c, shape, isz: math.prod(shape) * isz,
+        bound=lambda c, shape: cc.Bound("contractive", delta=1 - (1 - c.hparams["scale"]) ** 2),
+        error_sq=lambda c, x, state=None: (1 - c.hparams["scale"]) ** 2 * sq(x),
+        worst_case=_unit,
+    ),
+    label="shrink (test)",
+    cases=({}, {"scale": 0.5}),
+)
 DROPOUT = Entry(
-    dropout, cc.Schema((cc.Param("p", "float", 0.25, low=0.0, high=1.0, low_open=True),)),
-    theory=Theory(wire_bytes=lambda c, shape, isz: math.prod(shape) * isz,
-                  bound=lambda c, shape: cc.Bound("unbiased", omega=1 / c.hparams["p"] - 1),
-                  error_sq=lambda c, x, state=None: (1 / c.hparams["p"] - 1) * sq(x),
-                  variance=lambda c, x: (1 / c.hparams["p"] - 1) * f64(x) ** 2,
-                  worst_case=_unit),
-    label="dropout (test)", cases=({},))
+    dropout,
+    cc.Schema((cc.Param("p", "float", 0.25, low=0.0, high=1.0, low_open=True),)),
+    theory=Theory(
+        wire_bytes=lambda c, shape, isz: math.prod(shape) * isz,
+        bound=lambda c, shape: cc.Bound("unbiased", omega=1 / c.hparams["p"] - 1),
+        error_sq=lambda c, x, state=None: (1 / c.hparams["p"] - 1) * sq(x),
+        variance=lambda c, x: (1 / c.hparams["p"] - 1) * f64(x) ** 2,
+        worst_case=_unit,
+    ),
+    label="dropout (test)",
+    cases=({},),
+)

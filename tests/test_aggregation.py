@@ -14,7 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import Mesh, PartitionSpec as P
+from engine_util import loss_fn, make_batch, make_model_state, make_params, run, worker_grad
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from cconv import compressors as C
 from cconv import memory as M
@@ -23,7 +25,6 @@ from cconv.comm.aggregation import AGGREGATORS, COLLECTIVES, TRANSPORTS, method_
 from cconv.compressors.base import Compressor, DensePayload, EmptyState, itemsize, like_info, size_of
 from cconv.engine import EngineConfig, build
 from cconv.engine.exchange import exchange, init_state, make_plan
-from engine_util import loss_fn, make_batch, make_model_state, make_params, run, worker_grad
 
 W = 4
 SHAPES = [(6, 16), (16,), (16, 1)]
@@ -39,17 +40,20 @@ def test_registries():
     assert {"topk", "dgc"} <= set(supporting("gtopk"))
 
 
-@pytest.mark.parametrize("c, collective, vote, want", [
-    (C.topk(ratio=0.1), "auto", False, "allgather"),
-    (C.topk(ratio=0.1), "gtopk", False, "gtopk"),
-    (M.error_feedback(C.dgc(ratio=0.1)), "gtopk", False, "gtopk"),
-    (C.qsgd(), "gtopk", False, "allgather"),              # not supported: its own aggregation
-    (C.randomk(ratio=0.1), "auto", False, "allreduce"),
-    (C.randomk(ratio=0.1), "allgather", False, "allgather"),
-    (C.signsgd(), "auto", True, "vote"),
-    (C.powersgd(rank=2), "auto", False, "powersgd"),
-    (C.fp16(), "auto", True, "allreduce"),
-])
+@pytest.mark.parametrize(
+    "c, collective, vote, want",
+    [
+        (C.topk(ratio=0.1), "auto", False, "allgather"),
+        (C.topk(ratio=0.1), "gtopk", False, "gtopk"),
+        (M.error_feedback(C.dgc(ratio=0.1)), "gtopk", False, "gtopk"),
+        (C.qsgd(), "gtopk", False, "allgather"),  # not supported: its own aggregation
+        (C.randomk(ratio=0.1), "auto", False, "allreduce"),
+        (C.randomk(ratio=0.1), "allgather", False, "allgather"),
+        (C.signsgd(), "auto", True, "vote"),
+        (C.powersgd(rank=2), "auto", False, "powersgd"),
+        (C.fp16(), "auto", True, "allreduce"),
+    ],
+)
 def test_method_of(c, collective, vote, want):
     assert method_of(c, collective, vote) == want
 
@@ -71,8 +75,7 @@ def _run_exchange(cfg, base, memory, trees, key):
 
     def f(tree, st):
         comm = MeshComm("w", W)
-        out, _ = exchange(comm, plan, jax.tree.map(lambda a: a[0], tree),
-                          jax.tree.map(lambda a: a[0], st), key)
+        out, _ = exchange(comm, plan, jax.tree.map(lambda a: a[0], tree), jax.tree.map(lambda a: a[0], st), key)
         return jax.tree.map(lambda a: a[None], out)
 
     out = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P("w"), P("w")), out_specs=P("w")))(stacked, state)
@@ -94,10 +97,12 @@ def _reference(plan, trees, key):
     return outs
 
 
-CASES = [("allreduce", dict(), C.randomk(ratio=0.3)),
-         ("allgather", dict(), C.qsgd(levels=4)),
-         ("allgather", dict(collective="allgather"), C.randomk(ratio=0.3)),
-         ("vote", dict(vote=True), C.signsgd())]
+CASES = [
+    ("allreduce", dict(), C.randomk(ratio=0.3)),
+    ("allgather", dict(), C.qsgd(levels=4)),
+    ("allgather", dict(collective="allgather"), C.randomk(ratio=0.3)),
+    ("vote", dict(vote=True), C.signsgd()),
+]
 
 
 @pytest.mark.parametrize("arch", ["all-to-all", "parameter-server"])
@@ -110,24 +115,37 @@ def test_every_method_and_architecture_gives_the_promised_average(method, kw, c,
     out, plan = _run_exchange(cfg, c, "none", trees, key)
     assert plan.mode == method and plan.transport is TRANSPORTS[arch]
     for got, want in zip(out, _reference(plan, trees, key)):
-        for w in range(W):                          # identical on every worker
+        for w in range(W):  # identical on every worker
             np.testing.assert_allclose(np.asarray(got[w]), want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("kw", [dict(compressor=C.topk(ratio=0.2), memory="ef"),
-                                dict(compressor=C.powersgd(rank=2), memory="ef"),
-                                dict(compressor="signsgd", vote=True),
-                                dict(compressor=C.randomk(ratio=0.25), memory="ef"),
-                                dict(compressor=C.dgc(ratio=0.2), memory="dgc")],
-                         ids=["allgather", "powersgd", "vote", "allreduce", "allgather-dgc"])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(compressor=C.topk(ratio=0.2), memory="ef"),
+        dict(compressor=C.powersgd(rank=2), memory="ef"),
+        dict(compressor="signsgd", vote=True),
+        dict(compressor=C.randomk(ratio=0.25), memory="ef"),
+        dict(compressor=C.dgc(ratio=0.2), memory="dgc"),
+    ],
+    ids=["allgather", "powersgd", "vote", "allreduce", "allgather-dgc"],
+)
 def test_parameter_server_equals_all_to_all(kw):
-    mk = lambda arch: build(loss_fn, make_params(), optax.sgd(0.1), EngineConfig(workers=W, architecture=arch, **kw),
-                            model_state=make_model_state())
+    mk = lambda arch: build(
+        loss_fn,
+        make_params(),
+        optax.sgd(0.1),
+        EngineConfig(workers=W, architecture=arch, **kw),
+        model_state=make_model_state(),
+    )
     sa, ha = run(mk("all-to-all"), 3)
     sp, hp = run(mk("parameter-server"), 3)
     np.testing.assert_allclose([h["loss"] for h in hp], [h["loss"] for h in ha], rtol=1e-5)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), sp.comp_state["units"],
-                 sa.comp_state["units"])
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+        sp.comp_state["units"],
+        sa.comp_state["units"],
+    )
 
 
 def test_gtopk_gives_back_through_the_memory_hook():
@@ -143,8 +161,13 @@ def test_gtopk_gives_back_through_the_memory_hook():
     state = jax.tree.map(lambda x: jnp.broadcast_to(x, (W, *x.shape)), init_state(plan, trees[0]))
 
     def f(tree, st):
-        out, new = exchange(MeshComm("w", W), plan, jax.tree.map(lambda a: a[0], tree),
-                            jax.tree.map(lambda a: a[0], st), jax.random.PRNGKey(0))
+        out, new = exchange(
+            MeshComm("w", W),
+            plan,
+            jax.tree.map(lambda a: a[0], tree),
+            jax.tree.map(lambda a: a[0], st),
+            jax.random.PRNGKey(0),
+        )
         return jax.tree.map(lambda a: a[None], (out, new))
 
     out, new = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P("w"), P("w")), out_specs=P("w")))(stacked, state)
@@ -166,8 +189,7 @@ def test_memory_registry_wraps_like_the_public_wrappers(name):
     x = jax.random.normal(jax.random.PRNGKey(0), (5, 8))
     s1, s2 = wrapped.init(x), ref.init(x)
     for t in range(3):
-        (p1, s1), (p2, s2) = (w.compress(x * (t + 1), s, jax.random.PRNGKey(t)) for w, s in
-                              ((wrapped, s1), (ref, s2)))
+        (p1, s1), (p2, s2) = (w.compress(x * (t + 1), s, jax.random.PRNGKey(t)) for w, s in ((wrapped, s1), (ref, s2)))
         jax.tree.map(np.testing.assert_array_equal, (p1, s1), (p2, s2))
 
 
@@ -184,6 +206,7 @@ def test_give_back_adds_to_what_is_owed():
 
 def _grid(step: float = 0.125) -> Compressor:
     """Round to a grid of ``step`` (deterministic, biased): a test-local compressor."""
+
     def compress(x, state, key):
         return DensePayload(jnp.round(x / step) * step), state
 
@@ -191,19 +214,39 @@ def _grid(step: float = 0.125) -> Compressor:
         shape, dtype = like_info(like)
         return payload.values.reshape(shape).astype(dtype)
 
-    return Compressor(lambda x: EmptyState(), compress, decompress,
-                      lambda shape, dtype="float32": size_of(shape) * itemsize(dtype), lambda shape: 1.0,
-                      name="grid", unbiased=False, aggregation="allgather", hparams={"step": step})
+    return Compressor(
+        lambda x: EmptyState(),
+        compress,
+        decompress,
+        lambda shape, dtype="float32": size_of(shape) * itemsize(dtype),
+        lambda shape: 1.0,
+        name="grid",
+        unbiased=False,
+        aggregation="allgather",
+        hparams={"step": step},
+    )
 
 
 def test_a_compressor_registered_at_test_time_trains_with_error_feedback():
-    grid = C.register("test_grid", C.Entry(
-        _grid, C.Schema((C.Param("step", "float", 0.125, low=0.0, low_open=True),)),
-        aggregation="allgather", label="grid rounding (test)", cases=({},)))
+    grid = C.register(
+        "test_grid",
+        C.Entry(
+            _grid,
+            C.Schema((C.Param("step", "float", 0.125, low=0.0, low_open=True),)),
+            aggregation="allgather",
+            label="grid rounding (test)",
+            cases=({},),
+        ),
+    )
     assert "test_grid" in C.names()
     c = grid(step=0.25)
-    tr = build(loss_fn, make_params(), optax.sgd(0.1), EngineConfig(workers=W, compressor=c, memory="ef"),
-               model_state=make_model_state())
+    tr = build(
+        loss_fn,
+        make_params(),
+        optax.sgd(0.1),
+        EngineConfig(workers=W, compressor=c, memory="ef"),
+        model_state=make_model_state(),
+    )
     assert tr.plan(tr.phase(0)).mode == "allgather"
     s0 = tr.init()
     s1, m = tr.step(s0, make_batch(0), jax.random.PRNGKey(0))

@@ -4,10 +4,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import registry_cases as R
 
 import cconv.compressors as cc
 import cconv.memory as mem
-import registry_cases as R
 
 SPARSIFIERS = ["randomk", "topk", "dgc", "stc", "threshold"]
 
@@ -80,22 +80,30 @@ def test_bad_rank(rank):
         cc.get("powersgd", rank=rank)
 
 
-@pytest.mark.parametrize("hp,match", [
-    ({}, r"tau .* must be a number >= 0"), ({"tau": -1.0}, r"tau .* must be a number >= 0"),
-    ({"tau": float("nan")}, r"tau .* >= 0"), ({"tau": "1"}, r"tau .* >= 0"),
-])
+@pytest.mark.parametrize(
+    "hp,match",
+    [
+        ({}, r"tau .* must be a number >= 0"),
+        ({"tau": -1.0}, r"tau .* must be a number >= 0"),
+        ({"tau": float("nan")}, r"tau .* >= 0"),
+        ({"tau": "1"}, r"tau .* >= 0"),
+    ],
+)
 def test_bad_tau(hp, match):
     with pytest.raises(ValueError, match=match):
         cc.get("threshold", **hp)
 
 
-@pytest.mark.parametrize("name,hp,match", [
-    ("terngrad", {"clip": 0}, "clip must be a positive number"),
-    ("terngrad", {"clip": -2.5}, "clip must be a positive number"),
-    ("onebit", {"columns": 1}, "columns must be true or false"),
-    ("dgc", {"ratio": 0.1, "sample_ratio": 0}, r"sample_ratio must be in \(0, 1\]"),
-    ("dgc", {"ratio": 0.1, "sample_ratio": 1.5}, r"sample_ratio must be in \(0, 1\]"),
-])
+@pytest.mark.parametrize(
+    "name,hp,match",
+    [
+        ("terngrad", {"clip": 0}, "clip must be a positive number"),
+        ("terngrad", {"clip": -2.5}, "clip must be a positive number"),
+        ("onebit", {"columns": 1}, "columns must be true or false"),
+        ("dgc", {"ratio": 0.1, "sample_ratio": 0}, r"sample_ratio must be in \(0, 1\]"),
+        ("dgc", {"ratio": 0.1, "sample_ratio": 1.5}, r"sample_ratio must be in \(0, 1\]"),
+    ],
+)
 def test_other_hparams(name, hp, match):
     with pytest.raises(ValueError, match=match):
         cc.get(name, **hp)
@@ -142,11 +150,19 @@ def test_integer_input_message(name, hp):
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("shape", [(), (5,), (3, 4)])
-@pytest.mark.parametrize("name,hp", [
-    ("topk", {"ratio": 1.0}), ("topk", {"k": 12}), ("topk", {"k": 10**6}),
-    ("randomk", {"k": 12}), ("randomk", {"ratio": 1.0, "scaled": False, "shared": False}),
-    ("dgc", {"k": 12}), ("threshold", {"tau": 0.0, "k": 12}),
-], ids=lambda v: str(v))
+@pytest.mark.parametrize(
+    "name,hp",
+    [
+        ("topk", {"ratio": 1.0}),
+        ("topk", {"k": 12}),
+        ("topk", {"k": 10**6}),
+        ("randomk", {"k": 12}),
+        ("randomk", {"ratio": 1.0, "scaled": False, "shared": False}),
+        ("dgc", {"k": 12}),
+        ("threshold", {"tau": 0.0, "k": 12}),
+    ],
+    ids=lambda v: str(v),
+)
 def test_k_at_least_d_is_identity(name, hp, shape, dtype):
     c = cc.get(name, **hp)
     x = jax.random.normal(jax.random.PRNGKey(5), shape, dtype)

@@ -24,10 +24,38 @@ def bench():
 @pytest.fixture(scope="module")
 def result(bench, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    argv = ["--parts", "a,b,c,d,e", "--sizes", "4096", "--names", "topk,randomk,signsgd",
-            "--repeats", "1", "--models", "mlp", "--workers", "2", "--batch", "8", "--steps", "1",
-            "--configs", "topk 1% + EF", "--p-list", "2,4,16", "--tensors", "2", "--seeds", "2",
-            "--seed-steps", "2", "--out", str(out), "--tag", "smoke"]
+    argv = [
+        "--parts",
+        "a,b,c,d,e",
+        "--sizes",
+        "4096",
+        "--names",
+        "topk,randomk,signsgd",
+        "--repeats",
+        "1",
+        "--models",
+        "mlp",
+        "--workers",
+        "2",
+        "--batch",
+        "8",
+        "--steps",
+        "1",
+        "--configs",
+        "topk 1% + EF",
+        "--p-list",
+        "2,4,16",
+        "--tensors",
+        "2",
+        "--seeds",
+        "2",
+        "--seed-steps",
+        "2",
+        "--out",
+        str(out),
+        "--tag",
+        "smoke",
+    ]
     return bench.main(argv, log=lambda *a: None), out
 
 
@@ -45,8 +73,15 @@ def test_outputs_written_and_json_round_trips(result):
 def test_part_a_rows_are_consistent(result):
     a = result[0]["a"]
     rows = {r["name"]: r for r in a["rows"]}
-    assert {"topk", "randomk", "signsgd", "select.topk_indices", "lax.top_k(|x|)",
-            "select.sample_k_distinct", "jax.random.choice(replace=False)"} <= set(rows)
+    assert {
+        "topk",
+        "randomk",
+        "signsgd",
+        "select.topk_indices",
+        "lax.top_k(|x|)",
+        "select.sample_k_distinct",
+        "jax.random.choice(replace=False)",
+    } <= set(rows)
     for r in a["rows"]:
         assert r["compress_x"] > 0 and math.isfinite(r["compress_x"])
         if not r.get("primitive"):
@@ -70,13 +105,13 @@ def test_part_b_compares_against_dense(result):
 
 def test_part_c_bytes_scale_as_the_algorithms_say(result):
     c = {(r["config"], r["workers"]): r for r in result[0]["c"]["rows"]}
-    assert "skipped" in c[("dense allreduce", 16)]          # the test session has 8 devices
+    assert "skipped" in c[("dense allreduce", 16)]  # the test session has 8 devices
     d2, d4 = c[("dense allreduce", 2)]["sent_worker"], c[("dense allreduce", 4)]["sent_worker"]
-    assert d4 / d2 == pytest.approx((2 * 3 / 4) / (2 * 1 / 2), rel=1e-3)   # ring: 2 (P-1)/P * bytes
+    assert d4 / d2 == pytest.approx((2 * 3 / 4) / (2 * 1 / 2), rel=1e-3)  # ring: 2 (P-1)/P * bytes
     t2, t4 = c[("top-k 1% allgather", 2)]["received_worker"], c[("top-k 1% allgather", 4)]["received_worker"]
-    assert t4 / t2 == pytest.approx(3.0, rel=1e-3)                         # allgather: (P-1) * payload
+    assert t4 / t2 == pytest.approx(3.0, rel=1e-3)  # allgather: (P-1) * payload
     g2, g4 = c[("gTop-k 1%", 2)]["sent_worker"], c[("gTop-k 1%", 4)]["sent_worker"]
-    assert g4 / g2 == pytest.approx(2.0, rel=1e-3)                         # log2 P rounds
+    assert g4 / g2 == pytest.approx(2.0, rel=1e-3)  # log2 P rounds
     ps = c[("parameter server, top-k 1% up", 4)]
     assert ps["sent_worker"] < ps["received_worker"] <= ps["sent_max"] + ps["received_max"]
 

@@ -30,15 +30,21 @@ ENTRY %main.0_spmd (param: f32[1,10], /*index=1*/p2: s32[10]) -> (f32[10], s32[1
 
 def test_parser_reads_tuple_shapes_groups_pairs_and_async_forms():
     cs = hlo.collectives(HLO)
-    assert [c.op for c in cs] == ["all-reduce", "all-gather", "collective-permute", "collective-permute",
-                                  "all-reduce", "all-gather"]
+    assert [c.op for c in cs] == [
+        "all-reduce",
+        "all-gather",
+        "collective-permute",
+        "collective-permute",
+        "all-reduce",
+        "all-gather",
+    ]
     assert all(c.entry for c in cs)
     assert cs[0].shapes == (("f32", (10,)), ("f32", ())) and cs[0].nbytes == 44
     assert cs[1].groups == ((0, 1, 2, 3),) and cs[1].nbytes == 96
     assert cs[2].nbytes == 40 and cs[2].pairs == ((0, 1), (1, 0), (2, 3), (3, 2))
-    assert cs[3].nbytes == 32 and cs[3].pairs == ((1, 0),)       # -start: operand only, once
+    assert cs[3].nbytes == 32 and cs[3].pairs == ((1, 0),)  # -start: operand only, once
     assert cs[4].nbytes == 32 and cs[4].groups == ((0, 1), (2, 3))
-    assert cs[5].nbytes == 12                                      # all-gather-start: the result
+    assert cs[5].nbytes == 12  # all-gather-start: the result
     sent, recv = hlo.per_device_traffic(HLO, 4)
     ring = 2 * 3 / 4 * 44
     want_sent = ring + 3 * 96 / 4 + 40 + 32 * np.array([0, 1, 0, 0]) + 32 + 3 * 12 / 4
@@ -48,9 +54,10 @@ def test_parser_reads_tuple_shapes_groups_pairs_and_async_forms():
 
 
 def test_collectives_in_loops_are_refused_unless_allowed():
-    text = HLO.replace("%region_0.1 (a: f32[], b: f32[]) -> f32[] {\n",
-                       "%body (a: f32[], b: f32[]) -> f32[] {\n  %x = f32[3]{0} all-reduce(%a), "
-                       "replica_groups={{0,1}}, to_apply=%r\n")
+    text = HLO.replace(
+        "%region_0.1 (a: f32[], b: f32[]) -> f32[] {\n",
+        "%body (a: f32[], b: f32[]) -> f32[] {\n  %x = f32[3]{0} all-reduce(%a), replica_groups={{0,1}}, to_apply=%r\n",
+    )
     with pytest.raises(ValueError, match="inside computation 'body'"):
         hlo.per_device_traffic(text, 4)
     assert hlo.per_device_traffic(text, 4, allow_nested=True)[0][0] > 0

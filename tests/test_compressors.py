@@ -8,32 +8,54 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+import registry_cases as R
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from registry_cases import CASES, SUMMABLE
 
 import cconv.compressors as cc
 
-import registry_cases as R
-from registry_cases import CASES, SUMMABLE
-
-REQUIRED = {"none", "fp16", "bf16", "randomk", "topk", "threshold", "dgc", "terngrad", "signsgd",
-            "scaled_sign", "onebit", "qsgd", "stc", "powersgd"}
+REQUIRED = {
+    "none",
+    "fp16",
+    "bf16",
+    "randomk",
+    "topk",
+    "threshold",
+    "dgc",
+    "terngrad",
+    "signsgd",
+    "scaled_sign",
+    "onebit",
+    "qsgd",
+    "stc",
+    "powersgd",
+}
 KEY = jax.random.PRNGKey(0)
 ids = functools.partial(str)
 
 
 def test_registry():
-    assert REQUIRED <= set(cc.names())                     # the built-ins (others may be added)
+    assert REQUIRED <= set(cc.names())  # the built-ins (others may be added)
     for name in REQUIRED:
-        assert callable(getattr(cc, name))                 # each built-in also has a factory
+        assert callable(getattr(cc, name))  # each built-in also has a factory
     assert cc.none is cc.identity
     assert cc.hparams_of("randomk") == ["ratio", "k", "scaled", "shared"]
     assert cc.hparams_of("qsgd") == ["levels", "bucket"]
-    assert cc.randomk(ratio=0.1).hparams["scaled"] is True     # scaled (unbiased) by default
+    assert cc.randomk(ratio=0.1).hparams["scaled"] is True  # scaled (unbiased) by default
     # helpers named in the cross-layer contract, reachable by import from their modules
     import cconv
-    from cconv.compressors.powersgd import PowerSGDState, compute_p, compute_q, is_compressed, matrix_shape, orthogonalize
+    from cconv.compressors.powersgd import (
+        PowerSGDState,
+        compute_p,
+        compute_q,
+        is_compressed,
+        matrix_shape,
+        orthogonalize,
+    )
     from cconv.compressors.sparse import DensePayload, SparsePayload
     from cconv.compressors.topk import topk_indices
+
     assert callable(compute_p) and callable(compute_q) and callable(orthogonalize) and PowerSGDState._fields
     assert matrix_shape((3, 4, 5)) == (12, 5) and is_compressed((3, 4, 5), 2) and not is_compressed((9,), 1)
     assert cconv.compressors.sparse.SparsePayload is SparsePayload and cc.DensePayload is DensePayload
@@ -55,11 +77,20 @@ def test_static_properties(name, hp):
     R.check_static(R.subject(name, hp))
 
 
-@pytest.mark.parametrize("name,hp,aggregation", [
-    ("none", {}, "allreduce"), ("fp16", {}, "allreduce"), ("bf16", {}, "allreduce"),
-    ("randomk", {"ratio": 0.2}, "allreduce"), ("randomk", {"ratio": 0.2, "shared": False}, "allgather"),
-    ("topk", {"ratio": 0.2}, "allgather"), ("qsgd", {}, "allgather"), ("powersgd", {}, "powersgd"),
-], ids=ids)
+@pytest.mark.parametrize(
+    "name,hp,aggregation",
+    [
+        ("none", {}, "allreduce"),
+        ("fp16", {}, "allreduce"),
+        ("bf16", {}, "allreduce"),
+        ("randomk", {"ratio": 0.2}, "allreduce"),
+        ("randomk", {"ratio": 0.2, "shared": False}, "allgather"),
+        ("topk", {"ratio": 0.2}, "allgather"),
+        ("qsgd", {}, "allgather"),
+        ("powersgd", {}, "powersgd"),
+    ],
+    ids=ids,
+)
 def test_aggregation_spot_checks(name, hp, aggregation):
     assert cc.get(name, **hp).aggregation == aggregation
 
@@ -76,10 +107,18 @@ def test_same_key_same_payload(name, hp):
     R.check_determinism(R.subject(name, hp))
 
 
-@pytest.mark.parametrize("name,hp,random", [
-    ("randomk", {"ratio": 0.2}, True), ("terngrad", {}, True), ("qsgd", {"levels": 4}, True),
-    ("topk", {"ratio": 0.2}, False), ("signsgd", {}, False), ("powersgd", {"rank": 2}, False),
-], ids=ids)
+@pytest.mark.parametrize(
+    "name,hp,random",
+    [
+        ("randomk", {"ratio": 0.2}, True),
+        ("terngrad", {}, True),
+        ("qsgd", {"levels": 4}, True),
+        ("topk", {"ratio": 0.2}, False),
+        ("signsgd", {}, False),
+        ("powersgd", {"rank": 2}, False),
+    ],
+    ids=ids,
+)
 def test_randomness_is_detected(name, hp, random):
     """The generic tests detect random compressors (two keys, different payloads); spot checks."""
     assert R.subject(name, hp).is_random == random
@@ -95,7 +134,7 @@ def test_shared_randomk_indices_depend_only_on_the_key():
     s2 = np.flatnonzero(np.asarray(rt(x2, key)))
     np.testing.assert_array_equal(s1, s2)
     assert s1.size == 10
-    typed = rt(x1, jax.random.key(3))                               # new-style typed keys work too
+    typed = rt(x1, jax.random.key(3))  # new-style typed keys work too
     np.testing.assert_array_equal(np.flatnonzero(np.asarray(typed)), s1)
 
 
@@ -125,8 +164,9 @@ def _run(mesh, fn, args, in_specs, out_specs):
     return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs))(*args)
 
 
-@pytest.mark.parametrize("name,hp", [pytest.param("randomk", {"ratio": 0.25}, marks=pytest.mark.slow),
-                                     ("fp16", {}), ("none", {})], ids=ids)
+@pytest.mark.parametrize(
+    "name,hp", [pytest.param("randomk", {"ratio": 0.25}, marks=pytest.mark.slow), ("fp16", {}), ("none", {})], ids=ids
+)
 def test_shard_map_allreduce(mesh, name, hp):
     """Summable payloads: psum the floating leaves (the shared key is not communicated)."""
     c = cc.get(name, **hp)
@@ -134,8 +174,7 @@ def test_shard_map_allreduce(mesh, name, hp):
 
     def worker(x, key):
         payload, _ = c.compress(x[0], c.init(x[0]), key)
-        summed = jax.tree.map(
-            lambda a: jax.lax.psum(a, "w") if jnp.issubdtype(a.dtype, jnp.floating) else a, payload)
+        summed = jax.tree.map(lambda a: jax.lax.psum(a, "w") if jnp.issubdtype(a.dtype, jnp.floating) else a, payload)
         return c.decompress(summed, x[0])
 
     out = _run(mesh, worker, (xs, KEY), (P("w"), P()), P())
@@ -170,6 +209,7 @@ def test_shard_map_powersgd_equals_compressing_the_mean(mesh):
     """P = mean_w M_w Q and Q = mean_w M_w^T P are linear, so the distributed result is the
     single-worker compression of the mean matrix."""
     from cconv.compressors.powersgd import compute_p, compute_q, orthogonalize
+
     c = cc.powersgd(rank=2)
     xs = _workers((6, 5))
     q0 = c.init(xs[0]).q
@@ -190,8 +230,7 @@ def test_shard_map_powersgd_equals_compressing_the_mean(mesh):
 # The generic checks are plain functions (tests/registry_cases.py); here they run on compressors
 # defined in the tests and never registered globally, and on broken variants of them.
 
-DEMOS = [pytest.param(entry, hp, id=f"{entry.label}-{hp}") for entry in (R.SHRINK, R.DROPOUT)
-         for hp in entry.cases]
+DEMOS = [pytest.param(entry, hp, id=f"{entry.label}-{hp}") for entry in (R.SHRINK, R.DROPOUT) for hp in entry.cases]
 
 
 def _all_checks(s):
@@ -202,8 +241,12 @@ def _all_checks(s):
         ran.append(check.__name__)
     R.check_bad_hparams(s.entry, {})
     ran.append("check_bad_hparams")
-    for applies, check in [(s.c.unbiased, R.check_unbiased), (s.theory is not None, R.check_theory_error),
-                           (R._contractive(s), R.check_contraction), (s.c.summable, R.check_summable)]:
+    for applies, check in [
+        (s.c.unbiased, R.check_unbiased),
+        (s.theory is not None, R.check_theory_error),
+        (R._contractive(s), R.check_contraction),
+        (s.c.summable, R.check_summable),
+    ]:
         if applies:
             check(s)
             ran.append(check.__name__)
@@ -250,7 +293,7 @@ def test_import_path_factories(monkeypatch):
     assert s.theory is None
     for check in R.GENERIC_CHECKS:
         check(s)
-    e = cc.entry("tests.registry_cases:SHRINK")       # (a second import of the helper module)
+    e = cc.entry("tests.registry_cases:SHRINK")  # (a second import of the helper module)
     assert e.label == R.SHRINK.label and e.theory is not None and e.schema == R.SHRINK.schema
     with pytest.raises(ValueError, match=r"scale must be in \(0, 1\]"):
         cc.get("tests.registry_cases:SHRINK", scale=2.0)
@@ -273,7 +316,7 @@ class _PartialSum(NamedTuple):
 
 def _mean_not_sum():
     """Declared summable, but summing its payloads gives the mean of the workers' vectors."""
-    from cconv.compressors.base import like_info, stateless_init
+    from cconv.compressors.base import like_info
 
     c = R.shrink(1.0)
 
@@ -284,42 +327,85 @@ def _mean_not_sum():
         shape, dtype = like_info(like)
         return (p.values / p.count).reshape(shape).astype(dtype)
 
-    return c._replace(compress=compress, decompress=decompress,
-                      wire_bytes=lambda shape, dtype="float32": R._dense_bytes(shape, dtype) + 4)
+    return c._replace(
+        compress=compress,
+        decompress=decompress,
+        wire_bytes=lambda shape, dtype="float32": R._dense_bytes(shape, dtype) + 4,
+    )
 
 
 def _nan_at_zero():
     from cconv.compressors.base import DensePayload
+
     c = R.shrink(1.0)
-    return c._replace(compress=lambda x, st, k: (DensePayload(x * jnp.sqrt(jnp.sum(x * x)) /
-                                                              jnp.sqrt(jnp.sum(x * x))), st))
+    return c._replace(
+        compress=lambda x, st, k: (DensePayload(x * jnp.sqrt(jnp.sum(x * x)) / jnp.sqrt(jnp.sum(x * x))), st)
+    )
 
 
 BROKEN = [
-    ("wire_bytes off by one", lambda: R.local_subject(R.SHRINK._replace(
-        factory=lambda scale: R.shrink(scale, bytes_extra=1)), {}), R.check_wire_bytes),
-    ("theory wire_bytes off by one", lambda: R.local_subject(_theory(
-        R.SHRINK, wire_bytes=lambda c, shape, isz: math.prod(shape) * isz + 1), {}), R.check_wire_bytes),
-    ("decompress ignores the dtype", lambda: R.local_subject(R.SHRINK._replace(
-        factory=lambda scale: R.shrink(scale, out_dtype=jnp.float32)), {}), R.check_contract),
+    (
+        "wire_bytes off by one",
+        lambda: R.local_subject(R.SHRINK._replace(factory=lambda scale: R.shrink(scale, bytes_extra=1)), {}),
+        R.check_wire_bytes,
+    ),
+    (
+        "theory wire_bytes off by one",
+        lambda: R.local_subject(_theory(R.SHRINK, wire_bytes=lambda c, shape, isz: math.prod(shape) * isz + 1), {}),
+        R.check_wire_bytes,
+    ),
+    (
+        "decompress ignores the dtype",
+        lambda: R.local_subject(R.SHRINK._replace(factory=lambda scale: R.shrink(scale, out_dtype=jnp.float32)), {}),
+        R.check_contract,
+    ),
     ("zero gives NaN", lambda: R.Subject(_nan_at_zero(), None), R.check_contract),
-    ("biased but declared unbiased", lambda: R.local_subject(R.DROPOUT._replace(
-        factory=lambda p: R.dropout(p, bias=0.85)), {}), R.check_unbiased),
-    ("second moment 10% off", lambda: R.local_subject(_theory(
-        R.DROPOUT, error_sq=lambda c, x, state=None: 1.1 * _omega(c) * R.sq(x),
-        variance=lambda c, x: 1.1 * _omega(c) * R.f64(x) ** 2), {}), R.check_unbiased),
-    ("variance spread evenly, right total", lambda: R.local_subject(_theory(
-        R.DROPOUT, variance=lambda c, x: np.full(np.shape(x), _omega(c) * R.sq(x) / np.size(x))), {}),
-     R.check_unbiased),
-    ("wrong error_sq (deterministic)", lambda: R.local_subject(_theory(
-        R.SHRINK, error_sq=lambda c, x, state=None: 0.07 * R.sq(x)), {}), R.check_theory_error),
-    ("wrong error_sq (random)", lambda: R.local_subject(_theory(
-        R.DROPOUT, error_sq=lambda c, x, state=None: 0.9 * _omega(c) * R.sq(x)), {}), R.check_theory_error),
-    ("delta too large", lambda: R.local_subject(_theory(
-        R.SHRINK, bound=lambda c, shape: cc.Bound("contractive", delta=0.99)), {}), R.check_contraction),
-    ("delta too large (random)", lambda: R.local_subject(_theory(
-        R.DROPOUT, bound=lambda c, shape: cc.Bound("contractive", delta=0.5, tight=False)), {}),
-     R.check_contraction),
+    (
+        "biased but declared unbiased",
+        lambda: R.local_subject(R.DROPOUT._replace(factory=lambda p: R.dropout(p, bias=0.85)), {}),
+        R.check_unbiased,
+    ),
+    (
+        "second moment 10% off",
+        lambda: R.local_subject(
+            _theory(
+                R.DROPOUT,
+                error_sq=lambda c, x, state=None: 1.1 * _omega(c) * R.sq(x),
+                variance=lambda c, x: 1.1 * _omega(c) * R.f64(x) ** 2,
+            ),
+            {},
+        ),
+        R.check_unbiased,
+    ),
+    (
+        "variance spread evenly, right total",
+        lambda: R.local_subject(
+            _theory(R.DROPOUT, variance=lambda c, x: np.full(np.shape(x), _omega(c) * R.sq(x) / np.size(x))), {}
+        ),
+        R.check_unbiased,
+    ),
+    (
+        "wrong error_sq (deterministic)",
+        lambda: R.local_subject(_theory(R.SHRINK, error_sq=lambda c, x, state=None: 0.07 * R.sq(x)), {}),
+        R.check_theory_error,
+    ),
+    (
+        "wrong error_sq (random)",
+        lambda: R.local_subject(_theory(R.DROPOUT, error_sq=lambda c, x, state=None: 0.9 * _omega(c) * R.sq(x)), {}),
+        R.check_theory_error,
+    ),
+    (
+        "delta too large",
+        lambda: R.local_subject(_theory(R.SHRINK, bound=lambda c, shape: cc.Bound("contractive", delta=0.99)), {}),
+        R.check_contraction,
+    ),
+    (
+        "delta too large (random)",
+        lambda: R.local_subject(
+            _theory(R.DROPOUT, bound=lambda c, shape: cc.Bound("contractive", delta=0.5, tight=False)), {}
+        ),
+        R.check_contraction,
+    ),
     ("sums to the mean", lambda: R.Subject(_mean_not_sum(), None), R.check_summable),
 ]
 
@@ -335,10 +421,10 @@ def test_bad_values_cover_every_kind_of_constraint():
     bad = R.bad_values(levels)
     assert {0, 128, 2.5, None} <= set(v for v in bad if not isinstance(v, list)) and True in bad
     ratio = cc.registry.RATIO
-    assert 0.0 in R.bad_values(ratio) and None not in R.bad_values(ratio)     # open bound; optional
+    assert 0.0 in R.bad_values(ratio) and None not in R.bad_values(ratio)  # open bound; optional
     assert 1 in R.bad_values(cc.Param("flag", "bool", False))
     assert "__not_a_choice__" in R.bad_values(cc.Param("mode", "str", "a", choices=("a", "b")))
-    for p in (levels, ratio):                                                  # all really rejected
+    for p in (levels, ratio):  # all really rejected
         for v in R.bad_values(p):
             with pytest.raises(ValueError):
                 p.check("x", v)

@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import registry_cases as R
 
 import cconv.compressors as cc
-import registry_cases as R
 from cconv.compressors.powersgd import orthogonalize
 
 KEY = jax.random.PRNGKey(0)
@@ -135,18 +135,19 @@ def test_dgc_sends_a_subset_of_topk(d, ratio, seed):
 def test_threshold_under_capacity_and_overflow():
     x = np.array([0.1, -2.0, 0.5, 3.0, -0.49, 0.0, 1.5, -0.7], np.float32)
     tau = 0.5
-    y = rt(cc.threshold(tau=tau, k=6), x)     # 5 entries pass, capacity 6
+    y = rt(cc.threshold(tau=tau, k=6), x)  # 5 entries pass, capacity 6
     np.testing.assert_array_equal(y, np.where(np.abs(x) >= tau, x, 0))
     p = payload_of(cc.threshold(tau=tau, k=6), x)
     assert p.values.shape == (6,) and int(np.sum(np.asarray(p.values) != 0)) == 5
-    y = rt(cc.threshold(tau=tau, k=2), x)     # overflow: the 2 largest of those that pass
+    y = rt(cc.threshold(tau=tau, k=2), x)  # overflow: the 2 largest of those that pass
     np.testing.assert_array_equal(y, np.where(np.isin(np.arange(8), [1, 3]), x, 0))
     # nothing passes: zero output, no NaN
     np.testing.assert_array_equal(rt(cc.threshold(tau=10.0, k=3), x), np.zeros(8))
 
 
-@pytest.mark.parametrize("shape,columns", [((40,), False), ((6, 5), False), ((6, 5), True),
-                                           ((2, 3, 4), True), ((), False)])
+@pytest.mark.parametrize(
+    "shape,columns", [((40,), False), ((6, 5), False), ((6, 5), True), ((2, 3, 4), True), ((), False)]
+)
 def test_onebit_means_minimise_squared_error(shape, columns):
     x = randn(5, shape).astype(np.float64) + 0.3
     c = cc.onebit(columns=columns)
@@ -162,7 +163,7 @@ def test_onebit_means_minimise_squared_error(shape, columns):
     np.testing.assert_allclose(y.reshape(-1, ncol), expected, rtol=1e-5, atol=1e-6)
     # given the sign bits, moving either reconstruction value only increases the error
     err = sq(x - y)
-    pos = (m >= 0)
+    pos = m >= 0
     for delta in (1e-2, -1e-2):
         for group in (pos, ~pos):
             assert sq(m - (y.reshape(-1, ncol) + delta * group)) >= err - 1e-9
@@ -230,7 +231,7 @@ def test_powersgd_orthogonalize_keeps_zero_columns_zero():
 
 def test_terngrad_clip_scaler_is_c_sigma_and_constant_tensors_survive():
     x = randn(9, (400,))
-    x[0] = 40.0                                        # an outlier that clipping removes
+    x[0] = 40.0  # an outlier that clipping removes
     c = cc.terngrad(clip=2.5)
     payload = payload_of(c, x)
     sigma = float(np.std(x.astype(np.float64)))

@@ -23,8 +23,7 @@ def digits():
 
 # ------------------------------------------------------------------------------------ registry
 def test_registry_and_bad_names():
-    assert D.names() == sorted(["digits", "least_squares", "logistic", "mnist", "fashion_mnist",
-                                "cifar10", "text"])
+    assert D.names() == sorted(["digits", "least_squares", "logistic", "mnist", "fashion_mnist", "cifar10", "text"])
     with pytest.raises(ValueError, match="unknown dataset 'imagenet'; valid names: cifar10, digits"):
         D.load("imagenet")
     with pytest.raises(ValueError, match="unknown hyper-parameter.*bogus; valid: train_size, flat"):
@@ -48,6 +47,7 @@ def test_digits_split_and_standardisation(digits):
     again = D.load("digits")
     np.testing.assert_array_equal(again.train["x"], ds.train["x"])
     from sklearn.datasets import load_digits
+
     raw = load_digits().data
     rows = {r.tobytes() for r in raw}
     restored = ds.test["x"].reshape(-1, 64) * ds.info["std"][0] + ds.info["mean"][0]
@@ -67,13 +67,13 @@ def test_least_squares_optimum_is_exact():
     info, a, y = ds.info, ds.train["x"].astype(np.float64), ds.train["y"].astype(np.float64)
     n, d = a.shape
     r = a @ np.asarray(info["w_star"]) + info["b_star"] - y
-    grad = np.concatenate([2 * a.T @ r / n, [2 * r.mean()]])        # gradient of the MSE
+    grad = np.concatenate([2 * a.T @ r / n, [2 * r.mean()]])  # gradient of the MSE
     assert np.linalg.norm(grad) < 1e-5
-    assert info["optimal_loss"] == pytest.approx(np.mean(r ** 2), rel=1e-6)
+    assert info["optimal_loss"] == pytest.approx(np.mean(r**2), rel=1e-6)
     # E[residual MSE] = sigma^2 (n - d - 1) / n, sd = sigma^2 sqrt(2 (n - d - 1)) / n
     mean, sd = 0.01 * (n - d - 1) / n, 0.01 * np.sqrt(2 * (n - d - 1)) / n
     assert abs(info["optimal_loss"] - mean) < 5 * sd
-    assert info["L"] / info["mu"] > 10            # cond = 100 makes the problem ill-conditioned
+    assert info["L"] / info["mu"] > 10  # cond = 100 makes the problem ill-conditioned
     exact = D.load("least_squares", dim=8, train_size=64, test_size=8, noise=0.0)
     np.testing.assert_allclose(exact.info["w_star"], exact.info["w_true"], atol=1e-8)
     assert exact.info["optimal_loss"] < 1e-12
@@ -96,8 +96,7 @@ def test_logistic_optimum_and_generating_w():
     xa = np.hstack([x, np.ones((len(y), 1))])
     fisher = (xa * (p * (1 - p))[:, None]).T @ xa / len(y)
     expected = np.trace(np.linalg.inv(fisher)) / len(y)
-    err = np.sum((np.append(info["w_opt"], info["b_opt"])
-                  - np.append(info["w_true"], info["b_true"])) ** 2)
+    err = np.sum((np.append(info["w_opt"], info["b_opt"]) - np.append(info["w_true"], info["b_true"])) ** 2)
     assert err < 5 * expected
     reg = D.load("logistic", dim=10, train_size=4000, test_size=100, seed=1, l2=0.1)
     w_reg = np.asarray(reg.info["w_opt"])
@@ -117,10 +116,12 @@ def _idx_bytes(array: np.ndarray, code: int) -> bytes:
 
 def _write_mnist(d: Path, rng, n_train=12, n_test=5, gz=False):
     d.mkdir(parents=True, exist_ok=True)
-    arrays = {"train-images-idx3-ubyte": rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8),
-              "train-labels-idx1-ubyte": rng.integers(0, 10, n_train, dtype=np.uint8),
-              "t10k-images-idx3-ubyte": rng.integers(0, 256, (n_test, 28, 28), dtype=np.uint8),
-              "t10k-labels-idx1-ubyte": rng.integers(0, 10, n_test, dtype=np.uint8)}
+    arrays = {
+        "train-images-idx3-ubyte": rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8),
+        "train-labels-idx1-ubyte": rng.integers(0, 10, n_train, dtype=np.uint8),
+        "t10k-images-idx3-ubyte": rng.integers(0, 256, (n_test, 28, 28), dtype=np.uint8),
+        "t10k-labels-idx1-ubyte": rng.integers(0, 10, n_test, dtype=np.uint8),
+    }
     for name, arr in arrays.items():
         data = _idx_bytes(arr, 8)
         if gz:
@@ -131,8 +132,7 @@ def _write_mnist(d: Path, rng, n_train=12, n_test=5, gz=False):
     return arrays
 
 
-@pytest.mark.parametrize("name,sub,gz", [("mnist", "", False),
-                                         ("fashion_mnist", "fashion_mnist", True)])
+@pytest.mark.parametrize("name,sub,gz", [("mnist", "", False), ("fashion_mnist", "fashion_mnist", True)])
 def test_mnist_family_from_idx_files(tmp_path, name, sub, gz):
     arrays = _write_mnist(tmp_path / sub if sub else tmp_path, np.random.default_rng(0), gz=gz)
     ds = D.load(name, root=tmp_path)
@@ -141,8 +141,7 @@ def test_mnist_family_from_idx_files(tmp_path, name, sub, gz):
     np.testing.assert_array_equal(ds.train["y"], arrays["train-labels-idx1-ubyte"])
     np.testing.assert_array_equal(ds.test["y"], arrays["t10k-labels-idx1-ubyte"])
     mean, std = ds.info["mean"][0], ds.info["std"][0]
-    np.testing.assert_allclose(ds.test["x"][..., 0] * std + mean, arrays["t10k-images-idx3-ubyte"],
-                               atol=1e-3)
+    np.testing.assert_allclose(ds.test["x"][..., 0] * std + mean, arrays["t10k-images-idx3-ubyte"], atol=1e-3)
     assert abs(ds.train["x"].mean()) < 1e-4
     small = D.load(name, root=tmp_path, train_size=4, test_size=2)
     np.testing.assert_array_equal(small.train["y"], arrays["train-labels-idx1-ubyte"][:4])
@@ -172,9 +171,12 @@ def _write_cifar(d: Path, rng, per_batch=4, n_test=3):
     out = {}
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
         n = n_test if name == "test_batch" else per_batch
-        batch = {b"batch_label": name.encode(), b"labels": rng.integers(0, 10, n).tolist(),
-                 b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
-                 b"filenames": [f"img{i}.png".encode() for i in range(n)]}
+        batch = {
+            b"batch_label": name.encode(),
+            b"labels": rng.integers(0, 10, n).tolist(),
+            b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+            b"filenames": [f"img{i}.png".encode() for i in range(n)],
+        }
         with open(d / name, "wb") as f:
             pickle.dump(batch, f, protocol=2)
         out[name] = batch
@@ -234,8 +236,8 @@ def test_text_corpus_is_the_stdlib_bytes():
     x, y = ds.train["x"], ds.train["y"]
     assert ds.task == "lm" and ds.num_classes == 256 and ds.input_shape == (32,)
     assert x.dtype == np.int32 and x.shape[1] == 32 and x.shape == y.shape
-    np.testing.assert_array_equal(x[:, 1:], y[:, :-1])           # y is x shifted by one token
-    np.testing.assert_array_equal(x[1:, 0], y[:-1, -1])          # windows tile the byte stream
+    np.testing.assert_array_equal(x[:, 1:], y[:, :-1])  # y is x shifted by one token
+    np.testing.assert_array_equal(x[1:, 0], y[:-1, -1])  # windows tile the byte stream
     first = Path(sysconfig.get_paths()["stdlib"], f"{STDLIB_MODULES[0]}.py").read_bytes()
     assert bytes(x[0].astype(np.uint8)) == first[:32]
     assert ds.info["bytes"] == 40_000 and len(ds.info["sha256"]) == 64
@@ -244,9 +246,10 @@ def test_text_corpus_is_the_stdlib_bytes():
     assert D.load("text", seq_len=32, max_bytes=40_000).info["sha256"] == ds.info["sha256"]
     docs = D.load("text", seq_len=16, max_bytes=20_000, docstrings_only=True)
     import ast
+
     doc = ast.get_docstring(ast.parse(first.decode()))
     stream = decode(np.concatenate([docs.train["x"].ravel(), docs.test["x"].ravel()]))
-    assert stream.startswith(doc) and "\nimport " not in stream      # prose, not code
+    assert stream.startswith(doc) and "\nimport " not in stream  # prose, not code
 
 
 def test_text_from_a_directory(tmp_path):
@@ -254,7 +257,7 @@ def test_text_from_a_directory(tmp_path):
     (tmp_path / "a.txt").write_text("hello " * 40)
     (tmp_path / "skip.md").write_text("#" * 1000)
     ds = D.load("text", root=tmp_path, seq_len=8, test_fraction=0.25)
-    parts = D.partition(ds.train["y"], 3, "iid", key=0)                 # 2-D targets: iid works
+    parts = D.partition(ds.train["y"], 3, "iid", key=0)  # 2-D targets: iid works
     _check_partition(parts, len(ds.train["y"]))
     with pytest.raises(ValueError, match="1-D integer class labels"):
         D.partition(ds.train["y"], 3, "dirichlet")
@@ -266,7 +269,7 @@ def test_text_from_a_directory(tmp_path):
 # ---------------------------------------------------------------------------------- partitions
 def _check_partition(parts, n):
     allidx = np.concatenate(parts)
-    assert len(allidx) == n and len(np.unique(allidx)) == n          # disjoint and covering
+    assert len(allidx) == n and len(np.unique(allidx)) == n  # disjoint and covering
 
 
 def test_iid_partition(digits):
@@ -295,9 +298,9 @@ def test_dirichlet_partition_skew_decreases_with_alpha(digits):
         assert min(len(p) for p in parts) >= 20
         tv[alpha] = D.mean_tv_distance(y, parts)
     assert tv[0.05] > tv[0.3] > tv[3.0] > tv[300.0]
-    assert tv[0.05] > 0.6                                       # most workers see few classes
+    assert tv[0.05] > 0.6  # most workers see few classes
     q = np.bincount(y) / len(y)
-    assert tv[300.0] < 0.5 * np.sum(np.sqrt(q * (1 - q) / (len(y) // 8)))   # ~ iid
+    assert tv[300.0] < 0.5 * np.sum(np.sqrt(q * (1 - q) / (len(y) // 8)))  # ~ iid
     a = D.partition(y, 8, "dirichlet", alpha=0.1, key=5)
     b = D.partition(y, 8, "dirichlet", alpha=0.1, key=5)
     assert all(np.array_equal(p, r) for p, r in zip(a, b))
@@ -313,7 +316,7 @@ def test_shard_partition(digits):
     y = digits.train["y"]
     parts = D.partition(y, 10, "shards", key=0, shards_per_worker=2)
     _check_partition(parts, len(y))
-    assert max(len(np.unique(y[p])) for p in parts) <= 4      # two shards, each spans <= 2 labels
+    assert max(len(np.unique(y[p])) for p in parts) <= 4  # two shards, each spans <= 2 labels
 
 
 # -------------------------------------------------------------------------------------- batcher
@@ -323,7 +326,7 @@ def test_batcher_rows_come_from_each_workers_partition(digits):
     for _ in range(3):
         idx = it.indices()
         for w in range(4):
-            assert set(idx[w * 8:(w + 1) * 8]) <= set(parts[w])
+            assert set(idx[w * 8 : (w + 1) * 8]) <= set(parts[w])
     batch = it.next()
     assert batch["x"].shape == (32, 8, 8, 1) and batch["y"].shape == (32,)
     with pytest.raises(ValueError, match="global batch 30 is not divisible by 4 workers"):
@@ -332,16 +335,16 @@ def test_batcher_rows_come_from_each_workers_partition(digits):
 
 def test_batcher_epochs_cover_and_reshuffle():
     data = {"x": np.arange(40.0)[:, None], "y": np.arange(40)}
-    parts = [np.arange(0, 24), np.arange(24, 40)]                   # sizes 24 and 16
+    parts = [np.arange(0, 24), np.arange(24, 40)]  # sizes 24 and 16
     it = D.Batcher(data, parts, 8, key=3)
-    seen = [it.indices() for _ in range(6)]                        # 24 rows of each worker
+    seen = [it.indices() for _ in range(6)]  # 24 rows of each worker
     w0 = np.concatenate([s[:4] for s in seen])
-    assert sorted(w0) == list(range(24))                           # one full epoch, no repeats
+    assert sorted(w0) == list(range(24))  # one full epoch, no repeats
     w1 = np.concatenate([s[4:] for s in seen])
     assert sorted(w1[:16]) == list(range(24, 40)) and sorted(w1[16:]) != list(w1[16:])
-    assert not np.array_equal(w1[:8], w1[16:24])                   # a fresh permutation
+    assert not np.array_equal(w1[:8], w1[16:24])  # a fresh permutation
     assert it.epochs == pytest.approx([1.0, 1.5])
-    tiny = D.Batcher(data, [np.arange(3), np.arange(3, 40)], 16, key=0)   # partition < b
+    tiny = D.Batcher(data, [np.arange(3), np.arange(3, 40)], 16, key=0)  # partition < b
     idx = tiny.indices()[:8]
     assert set(idx) == {0, 1, 2}
 
@@ -351,9 +354,9 @@ def test_batcher_resume_gives_identical_batches(digits):
     a = D.Batcher(digits.train, parts, 64, jax.random.key(11))
     for _ in range(9):
         a.next()
-    state = json.loads(json.dumps(a.state_dict()))                # survives a JSON checkpoint
+    state = json.loads(json.dumps(a.state_dict()))  # survives a JSON checkpoint
     expected = [a.next() for _ in range(12)]
-    b = D.Batcher(digits.train, parts, 64, jax.random.key(999))   # the saved seed wins
+    b = D.Batcher(digits.train, parts, 64, jax.random.key(999))  # the saved seed wins
     b.load_state_dict(state)
     for e in expected:
         got = b.next()

@@ -5,17 +5,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from engine_util import loss_fn, make_batch, make_model_state, make_params, run, worker_grad
 
 from cconv import compressors as C
 from cconv.engine import EngineConfig, Warmup, build, dgc_warmup
-from engine_util import loss_fn, make_batch, make_model_state, make_params, run, worker_grad
 
 PARAMS, MSTATE = make_params(), make_model_state()
 
 
 def trainer(workers=4, opt=None, **kw):
-    return build(loss_fn, PARAMS, opt or optax.sgd(0.1, momentum=0.9),
-                 EngineConfig(workers=workers, **kw), model_state=MSTATE)
+    return build(
+        loss_fn, PARAMS, opt or optax.sgd(0.1, momentum=0.9), EngineConfig(workers=workers, **kw), model_state=MSTATE
+    )
 
 
 def close(a, b, rtol):
@@ -26,7 +27,7 @@ def test_dense_p8_equals_p1_same_global_batch():
     _, h8 = run(trainer(8), 12)
     s1, h1 = run(trainer(1), 12)
     close([h["loss"] for h in h8], [h["loss"] for h in h1], 1e-5)
-    assert h1[-1]["loss"] < 0.8 * h1[0]["loss"]          # it trains
+    assert h1[-1]["loss"] < 0.8 * h1[0]["loss"]  # it trains
     assert h1[-1]["bytes_sent"] == 0 and h8[-1]["bytes_sent"] > 0
 
 
@@ -72,36 +73,36 @@ def test_gradients_are_per_worker_and_memory_invariant(memory):
                 close(st.u[w], jnp.where(sent != 0, 0.0, u), 1e-5)
     # The summed gradient would give a different residual: the check above can fail.
     summed = sum(worker_grad(params0, 0, w, P)["w1"] for w in range(P))
-    assert not np.allclose(summed - c.roundtrip(summed, None, None)[0],
-                           worker_grad(params0, 0, 0, P)["w1"] - c.roundtrip(
-                               worker_grad(params0, 0, 0, P)["w1"], None, None)[0], atol=1e-3)
+    assert not np.allclose(
+        summed - c.roundtrip(summed, None, None)[0],
+        worker_grad(params0, 0, 0, P)["w1"] - c.roundtrip(worker_grad(params0, 0, 0, P)["w1"], None, None)[0],
+        atol=1e-3,
+    )
 
 
 def test_dgc_at_density_one_equals_momentum_sgd():
-    _, hd = run(trainer(4, opt=optax.sgd(0.05), compressor=C.topk(ratio=1.0), memory="dgc",
-                        momentum=0.9), 10)
+    _, hd = run(trainer(4, opt=optax.sgd(0.05), compressor=C.topk(ratio=1.0), memory="dgc", momentum=0.9), 10)
     _, hm = run(trainer(4, opt=optax.sgd(0.05, momentum=0.9)), 10)
     close([h["loss"] for h in hd], [h["loss"] for h in hm], 1e-5)
 
 
 def test_local_sgd_h1_equals_bsp_and_h4_syncs_every_4_steps():
     _, hb = run(trainer(4), 8)
-    s1, h1 = run(trainer(4, local_steps=1, post_local_switch=1), 8)   # model averaging from step 1
+    s1, h1 = run(trainer(4, local_steps=1, post_local_switch=1), 8)  # model averaging from step 1
     close([h["loss"] for h in h1], [h["loss"] for h in hb], 1e-5)
     t4 = trainer(4, local_steps=4)
     s4, h4 = run(t4, 8)
     assert [h["bytes_sent"] > 0 for h in h4] == [False, False, False, True] * 2
     same = lambda s: all(np.allclose(x, x[0]) for x in jax.tree.leaves(s.params))
-    assert same(s4)                                          # step 7 was a sync step
+    assert same(s4)  # step 7 was a sync step
     s5, _ = t4.step(s4, make_batch(8), jax.random.PRNGKey(8))
-    assert not same(s5)                                      # a local step lets workers drift
+    assert not same(s5)  # a local step lets workers drift
     avg = jax.tree.map(lambda x: x.mean(0), s5.params)
     jax.tree.map(lambda a, b: close(a, b, 1e-6), t4.params(s5), avg)
 
 
 def test_local_sgd_compressed_delta_and_post_local_switch():
-    t = trainer(4, local_steps=2, post_local_switch=2, compress_delta=True,
-                compressor=C.topk(ratio=0.25), memory="ef")
+    t = trainer(4, local_steps=2, post_local_switch=2, compress_delta=True, compressor=C.topk(ratio=0.25), memory="ef")
     _, h = run(t, 6)
     kinds = [t.phase(i).kind for i in range(6)]
     assert kinds == ["bsp", "bsp", "local", "sync", "local", "sync"]
@@ -117,7 +118,7 @@ def test_dgc_warmup_schedule_changes_density_and_bytes():
     assert dens[0] == 1.0 and dens[1] > dens[2] > dens[3] >= dens[4] >= dens[5] == dens[6]
     assert [w.density(i) for i in range(7)] == [1.0, 0.25, 0.0625, 0.015625, 0.004, None, None]
     assert h[1]["bytes_sent"] > h[2]["bytes_sent"] > h[3]["bytes_sent"] >= h[6]["bytes_sent"]
-    assert {c.kind for c in t.collectives(0)} == {"allreduce"}          # the dense phase
+    assert {c.kind for c in t.collectives(0)} == {"allreduce"}  # the dense phase
     assert {c.kind for c in t.collectives(1)} == {"allgather", "allreduce"}  # + model_state
     assert [x["density"] for x in h] == pytest.approx(dens, rel=1e-6)
 
@@ -130,9 +131,10 @@ def test_local_clipping_threshold_scaled_by_inverse_sqrt_workers():
     delta = jax.tree.map(lambda a, b: a - b, t.params(s1), t.params(s0))
     norm = float(optax.tree.norm(delta))
     assert norm <= lr * clip / np.sqrt(P) * (1 + 1e-5)
-    want = jax.tree.map(lambda *g: -lr * sum(x * (clip / np.sqrt(P)) / optax.tree.norm(g_)
-                                            for x, g_ in zip(g, grads)) / P,
-                        *(grads := [worker_grad(PARAMS, 0, w, P) for w in range(P)]))
+    want = jax.tree.map(
+        lambda *g: -lr * sum(x * (clip / np.sqrt(P)) / optax.tree.norm(g_) for x, g_ in zip(g, grads)) / P,
+        *(grads := [worker_grad(PARAMS, 0, w, P) for w in range(P)]),
+    )
     jax.tree.map(lambda a, b: close(a, b, 1e-4), delta, want)
 
 
@@ -157,7 +159,7 @@ def test_model_state_is_averaged_over_workers():
     P = 4
     t = trainer(P)
     s, _ = t.step(t.init(), make_batch(0), jax.random.PRNGKey(0))
-    x = make_batch(0)["x"].reshape(P, -1, 6).mean(1)       # each worker's batch mean
+    x = make_batch(0)["x"].reshape(P, -1, 6).mean(1)  # each worker's batch mean
     for w in range(P):
         close(s.model_state["mean"][w], 0.1 * x.mean(0), 1e-5)
 
@@ -166,9 +168,9 @@ def test_views_compile_once_per_trainer():
     """trainer.params / model_state are called every eval: they must not recompile each call."""
     t = trainer(4)
     s, _ = t.step(t.init(), make_batch(0), jax.random.PRNGKey(0))
-    np.testing.assert_array_equal(t.params(s)["w1"], s.params["w1"][0])   # worker 0's replica
+    np.testing.assert_array_equal(t.params(s)["w1"], s.params["w1"][0])  # worker 0's replica
     np.testing.assert_array_equal(t.model_state(s)["mean"], s.model_state["mean"][0])
-    compiled = t.launcher._view_fn._cache_size()          # one program per tree structure
+    compiled = t.launcher._view_fn._cache_size()  # one program per tree structure
     for _ in range(3):
         s, _ = t.step(s, make_batch(1), jax.random.PRNGKey(1))
         t.params(s), t.model_state(s)
@@ -189,8 +191,7 @@ def test_seeds_equal_separate_runs():
         s1 = t1.init(params=jax.tree.map(lambda x: scale * x, PARAMS))
         for i in range(3):
             b = make_batch(i)
-            s1, m1 = t1.step(s1, b if seed == 0 else jax.tree.map(lambda x: x[::-1], b),
-                             jax.random.PRNGKey(7 + seed))
+            s1, m1 = t1.step(s1, b if seed == 0 else jax.tree.map(lambda x: x[::-1], b), jax.random.PRNGKey(7 + seed))
         close(m["loss"][seed], m1["loss"], 1e-6)
         jax.tree.map(lambda a, b: close(a[seed], b, 1e-6), t.params(s), t1.params(s1))
 
@@ -225,8 +226,8 @@ def test_parameter_server_counts_uplink_and_downlink_separately():
     t = trainer(4, compressor=up, memory="ef", architecture="parameter-server", ps_downlink=down)
     _, h = run(t, 3)
     shapes = [PARAMS[k].shape for k in sorted(PARAMS)]
-    ms = 6 * 4                                        # model_state: pushed and pulled dense
-    assert h[-1]["bytes_sent"] == sum(up.wire_bytes(s) for s in shapes) + ms      # push, worker side
+    ms = 6 * 4  # model_state: pushed and pulled dense
+    assert h[-1]["bytes_sent"] == sum(up.wire_bytes(s) for s in shapes) + ms  # push, worker side
     assert h[-1]["bytes_received"] == sum(down.wire_bytes(s) for s in shapes) + ms  # pull
     assert h[-1]["server_bytes_received"] == 3 * h[-1]["bytes_sent"]
     assert h[-1]["server_bytes_sent"] == 3 * h[-1]["bytes_received"]
@@ -241,19 +242,22 @@ def test_parameter_server_dense_equals_allreduce():
     close([h["loss"] for h in hp], [h["loss"] for h in ha], 1e-5)
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(memory="ema"), "memory"),
-    (dict(architecture="ring"), "architecture"),
-    (dict(compressor="nope"), "unknown compressor"),
-    (dict(collective="gtopk", compressor="qsgd"), "top-k"),
-    (dict(collective="gtopk", compressor=C.topk(ratio=0.1), workers=6), "power-of-two"),
-    (dict(vote=True, compressor="none"), "vote"),
-    (dict(compressor="powersgd", granularity="fused"), "layerwise"),
-    (dict(warmup=Warmup((0.5,), 2), compressor="signsgd"), "ratio"),
-    (dict(ps_downlink="signsgd"), "parameter-server"),
-    (dict(local_steps=0), "local_steps"),
-    (dict(workers=64), "devices"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(memory="ema"), "memory"),
+        (dict(architecture="ring"), "architecture"),
+        (dict(compressor="nope"), "unknown compressor"),
+        (dict(collective="gtopk", compressor="qsgd"), "top-k"),
+        (dict(collective="gtopk", compressor=C.topk(ratio=0.1), workers=6), "power-of-two"),
+        (dict(vote=True, compressor="none"), "vote"),
+        (dict(compressor="powersgd", granularity="fused"), "layerwise"),
+        (dict(warmup=Warmup((0.5,), 2), compressor="signsgd"), "ratio"),
+        (dict(ps_downlink="signsgd"), "parameter-server"),
+        (dict(local_steps=0), "local_steps"),
+        (dict(workers=64), "devices"),
+    ],
+)
 def test_bad_config_is_a_clear_value_error(kw, match):
     with pytest.raises(ValueError, match=match):
         build(loss_fn, PARAMS, optax.sgd(0.1), EngineConfig(**{"workers": 4, **kw}), model_state=MSTATE)
@@ -269,6 +273,7 @@ def test_powersgd_two_allreduces_with_error_feedback_on_the_aggregate():
     """Update == P Q^T with P = orth(mean_w M_w Q0), Q = mean_w M_w^T P; e_w = M_w - P Q^T;
     the bias and the thin matrix stay dense; the warm start is the aggregated Q."""
     from cconv.compressors.powersgd import orthogonalize
+
     Pw, c = 4, C.powersgd(rank=2)
     t = trainer(Pw, opt=optax.sgd(1.0), compressor=c, memory="ef")
     s0 = t.init()
@@ -279,14 +284,15 @@ def test_powersgd_two_allreduces_with_error_feedback_on_the_aggregate():
     q = sum(x["w1"].T @ p for x in g) / Pw
     upd = -(t.params(s1)["w1"] - PARAMS["w1"])
     close(upd, p @ q.T, 1e-5)
-    st = s1.comp_state["units"][0]                    # w1 is the only factorised tensor
+    st = s1.comp_state["units"][0]  # w1 is the only factorised tensor
     close(st.inner.q[0], q, 1e-5)
     for w in range(Pw):
         # e_w = M_w - P Q^T cancels O(|M|) terms: float32 leaves ~eps * max|M| absolute error
         scale = float(np.max(np.abs(g[w]["w1"])))
-        np.testing.assert_allclose(np.asarray(st.residual[w]), np.asarray(g[w]["w1"] - p @ q.T),
-                                   rtol=1e-5, atol=8 * 2.0 ** -23 * scale)
+        np.testing.assert_allclose(
+            np.asarray(st.residual[w]), np.asarray(g[w]["w1"] - p @ q.T), rtol=1e-5, atol=8 * 2.0**-23 * scale
+        )
     close(-(t.params(s1)["b1"] - PARAMS["b1"]), sum(x["b1"] for x in g) / Pw, 1e-5)
-    assert not np.allclose(p @ q.T, sum(x["w1"] for x in g) / Pw, atol=1e-4)   # really rank 2
+    assert not np.allclose(p @ q.T, sum(x["w1"] for x in g) / Pw, atol=1e-4)  # really rank 2
     # bytes: one allreduce of P (6x2) and one of Q (16x2), plus the dense b1, w2 and model_state
     assert m["bytes_sent"] == pytest.approx(1.5 * 4 * (12 + 32 + 16 + 16 + 6))

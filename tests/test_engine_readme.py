@@ -10,7 +10,7 @@ README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 
 def test_readme_engine_example_runs(capsys):
     text = open(README).read()
-    section = text[text.index("<!-- BEGIN engine -->"):text.index("<!-- END engine -->")]
+    section = text[text.index("<!-- BEGIN engine -->") : text.index("<!-- END engine -->")]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     assert "range(200)" in code
     exec(compile(code.replace("range(200)", "range(64)"), "README.md", "exec"), {"__name__": "readme"})

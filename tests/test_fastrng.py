@@ -24,13 +24,14 @@ def test_under_vmap_and_other_key_types():
     keys = jax.random.split(jax.random.PRNGKey(0), 4)
     got = jax.jit(jax.vmap(lambda k: fastrng.uniform(k, (33,))))(keys)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.vmap(lambda k: jax.random.uniform(k, (33,)))(keys)))
-    rbg = jax.random.key(1, impl="unsafe_rbg")          # not Threefry: delegated to jax.random
+    rbg = jax.random.key(1, impl="unsafe_rbg")  # not Threefry: delegated to jax.random
     np.testing.assert_array_equal(np.asarray(fastrng.uniform(rbg, (10,))), np.asarray(jax.random.uniform(rbg, (10,))))
     jaxpr = str(jax.make_jaxpr(lambda k: fastrng.uniform(k, (10,)))(KEYS[0]))
-    assert "platform_index" in jaxpr and "random_bits" in jaxpr   # CPU: unrolled; others: jax.random
+    assert "platform_index" in jaxpr and "random_bits" in jaxpr  # CPU: unrolled; others: jax.random
 
 
 def test_gpu_lowering_is_jax_random():
     exp = jax.export.export(jax.jit(lambda k: fastrng.uniform(k, (64,))), platforms=["cuda"])(
-        jax.ShapeDtypeStruct((2,), jnp.uint32))
+        jax.ShapeDtypeStruct((2,), jnp.uint32)
+    )
     assert "threefry" in exp.mlir_module().lower()

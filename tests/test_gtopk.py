@@ -5,12 +5,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import Mesh, PartitionSpec as P
+from engine_util import loss_fn, make_batch, make_model_state, make_params, worker_grad
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from cconv import compressors as C
-from cconv.comm import MeshComm, gtopk as G
+from cconv.comm import MeshComm
+from cconv.comm import gtopk as G
 from cconv.engine import EngineConfig, build
-from engine_util import loss_fn, make_batch, make_model_state, make_params, worker_grad
 
 D, K = 64, 6
 
@@ -37,7 +39,7 @@ def dense(vals, idx):
 def test_p2_equals_exact_topk_of_sum_of_local_topks():
     x = np.random.default_rng(0).normal(size=(2, D)).astype(np.float32)
     gv, gi, alive, vals, idx = map(np.asarray, run_gtopk(jnp.asarray(x)))
-    s = dense(vals[0], idx[0]) + dense(vals[1], idx[1])        # sum of the two local top-k's
+    s = dense(vals[0], idx[0]) + dense(vals[1], idx[1])  # sum of the two local top-k's
     want = np.sort(np.argsort(-np.abs(s), kind="stable")[:K])
     for w in range(2):
         assert np.array_equal(np.sort(gi[w]), want)
@@ -53,16 +55,16 @@ def test_p8_identical_everywhere_and_mass_conserved(seed):
     x[:, :10] += rng.normal(size=(8, 10)).astype(np.float32) * 3
     gv, gi, alive, vals, idx = map(np.asarray, run_gtopk(jnp.asarray(x)))
     for w in range(1, 8):
-        assert np.array_equal(gv[w], gv[0]) and np.array_equal(gi[w], gi[0])   # bit-identical
+        assert np.array_equal(gv[w], gv[0]) and np.array_equal(gi[w], gi[0])  # bit-identical
     assert len(set(gi[0].tolist())) == K
     applied = dense(gv[0], gi[0])
-    back = sum(dense(vals[w] * ~alive[w], idx[w]) for w in range(8))            # to residuals
+    back = sum(dense(vals[w] * ~alive[w], idx[w]) for w in range(8))  # to residuals
     inputs = sum(dense(vals[w], idx[w]) for w in range(8))
     np.testing.assert_allclose(applied + back, inputs, rtol=1e-5, atol=1e-5)
     # Each worker's alive entries are exactly the ones whose mass is in the result.
     alive_sum = sum(dense(vals[w] * alive[w], idx[w]) for w in range(8))
     np.testing.assert_allclose(alive_sum, applied, rtol=1e-5, atol=1e-5)
-    assert (~alive).any()   # the test exercises the return-to-residual path
+    assert (~alive).any()  # the test exercises the return-to-residual path
 
 
 def test_merge_is_symmetric():
@@ -87,15 +89,20 @@ def test_merge_sums_repeated_indices_without_losing_mass():
 
 def test_engine_gtopk_conserves_residual_mass_and_refuses_non_power_of_two():
     P, c = 4, C.topk(ratio=0.1)
-    tr = build(loss_fn, make_params(), optax.sgd(1.0), EngineConfig(workers=P, compressor=c, memory="ef",
-               collective="gtopk"), model_state=make_model_state())
+    tr = build(
+        loss_fn,
+        make_params(),
+        optax.sgd(1.0),
+        EngineConfig(workers=P, compressor=c, memory="ef", collective="gtopk"),
+        model_state=make_model_state(),
+    )
     s0 = tr.init()
     s1, m = tr.step(s0, make_batch(0), jax.random.PRNGKey(0))
     # sum over workers of (residual) + P * applied update == sum of per-worker gradients
     params = make_params()
     for j, name in enumerate(sorted(params)):
         g = sum(worker_grad(params, 0, w, P)[name] for w in range(P))
-        applied = params[name] - tr.params(s1)[name]          # lr = 1: the averaged update
+        applied = params[name] - tr.params(s1)[name]  # lr = 1: the averaged update
         res = s1.comp_state["units"][j].residual.sum(0)
         np.testing.assert_allclose(res + P * applied, g, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="power-of-two"):
@@ -108,8 +115,9 @@ def test_bytes_grow_like_k_p_for_allgather_and_k_log_p_for_gtopk():
     per = {}
     for p in (2, 4, 8):
         for coll in ("allgather", "gtopk"):
-            tr = build(loss_fn, params, optax.sgd(0.1), EngineConfig(workers=p, compressor=c, memory="ef",
-                       collective=coll))
+            tr = build(
+                loss_fn, params, optax.sgd(0.1), EngineConfig(workers=p, compressor=c, memory="ef", collective=coll)
+            )
             sent, recv = tr.traffic(0)
             per[coll, p] = sent[0]
             assert np.allclose(sent, sent[0]) and np.allclose(recv, sent)

@@ -12,31 +12,41 @@ import jax
 import numpy as np
 import optax
 import pytest
+from engine_util import loss_fn, make_batch, make_model_state, make_params
 
 from cconv import compressors as C
 from cconv.comm import hlo
 from cconv.engine import EngineConfig, Warmup, build
-from engine_util import loss_fn, make_batch, make_model_state, make_params
 
 P = 4
-HP = {"topk": dict(ratio=0.1), "randomk": dict(ratio=0.1), "threshold": dict(tau=0.01, ratio=0.1),
-      "dgc": dict(ratio=0.1), "stc": dict(ratio=0.1), "qsgd": dict(levels=4), "powersgd": dict(rank=2)}
+HP = {
+    "topk": dict(ratio=0.1),
+    "randomk": dict(ratio=0.1),
+    "threshold": dict(tau=0.01, ratio=0.1),
+    "dgc": dict(ratio=0.1),
+    "stc": dict(ratio=0.1),
+    "qsgd": dict(levels=4),
+    "powersgd": dict(rank=2),
+}
 MEMORY = {"powersgd": "ef", "topk": "ef", "dgc": "dgc", "stc": "ef"}
 
-CASES = [(f"{n}-{arch}", dict(compressor=C.get(n, **HP.get(n, {})), memory=MEMORY.get(n, "none"),
-                              architecture=arch), 0)
-         for n in C.names() for arch in ("all-to-all", "parameter-server")]
+CASES = [
+    (f"{n}-{arch}", dict(compressor=C.get(n, **HP.get(n, {})), memory=MEMORY.get(n, "none"), architecture=arch), 0)
+    for n in C.names()
+    for arch in ("all-to-all", "parameter-server")
+]
 CASES += [
     ("gtopk", dict(compressor=C.topk(ratio=0.1), memory="ef", collective="gtopk"), 0),
     ("vote", dict(compressor=C.signsgd(), vote=True), 0),
     ("vote-ps", dict(compressor=C.signsgd(), vote=True, architecture="parameter-server"), 0),
-    ("ps-downlink", dict(compressor=C.qsgd(levels=4), architecture="parameter-server",
-                         ps_downlink=C.topk(ratio=0.2)), 0),
+    (
+        "ps-downlink",
+        dict(compressor=C.qsgd(levels=4), architecture="parameter-server", ps_downlink=C.topk(ratio=0.2)),
+        0,
+    ),
     ("randomk-gathered", dict(compressor=C.randomk(ratio=0.1), collective="allgather"), 0),
-    ("fused-filter", dict(compressor=C.topk(ratio=0.1), memory="ef", granularity="fused",
-                          compress_vectors=False), 0),
-    ("local-sync-delta", dict(compressor=C.topk(ratio=0.2), memory="ef", local_steps=2,
-                              compress_delta=True), 1),
+    ("fused-filter", dict(compressor=C.topk(ratio=0.1), memory="ef", granularity="fused", compress_vectors=False), 0),
+    ("local-sync-delta", dict(compressor=C.topk(ratio=0.2), memory="ef", local_steps=2, compress_delta=True), 1),
     ("local-step", dict(local_steps=2), 0),
     ("warmup-dense", dict(compressor=C.topk(ratio=0.05), memory="dgc", warmup=Warmup((0.5,), 1, 1)), 0),
 ]
@@ -44,8 +54,7 @@ CASES += [
 
 @pytest.mark.parametrize("name, kw, step", CASES, ids=[c[0] for c in CASES])
 def test_hlo_bytes_equal_logged_bytes(name, kw, step):
-    tr = build(loss_fn, make_params(), optax.sgd(0.1), EngineConfig(workers=P, **kw),
-               model_state=make_model_state())
+    tr = build(loss_fn, make_params(), optax.sgd(0.1), EngineConfig(workers=P, **kw), model_state=make_model_state())
     state = tr.init().replace(step=step)
     batch, key = make_batch(0), jax.random.PRNGKey(0)
     compiled = tr.lower(state, batch, key).compile()
@@ -56,7 +65,6 @@ def test_hlo_bytes_equal_logged_bytes(name, kw, step):
     _, metrics = compiled(state.worker(), batch, key)
     r = 1 if kw.get("architecture") == "parameter-server" else 0
     assert float(metrics["bytes_sent"]) + float(metrics["bytes_control"]) == pytest.approx(h_sent[r], rel=1e-6)
-    assert float(metrics["bytes_received"]) == pytest.approx(
-        h_recv[r] - float(metrics["bytes_control"]), rel=1e-6)
+    assert float(metrics["bytes_received"]) == pytest.approx(h_recv[r] - float(metrics["bytes_control"]), rel=1e-6)
     if step == 0 and kw.get("local_steps", 1) == 1:
-        assert h_sent[r] > float(metrics["bytes_control"])   # real payload traffic was found
+        assert h_sent[r] > float(metrics["bytes_control"])  # real payload traffic was found

@@ -7,12 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from engine_util import loss_fn, make_model_state, make_params, run
 
 from cconv import compressors as C
 from cconv.comm.backend import MeshComm
 from cconv.engine import LAUNCHERS, EngineConfig, build
 from cconv.engine.launchers import Launcher
-from engine_util import loss_fn, make_model_state, make_params, run
 
 W = 4
 
@@ -31,18 +31,21 @@ class VmapLauncher(Launcher):
         return MeshComm(self.cfg.axis_name, self.workers, self.platform)
 
     def init(self, worker_init, params, mstate, like_params=None, like_mstate=None):
-        return jax.jit(lambda p, m: jax.tree.map(lambda x: jnp.broadcast_to(x, (self.workers, *jnp.shape(x))),
-                                                 worker_init(p, m)))(params, mstate)
+        return jax.jit(
+            lambda p, m: jax.tree.map(lambda x: jnp.broadcast_to(x, (self.workers, *jnp.shape(x))), worker_init(p, m))
+        )(params, mstate)
 
     def compile(self, trace):
-        step = jax.vmap(lambda ws, b, k: trace(self.comm(), ws, b, k), in_axes=(0, 0, None),
-                        axis_name=self.cfg.axis_name)
+        step = jax.vmap(
+            lambda ws, b, k: trace(self.comm(), ws, b, k), in_axes=(0, 0, None), axis_name=self.cfg.axis_name
+        )
 
         @jax.jit
         def fn(ws, batch, key):
             batch = jax.tree.map(lambda x: x.reshape(self.workers, -1, *x.shape[1:]), batch)
             new, metrics = step(ws, batch, key)
             return new, jax.tree.map(lambda m: m[0], metrics)
+
         return fn
 
     def view(self, tree, average):
@@ -57,8 +60,14 @@ def test_registry():
 
 def test_seeds_need_a_launcher_that_supports_them():
     with pytest.raises(ValueError, match="needs launcher='shard_map'"):
-        build(loss_fn, make_params(), optax.sgd(0.1), EngineConfig(workers=W, launcher="pmap"),
-              model_state=make_model_state(), seeds=2)
+        build(
+            loss_fn,
+            make_params(),
+            optax.sgd(0.1),
+            EngineConfig(workers=W, launcher="pmap"),
+            model_state=make_model_state(),
+            seeds=2,
+        )
 
 
 def test_unknown_launcher_is_a_one_line_value_error():
@@ -66,14 +75,24 @@ def test_unknown_launcher_is_a_one_line_value_error():
         EngineConfig(workers=W, launcher="vmap")
 
 
-@pytest.mark.parametrize("kw", [dict(compressor=C.topk(ratio=0.2), memory="ef"),
-                                dict(compressor=C.qsgd(levels=4)),
-                                dict(compressor=C.topk(ratio=0.2), memory="ef", local_steps=2)],
-                         ids=["topk-ef", "qsgd", "local-sgd"])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(compressor=C.topk(ratio=0.2), memory="ef"),
+        dict(compressor=C.qsgd(levels=4)),
+        dict(compressor=C.topk(ratio=0.2), memory="ef", local_steps=2),
+    ],
+    ids=["topk-ef", "qsgd", "local-sgd"],
+)
 def test_a_launcher_added_at_test_time_equals_shard_map(monkeypatch, kw):
     monkeypatch.setitem(LAUNCHERS, VmapLauncher.name, VmapLauncher)
-    mk = lambda launcher: build(loss_fn, make_params(), optax.sgd(0.1, momentum=0.9),
-                                EngineConfig(workers=W, launcher=launcher, **kw), model_state=make_model_state())
+    mk = lambda launcher: build(
+        loss_fn,
+        make_params(),
+        optax.sgd(0.1, momentum=0.9),
+        EngineConfig(workers=W, launcher=launcher, **kw),
+        model_state=make_model_state(),
+    )
     tv = mk("test_vmap")
     sv, hv = run(tv, 4)
     ts = mk("shard_map")

@@ -10,8 +10,13 @@ import pytest
 import cconv.data as D
 import cconv.models as M
 
-TINY = {"linear": {}, "mlp": {"hidden": (32,)}, "cnn": {"channels": (8, 16), "hidden": 32},
-        "resnet8": {"width": 4}, "transformer": {"d_model": 16, "layers": 1, "heads": 2}}
+TINY = {
+    "linear": {},
+    "mlp": {"hidden": (32,)},
+    "cnn": {"channels": (8, 16), "hidden": 32},
+    "resnet8": {"width": 4},
+    "transformer": {"d_model": 16, "layers": 1, "heads": 2},
+}
 
 
 @pytest.fixture(scope="module")
@@ -53,13 +58,11 @@ def _train(spec, task, batch, steps, lr):
 
 
 def _string_keys(tree):
-    return all(isinstance(k, str) and _string_keys(v) for k, v in tree.items()) \
-        if isinstance(tree, dict) else True
+    return all(isinstance(k, str) and _string_keys(v) for k, v in tree.items()) if isinstance(tree, dict) else True
 
 
 def test_registry_and_bad_input():
-    assert M.names() == sorted(["linear", "logistic", "mlp", "cnn", "resnet", "resnet8", "resnet20",
-                                "transformer"])
+    assert M.names() == sorted(["linear", "logistic", "mlp", "cnn", "resnet", "resnet8", "resnet20", "transformer"])
     assert M.hparams_of("resnet8") == ["width", "bn_momentum"]
     assert M.hparams_of("mlp") == ["hidden", "dropout"]
     with pytest.raises(ValueError, match="unknown model 'vgg'; valid names: cnn, linear, logistic"):
@@ -78,8 +81,9 @@ def test_registry_and_bad_input():
     with pytest.raises(ValueError, match="unknown task 'ranking'; valid: classification, regression"):
         M.make_loss(spec, "ranking")
     with pytest.raises(ValueError, match="do not match labels"):
-        M.make_loss(spec, "classification")(spec.params, spec.model_state,
-                                            {"x": jnp.ones((2, 4)), "y": jnp.zeros((2, 3), int)})
+        M.make_loss(spec, "classification")(
+            spec.params, spec.model_state, {"x": jnp.ones((2, 4)), "y": jnp.zeros((2, 3), int)}
+        )
 
 
 @pytest.mark.parametrize("name", list(TINY))
@@ -88,8 +92,7 @@ def test_few_sgd_steps_reduce_the_loss(name, digits, text):
     spec = _spec(name, ds)
     assert _string_keys(spec.params) and _string_keys(spec.model_state) and spec.num_params > 0
     batch = {k: jnp.asarray(v[:64]) for k, v in ds.train.items()}
-    out = jax.eval_shape(lambda p, s, x: spec.apply(p, s, x, True), spec.params, spec.model_state,
-                         batch["x"])[0]
+    out = jax.eval_shape(lambda p, s, x: spec.apply(p, s, x, True), spec.params, spec.model_state, batch["x"])[0]
     expect = (64, 16, 256) if name == "transformer" else (64, 10)
     assert out.shape == expect and out.dtype == jnp.float32
     lr = {"transformer": 0.3, "cnn": 0.1}.get(name, 0.05)
@@ -99,7 +102,7 @@ def test_few_sgd_steps_reduce_the_loss(name, digits, text):
     eval_fn = M.make_eval(spec, ds.task)
     test = {k: v[:64] for k, v in ds.test.items()}
     ev = M.evaluate(eval_fn, params, state, test, batch_size=64)
-    assert M.evaluate(eval_fn, params, state, test, batch_size=64) == ev      # deterministic
+    assert M.evaluate(eval_fn, params, state, test, batch_size=64) == ev  # deterministic
     assert 0 <= ev["accuracy"] <= 1 and np.isfinite(ev["loss"])
     if name == "transformer":
         assert ev["perplexity"] == pytest.approx(np.exp(ev["loss"]), rel=1e-6)
@@ -108,19 +111,19 @@ def test_few_sgd_steps_reduce_the_loss(name, digits, text):
 def test_batchnorm_train_and_eval_modes(digits):
     spec = _spec("resnet8", digits)
     state = spec.model_state
-    assert set(state["stem_bn"]) == {"mean", "var"}                   # running stats live here
+    assert set(state["stem_bn"]) == {"mean", "var"}  # running stats live here
     x = jnp.asarray(digits.train["x"][:16])
     apply = jax.jit(spec.apply, static_argnums=3)
     out_t, new_t = apply(spec.params, state, x, True)
     out_e, new_e = apply(spec.params, state, x, False)
     changed = jax.tree.map(lambda a, b: bool(jnp.any(a != b)), state, new_t)
-    assert all(jax.tree.leaves(changed))                             # train: every stat moves
+    assert all(jax.tree.leaves(changed))  # train: every stat moves
     # the update is mean <- m mean + (1 - m) batch_mean with m = 0.9 (stem layer: conv output)
-    h = jax.lax.conv_general_dilated(x, spec.params["stem"]["kernel"], (1, 1), "SAME",
-                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
-    np.testing.assert_allclose(new_t["stem_bn"]["mean"], 0.1 * h.mean(axis=(0, 1, 2)), rtol=1e-4,
-                               atol=1e-6)
-    jax.tree.map(np.testing.assert_array_equal, new_e, state)         # eval: untouched
+    h = jax.lax.conv_general_dilated(
+        x, spec.params["stem"]["kernel"], (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+    )
+    np.testing.assert_allclose(new_t["stem_bn"]["mean"], 0.1 * h.mean(axis=(0, 1, 2)), rtol=1e-4, atol=1e-6)
+    jax.tree.map(np.testing.assert_array_equal, new_e, state)  # eval: untouched
     # eval normalises with the running statistics: changing them changes the output ...
     shifted = jax.tree.map(lambda a: a, state)
     shifted["stem_bn"]["mean"] = state["stem_bn"]["mean"] + 1.0
@@ -129,8 +132,7 @@ def test_batchnorm_train_and_eval_modes(digits):
     np.testing.assert_allclose(apply(spec.params, shifted, x, True)[0], out_t, rtol=1e-6)
     # ... and in eval mode a sample's output does not depend on the rest of the batch
     other = x.at[4:].set(jnp.asarray(digits.train["x"][100:112]))
-    np.testing.assert_allclose(apply(spec.params, state, other, False)[0][:4], out_e[:4], rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(apply(spec.params, state, other, False)[0][:4], out_e[:4], rtol=1e-5, atol=1e-5)
     assert not np.allclose(apply(spec.params, state, other, True)[0][:4], out_t[:4], atol=1e-3)
 
 
@@ -150,8 +152,7 @@ def test_loss_is_pure_under_vmap_over_seeds_and_grad(digits):
         p_s = jax.tree.map(lambda a: a[s], params)
         (l_s, _), g_s = one(p_s, {}, jax.tree.map(lambda a: a[s], batches), dkeys[s])
         np.testing.assert_allclose(losses[s], l_s, rtol=1e-5)
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a[s], b, rtol=1e-4, atol=1e-6), grads,
-                     g_s)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a[s], b, rtol=1e-4, atol=1e-6), grads, g_s)
     assert len(set(np.round(np.asarray(losses), 5))) == 3 and aux["accuracy"].shape == (3,)
     # dropout: same key same loss, other key other loss, no key in training is an error
     p0, b0 = spec.params, jax.tree.map(lambda a: a[0], batches)
@@ -164,15 +165,20 @@ def test_loss_is_pure_under_vmap_over_seeds_and_grad(digits):
 def test_linear_model_attains_the_synthetic_optima():
     ls = D.load("least_squares", dim=6, train_size=256, test_size=32)
     spec = M.build("linear", ls.input_shape, 1, 0)
-    params = {"dense": {"kernel": jnp.asarray(ls.info["w_star"], jnp.float32)[:, None],
-                        "bias": jnp.asarray([ls.info["b_star"]], jnp.float32)}}
+    params = {
+        "dense": {
+            "kernel": jnp.asarray(ls.info["w_star"], jnp.float32)[:, None],
+            "bias": jnp.asarray([ls.info["b_star"]], jnp.float32),
+        }
+    }
     ev = M.evaluate(M.make_eval(spec, "regression"), params, {}, ls.train, batch_size=100)
     assert ev["loss"] == pytest.approx(ls.info["optimal_loss"], rel=1e-4)
     lg = D.load("logistic", dim=5, train_size=512, test_size=64)
     spec = M.build("logistic", lg.input_shape, 2, 0)
     w = np.stack([np.zeros(5), lg.info["w_opt"]], 1)
-    params = {"dense": {"kernel": jnp.asarray(w, jnp.float32),
-                        "bias": jnp.asarray([0.0, lg.info["b_opt"]], jnp.float32)}}
+    params = {
+        "dense": {"kernel": jnp.asarray(w, jnp.float32), "bias": jnp.asarray([0.0, lg.info["b_opt"]], jnp.float32)}
+    }
     ev = M.evaluate(M.make_eval(spec, "classification"), params, {}, lg.train)
     assert ev["loss"] == pytest.approx(lg.info["optimal_data_loss"], rel=1e-4)
     assert ev["accuracy"] == pytest.approx(lg.info["optimal_train_accuracy"])
@@ -184,9 +190,8 @@ def test_linear_model_attains_the_synthetic_optima():
 def test_transformer_is_causal(text):
     spec = _spec("transformer", text)
     x = jnp.asarray(text.train["x"][:2])
-    y = x.at[:, 9:].set((x[:, 9:] + 17) % 256)                        # change the future only
-    logits, _ = jax.jit(spec.apply, static_argnums=3)(spec.params, spec.model_state,
-                                                      jnp.concatenate([x, y]), False)
+    y = x.at[:, 9:].set((x[:, 9:] + 17) % 256)  # change the future only
+    logits, _ = jax.jit(spec.apply, static_argnums=3)(spec.params, spec.model_state, jnp.concatenate([x, y]), False)
     np.testing.assert_allclose(logits[:2, :9], logits[2:, :9], rtol=1e-5, atol=1e-5)
     assert not np.allclose(logits[:2, 9:], logits[2:, 9:], atol=1e-3)
     # at initialisation the logits are ~ N(0, v) and independent of the target, so the next-token
@@ -198,10 +203,10 @@ def test_transformer_is_causal(text):
 
 def test_size_class_initialisers_equal_jax_initialisers():
     from cconv.models import init
+
     key = jax.random.key(5)
-    np.testing.assert_array_equal(init.he_normal(key, (3, 3, 4, 8)),
-                                  jax.nn.initializers.he_normal()(key, (3, 3, 4, 8)))
-    np.testing.assert_array_equal(init.lecun_normal(key, (3, 3, 4, 8)),
-                                  jax.nn.initializers.lecun_normal()(key, (3, 3, 4, 8)))
-    np.testing.assert_array_equal(init.normal(0.02)(key, (40, 8)),
-                                  jax.nn.initializers.normal(0.02)(key, (40, 8)))
+    np.testing.assert_array_equal(init.he_normal(key, (3, 3, 4, 8)), jax.nn.initializers.he_normal()(key, (3, 3, 4, 8)))
+    np.testing.assert_array_equal(
+        init.lecun_normal(key, (3, 3, 4, 8)), jax.nn.initializers.lecun_normal()(key, (3, 3, 4, 8))
+    )
+    np.testing.assert_array_equal(init.normal(0.02)(key, (40, 8)), jax.nn.initializers.normal(0.02)(key, (40, 8)))

@@ -25,6 +25,7 @@ WORKER = os.path.join(HERE, "mp_worker.py")
 
 def _has(module: str) -> bool:
     import importlib.util
+
     return importlib.util.find_spec(module) is not None
 
 
@@ -42,12 +43,17 @@ def runs(tmp_path_factory):
     py, port = sys.executable, free_port()
     procs = {
         "single": [subprocess.Popen([py, WORKER, "single", str(d / "single.npz")], env=env)],
-        "jaxdist": [subprocess.Popen([py, WORKER, "jaxdist", str(d / "jaxdist.npz"), str(r), str(port)],
-                                     env=env) for r in (0, 1)],
+        "jaxdist": [
+            subprocess.Popen([py, WORKER, "jaxdist", str(d / "jaxdist.npz"), str(r), str(port)], env=env)
+            for r in (0, 1)
+        ],
     }
     if shutil.which("mpirun") and _has("mpi4py") and _has("mpi4jax"):
-        procs["mpi"] = [subprocess.Popen(["mpirun", "--allow-run-as-root", "-np", "2", py, WORKER, "mpi",
-                                          str(d / "mpi.npz")], env=env)]
+        procs["mpi"] = [
+            subprocess.Popen(
+                ["mpirun", "--allow-run-as-root", "-np", "2", py, WORKER, "mpi", str(d / "mpi.npz")], env=env
+            )
+        ]
     codes = {}
     for name, ps in procs.items():
         codes[name] = [p.wait(timeout=240) for p in ps]
@@ -72,5 +78,5 @@ def test_mpirun_two_processes_equal_one_process_two_devices(runs):
     assert codes["mpi"] == [0]
     a, b = np.load(d / "single.npz"), np.load(d / "mpi.npz")
     assert sorted(a.files) == sorted(b.files)
-    for k in a.files:   # MPI sums in a different order than XLA: float rounding only
+    for k in a.files:  # MPI sums in a different order than XLA: float rounding only
         np.testing.assert_allclose(b[k], a[k], rtol=2e-6, atol=1e-6, err_msg=k)

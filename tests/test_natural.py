@@ -32,7 +32,7 @@ def _draws(x) -> np.ndarray:
 def _neighbours(x):
     """The two powers of two around |x| (float64): 2^a <= |x| < 2^(a+1)."""
     a = np.floor(np.log2(np.abs(x)))
-    return 2.0 ** a, 2.0 ** (a + 1)
+    return 2.0**a, 2.0 ** (a + 1)
 
 
 def _inputs(d=64, seed=0):
@@ -40,7 +40,7 @@ def _inputs(d=64, seed=0):
     an exact power of two (p = 0) and values just above and below one."""
     rng = np.random.default_rng(seed)
     x = rng.choice([-1.0, 1.0], d) * 2.0 ** rng.uniform(-20, 20, d)
-    x[:5] = [4 / 3, -1.5, 0.25, 1.0 + 2 ** -20, -(2.0 - 2 ** -20)]
+    x[:5] = [4 / 3, -1.5, 0.25, 1.0 + 2**-20, -(2.0 - 2**-20)]
     return x.astype(np.float32)
 
 
@@ -53,10 +53,13 @@ def test_registered_with_its_entry():
         cc.get("natural", levels=3)
 
 
-@pytest.mark.parametrize("dtype,exps", [(jnp.float32, range(-126, 128)), (jnp.bfloat16, range(-126, 128)),
-                                        (jnp.float16, range(-24, 16))], ids=str)
+@pytest.mark.parametrize(
+    "dtype,exps",
+    [(jnp.float32, range(-126, 128)), (jnp.bfloat16, range(-126, 128)), (jnp.float16, range(-24, 16))],
+    ids=str,
+)
 def test_powers_of_two_and_zero_are_exact(dtype, exps):
-    p2 = np.array([2.0 ** e for e in exps])
+    p2 = np.array([2.0**e for e in exps])
     x = jnp.asarray(np.concatenate([p2, -p2, [0.0, -0.0]]), dtype)
     for seed in range(3):
         y = ROUNDTRIP(x, jax.random.PRNGKey(seed))
@@ -74,15 +77,18 @@ def test_outputs_are_the_neighbouring_powers_of_two_with_the_sign():
         nz = x != 0
         assert np.all((mag[nz] == lo[nz]) | (mag[nz] == hi[nz]))
         assert np.all(sgn[nz] == np.sign(x[nz]))
-        assert y[7] == 0.0                                   # zero stays zero
+        assert y[7] == 0.0  # zero stays zero
 
 
 @pytest.mark.parametrize("shape", [(), (1,), (7,), (8,), (9,), (3, 5), (33, 17), (1000,)], ids=str)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_bytes_are_nine_bits_per_element(shape, dtype):
     d = math.prod(shape)
-    payload = jax.eval_shape(lambda x, k: c.compress(x, c.init(x), k)[0],
-                             jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)), jax.random.PRNGKey(0))
+    payload = jax.eval_shape(
+        lambda x, k: c.compress(x, c.init(x), k)[0],
+        jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)),
+        jax.random.PRNGKey(0),
+    )
     expected = math.ceil(d / 8) + d
     assert cc.payload_bytes(payload) == c.wire_bytes(shape, dtype) == expected
     assert K.wire_bytes(c, shape, dtype) == expected
@@ -115,9 +121,9 @@ def test_monte_carlo_mean_and_variance_match_the_closed_form():
     # p = 1/2 (x = -1.5): (y - x)^2 is the constant 1/4, so the estimate is exact
     assert v_hat[1] == pytest.approx(0.25, rel=1e-12)
     # and the total error agrees with the oracle's exact E||C(x) - x||^2 / ||x||^2
-    err = np.sum((y - x64) ** 2, axis=1) / np.sum(x64 ** 2)
+    err = np.sum((y - x64) ** 2, axis=1) / np.sum(x64**2)
     assert abs(err.mean() - K.error_ratio(c, x)) <= Z * err.std(ddof=1) / math.sqrt(N) + 1e-12
-    assert K.omega_x(c, x) == pytest.approx(var.sum() / np.sum(x64 ** 2), rel=1e-12)
+    assert K.omega_x(c, x) == pytest.approx(var.sum() / np.sum(x64**2), rel=1e-12)
 
 
 def test_omega_is_one_eighth_tight_at_four_thirds():
@@ -129,36 +135,37 @@ def test_omega_is_one_eighth_tight_at_four_thirds():
     assert K.error_ratio(c, w) == pytest.approx(0.125, rel=1e-9)
     y = _draws(w)
     w64 = w.astype(np.float64)
-    err = np.sum((y - w64) ** 2, axis=1) / np.sum(w64 ** 2)
+    err = np.sum((y - w64) ** 2, axis=1) / np.sum(w64**2)
     assert abs(err.mean() - 0.125) <= Z * err.std(ddof=1) / math.sqrt(N)
     rng = np.random.default_rng(3)
-    for _ in range(200):                      # no normal-float input exceeds 1/8
+    for _ in range(200):  # no normal-float input exceeds 1/8
         x = (rng.standard_normal(50) * 2.0 ** rng.integers(-30, 30, 50)).astype(np.float32)
         assert K.omega_x(c, x) <= 0.125 + 1e-12
 
 
 def test_subnormals_round_unbiasedly_to_zero_or_the_smallest_normal():
-    tiny = 2.0 ** -126
-    x = np.array([0.75 * tiny, -0.25 * tiny, 2.0 ** -149], np.float32)
-    assert 0 < abs(float(x[1])) < tiny                       # they really are subnormal
+    tiny = 2.0**-126
+    x = np.array([0.75 * tiny, -0.25 * tiny, 2.0**-149], np.float32)
+    assert 0 < abs(float(x[1])) < tiny  # they really are subnormal
     y = _draws(x)
-    for i, (v, p) in enumerate([(0.75 * tiny, 0.75), (-0.25 * tiny, 0.25), (2.0 ** -149, 2.0 ** -23)]):
+    for i, (v, p) in enumerate([(0.75 * tiny, 0.75), (-0.25 * tiny, 0.25), (2.0**-149, 2.0**-23)]):
         assert np.all((y[:, i] == 0) | (y[:, i] == math.copysign(tiny, v)))
         ups = np.count_nonzero(y[:, i])
         assert abs(ups - N * p) <= Z * math.sqrt(N * p * (1 - p)) + 1
-    np.testing.assert_allclose(K.variance_per_coordinate(c, x)[:2],
-                               [0.75 * 0.25 * tiny ** 2, 0.25 * 0.75 * tiny ** 2], rtol=1e-12)
+    np.testing.assert_allclose(
+        K.variance_per_coordinate(c, x)[:2], [0.75 * 0.25 * tiny**2, 0.25 * 0.75 * tiny**2], rtol=1e-12
+    )
 
 
 def test_rounding_past_the_largest_power_of_two_overflows_to_inf():
-    big = 1.5 * 2.0 ** 127                                   # p = 1/2 of rounding up to 2^128
-    x = np.array([big, -big, 2.0 ** 127, np.finfo(np.float32).max], np.float32)
+    big = 1.5 * 2.0**127  # p = 1/2 of rounding up to 2^128
+    x = np.array([big, -big, 2.0**127, np.finfo(np.float32).max], np.float32)
     y = _draws(x)
-    assert np.all((y[:, 0] == 2.0 ** 127) | (y[:, 0] == np.inf))
-    assert np.all((y[:, 1] == -2.0 ** 127) | (y[:, 1] == -np.inf))
+    assert np.all((y[:, 0] == 2.0**127) | (y[:, 0] == np.inf))
+    assert np.all((y[:, 1] == -(2.0**127)) | (y[:, 1] == -np.inf))
     assert abs(np.count_nonzero(np.isinf(y[:, 0])) - N / 2) <= Z * math.sqrt(N / 4)
-    assert np.all(y[:, 2] == 2.0 ** 127)                     # the largest power of two is exact
-    assert np.count_nonzero(np.isinf(y[:, 3])) >= N - 5      # p = 1 - 2^-23
+    assert np.all(y[:, 2] == 2.0**127)  # the largest power of two is exact
+    assert np.count_nonzero(np.isinf(y[:, 3])) >= N - 5  # p = 1 - 2^-23
     assert np.isinf(K.variance_per_coordinate(c, x)[0])
 
 
@@ -169,13 +176,13 @@ def test_non_finite_input_is_sent_as_infinity():
 
 
 def test_half_precision_inputs():
-    x16 = jnp.asarray([40000.0, -3 * 2.0 ** -24, 0.3, 2.0 ** -24], jnp.float16)
+    x16 = jnp.asarray([40000.0, -3 * 2.0**-24, 0.3, 2.0**-24], jnp.float16)
     ys = np.asarray(MANY(x16, KEYS[:256]), np.float64)
     assert MANY(x16, KEYS[:2]).dtype == jnp.float16
-    assert set(np.unique(ys[:, 0])) == {32768.0, np.inf}     # 2^16 does not fit in float16
-    assert set(np.unique(ys[:, 1])) == {-(2.0 ** -23), -(2.0 ** -22)}
+    assert set(np.unique(ys[:, 0])) == {32768.0, np.inf}  # 2^16 does not fit in float16
+    assert set(np.unique(ys[:, 1])) == {-(2.0**-23), -(2.0**-22)}
     assert set(np.unique(ys[:, 2])) == {0.25, 0.5}
-    assert np.all(ys[:, 3] == 2.0 ** -24)
+    assert np.all(ys[:, 3] == 2.0**-24)
     xb = jnp.asarray(_inputs(32), jnp.bfloat16)
     yb = ROUNDTRIP(xb, jax.random.PRNGKey(1))
     assert yb.dtype == jnp.bfloat16

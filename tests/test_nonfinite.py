@@ -22,7 +22,7 @@ def with_bad(value, shape=(12,)):
     return x.reshape(shape)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _jitted(name, hp):
     c = cc.get(name, **dict(hp))
     return jax.jit(lambda x, k: c.roundtrip(x, c.init(x), k)[0])
@@ -51,8 +51,9 @@ def test_fp16_overflows_to_inf():
 
 
 @BAD
-@pytest.mark.parametrize("name,hp", [("topk", {"k": 3}), ("threshold", {"tau": 0.4, "k": 3}),
-                                     ("dgc", {"k": 3})], ids=str)
+@pytest.mark.parametrize(
+    "name,hp", [("topk", {"k": 3}), ("threshold", {"tau": 0.4, "k": 3}), ("dgc", {"k": 3})], ids=str
+)
 def test_sparsifiers_select_nonfinite_first(name, hp, bad):
     x = with_bad(bad)
     y = rt(name, hp, x)
@@ -89,9 +90,11 @@ def test_randomk_propagates_only_sampled_entries(bad):
 
 
 @BAD
-@pytest.mark.parametrize("name,hp", [("terngrad", {}), ("terngrad", {"clip": 2.5}),
-                                     ("scaled_sign", {}), ("qsgd", {}), ("powersgd", {"rank": 1})],
-                         ids=str)
+@pytest.mark.parametrize(
+    "name,hp",
+    [("terngrad", {}), ("terngrad", {"clip": 2.5}), ("scaled_sign", {}), ("qsgd", {}), ("powersgd", {"rank": 1})],
+    ids=str,
+)
 def test_whole_tensor_becomes_nonfinite(name, hp, bad):
     shape = (3, 4) if name == "powersgd" else (12,)
     y = rt(name, hp, with_bad(bad, shape))
@@ -106,14 +109,14 @@ def test_powersgd_dense_vectors_pass_through():
 @BAD
 def test_qsgd_only_the_affected_bucket(bad):
     y = rt("qsgd", {"levels": 4, "bucket": 4}, with_bad(bad))
-    assert not np.any(np.isfinite(y[:4]))          # POS = 2 lies in bucket 0
+    assert not np.any(np.isfinite(y[:4]))  # POS = 2 lies in bucket 0
     assert np.all(np.isfinite(y[4:]))
 
 
 @BAD
 def test_signsgd_stays_finite(bad):
     y = rt("signsgd", {}, with_bad(bad))
-    assert y[POS] == (1.0 if bad == np.inf else -1.0)   # NaN fails x >= 0 and is sent as -1
+    assert y[POS] == (1.0 if bad == np.inf else -1.0)  # NaN fails x >= 0 and is sent as -1
     np.testing.assert_array_equal(np.delete(y, POS), np.where(np.delete(BASE, POS) >= 0, 1, -1))
 
 
@@ -121,14 +124,14 @@ def test_signsgd_stays_finite(bad):
 def test_onebit_only_the_affected_group(bad):
     x = with_bad(bad)
     y = rt("onebit", {}, x)
-    in_pos_group = x >= 0                        # NaN joins the negative group
+    in_pos_group = x >= 0  # NaN joins the negative group
     bad_group = in_pos_group if in_pos_group[POS] else ~in_pos_group
     assert not np.any(np.isfinite(y[bad_group]))
     assert np.all(np.isfinite(y[~bad_group]))
 
 
 def test_onebit_columns_only_the_affected_column_group():
-    x = with_bad(np.nan, (3, 4))                 # POS = 2 -> row 0, column 2
+    x = with_bad(np.nan, (3, 4))  # POS = 2 -> row 0, column 2
     y = rt("onebit", {"columns": True}, x).reshape(3, 4)
     col = x[:, 2]
     assert not np.any(np.isfinite(y[:, 2][~(col >= 0)]))
@@ -141,4 +144,4 @@ def test_stc_selected_entries_become_nan(bad):
     y = rt("stc", {"k": 3}, with_bad(bad))
     sent = np.flatnonzero(y != 0)
     assert POS in sent and sent.size == 3
-    assert not np.any(np.isfinite(y[sent]))     # mu = mean of the selected |x_i| is non-finite
+    assert not np.any(np.isfinite(y[sent]))  # mu = mean of the selected |x_i| is non-finite

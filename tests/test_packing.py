@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cconv.compressors import packing
 
@@ -22,15 +23,15 @@ def reference_pack(codes: np.ndarray, nbits: int) -> np.ndarray:
     return np.packbits(bits.reshape(-1).astype(np.uint8), bitorder="little")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _jitted(nbits, d):
-    return (jax.jit(lambda c: packing.pack_bits(c, nbits)),
-            jax.jit(lambda p: packing.unpack_bits(p, nbits, d)))
+    return (jax.jit(lambda c: packing.pack_bits(c, nbits)), jax.jit(lambda p: packing.unpack_bits(p, nbits, d)))
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
-@given(nbits=st.integers(1, 8), d=st.sampled_from([1, 2, 3, 5, 7, 8, 9, 13, 31, 64, 77]),
-       seed=st.integers(0, 2**31 - 1))
+@given(
+    nbits=st.integers(1, 8), d=st.sampled_from([1, 2, 3, 5, 7, 8, 9, 13, 31, 64, 77]), seed=st.integers(0, 2**31 - 1)
+)
 def test_roundtrip_and_layout(nbits, d, seed):
     codes = np.random.default_rng(seed).integers(0, 2**nbits, size=d).astype(np.uint8)
     pack, unpack = _jitted(nbits, d)
@@ -50,8 +51,9 @@ def test_layout_examples_written_out():
     # signs: bit = x >= 0 (sign(0) = +1, -0.0 >= 0 too), element 0 in the lowest bit.
     x = jnp.array([1.0, -2.0, 0.0, -0.0, -1.0, 3.0, -1e-30, 5.0, -7.0])
     np.testing.assert_array_equal(packing.pack_signs(x), [0b10101101, 0])
-    np.testing.assert_array_equal(packing.unpack_signs(packing.pack_signs(x), 9, jnp.float32),
-                                  [1, -1, 1, 1, -1, 1, -1, 1, -1])
+    np.testing.assert_array_equal(
+        packing.unpack_signs(packing.pack_signs(x), 9, jnp.float32), [1, -1, 1, 1, -1, 1, -1, 1, -1]
+    )
 
 
 @pytest.mark.parametrize("nbits", [0, 9])

@@ -10,13 +10,14 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from hypothesis import given, settings, strategies as st
+import registry_cases as R
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from registry_cases import hp_key
 
 import cconv.compressors as cc
 import cconv.memory as mem
-import registry_cases as R
 from cconv.compressors.randomk import sample_indices
-from registry_cases import hp_key
 from cconv.compressors.sparse import SparsePayload
 
 SHAPES = [(), (1,), (7,), (3, 5), (2, 3, 4), (33, 3)]
@@ -27,8 +28,11 @@ EPS = {jnp.dtype(jnp.float32): 2.0**-23, jnp.dtype(jnp.bfloat16): 2.0**-7, jnp.d
 
 # Every registered case, plus a few variants of the built-ins beyond their cases (spot checks).
 VARIANTS = [(p.values[0], hp_key(p.values[1])) for p in R.CASES] + [
-    ("topk", (("ratio", 0.01),)), ("topk", (("ratio", 1.0),)), ("threshold", (("ratio", 0.5), ("tau", 0.0))),
-    ("qsgd", (("bucket", 4), ("levels", 1))), ("qsgd", (("levels", 8),)),
+    ("topk", (("ratio", 0.01),)),
+    ("topk", (("ratio", 1.0),)),
+    ("threshold", (("ratio", 0.5), ("tau", 0.0))),
+    ("qsgd", (("bucket", 4), ("levels", 1))),
+    ("qsgd", (("levels", 8),)),
     ("randomk", (("ratio", 0.5), ("scaled", False), ("shared", True))),
 ]
 
@@ -42,11 +46,11 @@ def data(seed, shape, dtype):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(shape) * rng.choice([0.01, 1.0, 30.0])
     if rng.random() < 0.2 and x.size:
-        x.reshape(-1)[rng.integers(0, x.size, size=max(1, x.size // 3))] = 0.0   # exact zeros
+        x.reshape(-1)[rng.integers(0, x.size, size=max(1, x.size // 3))] = 0.0  # exact zeros
     return jnp.asarray(x, dtype)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def program(name, hp):
     """One jitted function: payload, C(x), and one error-feedback step from residual e."""
     c = cc.get(name, **dict(hp))
@@ -62,7 +66,7 @@ def program(name, hp):
     return c, run
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def roundtrip(name, hp):
     """Payload and C(x) only (a smaller program to compile)."""
     c = cc.get(name, **dict(hp))
@@ -80,12 +84,11 @@ def f64(a):
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
-@given(comp=compressor(), shape=st.sampled_from(SHAPES), dtype=st.sampled_from(DTYPES),
-       seed=st.integers(0, 2**31 - 1))
+@given(comp=compressor(), shape=st.sampled_from(SHAPES), dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31 - 1))
 def test_contract(comp, shape, dtype, seed):
     name, hp = comp
     if not R.subject(name, dict(hp)).accepts(dtype):
-        return                                   # a dtype this compressor rejects (ValueError)
+        return  # a dtype this compressor rejects (ValueError)
     c, run = program(name, hp)
     x = data(seed, shape, dtype)
     e = data(seed + 1, shape, dtype)
@@ -116,9 +119,15 @@ _sample = jax.jit(sample_indices, static_argnums=(1, 2))
 
 
 @settings(max_examples=12, deadline=None, derandomize=True)
-@given(name=st.sampled_from(["topk", "randomk"]), ratio=st.sampled_from([0.01, 0.1, 0.3, 0.5]),
-       scaled=st.booleans(), shared=st.booleans(), shape=st.sampled_from(SHAPES[2:]),
-       dtype=st.sampled_from(DTYPES[:2]), seed=st.integers(0, 2**31 - 1))
+@given(
+    name=st.sampled_from(["topk", "randomk"]),
+    ratio=st.sampled_from([0.01, 0.1, 0.3, 0.5]),
+    scaled=st.booleans(),
+    shared=st.booleans(),
+    shape=st.sampled_from(SHAPES[2:]),
+    dtype=st.sampled_from(DTYPES[:2]),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_exactly_k_distinct(name, ratio, scaled, shared, shape, dtype, seed):
     hp = (("ratio", ratio),) if name == "topk" else (("ratio", ratio), ("scaled", scaled), ("shared", shared))
     c, run = roundtrip(name, hp)
@@ -131,7 +140,7 @@ def test_exactly_k_distinct(name, ratio, scaled, shared, shape, dtype, seed):
         return
     idx = _sparse_indices(name, hp, c, payload, shape)
     assert idx.dtype == np.int32 and idx.shape == (k,)
-    assert len(set(idx.tolist())) == k and idx.min() >= 0 and idx.max() < d     # k distinct
+    assert len(set(idx.tolist())) == k and idx.min() >= 0 and idx.max() < d  # k distinct
     flat_x, flat_y = f64(x).reshape(-1), f64(y).reshape(-1)
     assert set(np.flatnonzero(flat_y).tolist()) <= set(idx.tolist())
     scale = d / k if (name == "randomk" and scaled) else 1.0

@@ -31,8 +31,10 @@ def test_native_kernel_is_built_here():
     assert select.native_available(), _native.error()
 
 
-CASES = [(jnp.float32, d, k) for d, k in [(1, 1), (2, 1), (7, 3), (100, 1), (100, 99),
-                                          (70_001, 700), (300_000, 3), (300_000, 150_000)]]
+CASES = [
+    (jnp.float32, d, k)
+    for d, k in [(1, 1), (2, 1), (7, 3), (100, 1), (100, 99), (70_001, 700), (300_000, 3), (300_000, 150_000)]
+]
 CASES += [(dt, d, k) for dt in (jnp.bfloat16, jnp.float16) for d, k in [(7, 3), (200_000, 2_000)]]
 
 
@@ -50,7 +52,7 @@ def test_k_zero_and_k_equals_d():
 
 
 def test_ties_go_to_the_lowest_index():
-    x = jnp.tile(jnp.array([1.0, -1.0]), 50_000)           # all magnitudes equal
+    x = jnp.tile(jnp.array([1.0, -1.0]), 50_000)  # all magnitudes equal
     np.testing.assert_array_equal(_check(x, 1234), np.arange(1234))
     # many ties exactly at the k-th magnitude (quantised values), large enough for sampling
     q = jnp.round(jax.random.normal(jax.random.PRNGKey(1), (200_003,)) * 2) / 2
@@ -98,18 +100,33 @@ def test_batched_vmap_and_2d():
 
 def test_inside_shard_map_on_8_devices():
     mesh = jax.make_mesh((8,), ("w",))
-    x = jax.device_put(jax.random.normal(jax.random.PRNGKey(4), (8, 10_000)),
-                       jax.NamedSharding(mesh, jax.P("w")))
-    f = jax.jit(jax.shard_map(lambda v: select.topk_indices(v, 10), mesh=mesh,
-                              in_specs=jax.P("w"), out_specs=jax.P("w")))
+    x = jax.device_put(jax.random.normal(jax.random.PRNGKey(4), (8, 10_000)), jax.NamedSharding(mesh, jax.P("w")))
+    f = jax.jit(
+        jax.shard_map(lambda v: select.topk_indices(v, 10), mesh=mesh, in_specs=jax.P("w"), out_specs=jax.P("w"))
+    )
     np.testing.assert_array_equal(np.asarray(f(x)), _ref_set(x, 10))
     # vmapped seeds over a shard_map'd step (and the unchecked variant the engine may use)
     xs = jnp.stack([x, -2 * x])
-    g = jax.jit(jax.vmap(jax.shard_map(lambda v: select.topk_indices(v, 10), mesh=mesh,
-                                       in_specs=jax.P("w"), out_specs=jax.P("w"), check_vma=False)))
+    g = jax.jit(
+        jax.vmap(
+            jax.shard_map(
+                lambda v: select.topk_indices(v, 10),
+                mesh=mesh,
+                in_specs=jax.P("w"),
+                out_specs=jax.P("w"),
+                check_vma=False,
+            )
+        )
+    )
     np.testing.assert_array_equal(np.asarray(g(xs)), _ref_set(xs, 10))
-    h = jax.jit(jax.shard_map(jax.vmap(lambda v: select.topk_indices(v, 10)), mesh=mesh,
-                              in_specs=jax.P(None, "w"), out_specs=jax.P(None, "w")))
+    h = jax.jit(
+        jax.shard_map(
+            jax.vmap(lambda v: select.topk_indices(v, 10)),
+            mesh=mesh,
+            in_specs=jax.P(None, "w"),
+            out_specs=jax.P(None, "w"),
+        )
+    )
     np.testing.assert_array_equal(np.asarray(h(xs)), _ref_set(xs, 10))
 
 
@@ -117,7 +134,8 @@ def test_gpu_lowering_uses_lax_top_k():
     # One jitted function serves every platform: lowered for CUDA it must not contain the
     # CPU-only custom call (lowering needs no GPU).
     exp = jax.export.export(jax.jit(lambda v: select.topk_indices(v, 10)), platforms=["cuda"])(
-        jax.ShapeDtypeStruct((1000,), jnp.float32))
+        jax.ShapeDtypeStruct((1000,), jnp.float32)
+    )
     text = exp.mlir_module()
     assert _native.TOPK_TARGET not in text and "topk" in text.lower()
 
@@ -187,8 +205,14 @@ def test_sample_k_distinct_determinism_and_typed_keys():
 def test_sample_k_distinct_with_per_worker_keys_in_shard_map():
     mesh = jax.make_mesh((8,), ("w",))
     keys = jax.device_put(jax.random.split(jax.random.PRNGKey(5), 8), jax.NamedSharding(mesh, jax.P("w")))
-    f = jax.jit(jax.shard_map(lambda kk: select.sample_k_distinct(kk[0], 1000, 17)[None], mesh=mesh,
-                              in_specs=jax.P("w"), out_specs=jax.P("w")))
+    f = jax.jit(
+        jax.shard_map(
+            lambda kk: select.sample_k_distinct(kk[0], 1000, 17)[None],
+            mesh=mesh,
+            in_specs=jax.P("w"),
+            out_specs=jax.P("w"),
+        )
+    )
     got = np.asarray(f(keys))
     want = np.asarray(jax.jit(jax.vmap(lambda kk: select.sample_k_distinct(kk, 1000, 17)))(np.asarray(keys)))
     np.testing.assert_array_equal(got, want)

@@ -10,11 +10,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import registry_cases as R
 
 from cconv import compressors as C
 from cconv.memory import error_feedback
 from cconv.theory import constants as K
-import registry_cases as R
 
 Z = 5.0
 N_MC = 1000
@@ -37,7 +37,7 @@ def _real_ratios(c, xs, key=jax.random.PRNGKey(3)):
     ys = jax.jit(jax.vmap(lambda x: c.roundtrip(x, c.init(x), key)[0]))(xs)
     y = np.asarray(ys, np.float64).reshape(len(xs), -1)
     x64 = np.asarray(xs, np.float64).reshape(len(xs), -1)
-    return np.sum((y - x64) ** 2, axis=1) / np.sum(x64 ** 2, axis=1)
+    return np.sum((y - x64) ** 2, axis=1) / np.sum(x64**2, axis=1)
 
 
 def _real_ratio(c, x):
@@ -69,11 +69,11 @@ def test_bits_headline_values():
     assert K.bits("signsgd", d) == 1
     assert K.bits("scaled_sign", d) == pytest.approx(1, abs=1e-4)
     assert K.bits("terngrad", d) == pytest.approx(2, abs=1e-4)
-    assert K.bits("qsgd", d, levels=4) == pytest.approx(4, abs=1e-4)       # ceil(log2 9) = 4
-    assert K.bits("qsgd", d, levels=1) == pytest.approx(2, abs=1e-4)       # ceil(log2 3) = 2
+    assert K.bits("qsgd", d, levels=4) == pytest.approx(4, abs=1e-4)  # ceil(log2 9) = 4
+    assert K.bits("qsgd", d, levels=1) == pytest.approx(2, abs=1e-4)  # ceil(log2 3) = 2
     assert K.bits("topk", d, ratio=0.01) == pytest.approx(0.64, rel=1e-3)  # 64 bits per kept entry
     assert K.bits("randomk", d, ratio=0.01) == pytest.approx(0.32, rel=1e-3)  # shared key: values only
-    assert K.bits("stc", d, ratio=0.01) == pytest.approx(0.33, rel=1e-3)   # 32 + 1 bits per kept entry
+    assert K.bits("stc", d, ratio=0.01) == pytest.approx(0.33, rel=1e-3)  # 32 + 1 bits per kept entry
 
 
 @pytest.mark.parametrize("name,hp", R.WITH_THEORY)
@@ -116,12 +116,22 @@ def _mc_outputs(c, x, keys):
     return np.asarray(f(keys), np.float64).reshape(len(keys), -1)
 
 
-@pytest.mark.parametrize("name,hp,shape", [
-    ("topk", dict(ratio=0.1), (100,)), ("randomk", dict(ratio=0.1, scaled=False), (100,)),
-    ("scaled_sign", {}, (50,)), ("onebit", {}, (50,)), ("onebit", dict(columns=True), (10, 5)),
-    ("stc", dict(k=2), (100,)), ("fp16", {}, (8,)), ("bf16", {}, (8,)),
-    ("qsgd", dict(levels=1), (64,)), ("terngrad", {}, (64,)),
-], ids=lambda v: str(v))
+@pytest.mark.parametrize(
+    "name,hp,shape",
+    [
+        ("topk", dict(ratio=0.1), (100,)),
+        ("randomk", dict(ratio=0.1, scaled=False), (100,)),
+        ("scaled_sign", {}, (50,)),
+        ("onebit", {}, (50,)),
+        ("onebit", dict(columns=True), (10, 5)),
+        ("stc", dict(k=2), (100,)),
+        ("fp16", {}, (8,)),
+        ("bf16", {}, (8,)),
+        ("qsgd", dict(levels=1), (64,)),
+        ("terngrad", {}, (64,)),
+    ],
+    ids=lambda v: str(v),
+)
 def test_worst_case_is_attained(name, hp, shape, mc_keys):
     c = C.get(name, **hp)
     k = K.constants(c, shape)
@@ -132,7 +142,7 @@ def test_worst_case_is_attained(name, hp, shape, mc_keys):
     if c.unbiased:
         y = _mc_outputs(c, x, mc_keys)
         x64 = x.astype(np.float64).reshape(-1)
-        err = np.sum((y - x64) ** 2, axis=1) / np.sum(x64 ** 2)
+        err = np.sum((y - x64) ** 2, axis=1) / np.sum(x64**2)
         assert abs(err.mean() - worst) <= Z * err.std(ddof=1) / math.sqrt(N_MC) + 1e-6
     else:
         assert _real_ratio(c, x) == pytest.approx(worst, rel=1e-5, abs=1e-12)
@@ -160,9 +170,9 @@ def test_stc_worst_case_is_min_k_over_d_and_one_over_k():
             x = rng.standard_normal(d) * rng.random(d) ** rng.integers(1, 8)
             assert K.delta_x("stc", x, k=k) >= delta - 1e-12
         spike = np.ones(d)
-        spike[0] = 1e6                     # approaches 1/k
+        spike[0] = 1e6  # approaches 1/k
         assert K.delta_x("stc", spike, k=k) == pytest.approx(1 / k, rel=1e-3)
-        flat = np.ones(d)                  # equals k/d
+        flat = np.ones(d)  # equals k/d
         assert K.delta_x("stc", flat, k=k) == pytest.approx(k / d)
 
 
@@ -170,7 +180,7 @@ def test_qsgd_paper_bound_holds_and_s1_is_tight():
     rng = np.random.default_rng(3)
     for s, b in [(1, 64), (2, 64), (4, 50), (16, 64)]:
         bound = K.omega("qsgd", (200,), levels=s, bucket=b)
-        assert bound == pytest.approx(math.sqrt(b) - 1 if s == 1 else min(b / s ** 2, math.sqrt(b) / s))
+        assert bound == pytest.approx(math.sqrt(b) - 1 if s == 1 else min(b / s**2, math.sqrt(b) / s))
         for _ in range(50):
             x = rng.standard_normal(200) * rng.random(200) ** rng.integers(0, 6)
             assert K.error_ratio("qsgd", x, levels=s, bucket=b) <= bound + 1e-12
@@ -182,7 +192,7 @@ def test_dgc_bound_holds_for_adversarial_inputs():
     delta = K.delta(c, (d,))
     rng = np.random.default_rng(4)
     x = rng.standard_normal(d).astype(np.float32)
-    x[::16] *= 100                        # the sampled positions are the largest
+    x[::16] *= 100  # the sampled positions are the largest
     xs = [x, rng.standard_normal(d).astype(np.float32)]
     for v, got in zip(xs, _real_ratios(c, xs)):
         assert K.delta_x(c, v) >= delta
@@ -194,18 +204,18 @@ def test_powersgd_exact_uses_warm_start_and_is_non_expansive():
     rng = np.random.default_rng(5)
     m = rng.standard_normal((20, 10)).astype(np.float32)
     low_rank = np.outer(rng.standard_normal(20), rng.standard_normal(10)).astype(np.float32)
-    assert K.delta_x(c, low_rank) == pytest.approx(1.0, abs=1e-6)   # a rank-1 M is recovered
+    assert K.delta_x(c, low_rank) == pytest.approx(1.0, abs=1e-6)  # a rank-1 M is recovered
     dx = K.delta_x(c, m)
     assert 0.0 <= dx <= 1.0
     # the best rank-1 approximation bounds any single power step
     sv = np.linalg.svd(m.astype(np.float64), compute_uv=False)
-    assert dx <= sv[0] ** 2 / np.sum(sv ** 2) + 1e-9
-    assert K.constants(c, (20,)).omega == 0.0                       # vectors stay dense
+    assert dx <= sv[0] ** 2 / np.sum(sv**2) + 1e-9
+    assert K.constants(c, (20,)).omega == 0.0  # vectors stay dense
 
 
 def test_signsgd_is_not_a_contraction():
     x = np.full(10, 0.01)
-    assert K.delta_x("signsgd", x) < -1000     # ||x - sign(x)||^2 >> ||x||^2
+    assert K.delta_x("signsgd", x) < -1000  # ||x - sign(x)||^2 >> ||x||^2
     assert K.constants("signsgd", (10,)).delta is None
     with pytest.raises(ValueError, match="no contraction"):
         K.delta("signsgd", (10,))
@@ -220,14 +230,17 @@ def test_api_accepts_objects_names_and_memory_wrappers():
     assert K.error_ratio("topk", np.zeros(5), ratio=0.2) == 0.0
 
 
-@pytest.mark.parametrize("call,match", [
-    (lambda: K.constants("nope", (3,)), "valid names"),
-    (lambda: K.constants("topk", (3,), bogus=1), "unknown hyper-parameter"),
-    (lambda: K.constants("topk", (0,), ratio=0.1), "no elements"),
-    (lambda: K.omega("topk", (10,), ratio=0.1), "not unbiased"),
-    (lambda: K.constants(C.get("topk", ratio=0.1), (3,), ratio=0.2), "only with a compressor name"),
-    (lambda: K.worst_case_input("threshold", (10,), tau=1.0), "no attained worst case"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: K.constants("nope", (3,)), "valid names"),
+        (lambda: K.constants("topk", (3,), bogus=1), "unknown hyper-parameter"),
+        (lambda: K.constants("topk", (0,), ratio=0.1), "no elements"),
+        (lambda: K.omega("topk", (10,), ratio=0.1), "not unbiased"),
+        (lambda: K.constants(C.get("topk", ratio=0.1), (3,), ratio=0.2), "only with a compressor name"),
+        (lambda: K.worst_case_input("threshold", (10,), tau=1.0), "no attained worst case"),
+    ],
+)
 def test_bad_input_is_one_clear_value_error(call, match):
     with pytest.raises(ValueError, match=match):
         call()
@@ -240,10 +253,11 @@ def test_threshold_and_powersgd_are_only_non_expansive():
     assert K.delta(th, (40,)) == 0.0
     assert K.error_ratio(th, small) == pytest.approx(1.0) and _real_ratio(th, small) == pytest.approx(1.0)
     from cconv.compressors.powersgd import PowerSGDState
+
     ps = C.get("powersgd", rank=1)
-    state = PowerSGDState(jnp.eye(5, 1))                 # warm start q = e_1
+    state = PowerSGDState(jnp.eye(5, 1))  # warm start q = e_1
     m = np.zeros((6, 5), np.float32)
-    m[:, 1:] = np.arange(24.0).reshape(6, 4)             # M e_1 = 0: P = 0, C(M) = 0
+    m[:, 1:] = np.arange(24.0).reshape(6, 4)  # M e_1 = 0: P = 0, C(M) = 0
     assert K.error_ratio(ps, m, state) == 1.0
     y, _ = ps.roundtrip(jnp.asarray(m), state, jax.random.PRNGKey(0))
     assert np.all(np.asarray(y) == 0)

@@ -37,27 +37,30 @@ def test_error_feedback_topk_reaches_the_sgd_neighbourhood(problem):
     p = problem
     a = 16 * p.L / p.mu
     dec = S.stich_schedule(p.mu, a, 4.0)
-    topk = C.get("topk", k=1)            # delta = k/d = 0.1
+    topk = C.get("topk", k=1)  # delta = k/d = 0.1
     g0 = 0.05
     methods = {
-        "sgd": (None, False), "ef": (topk, True), "noef": (topk, False),
-        "sgd_c": (None, False, lambda t: g0), "ef_c": (topk, True, lambda t: g0),
-        "sgd_c4": (None, False, lambda t: g0 / 4), "ef_c4": (topk, True, lambda t: g0 / 4),
+        "sgd": (None, False),
+        "ef": (topk, True),
+        "noef": (topk, False),
+        "sgd_c": (None, False, lambda t: g0),
+        "ef_c": (topk, True, lambda t: g0),
+        "sgd_c4": (None, False, lambda t: g0 / 4),
+        "ef_c4": (topk, True, lambda t: g0 / 4),
     }
-    out = S.compressed_sgd(p, methods, workers=4, steps=STEPS, lr=dec, key=jax.random.PRNGKey(1),
-                           reps=REPS, avg_a=a)
+    out = S.compressed_sgd(p, methods, workers=4, steps=STEPS, lr=dec, key=jax.random.PRNGKey(1), reps=REPS, avg_a=a)
     final = {k: np.asarray(v[1][:, -1], np.float64) for k, v in out.items()}
     sgd, ef = final["sgd"].mean(), final["ef"].mean()
-    assert _se(final["sgd"]) < 0.15 * sgd                      # the comparison is informative
+    assert _se(final["sgd"]) < 0.15 * sgd  # the comparison is informative
     assert ef / sgd == pytest.approx(1.0, abs=0.1)
     assert final["noef"].mean() > 100 * sgd
     # constant steps: stationary error over the second half (last iterates)
-    stat = {k: float(np.asarray(out[k][0][:, STEPS // 2:]).mean()) for k in ("sgd_c", "ef_c", "sgd_c4", "ef_c4")}
+    stat = {k: float(np.asarray(out[k][0][:, STEPS // 2 :]).mean()) for k in ("sgd_c", "ef_c", "sgd_c4", "ef_c4")}
     excess = (stat["ef_c"] - stat["sgd_c"]) / stat["sgd_c"]
     excess4 = (stat["ef_c4"] - stat["sgd_c4"]) / stat["sgd_c4"]
-    assert stat["sgd_c4"] < stat["sgd_c"]                      # SGD's O(gamma) neighbourhood
-    assert excess > 0.5                                        # compression costs at large gamma ...
-    assert excess4 < excess / 4                                # ... and the cost vanishes faster than gamma
+    assert stat["sgd_c4"] < stat["sgd_c"]  # SGD's O(gamma) neighbourhood
+    assert excess > 0.5  # compression costs at large gamma ...
+    assert excess4 < excess / 4  # ... and the cost vanishes faster than gamma
 
 
 def test_scaled_sign_fails_without_error_feedback_on_the_counterexample():
@@ -68,20 +71,20 @@ def test_scaled_sign_fails_without_error_feedback_on_the_counterexample():
     p = S.karimireddy_counterexample(eps)
     x0 = jnp.array([1.0, 1.0])
     f0 = float(S.loss(p, x0))
-    assert f0 == pytest.approx(2 * eps ** 2)
+    assert f0 == pytest.approx(2 * eps**2)
     ss = C.get("scaled_sign")
-    methods = {f"{'ef' if ef else 'noef'}_{name}": (ss, ef, lr)
-               for ef in (False, True)
-               for name, lr in (("0.01", lambda t: 0.01), ("0.1", lambda t: 0.1),
-                                ("dec", lambda t: 1.0 / (1.0 + t)))}
-    out = S.compressed_sgd(p, methods, workers=2, steps=1000, lr=None, key=jax.random.PRNGKey(0),
-                           reps=8, x0=x0)
+    methods = {
+        f"{'ef' if ef else 'noef'}_{name}": (ss, ef, lr)
+        for ef in (False, True)
+        for name, lr in (("0.01", lambda t: 0.01), ("0.1", lambda t: 0.1), ("dec", lambda t: 1.0 / (1.0 + t)))
+    }
+    out = S.compressed_sgd(p, methods, workers=2, steps=1000, lr=None, key=jax.random.PRNGKey(0), reps=8, x0=x0)
     for name, (last, _) in out.items():
         last = np.asarray(last)
         if name.startswith("noef"):
-            assert last.min() >= f0 * (1 - 1e-5), name          # never below f(x0)
+            assert last.min() >= f0 * (1 - 1e-5), name  # never below f(x0)
         else:
-            assert last[:, -1].max() <= 1e-2 * f0, name        # at least 100x below
+            assert last[:, -1].max() <= 1e-2 * f0, name  # at least 100x below
 
 
 def test_local_sgd_linear_speedup_and_bounded_drift(problem):
@@ -90,18 +93,26 @@ def test_local_sgd_linear_speedup_and_bounded_drift(problem):
     a linear speedup in P.  Lemma 3.3: the workers' spread before averaging is at most
     4 gamma_t^2 H^2 G^2.  Beyond the theorem (constant step): the error grows with H."""
     p = problem
-    h_max = 16                                             # sqrt(T / P) = 15.8
+    h_max = 16  # sqrt(T / P) = 15.8
     a = max(16 * p.L / p.mu, h_max)
     dec = S.stich_schedule(p.mu, a, 4.0)
-    const = lambda t: 0.02                                   # noqa: E731
-    configs = {"p1": (1, 1), "h1": (8, 1), "h4": (8, 4), "h16": (8, 16),
-               "c1": (8, 1, const), "c4": (8, 4, const), "c16": (8, 16, const), "cT": (8, STEPS, const)}
+    const = lambda t: 0.02  # noqa: E731
+    configs = {
+        "p1": (1, 1),
+        "h1": (8, 1),
+        "h4": (8, 4),
+        "h16": (8, 16),
+        "c1": (8, 1, const),
+        "c4": (8, 4, const),
+        "c16": (8, 16, const),
+        "cT": (8, STEPS, const),
+    }
     out = S.local_sgd(p, configs, steps=STEPS, lr=dec, key=jax.random.PRNGKey(2), reps=REPS, avg_a=a)
     err = {k: np.asarray(v["err"], np.float64) for k, v in out.items()}
     for h in ("h1", "h4", "h16"):
         speedup = err["p1"].mean() / err[h].mean()
         assert 8 / 1.5 < speedup < 8 * 1.5, (h, speedup)
-    assert err["h16"].mean() / err["h1"].mean() < 1.1          # the H^2 term is higher order here
+    assert err["h16"].mean() / err["h1"].mean() < 1.1  # the H^2 term is higher order here
     for k in ("h1", "h4", "h16"):
         g2 = float(np.asarray(out[k]["g2"]).mean())
         assert float(np.asarray(out[k]["dev_norm"]).max()) <= 4 * g2

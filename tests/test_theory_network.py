@@ -2,7 +2,6 @@
 
 import math
 
-import numpy as np
 import pytest
 
 from cconv.comm.accounting import Collective, traffic
@@ -19,14 +18,16 @@ def test_calibration_reproduces_survey_times_and_throughputs(name):
 
 def test_binary_units_explain_the_stated_throughputs():
     """1 MB = 2^20 B and 16 KB = 2^14 B reproduce the survey's Gb/s; decimal units do not."""
+
     def rel_errors(mb, kb):
         errs = []
         for ms in N.SURVEY_MEASUREMENTS.values():
             for m, size in zip(ms, (kb, mb)):
                 errs.append(abs(8 * size / m.seconds / 1e9 - m.gbps) / m.gbps)
         return errs
-    binary = rel_errors(2 ** 20, 2 ** 14)
-    decimal = rel_errors(10 ** 6, 16 * 10 ** 3)
+
+    binary = rel_errors(2**20, 2**14)
+    decimal = rel_errors(10**6, 16 * 10**3)
     # the 1 MB points (3 significant digits in time) decide it
     assert max(binary[1::2]) < 0.012
     assert min(decimal[1::2]) > 0.035
@@ -41,6 +42,7 @@ def test_fit_minimises_relative_squared_error(name):
     def sse(a, b):
         obs = [(m.nbytes, t) for m in ms for t in (m.seconds, 8 * m.nbytes / (m.gbps * 1e9))]
         return sum(((a + b * n - t) / t) ** 2 for n, t in obs)
+
     best = sse(a, b)
     for da, db in [(1e-7, 0), (-1e-7, 0), (0, 1e-13), (0, -1e-13)]:
         assert sse(a + da, b + db) > best
@@ -87,9 +89,9 @@ def test_nvlink_is_consistent_with_the_survey_3_82x():
     time this implies must be reachable, i.e. the implied FLOP rate below the V100's peak
     (125 TFLOP/s tensor cores)."""
     t_comm = N.allreduce_time(N.BERT_LARGE_BYTES, 4, N.get("NVLink"))
-    t_comp = t_comm * 3.82 / (4 - 3.82)              # from 3.82 = 4 t_comp / (t_comp + t_comm)
+    t_comp = t_comm * 3.82 / (4 - 3.82)  # from 3.82 = 4 t_comp / (t_comp + t_comm)
     rate = 597e9 / 8 * 128 / t_comp
-    assert 15.7e12 < rate < 125e12                   # above fp32 peak: mixed precision, plausible
+    assert 15.7e12 < rate < 125e12  # above fp32 peak: mixed precision, plausible
 
 
 def test_collective_times_by_hand():
@@ -102,8 +104,7 @@ def test_collective_times_by_hand():
     assert N.recursive_doubling_rounds(6) == 4 and N.recursive_doubling_rounds(8) == 3
     assert N.collective_time("ps_push", n, 8, net) == pytest.approx(1e-5 + 7e-3)
     assert N.collective_time("ps_pull", n, 8, net, servers=8) == pytest.approx(1e-5 + 7 / 8 * 1e-3)
-    assert N.collective_time("broadcast", n, 8, net) == pytest.approx(min(3 * (1e-5 + 1e-3),
-                                                                          10e-5 + 1.75e-3))
+    assert N.collective_time("broadcast", n, 8, net) == pytest.approx(min(3 * (1e-5 + 1e-3), 10e-5 + 1.75e-3))
     assert N.collective_time("broadcast", 10, 8, net) == pytest.approx(3 * (1e-5 + 1e-8))
     for kind in N.COLLECTIVES:
         assert N.collective_time(kind, n, 1, net) == 0.0
@@ -131,21 +132,28 @@ def test_gtopk_communication_complexity():
 def test_bytes_sent_agree_with_the_engine_accounting(kind):
     for p in (2, 4, 8):
         sent, _ = traffic(Collective(kind, 1000.0), p)
-        assert N.bytes_sent(kind, 1000.0, p) == pytest.approx(sent[-1])   # a non-root worker
+        assert N.bytes_sent(kind, 1000.0, p) == pytest.approx(sent[-1])  # a non-root worker
 
 
 def test_step_comm_time_sums_counts_and_accepts_engine_collectives():
     net = N.get("100GbIB")
-    colls = [Collective("allreduce", 4e6, 3), Collective("allgather", 1e4, 2), ("broadcast", 100),
-             {"kind": "recursive_doubling", "bytes": 8e3, "count": 1}]
-    want = (3 * N.allreduce_time(4e6, 8, net) + 2 * N.allgather_time(1e4, 8, net)
-            + N.broadcast_time(100, 8, net) + N.recursive_doubling_time(8e3, 8, net))
+    colls = [
+        Collective("allreduce", 4e6, 3),
+        Collective("allgather", 1e4, 2),
+        ("broadcast", 100),
+        {"kind": "recursive_doubling", "bytes": 8e3, "count": 1},
+    ]
+    want = (
+        3 * N.allreduce_time(4e6, 8, net)
+        + 2 * N.allgather_time(1e4, 8, net)
+        + N.broadcast_time(100, 8, net)
+        + N.recursive_doubling_time(8e3, 8, net)
+    )
     assert N.step_comm_time(colls, 8, net) == pytest.approx(want)
     # the engine's metric all-reduce (control traffic) is not part of the algorithm's time
     ctl = colls + [Collective("allreduce", 16.0, 1, control=True)]
     assert N.step_comm_time(ctl, 8, net) == pytest.approx(want)
-    assert N.step_comm_time(ctl, 8, net, include_control=True) == pytest.approx(
-        want + N.allreduce_time(16.0, 8, net))
+    assert N.step_comm_time(ctl, 8, net, include_control=True) == pytest.approx(want + N.allreduce_time(16.0, 8, net))
     # overlap with nothing to hide behind is the plain sum
     assert N.step_comm_time(colls, 8, net, N.Overlap(backward=0.0)) == pytest.approx(want)
 
@@ -153,7 +161,7 @@ def test_step_comm_time_sums_counts_and_accepts_engine_collectives():
 def test_wfbp_overlap_and_fusion_by_hand():
     # P=2: allreduce time = 2 alpha + n beta
     net = N.Network("t", alpha=0.0, beta=1e-9)
-    calls = [("allreduce", 1e9), ("allreduce", 1e9)]          # 1 s each
+    calls = [("allreduce", 1e9), ("allreduce", 1e9)]  # 1 s each
     # listed in forward order: the second tensor's gradient is ready first (t=1), the first at t=2
     assert N.step_comm_time(calls, 2, net, N.Overlap(backward=2.0)) == pytest.approx(1.0)
     assert N.step_comm_time(calls, 2, net, N.Overlap(2.0, ready=[2.0, 1.0])) == pytest.approx(1.0)
@@ -179,29 +187,33 @@ def test_from_config_forms():
     g = N.from_config({"latency_us": 1, "bandwidth_GBps": 12})
     assert g.bandwidth == pytest.approx(12e9) and g.name == "custom"
     assert set(N.names()) >= {"10GbE", "100GbE", "100GbIB", "PCIe3x16", "NVLink"}
-    two = N.from_config({"name": "dgx", "intra": "NVLink", "inter": {"latency_us": 2, "bandwidth_gbps": 200},
-                         "per_node": 8})
+    two = N.from_config(
+        {"name": "dgx", "intra": "NVLink", "inter": {"latency_us": 2, "bandwidth_gbps": 200}, "per_node": 8}
+    )
     assert isinstance(two, N.Hierarchical) and two.per_node == 8 and two.intra == N.get("NVLink")
     assert two.inter.bandwidth == pytest.approx(25e9)
 
 
-@pytest.mark.parametrize("call,match", [
-    (lambda: N.get("40GbE"), "valid presets"),
-    (lambda: N.from_config({"alpha": 1e-5}), "needs both"),
-    (lambda: N.from_config({"alpha": 1e-5, "beta": 0}), "beta"),
-    (lambda: N.from_config({"alpha": 1e-5, "beta": 1e-9, "rtt": 1}), "unknown key"),
-    (lambda: N.from_config({"latency_us": 1}), "exactly one of"),
-    (lambda: N.from_config(3), "preset name or a mapping"),
-    (lambda: N.from_config({"intra": "NVLink", "per_node": 8}), "two-level network needs"),
-    (lambda: N.from_config({"intra": "NVLink", "inter": "10GbE", "per_node": 0}), "per_node"),
-    (lambda: N.collective_time("alltoall", 1, 2, N.get("10GbE")), "valid: allreduce"),
-    (lambda: N.collective_time("allreduce", -1, 2, N.get("10GbE")), "nbytes"),
-    (lambda: N.collective_time("allreduce", 1, 0, N.get("10GbE")), "workers"),
-    (lambda: N.collective_time("ps_push", 1, 2, N.get("10GbE"), servers=3), "servers"),
-    (lambda: N.collective_time("allreduce", 1, 2, "10GbE"), "Network"),
-    (lambda: N.step_comm_time([("allreduce",)], 2, N.get("10GbE")), "kind, bytes"),
-    (lambda: N.step_comm_time([("allreduce", 1)], 2, N.get("10GbE"), N.Overlap(1.0, ready=[1, 2])), "ready"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: N.get("40GbE"), "valid presets"),
+        (lambda: N.from_config({"alpha": 1e-5}), "needs both"),
+        (lambda: N.from_config({"alpha": 1e-5, "beta": 0}), "beta"),
+        (lambda: N.from_config({"alpha": 1e-5, "beta": 1e-9, "rtt": 1}), "unknown key"),
+        (lambda: N.from_config({"latency_us": 1}), "exactly one of"),
+        (lambda: N.from_config(3), "preset name or a mapping"),
+        (lambda: N.from_config({"intra": "NVLink", "per_node": 8}), "two-level network needs"),
+        (lambda: N.from_config({"intra": "NVLink", "inter": "10GbE", "per_node": 0}), "per_node"),
+        (lambda: N.collective_time("alltoall", 1, 2, N.get("10GbE")), "valid: allreduce"),
+        (lambda: N.collective_time("allreduce", -1, 2, N.get("10GbE")), "nbytes"),
+        (lambda: N.collective_time("allreduce", 1, 0, N.get("10GbE")), "workers"),
+        (lambda: N.collective_time("ps_push", 1, 2, N.get("10GbE"), servers=3), "servers"),
+        (lambda: N.collective_time("allreduce", 1, 2, "10GbE"), "Network"),
+        (lambda: N.step_comm_time([("allreduce",)], 2, N.get("10GbE")), "kind, bytes"),
+        (lambda: N.step_comm_time([("allreduce", 1)], 2, N.get("10GbE"), N.Overlap(1.0, ready=[1, 2])), "ready"),
+    ],
+)
 def test_bad_input_is_one_clear_value_error(call, match):
     with pytest.raises(ValueError, match=match):
         call()
@@ -211,6 +223,7 @@ def test_step_comm_time_of_real_engine_collectives():
     """The experiment layer's path: trainer.collectives(step) -> step_comm_time (shapes only)."""
     import jax.numpy as jnp
     import optax
+
     from cconv import compressors as C
     from cconv.engine import EngineConfig, build
 
@@ -222,7 +235,7 @@ def test_step_comm_time_of_real_engine_collectives():
 
     net = N.get("10GbE")
     topk = C.get("topk", ratio=0.125)
-    payload = topk.wire_bytes((64, 8)) + topk.wire_bytes((8,))          # 64 and 1 (value, index) pairs
+    payload = topk.wire_bytes((64, 8)) + topk.wire_bytes((8,))  # 64 and 1 (value, index) pairs
     for collective, kind in (("auto", "allgather"), ("gtopk", "recursive_doubling")):
         cfg = EngineConfig(workers=4, compressor=topk, memory="ef", collective=collective)
         trainer = build(loss_fn, params, optax.sgd(0.1), cfg)
@@ -238,22 +251,25 @@ def test_hierarchical_reduces_to_flat_and_matches_hand_values():
     intra, inter = N.Network("i", 1e-6, 1e-10), N.Network("e", 1e-5, 1e-9)
     h = N.Hierarchical("h", intra, inter, 4)
     n = 1e6
-    for kind in N.COLLECTIVES:              # P <= g: everything inside the node
+    for kind in N.COLLECTIVES:  # P <= g: everything inside the node
         assert N.collective_time(kind, n, 4, h) == pytest.approx(N.collective_time(kind, n, 4, intra))
     one = N.Hierarchical("one", intra, inter, 1)
-    for kind in ("allreduce", "allgather", "recursive_doubling", "broadcast"):   # g = 1: flat inter
+    for kind in ("allreduce", "allgather", "recursive_doubling", "broadcast"):  # g = 1: flat inter
         assert N.collective_time(kind, n, 8, one) == pytest.approx(N.collective_time(kind, n, 8, inter))
     # P = 8 = 2 nodes x 4
     assert N.collective_time("allreduce", n, 8, h) == pytest.approx(
-        2 * 3 * (1e-6 + n / 4 * 1e-10) + 2 * 1e-5 + 1 * n * 1e-9)
-    assert N.collective_time("allgather", n, 8, h) == pytest.approx(
-        (1e-5 + 4 * n * 1e-9) + 3 * (1e-6 + 2 * n * 1e-10))
+        2 * 3 * (1e-6 + n / 4 * 1e-10) + 2 * 1e-5 + 1 * n * 1e-9
+    )
+    assert N.collective_time("allgather", n, 8, h) == pytest.approx((1e-5 + 4 * n * 1e-9) + 3 * (1e-6 + 2 * n * 1e-10))
     assert N.collective_time("recursive_doubling", n, 8, h) == pytest.approx(
-        2 * (1e-6 + n * 1e-10) + (1e-5 + 4 * n * 1e-9))
+        2 * (1e-6 + n * 1e-10) + (1e-5 + 4 * n * 1e-9)
+    )
     assert N.collective_time("ps_push", n, 8, h, servers=2) == pytest.approx(
-        max(1e-5 + 4 * n / 2 * 1e-9, 1e-6 + 3 * n / 2 * 1e-10))
+        max(1e-5 + 4 * n / 2 * 1e-9, 1e-6 + 3 * n / 2 * 1e-10)
+    )
     assert N.collective_time("broadcast", n, 8, h) == pytest.approx(
-        min(1e-5 + n * 1e-9, 2e-5 + n * 1e-9) + min(2 * (1e-6 + n * 1e-10), 5e-6 + 1.5 * n * 1e-10))
+        min(1e-5 + n * 1e-9, 2e-5 + n * 1e-9) + min(2 * (1e-6 + n * 1e-10), 5e-6 + 1.5 * n * 1e-10)
+    )
     with pytest.raises(ValueError, match="multiple of per_node"):
         N.collective_time("allreduce", n, 6, h)
     with pytest.raises(ValueError, match="servers"):
@@ -266,6 +282,7 @@ def test_survey_testbed_presets():
         h = N.get(f"survey-{name}")
         assert (h.intra, h.inter, h.per_node) == (N.get("PCIe3x16"), N.get(name), 4)
         assert N.allreduce_time(N.BERT_LARGE_BYTES, 4, h.intra) == pytest.approx(
-            N.collective_time("allreduce", N.BERT_LARGE_BYTES, 4, h))
+            N.collective_time("allreduce", N.BERT_LARGE_BYTES, 4, h)
+        )
     assert N.from_config("survey-100gbib") == N.get("survey-100GbIB")
     assert "survey-10GbE" in N.names()

@@ -2,7 +2,6 @@
 
 import argparse
 
-import numpy as np
 import pytest
 
 from cconv import compressors as C
@@ -32,23 +31,23 @@ def test_hand_computed_custom_workload():
     assert p.compute_s == pytest.approx(0.010)
     dense = rows[("none", "-")]
     assert dense.payload_bytes == 4e6
-    assert dense.comm_s == pytest.approx(2 * 3 / 4 * 4e6 * 1e-9)            # 6 ms
-    assert dense.speedup == pytest.approx(4 * 10 / 16)                      # 2.5x
-    topk = rows[("topk", "ratio=0.01")]                                     # k = 10,000
+    assert dense.comm_s == pytest.approx(2 * 3 / 4 * 4e6 * 1e-9)  # 6 ms
+    assert dense.speedup == pytest.approx(4 * 10 / 16)  # 2.5x
+    topk = rows[("topk", "ratio=0.01")]  # k = 10,000
     assert topk.payload_bytes == 80_000
-    assert topk.comm_s == pytest.approx(3 * 80_000e-9)                      # ring allgather
+    assert topk.comm_s == pytest.approx(3 * 80_000e-9)  # ring allgather
     assert topk.sent_bytes == 3 * 80_000
     assert topk.speedup == pytest.approx(40 / 10.24)
     gtopk = rows[("gtopk", "ratio=0.01")]
-    assert gtopk.comm_s == pytest.approx(2 * 80_000e-9)                     # log2(4) rounds
+    assert gtopk.comm_s == pytest.approx(2 * 80_000e-9)  # log2(4) rounds
     rk = rows[("randomk", "ratio=0.01")]
-    assert rk.payload_bytes == 40_008                                       # values + shared key
+    assert rk.payload_bytes == 40_008  # values + shared key
     assert rk.comm_s == pytest.approx(1.5 * 40_008e-9)
     sign = rows[("signsgd", "-")]
     assert sign.payload_bytes == 125_000 and sign.comm_s == pytest.approx(3 * 125_000e-9)
     q = rows[("qsgd", "levels=4")]
-    assert q.payload_bytes == 500_004                                       # 4 bits + one norm
-    ps = rows[("none-ps", "-")]                                             # 4 co-located servers
+    assert q.payload_bytes == 500_004  # 4 bits + one norm
+    ps = rows[("none-ps", "-")]  # 4 co-located servers
     assert ps.comm_s == pytest.approx(2 * 3 / 4 * 4e6 * 1e-9)
     assert (topk.constant, rk.constant, dense.constant) == ("delta=0.01", "omega=99", "omega=0")
     assert rows[("terngrad", "-")].constant == "omega=500" and sign.constant == "biased"
@@ -64,11 +63,10 @@ def test_powersgd_payload_from_shapes():
     w = W.Workload("toy", 220, 1e6, 1, ((10, 20), (20,)))
     p = PL.plan(w, 2, N.Network("t", 0.0, 1e-9), 1e12, ranks=[1], methods=["powersgd"])
     (row,) = p.rows
-    assert row.payload_bytes == 4 * (10 + 20) + 4 * 20          # P (+ the dense bias), Q
+    assert row.payload_bytes == 4 * (10 + 20) + 4 * 20  # P (+ the dense bias), Q
     assert row.comm_s == pytest.approx((4 * 10 + 4 * 20) * 1e-9 + 4 * 20 * 1e-9)
-    lw = PL.plan(w, 2, N.Network("t", 1e-3, 1e-9), 1e12, ranks=[1], methods=["powersgd"],
-                 granularity="layerwise")
-    assert lw.rows[0].comm_s == pytest.approx(3 * 2e-3 + 200 * 1e-9)   # P, Q, bias: 3 calls
+    lw = PL.plan(w, 2, N.Network("t", 1e-3, 1e-9), 1e12, ranks=[1], methods=["powersgd"], granularity="layerwise")
+    assert lw.rows[0].comm_s == pytest.approx(3 * 2e-3 + 200 * 1e-9)  # P, Q, bias: 3 calls
 
 
 def test_survey_workloads_match_the_survey():
@@ -106,9 +104,11 @@ def test_held_out_survey_speedups_on_4_gpus():
     net = N.get("PCIe3x16")
 
     def speedup(name, overlap):
-        p = PL.plan(W.get(name), 4, net, methods=["none"], overlap=overlap,
-                    granularity="layerwise" if overlap else "fused")
+        p = PL.plan(
+            W.get(name), 4, net, methods=["none"], overlap=overlap, granularity="layerwise" if overlap else "fused"
+        )
         return p.rows[0].speedup
+
     assert speedup("bert-base", False) == pytest.approx(3.1, rel=0.02)
     assert speedup("resnet50", True) == pytest.approx(4.0, rel=0.07)
     assert speedup("resnet50", False) < speedup("resnet50", True) < 4
@@ -133,8 +133,10 @@ def test_c2c_ratio_is_f_of_n_over_m_times_i():
 def test_higher_intensity_and_batch_scale_better(net):
     """The survey's finding: lower I or smaller M is harder to scale (ResNet-50 > BERT-Base >
     BERT-Large), on every network, for dense all-reduce at 32 workers."""
-    s = [PL.plan(W.get(n), 32, N.get(net), methods=["none"]).rows[0].speedup
-         for n in ("resnet50", "bert-base", "bert-large")]
+    s = [
+        PL.plan(W.get(n), 32, N.get(net), methods=["none"]).rows[0].speedup
+        for n in ("resnet50", "bert-base", "bert-large")
+    ]
     assert s[0] > s[1] > s[2]
 
 
@@ -147,8 +149,20 @@ def test_overlap_never_slower_than_bsp():
 
 
 def test_cli_prints_table_and_winner(capsys):
-    rc = CLI.run(_args("--workload", "bert-large", "--workers", "4", "--network", "PCIe3x16",
-                      "--methods", "none,topk,gtopk", "--ratios", "0.01"))
+    rc = CLI.run(
+        _args(
+            "--workload",
+            "bert-large",
+            "--workers",
+            "4",
+            "--network",
+            "PCIe3x16",
+            "--methods",
+            "none,topk,gtopk",
+            "--ratios",
+            "0.01",
+        )
+    )
     out = capsys.readouterr().out
     assert rc == 0
     assert "1.08x" in out and "fastest: gtopk (ratio=0.01)" in out
@@ -157,24 +171,45 @@ def test_cli_prints_table_and_winner(capsys):
 
 
 def test_cli_custom_and_several_networks(capsys):
-    rc = CLI.run(_args("--params", "1e6", "--flops-per-sample", "1e9", "--batch", "10", "--workers", "4",
-                      "--network", "hand", "--alpha", "0", "--beta", "1e-9", "--device-flops", "1e12",
-                      "--methods", "none"))
+    rc = CLI.run(
+        _args(
+            "--params",
+            "1e6",
+            "--flops-per-sample",
+            "1e9",
+            "--batch",
+            "10",
+            "--workers",
+            "4",
+            "--network",
+            "hand",
+            "--alpha",
+            "0",
+            "--beta",
+            "1e-9",
+            "--device-flops",
+            "1e12",
+            "--methods",
+            "none",
+        )
+    )
     assert rc == 0 and "2.50x" in capsys.readouterr().out
-    rc = CLI.run(_args("--workload", "resnet50", "--workers", "8", "--network", "10GbE,100GbIB",
-                      "--methods", "none"))
+    rc = CLI.run(_args("--workload", "resnet50", "--workers", "8", "--network", "10GbE,100GbIB", "--methods", "none"))
     out = capsys.readouterr().out
     assert rc == 0 and "network 10GbE" in out and "network 100GbIB" in out
 
 
-@pytest.mark.parametrize("argv,match", [
-    (["--params", "1000", "--workers", "2", "--network", "10GbE"], "missing --flops-per-sample, --batch"),
-    (["--workload", "gpt3", "--workers", "2", "--network", "10GbE"], "valid: resnet50"),
-    (["--workload", "resnet50", "--workers", "2", "--network", "40GbE"], "valid presets"),
-    (["--workload", "resnet50", "--workers", "2", "--network", "x", "--alpha", "1e-5"], "both --alpha"),
-    (["--workload", "resnet50", "--workers", "2", "--network", "10GbE", "--methods", "zip"], "unknown method"),
-    (["--workload", "resnet50", "--workers", "2", "--network", "10GbE", "--servers", "3"], "servers"),
-])
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["--params", "1000", "--workers", "2", "--network", "10GbE"], "missing --flops-per-sample, --batch"),
+        (["--workload", "gpt3", "--workers", "2", "--network", "10GbE"], "valid: resnet50"),
+        (["--workload", "resnet50", "--workers", "2", "--network", "40GbE"], "valid presets"),
+        (["--workload", "resnet50", "--workers", "2", "--network", "x", "--alpha", "1e-5"], "both --alpha"),
+        (["--workload", "resnet50", "--workers", "2", "--network", "10GbE", "--methods", "zip"], "unknown method"),
+        (["--workload", "resnet50", "--workers", "2", "--network", "10GbE", "--servers", "3"], "servers"),
+    ],
+)
 def test_cli_bad_input_one_line_nonzero(argv, match, capsys):
     rc = CLI.run(_args(*argv))
     err = capsys.readouterr().err
@@ -205,14 +240,28 @@ def test_held_out_survey_32_gpu_bert_base():
 
 def test_methods_come_from_the_registry():
     table = PL.all_methods()
-    today = ["none", "none-ps", "fp16", "randomk", "topk", "gtopk", "dgc", "stc", "qsgd", "terngrad",
-             "signsgd", "scaled_sign", "onebit", "powersgd"]
+    today = [
+        "none",
+        "none-ps",
+        "fp16",
+        "randomk",
+        "topk",
+        "gtopk",
+        "dgc",
+        "stc",
+        "qsgd",
+        "terngrad",
+        "signsgd",
+        "scaled_sign",
+        "onebit",
+        "powersgd",
+    ]
     assert set(today) <= set(table)
-    assert set(C.names()) <= set(table)                       # every entry is a method
+    assert set(C.names()) <= set(table)  # every entry is a method
     assert list(table)[:2] == [PL.identity_name(), PL.identity_name() + "-ps"]
     assert [m for m, v in table.items() if v.lossless] == list(table)[:2]
     assert table["gtopk"] == PL.Method("gtopk", "topk", "recursive_doubling", False, C.entry("topk").knob)
-    assert table["dgc-gtopk"].compressor == "dgc"             # second declarer of the collective
+    assert table["dgc-gtopk"].compressor == "dgc"  # second declarer of the collective
     assert table["powersgd"].collective is None and table["none-ps"].collective == PL.PS
     assert PL.settings(table["topk"]) == [{"ratio": r} for r in C.entry("topk").knob.values]
     assert PL.settings(table["qsgd"], {"levels": [2]}) == [{"levels": 2}]
@@ -223,14 +272,20 @@ def test_a_new_registry_entry_is_planned_automatically():
     from cconv.compressors import registry
 
     name = "test_planner_half"
-    C.register(name, C.Entry(lambda: C.get("fp16")._replace(aggregation="allreduce"), aggregation="allreduce",
-                             knob=C.Knob("flag", ()), collectives=("gtopk",)))
+    C.register(
+        name,
+        C.Entry(
+            lambda: C.get("fp16")._replace(aggregation="allreduce"),
+            aggregation="allreduce",
+            knob=C.Knob("flag", ()),
+            collectives=("gtopk",),
+        ),
+    )
     try:
-        p = PL.plan(W.custom(1000, 1e6, 1), 2, N.Network("t", 0.0, 1e-9), 1e12,
-                    methods=[name, f"{name}-gtopk", "fp16"])
+        p = PL.plan(W.custom(1000, 1e6, 1), 2, N.Network("t", 0.0, 1e-9), 1e12, methods=[name, f"{name}-gtopk", "fp16"])
         rows = _rows(p)
         assert rows[(name, "-")].payload_bytes == rows[("fp16", "-")].payload_bytes == 2000
-        assert rows[(f"{name}-gtopk", "-")].comm_s == pytest.approx(2000e-9)   # one round at P = 2
+        assert rows[(f"{name}-gtopk", "-")].comm_s == pytest.approx(2000e-9)  # one round at P = 2
     finally:
         registry._REGISTRY.pop(name)
 
@@ -240,7 +295,7 @@ def test_sweep_overrides_any_knob_and_threshold_needs_its_values(capsys):
     net = N.Network("hand", 0.0, 1e-9)
     p = PL.plan(w, 4, net, 1e12, sweep={"tau": [2.5], "ratio": [0.01]}, methods=["threshold", "terngrad"])
     assert [(r.method, r.setting) for r in p.rows] == [("threshold", "tau=2.5"), ("terngrad", "-")]
-    assert p.rows[0].payload_bytes == 80_000                   # k = 1 % capacity, value + index
+    assert p.rows[0].payload_bytes == 80_000  # k = 1 % capacity, value + index
     assert "threshold omitted" in " ".join(PL.plan(w, 4, net, 1e12).notes)
     with pytest.raises(ValueError, match="tau"):
         PL.plan(w, 4, net, 1e12, methods=["threshold"])
@@ -248,9 +303,26 @@ def test_sweep_overrides_any_knob_and_threshold_needs_its_values(capsys):
         PL.plan(w, 4, net, 1e12, sweep={"nope": [1]})
     with pytest.raises(ValueError, match="twice"):
         PL.plan(w, 4, net, 1e12, sweep={"ratio": [0.1]}, ratios=[0.2])
-    rc = CLI.run(_args("--params", "1e6", "--flops-per-sample", "1e9", "--batch", "10", "--workers", "4",
-                       "--network", "10GbE", "--methods", "qsgd,terngrad", "--sweep", "levels=2,8",
-                       "--sweep", "clip=2.5"))
+    rc = CLI.run(
+        _args(
+            "--params",
+            "1e6",
+            "--flops-per-sample",
+            "1e9",
+            "--batch",
+            "10",
+            "--workers",
+            "4",
+            "--network",
+            "10GbE",
+            "--methods",
+            "qsgd,terngrad",
+            "--sweep",
+            "levels=2,8",
+            "--sweep",
+            "clip=2.5",
+        )
+    )
     out = capsys.readouterr().out
     assert rc == 0 and "levels=2 " in out and "levels=8 " in out and "clip=2.5" in out
     rc = CLI.run(_args("--workload", "resnet50", "--workers", "2", "--network", "10GbE", "--sweep", "rank=x"))
@@ -280,6 +352,11 @@ def test_theory_names_no_compressor():
 
     root = pathlib.Path(PL.__file__).parent
     pattern = re.compile("|".join(rf"[\"']{re.escape(n)}[\"']" for n in C.names()))
-    hits = [f"{p.relative_to(root)}:{i}" for p in sorted(root.rglob("*.py")) if p.name != "constants.py"
-            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    hits = [
+        f"{p.relative_to(root)}:{i}"
+        for p in sorted(root.rglob("*.py"))
+        if p.name != "constants.py"
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert hits == []

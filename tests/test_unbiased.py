@@ -10,13 +10,11 @@ samples. Each test also shows that the same check rejects a deliberately wrong h
 
 import numpy as np
 import pytest
-
-import cconv.compressors as cc
 import registry_cases as R
 from registry_cases import N_MC, mean_ok, scalar_mean_ok, z_for
 
 N = N_MC
-X = R.X.reshape(-1)          # the samples are of R.X (3 x 4), flattened
+X = R.X.reshape(-1)  # the samples are of R.X (3 x 4), flattened
 D = X.size
 
 
@@ -32,21 +30,29 @@ def test_unbiased(name, hp):
     R.check_unbiased(R.subject(name, hp))
 
 
-@pytest.mark.parametrize("name,hp", [
-    ("randomk", (("k", 3), ("scaled", True), ("shared", True))),
-    ("randomk", (("k", 3), ("scaled", True), ("shared", False))),
-    ("qsgd", (("levels", 1),)),
-], ids=lambda v: str(v))
+@pytest.mark.parametrize(
+    "name,hp",
+    [
+        ("randomk", (("k", 3), ("scaled", True), ("shared", True))),
+        ("randomk", (("k", 3), ("scaled", True), ("shared", False))),
+        ("qsgd", (("levels", 1),)),
+    ],
+    ids=lambda v: str(v),
+)
 def test_monte_carlo_mean_of_more_variants(name, hp):
     """Spot checks beyond the registry's cases (their samples also serve the tests below)."""
     passed, worst = mean_ok(mc_samples(name, hp), X)
     assert passed, f"{name}{hp}: worst |mean - x| / se = {worst:.2f} > z = {z_for(D):.2f}"
 
 
-@pytest.mark.parametrize("name,hp", [
-    ("randomk", (("k", 3), ("scaled", False), ("shared", True))),
-    ("terngrad", (("clip", 0.5),)),
-], ids=["unscaled-randomk", "terngrad-clipped"])
+@pytest.mark.parametrize(
+    "name,hp",
+    [
+        ("randomk", (("k", 3), ("scaled", False), ("shared", True))),
+        ("terngrad", (("clip", 0.5),)),
+    ],
+    ids=["unscaled-randomk", "terngrad-clipped"],
+)
 def test_monte_carlo_mean_rejects_biased_variant(name, hp):
     """The same check must reject compressors that are biased (proves it can fail)."""
     passed, worst = mean_ok(mc_samples(name, hp), X)
@@ -55,7 +61,6 @@ def test_monte_carlo_mean_rejects_biased_variant(name, hp):
 
 def _sq(a):
     return np.sum(a * a, axis=-1)
-
 
 
 @pytest.mark.parametrize("shared", [True, False])
@@ -96,7 +101,7 @@ def qsgd_variance(x: np.ndarray, s: int, bucket: int | None) -> float:
     b = x.size if bucket is None else bucket
     total = 0.0
     for start in range(0, x.size, b):
-        v = x[start:start + b]
+        v = x[start : start + b]
         norm = np.sqrt(np.sum(v * v))
         r = s * np.abs(v) / norm
         p = r - np.floor(r)

@@ -9,12 +9,12 @@ from math import ceil, log2, prod
 import jax
 import jax.numpy as jnp
 import pytest
-
-import cconv.compressors as cc
 import registry_cases as R
 
+import cconv.compressors as cc
+
 SHAPES = [(), (1,), (7,), (8,), (9,), (3, 5), (33, 17), (2, 3, 5), (1000,), (4, 1)]
-TRACED = {(7,), (33, 17), (2, 3, 5), ()}        # payloads traced (the rest: wire_bytes only)
+TRACED = {(7,), (33, 17), (2, 3, 5), ()}  # payloads traced (the rest: wire_bytes only)
 DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -23,7 +23,7 @@ def kof(d, ratio=None, k=None):
     return max(1, min(k, d))
 
 
-def sparse(d, k, isz):        # top-k style: k values + k int32 indices, dense when k >= d
+def sparse(d, k, isz):  # top-k style: k values + k int32 indices, dense when k >= d
     return d * isz if k >= d else k * (isz + 4)
 
 
@@ -61,8 +61,11 @@ PAPER = [
     ("qsgd", {"levels": 1}, lambda sh, d, i: qsgd_bytes(d, 1, None)),
     ("qsgd", {"levels": 2, "bucket": 4}, lambda sh, d, i: qsgd_bytes(d, 2, 4)),
     ("qsgd", {"levels": 127, "bucket": 512}, lambda sh, d, i: qsgd_bytes(d, 127, 512)),
-    ("stc", {"ratio": 0.1}, lambda sh, d, i: (4 * kof(d, 0.1) + ceil(kof(d, 0.1) / 8) + 4)
-     if kof(d, 0.1) < d else ceil(d / 8) + 4),
+    (
+        "stc",
+        {"ratio": 0.1},
+        lambda sh, d, i: (4 * kof(d, 0.1) + ceil(kof(d, 0.1) / 8) + 4) if kof(d, 0.1) < d else ceil(d / 8) + 4,
+    ),
     ("powersgd", {"rank": 1}, lambda sh, d, i: powersgd_bytes(sh, 1, i)),
     ("powersgd", {"rank": 2}, lambda sh, d, i: powersgd_bytes(sh, 2, i)),
     ("natural", {}, lambda sh, d, i: ceil(d / 8) + d),
@@ -79,7 +82,7 @@ def test_spot_values_from_the_papers():
     assert cc.signsgd().wire_bytes((d,)) == d // 8
     assert cc.terngrad().wire_bytes((d,)) == d // 4 + 4
     assert cc.topk(ratio=0.01).wire_bytes((d,)) == 8 * 10**4
-    assert cc.qsgd(levels=8).wire_bytes((d,)) == ceil(5 * d / 8) + 4      # 2*8+1 = 17 -> 5 bits
+    assert cc.qsgd(levels=8).wire_bytes((d,)) == ceil(5 * d / 8) + 4  # 2*8+1 = 17 -> 5 bits
     assert cc.none().wire_bytes((d,)) == 4 * d
     assert cc.powersgd(rank=4).wire_bytes((512, 256)) == 4 * (512 + 256) * 4
 
@@ -94,8 +97,7 @@ def test_wire_bytes_equal_paper(name, hp, paper):
             expected = paper(shape, d, isz)
             assert c.wire_bytes(shape, dtype) == expected, (shape, dtype)
             if shape in TRACED and dtype != "float16":
-                static = jax.eval_shape(compress, jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)),
-                                        jax.random.PRNGKey(0))
+                static = jax.eval_shape(compress, jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)), jax.random.PRNGKey(0))
                 assert cc.payload_bytes(static) == expected, (shape, dtype)
 
 

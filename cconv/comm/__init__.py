@@ -13,5 +13,17 @@ from cconv.comm import accounting, gtopk, hlo
 from cconv.comm.accounting import KINDS, Collective, merge, total_traffic, traffic, tree_bytes
 from cconv.comm.backend import Comm, DryComm, MeshComm
 
-__all__ = ["accounting", "gtopk", "hlo", "KINDS", "Collective", "merge", "total_traffic", "traffic",
-           "tree_bytes", "Comm", "DryComm", "MeshComm"]
+__all__ = [
+    "accounting",
+    "gtopk",
+    "hlo",
+    "KINDS",
+    "Collective",
+    "merge",
+    "total_traffic",
+    "traffic",
+    "tree_bytes",
+    "Comm",
+    "DryComm",
+    "MeshComm",
+]

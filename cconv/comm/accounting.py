@@ -26,7 +26,8 @@ compiled program's collectives are accounted for exactly (``cconv.comm.hlo``).
 from __future__ import annotations
 
 import math
-from typing import Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import NamedTuple
 
 import numpy as np
 

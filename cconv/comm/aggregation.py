@@ -42,12 +42,11 @@ import jax.numpy as jnp
 from cconv import memory as M
 from cconv.comm.gtopk import gtopk
 from cconv.compressors.base import Compressor, DensePayload
-from cconv.compressors.powersgd import (PowerSGDState, compute_p, compute_q, is_compressed,
-                                        matrix_shape, orthogonalize)
+from cconv.compressors.powersgd import PowerSGDState, compute_p, compute_q, is_compressed, matrix_shape, orthogonalize
 from cconv.compressors.registry import entries, entry_of
 from cconv.compressors.sparse import SparsePayload, scatter
 
-_SERVER_KEY = 1 << 20     # folded into the step key for the server's downlink compression
+_SERVER_KEY = 1 << 20  # folded into the step key for the server's downlink compression
 
 
 def _gathered_sum(c: Compressor, stacked, like):
@@ -114,8 +113,9 @@ class ParameterServer:
         leaves, treedef = jax.tree.flatten(payloads)
         is_f = [jnp.issubdtype(x.dtype, jnp.floating) for x in leaves]
         got = iter(comm.push([x for x, f in zip(leaves, is_f) if f]))
-        stacked = jax.tree.unflatten(treedef, [next(got) if f else jnp.broadcast_to(x, (comm.size, *x.shape))
-                                               for x, f in zip(leaves, is_f)])
+        stacked = jax.tree.unflatten(
+            treedef, [next(got) if f else jnp.broadcast_to(x, (comm.size, *x.shape)) for x, f in zip(leaves, is_f)]
+        )
         return [_gathered_sum(c, s, u) for s, u in zip(stacked, units)]
 
     def gather(self, comm, c, payloads, units):
@@ -159,7 +159,7 @@ class Aggregator(Protocol):
     """One aggregation method (see the module docstring)."""
 
     name: str
-    fusable: bool     # tensors may be fused into one flat buffer
+    fusable: bool  # tensors may be fused into one flat buffer
     selectable: bool  # a configuration may ask for it by name (``collective``)
 
     def compresses(self, c: Compressor, shape: tuple) -> bool: ...
@@ -170,8 +170,8 @@ class Aggregator(Protocol):
 class _Method:
     name = ""
     fusable = True
-    selectable = False     # a configuration may ask for it (``collective=<name>``)
-    shared_key = False     # every worker compresses with the same key (summable payloads)
+    selectable = False  # a configuration may ask for it (``collective=<name>``)
+    shared_key = False  # every worker compresses with the same key (summable payloads)
 
     def compresses(self, c: Compressor, shape: tuple) -> bool:
         """Whether a tensor of ``shape`` is compressed (else it travels in the dense buffer)."""
@@ -225,12 +225,14 @@ class Vote(AllGather):
     """Majority vote over gathered payloads: sign(sum_w decompress(payload_w)), sign(0) = +1."""
 
     name = "vote"
-    selectable = False     # asked for by ``vote=True``, not by ``collective``
+    selectable = False  # asked for by ``vote=True``, not by ``collective``
 
     def check(self, cfg, c):
         if c.aggregation != "allgather":
-            raise ValueError(f"vote=True needs a compressor whose payloads are gathered (a sign compressor), "
-                             f"got {c.name!r} (aggregation {c.aggregation!r})")
+            raise ValueError(
+                f"vote=True needs a compressor whose payloads are gathered (a sign compressor), "
+                f"got {c.name!r} (aggregation {c.aggregation!r})"
+            )
 
     def _finish(self, comm, totals):
         return [jnp.where(t >= 0, 1, -1).astype(t.dtype) for t in totals]
@@ -243,19 +245,20 @@ class GTopK(_Method):
     def check(self, cfg, c):
         ok = supporting(self.name)
         if self.name not in _collectives(c):
-            raise ValueError(f"collective='gtopk' needs a top-k selection compressor ({', '.join(ok)}), "
-                             f"got {c.name!r}")
+            raise ValueError(f"collective='gtopk' needs a top-k selection compressor ({', '.join(ok)}), got {c.name!r}")
         if cfg.architecture != AllToAll.name:
             raise ValueError("collective='gtopk' is an all-to-all algorithm; use architecture='all-to-all'")
         if cfg.workers & (cfg.workers - 1):
-            raise ValueError(f"collective='gtopk' needs a power-of-two number of workers "
-                             f"(recursive doubling), got workers={cfg.workers}")
+            raise ValueError(
+                f"collective='gtopk' needs a power-of-two number of workers "
+                f"(recursive doubling), got workers={cfg.workers}"
+            )
 
     def aggregate(self, comm, plan, units, state, key):
         payloads, states = self._compress(comm, plan, units, state, key)
         out = []
         for j, (u, p) in enumerate(zip(units, payloads)):
-            if isinstance(p, DensePayload):      # k >= d: nothing to select
+            if isinstance(p, DensePayload):  # k >= d: nothing to select
                 out.append(comm.allmean(p.values).reshape(u.shape).astype(u.dtype))
                 continue
             v, i, alive = gtopk(comm, p.values, p.indices)
@@ -270,7 +273,7 @@ class PowerSGD(_Method):
 
     name = "powersgd"
     fusable = False
-    MEMORIES = (M.NONE, "ef")    # masking (DGC) needs a sparse "sent"; the aggregate is dense
+    MEMORIES = (M.NONE, "ef")  # masking (DGC) needs a sparse "sent"; the aggregate is dense
 
     def compresses(self, c, shape):
         return is_compressed(shape, c.hparams["rank"])
@@ -294,8 +297,10 @@ class PowerSGD(_Method):
         qs = mean(comm, [compute_q(m, p) for m, p in zip(mats, ps)])
         approx = [p @ q.T for p, q in zip(ps, qs)]
         out = [a.reshape(u.shape).astype(u.dtype) for a, u in zip(approx, units)]
-        new = [mem.settle(s, m.reshape(u.shape), PowerSGDState(q), a.reshape(u.shape))
-               for (_, _, s), m, q, a, u in zip(absorbed, mats, qs, approx, units)]
+        new = [
+            mem.settle(s, m.reshape(u.shape), PowerSGDState(q), a.reshape(u.shape))
+            for (_, _, s), m, q, a, u in zip(absorbed, mats, qs, approx, units)
+        ]
         return out, {**state, "units": tuple(new)}
 
 
@@ -331,5 +336,20 @@ def check(cfg, c: Compressor) -> None:
         AGGREGATORS[Vote.name].check(cfg, c)
 
 
-__all__ = ["AGGREGATORS", "TRANSPORTS", "COLLECTIVES", "Aggregator", "Transport", "AllToAll", "ParameterServer",
-           "AllReduce", "AllGather", "Vote", "GTopK", "PowerSGD", "method_of", "check", "supporting"]
+__all__ = [
+    "AGGREGATORS",
+    "TRANSPORTS",
+    "COLLECTIVES",
+    "Aggregator",
+    "Transport",
+    "AllToAll",
+    "ParameterServer",
+    "AllReduce",
+    "AllGather",
+    "Vote",
+    "GTopK",
+    "PowerSGD",
+    "method_of",
+    "check",
+    "supporting",
+]

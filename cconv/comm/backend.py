@@ -76,8 +76,7 @@ class Comm:
         return dtype
 
     def allmean(self, tree, control: bool = False):
-        return jax.tree.map(lambda x: x / self.size if _is_float(x) else x,
-                            self.allreduce(tree, control))
+        return jax.tree.map(lambda x: x / self.size if _is_float(x) else x, self.allreduce(tree, control))
 
     def allgather(self, tree):
         """Each leaf gains a leading axis of size P: worker w's leaf at index w."""
@@ -109,14 +108,15 @@ class Comm:
 def _as_bits(tree):
     """16-bit floats travel as uint16 bit patterns in collectives that do not reduce: XLA's CPU
     back-end would otherwise widen bfloat16 to float32 on the wire (lossless either way)."""
+
     def enc(x):
         return lax.bitcast_convert_type(x, jnp.uint16) if x.dtype == jnp.bfloat16 else x
+
     return jax.tree.map(enc, tree)
 
 
 def _from_bits(tree, like):
-    return jax.tree.map(lambda x, l: lax.bitcast_convert_type(x, l.dtype) if l.dtype == jnp.bfloat16
-                        else x, tree, like)
+    return jax.tree.map(lambda x, l: lax.bitcast_convert_type(x, l.dtype) if l.dtype == jnp.bfloat16 else x, tree, like)
 
 
 class MeshComm(Comm):

@@ -49,12 +49,12 @@ def merge_topk(va, ia, vb, ib, k: int):
     val = jnp.concatenate([va, vb])
     order = jnp.argsort(idx, stable=True)
     idx, val = idx[order], val[order]
-    first = jnp.concatenate([jnp.ones((1,), bool), idx[1:] != idx[:-1]])   # first of a run
+    first = jnp.concatenate([jnp.ones((1,), bool), idx[1:] != idx[:-1]])  # first of a run
     seg = jnp.cumsum(first) - 1
     merged = jax.ops.segment_sum(val, seg, num_segments=idx.shape[0])[seg]
     score = jnp.where(first, jnp.abs(merged).astype(jnp.float32), -1.0)
     _, pos = lax.top_k(score, k)
-    pos = jnp.sort(pos)                            # keep the result sorted by index
+    pos = jnp.sort(pos)  # keep the result sorted by index
     return merged[pos], idx[pos]
 
 

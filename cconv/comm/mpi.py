@@ -42,14 +42,17 @@ class MPIComm(Comm):
     def _psum(self, tree):
         import mpi4jax
         from mpi4py import MPI
+
         return jax.tree.map(lambda x: mpi4jax.allreduce(x, op=MPI.SUM, comm=self.mpi_comm), tree)
 
     def _all_gather(self, tree):
         import mpi4jax
+
         return jax.tree.map(lambda x: mpi4jax.allgather(x, comm=self.mpi_comm), tree)
 
     def _ppermute(self, tree, perm):
         import mpi4jax
+
         dest = [t for s, t in perm if s == self._rank]
         source = [s for s, t in perm if t == self._rank]
 

@@ -14,26 +14,59 @@ baseline, for layers that must refer to it without naming a compressor.
 from __future__ import annotations
 
 from cconv.compressors.base import Compressor, DensePayload, EmptyState, payload_bytes
-from cconv.compressors.registry import (Bench, Bound, Entry, Knob, Param, Schema, Theory, entries, entry,
-                                        entry_of, get, hparams_of, names, register)
-
-from cconv.compressors.identity import IDENTITY, identity
 from cconv.compressors.casts import bf16, fp16
-from cconv.compressors.randomk import randomk
-from cconv.compressors.topk import topk
-from cconv.compressors.threshold import threshold
 from cconv.compressors.dgc import dgc
-from cconv.compressors.terngrad import terngrad
-from cconv.compressors.signsgd import signsgd
-from cconv.compressors.scaled_sign import scaled_sign
-from cconv.compressors.onebit import onebit
-from cconv.compressors.qsgd import qsgd
-from cconv.compressors.stc import stc
-from cconv.compressors.powersgd import powersgd
+from cconv.compressors.identity import IDENTITY, identity
 from cconv.compressors.natural import natural
+from cconv.compressors.onebit import onebit
+from cconv.compressors.powersgd import powersgd
+from cconv.compressors.qsgd import qsgd
+from cconv.compressors.randomk import randomk
+from cconv.compressors.registry import (
+    Bench,
+    Bound,
+    Entry,
+    Knob,
+    Param,
+    Schema,
+    Theory,
+    entries,
+    entry,
+    entry_of,
+    get,
+    hparams_of,
+    names,
+    register,
+)
+from cconv.compressors.scaled_sign import scaled_sign
+from cconv.compressors.signsgd import signsgd
+from cconv.compressors.stc import stc
+from cconv.compressors.terngrad import terngrad
+from cconv.compressors.threshold import threshold
+from cconv.compressors.topk import topk
 
 none = identity
 
-__all__ = ["Compressor", "EmptyState", "DensePayload", "payload_bytes", "get", "names", "hparams_of",
-           "entry", "entry_of", "entries", "register", "Entry", "Schema", "Param", "Theory", "Bound",
-           "Knob", "Bench", "IDENTITY", "identity", *names()]
+__all__ = [
+    "Compressor",
+    "EmptyState",
+    "DensePayload",
+    "payload_bytes",
+    "get",
+    "names",
+    "hparams_of",
+    "entry",
+    "entry_of",
+    "entries",
+    "register",
+    "Entry",
+    "Schema",
+    "Param",
+    "Theory",
+    "Bound",
+    "Knob",
+    "Bench",
+    "IDENTITY",
+    "identity",
+    *names(),
+]

@@ -47,8 +47,9 @@ Conventions (documented once, used everywhere)
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -72,8 +73,8 @@ class Compressor(NamedTuple):
     density: Callable[[Shape], float]
     name: str
     unbiased: bool
-    aggregation: str = "allgather"     # set from the registry entry by ``Entry.build``
-    hparams: Mapping[str, Any] = MappingProxyType({})   # the validated hyper-parameters (build)
+    aggregation: str = "allgather"  # set from the registry entry by ``Entry.build``
+    hparams: Mapping[str, Any] = MappingProxyType({})  # the validated hyper-parameters (build)
 
     @property
     def summable(self) -> bool:
@@ -144,9 +145,7 @@ def check_float(name: str, x) -> None:
     """Raise a clear ValueError for non-floating inputs (checked at trace time, static)."""
     dtype = jnp.dtype(x.dtype)
     if not jnp.issubdtype(dtype, jnp.floating):
-        raise ValueError(
-            f"{name}: expects a floating-point array (float32, bfloat16, float16), got dtype {dtype}"
-        )
+        raise ValueError(f"{name}: expects a floating-point array (float32, bfloat16, float16), got dtype {dtype}")
 
 
 def size_of(shape: Shape) -> int:

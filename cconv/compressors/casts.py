@@ -21,12 +21,11 @@ from typing import NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
-from cconv.compressors.base import (Array, Compressor, check_float, like_info, size_of,
-                                    stateless_init)
+from cconv.compressors.base import Array, Compressor, check_float, like_info, size_of, stateless_init
 from cconv.compressors.oracle import flat64, spike
 from cconv.compressors.registry import Bench, Bound, Entry, Theory, register
 
-UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}   # u of the wire format
+UNIT_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}  # u of the wire format
 
 
 class CastPayload(NamedTuple):
@@ -45,8 +44,7 @@ def _cast(name: str, wire_dtype) -> Compressor:
     def wire_bytes(shape, dtype="float32"):
         return size_of(shape) * 2
 
-    return Compressor(stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0,
-                      name=name, unbiased=False)
+    return Compressor(stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0, name=name, unbiased=False)
 
 
 def _fp16() -> Compressor:
@@ -76,7 +74,23 @@ def _cast_theory(name: str, wire_dtype) -> Theory:
     )
 
 
-fp16 = register("fp16", Entry(_fp16, aggregation="allreduce", theory=_cast_theory("fp16", jnp.float16),
-                              label="fp16", bench=Bench(target_x=4.0)))
-bf16 = register("bf16", Entry(_bf16, aggregation="allreduce", theory=_cast_theory("bf16", jnp.bfloat16),
-                              label="bf16", bench=Bench(target_x=4.0)))
+fp16 = register(
+    "fp16",
+    Entry(
+        _fp16,
+        aggregation="allreduce",
+        theory=_cast_theory("fp16", jnp.float16),
+        label="fp16",
+        bench=Bench(target_x=4.0),
+    ),
+)
+bf16 = register(
+    "bf16",
+    Entry(
+        _bf16,
+        aggregation="allreduce",
+        theory=_cast_theory("bf16", jnp.bfloat16),
+        label="bf16",
+        bench=Bench(target_x=4.0),
+    ),
+)

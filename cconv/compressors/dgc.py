@@ -34,11 +34,16 @@ import numpy as np
 
 from cconv.compressors.base import Compressor, SparsifierSize, check_float, size_of, stateless_init
 from cconv.compressors.oracle import flat64, sparsifier_k, top_idx
-from cconv.compressors.registry import K, RATIO, Bound, Entry, Knob, Param, Schema, Theory, ratio_or_k, \
-    register
+from cconv.compressors.registry import RATIO, Bound, Entry, K, Knob, Param, Schema, Theory, ratio_or_k, register
 from cconv.compressors.select import topk_indices
-from cconv.compressors.sparse import (SPARSE_BENCH, SPARSE_RATIOS, DensePayload, SparsePayload,
-                                      decompress_sparse, sparse_bytes)
+from cconv.compressors.sparse import (
+    SPARSE_BENCH,
+    SPARSE_RATIOS,
+    DensePayload,
+    SparsePayload,
+    decompress_sparse,
+    sparse_bytes,
+)
 
 
 def sampled_threshold(mag, k: int, sample_ratio: float):
@@ -75,8 +80,7 @@ def _dgc(ratio: float | None = None, k: int | None = None, sample_ratio: float =
     def wire_bytes(shape, dtype="float32"):
         return sparse_bytes(kof(shape), size_of(shape), dtype)
 
-    return Compressor(stateless_init, compress, decompress_sparse, wire_bytes, size.density,
-                      name="dgc", unbiased=False)
+    return Compressor(stateless_init, compress, decompress_sparse, wire_bytes, size.density, name="dgc", unbiased=False)
 
 
 def _wire_bytes(c, shape, isz):
@@ -112,7 +116,7 @@ def _error_sq(c, x, state):
         return 0.0
     mag = np.abs(x.astype(np.float32)).astype(np.float64)
     n_s = max(math.ceil(c.hparams["sample_ratio"] * d), min(d, 256))
-    sample = mag[::max(d // n_s, 1)]
+    sample = mag[:: max(d // n_s, 1)]
     k_s = max(1, min(sample.size, math.ceil(k * sample.size / d)))
     thr = np.sort(sample)[::-1][k_s - 1]
     cand = np.flatnonzero(mag >= thr)
@@ -122,8 +126,16 @@ def _error_sq(c, x, state):
 
 THEORY = Theory(wire_bytes=_wire_bytes, bound=_bound, error_sq=_error_sq)
 
-dgc = register("dgc", Entry(
-    _dgc, Schema((RATIO, K, Param("sample_ratio", "float", 0.01, low=0.0, high=1.0, low_open=True)),
-                 rule=ratio_or_k),
-    collectives=("gtopk",), theory=THEORY, knob=Knob("ratio", SPARSE_RATIOS), label="DGC",
-    cases=({"ratio": 0.2},), bench=SPARSE_BENCH))
+dgc = register(
+    "dgc",
+    Entry(
+        _dgc,
+        Schema((RATIO, K, Param("sample_ratio", "float", 0.01, low=0.0, high=1.0, low_open=True)), rule=ratio_or_k),
+        collectives=("gtopk",),
+        theory=THEORY,
+        knob=Knob("ratio", SPARSE_RATIOS),
+        label="DGC",
+        cases=({"ratio": 0.2},),
+        bench=SPARSE_BENCH,
+    ),
+)

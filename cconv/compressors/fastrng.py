@@ -70,8 +70,7 @@ def _fast_bits(raw, shape):
 
 
 def _supported(key, shape) -> bool:
-    return (_raw_threefry_key(key) is not None and jax.config.jax_threefry_partitionable
-            and math.prod(shape) < 2**32)
+    return _raw_threefry_key(key) is not None and jax.config.jax_threefry_partitionable and math.prod(shape) < 2**32
 
 
 def bits(key, shape):
@@ -80,8 +79,9 @@ def bits(key, shape):
     if not _supported(key, shape):
         return jax.random.bits(key, shape, jnp.uint32)
     raw = _raw_threefry_key(key)
-    return lax.platform_dependent(raw, cpu=lambda r: _fast_bits(r, shape),
-                                  default=lambda r: jax.random.bits(key, shape, jnp.uint32))
+    return lax.platform_dependent(
+        raw, cpu=lambda r: _fast_bits(r, shape), default=lambda r: jax.random.bits(key, shape, jnp.uint32)
+    )
 
 
 def uniform(key, shape):

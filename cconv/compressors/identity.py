@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from cconv.compressors.base import (Compressor, DensePayload, check_float, itemsize, like_info,
-                                    size_of, stateless_init)
+from cconv.compressors.base import Compressor, DensePayload, check_float, itemsize, like_info, size_of, stateless_init
 from cconv.compressors.oracle import alternating
 from cconv.compressors.registry import Bench, Bound, Entry, Theory, register
 
-IDENTITY = "none"   # the registered name of the uncompressed baseline
+IDENTITY = "none"  # the registered name of the uncompressed baseline
 
 
 def _identity() -> Compressor:
@@ -28,8 +27,7 @@ def _identity() -> Compressor:
     def wire_bytes(shape, dtype="float32"):
         return size_of(shape) * itemsize(dtype)
 
-    return Compressor(stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0,
-                      name=IDENTITY, unbiased=True)
+    return Compressor(stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0, name=IDENTITY, unbiased=True)
 
 
 THEORY = Theory(
@@ -40,5 +38,7 @@ THEORY = Theory(
     worst_case=lambda c, shape: alternating(shape),
 )
 
-identity = register(IDENTITY, Entry(_identity, aggregation="allreduce", theory=THEORY,
-                                    label="dense (no compression)", bench=Bench(target_x=4.0)))
+identity = register(
+    IDENTITY,
+    Entry(_identity, aggregation="allreduce", theory=THEORY, label="dense (no compression)", bench=Bench(target_x=4.0)),
+)

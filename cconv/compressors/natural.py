@@ -48,12 +48,12 @@ from cconv.compressors.oracle import flat64
 from cconv.compressors.packing import pack_bits, packed_size, unpack_bits
 from cconv.compressors.registry import Bench, Bound, Entry, Theory, register
 
-_MIN_NORMAL = 2.0 ** -126   # smallest normal float32; exponent field 0 holds zero and subnormals
-_OVERFLOW = 2.0 ** 127      # largest finite float32 power of two
+_MIN_NORMAL = 2.0**-126  # smallest normal float32; exponent field 0 holds zero and subnormals
+_OVERFLOW = 2.0**127  # largest finite float32 power of two
 
 
 class NaturalPayload(NamedTuple):
-    signs: Array      # uint8[ceil(d/8)], bit = 1 for a clear sign bit
+    signs: Array  # uint8[ceil(d/8)], bit = 1 for a clear sign bit
     exponents: Array  # uint8[d], biased float32 exponent of the rounded value (0: zero, 255: inf)
 
 
@@ -62,8 +62,8 @@ def _natural() -> Compressor:
         check_float("natural", x)
         bits = lax.bitcast_convert_type(x.reshape(-1).astype(jnp.float32), jnp.uint32)
         exponent = (bits >> 23) & 0xFF
-        p = (bits & 0x7FFFFF).astype(jnp.float32) * 2.0 ** -23        # (|x| - 2^a) / 2^a, exact
-        up = (fastrng.uniform(key, p.shape) < p) & (exponent < 255)   # inf / NaN keep exponent 255
+        p = (bits & 0x7FFFFF).astype(jnp.float32) * 2.0**-23  # (|x| - 2^a) / 2^a, exact
+        up = (fastrng.uniform(key, p.shape) < p) & (exponent < 255)  # inf / NaN keep exponent 255
         exponents = (exponent + up.astype(jnp.uint32)).astype(jnp.uint8)
         return NaturalPayload(pack_bits((bits >> 31) == 0, 1), exponents), state
 
@@ -77,8 +77,9 @@ def _natural() -> Compressor:
         d = size_of(shape)
         return packed_size(d, 1) + d
 
-    return Compressor(stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0,
-                      name="natural", unbiased=True)
+    return Compressor(
+        stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0, name="natural", unbiased=True
+    )
 
 
 # ---------------------------------------------------------------- theory (float64 NumPy)
@@ -88,7 +89,7 @@ def _neighbours(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(lo, hi): the two values |x_i| rounds to, 2^a <= |x_i| < 2^(a+1); 0 and 2^-126 for a
     subnormal, 0 and 0 for zero."""
     t = np.abs(x)
-    lo = np.ldexp(1.0, np.frexp(t)[1] - 1)     # t = m 2^e with m in [0.5, 1): 2^a = 2^(e-1)
+    lo = np.ldexp(1.0, np.frexp(t)[1] - 1)  # t = m 2^e with m in [0.5, 1): 2^a = 2^(e-1)
     sub = t < _MIN_NORMAL
     return np.where(sub, 0.0, lo), np.where(sub, np.where(t > 0, _MIN_NORMAL, 0.0), 2.0 * lo)
 
@@ -118,5 +119,7 @@ THEORY = Theory(
     worst_case=_worst_case,
 )
 
-natural = register("natural", Entry(_natural, aggregation="allgather", theory=THEORY,
-                                    label="natural compression", bench=Bench(target_x=4.0)))
+natural = register(
+    "natural",
+    Entry(_natural, aggregation="allgather", theory=THEORY, label="natural compression", bench=Bench(target_x=4.0)),
+)

@@ -19,8 +19,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
-from cconv.compressors.base import (Array, Compressor, check_float, like_info, safe_div, size_of,
-                                    stateless_init)
+from cconv.compressors.base import Array, Compressor, check_float, like_info, safe_div, size_of, stateless_init
 from cconv.compressors.oracle import flat64, spike
 from cconv.compressors.packing import pack_signs, packed_size, unpack_bits
 from cconv.compressors.registry import Bench, Bound, Entry, Param, Schema, Theory, register
@@ -59,8 +58,9 @@ def _onebit(columns: bool = False) -> Compressor:
     def wire_bytes(shape, dtype="float32"):
         return packed_size(size_of(shape), 1) + 8 * _ncols(tuple(shape), columns)
 
-    return Compressor(stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0,
-                      name="onebit", unbiased=False)
+    return Compressor(
+        stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0, name="onebit", unbiased=False
+    )
 
 
 def _groups(c, shape) -> int:
@@ -87,8 +87,19 @@ def _error_sq(c, x, state):
 
 THEORY = Theory(
     wire_bytes=lambda c, shape, isz: packed_size(size_of(shape), 1) + 8 * _groups(c, shape),
-    bound=_bound, error_sq=_error_sq, worst_case=lambda c, shape: spike(shape),
+    bound=_bound,
+    error_sq=_error_sq,
+    worst_case=lambda c, shape: spike(shape),
 )
 
-onebit = register("onebit", Entry(_onebit, Schema((Param("columns", "bool", False),)), theory=THEORY,
-                                  label="1-bit SGD", cases=({}, {"columns": True}), bench=Bench(target_x=4.0)))
+onebit = register(
+    "onebit",
+    Entry(
+        _onebit,
+        Schema((Param("columns", "bool", False),)),
+        theory=THEORY,
+        label="1-bit SGD",
+        cases=({}, {"columns": True}),
+        bench=Bench(target_x=4.0),
+    ),
+)

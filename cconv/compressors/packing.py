@@ -67,14 +67,14 @@ def _pack_groups(codes: Array, nbits: int) -> Array:
         codes = jnp.concatenate([codes, jnp.zeros((pad,), jnp.uint8)])
     g = codes.reshape(-1, 2, 4).astype(jnp.uint32)
     shifts = (jnp.arange(4, dtype=jnp.uint32) * nbits).astype(jnp.uint32)
-    words = jnp.sum(g << shifts, axis=2, dtype=jnp.uint32)     # fields do not overlap: sum = or
-    lo, hi = words[:, 0], words[:, 1]                           # bits [0, 4n) and [4n, 8n)
+    words = jnp.sum(g << shifts, axis=2, dtype=jnp.uint32)  # fields do not overlap: sum = or
+    lo, hi = words[:, 0], words[:, 1]  # bits [0, 4n) and [4n, 8n)
     half = 4 * nbits
     out = []
     for b in range(nbits):
-        o = 8 * b                                               # first bit of byte b
+        o = 8 * b  # first bit of byte b
         acc = lo >> o if o < half else None
-        s = half - o                                            # where hi starts relative to o
+        s = half - o  # where hi starts relative to o
         if 0 < s < 8:
             part = hi << s
         elif s <= 0:
@@ -84,7 +84,7 @@ def _pack_groups(codes: Array, nbits: int) -> Array:
         if part is not None:
             acc = part if acc is None else acc | part
         out.append((acc & 0xFF).astype(jnp.uint8))
-    return jnp.stack(out, axis=1).reshape(-1)[:packed_size(d, nbits)]
+    return jnp.stack(out, axis=1).reshape(-1)[: packed_size(d, nbits)]
 
 
 def _unpack_groups(packed: Array, nbits: int, d: int) -> Array:
@@ -98,7 +98,7 @@ def _unpack_groups(packed: Array, nbits: int, d: int) -> Array:
     for j in range(8):
         acc = None
         for b in range(nbits):
-            s = 8 * b - nbits * j              # where byte b starts relative to code j
+            s = 8 * b - nbits * j  # where byte b starts relative to code j
             if -8 < s < nbits:
                 part = (B[:, b] << s) if s >= 0 else (B[:, b] >> -s)
                 acc = part if acc is None else acc | part

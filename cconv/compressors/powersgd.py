@@ -159,7 +159,16 @@ def _error_sq(c, x, state):
 
 THEORY = Theory(wire_bytes=_wire_bytes, bound=_bound, error_sq=_error_sq)
 
-powersgd = register("powersgd", Entry(
-    _powersgd, Schema((Param("rank", "int", 1, low=1), Param("seed", "int", 0))),
-    aggregation="powersgd", theory=THEORY, knob=Knob("rank", (1, 4)), label="PowerSGD",
-    cases=({"rank": 2}, {"rank": 1}), bench=Bench(lambda r: {"rank": 4})))
+powersgd = register(
+    "powersgd",
+    Entry(
+        _powersgd,
+        Schema((Param("rank", "int", 1, low=1), Param("seed", "int", 0))),
+        aggregation="powersgd",
+        theory=THEORY,
+        knob=Knob("rank", (1, 4)),
+        label="PowerSGD",
+        cases=({"rank": 2}, {"rank": 1}),
+        bench=Bench(lambda r: {"rank": 4}),
+    ),
+)

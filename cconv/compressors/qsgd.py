@@ -57,7 +57,7 @@ def _qsgd(levels: int = 8, bucket: int | None = None) -> Compressor:
         r = s * safe_div(jnp.abs(v), norms[:, None])
         l = jnp.floor(r)
         p = r - l
-        xi = jnp.minimum(l + (fastrng.uniform(key, v.shape) < p), s)   # = jax.random.uniform, bit for bit
+        xi = jnp.minimum(l + (fastrng.uniform(key, v.shape) < p), s)  # = jax.random.uniform, bit for bit
         level = jnp.where(v >= 0, xi, -xi)
         codes = (level + s).astype(jnp.uint8).reshape(-1)[:d]
         return QSGDPayload(pack_bits(codes, nbits), norms), state
@@ -75,8 +75,7 @@ def _qsgd(levels: int = 8, bucket: int | None = None) -> Compressor:
         d = size_of(shape)
         return packed_size(d, nbits) + 4 * layout(d)[1]
 
-    return Compressor(stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0,
-                      name="qsgd", unbiased=True)
+    return Compressor(stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0, name="qsgd", unbiased=True)
 
 
 # ---------------------------------------------------------------- theory (float64 NumPy)
@@ -101,7 +100,7 @@ def _bound(c, shape):
     b, _ = _buckets(size_of(shape), c.hparams["bucket"])
     if s == 1:
         return Bound("unbiased", omega=math.sqrt(b) - 1.0)
-    return Bound("unbiased", omega=min(b / s ** 2, math.sqrt(b) / s), tight=False)
+    return Bound("unbiased", omega=min(b / s**2, math.sqrt(b) / s), tight=False)
 
 
 def _bucket_variances(c, x):
@@ -111,7 +110,7 @@ def _bucket_variances(c, x):
     s = c.hparams["levels"]
     b, nb = _buckets(x.size, c.hparams["bucket"])
     for i in range(nb):
-        v = x[i * b:(i + 1) * b]
+        v = x[i * b : (i + 1) * b]
         nv = math.sqrt(float(np.sum(v * v)))
         if nv > 0:
             r = s * np.abs(v) / nv
@@ -136,12 +135,22 @@ def _worst_case(c, shape):
     return alternating(shape)
 
 
-THEORY = Theory(wire_bytes=_wire_bytes, bound=_bound,
-                error_sq=_error_sq,
-                variance=_variance, worst_case=_worst_case)
+THEORY = Theory(wire_bytes=_wire_bytes, bound=_bound, error_sq=_error_sq, variance=_variance, worst_case=_worst_case)
 
-qsgd = register("qsgd", Entry(
-    _qsgd, Schema((Param("levels", "int", 8, low=1, high=127, help="s, quantisation levels"),
-                   Param("bucket", "int", None, low=1, optional=True))),
-    theory=THEORY, knob=Knob("levels", (4, 16)), label="QSGD", cases=({"levels": 4}, {"levels": 2, "bucket": 6}),
-    bench=Bench(lambda r: {"levels": 2}, 4.0)))     # 3-bit codes: the generic bit-stream packing path
+qsgd = register(
+    "qsgd",
+    Entry(
+        _qsgd,
+        Schema(
+            (
+                Param("levels", "int", 8, low=1, high=127, help="s, quantisation levels"),
+                Param("bucket", "int", None, low=1, optional=True),
+            )
+        ),
+        theory=THEORY,
+        knob=Knob("levels", (4, 16)),
+        label="QSGD",
+        cases=({"levels": 4}, {"levels": 2, "bucket": 6}),
+        bench=Bench(lambda r: {"levels": 2}, 4.0),
+    ),
+)  # 3-bit codes: the generic bit-stream packing path

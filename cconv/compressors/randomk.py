@@ -25,19 +25,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cconv.compressors.base import (Array, Compressor, DensePayload, SparsifierSize, check_float,
-                                    itemsize, like_info, size_of, stateless_init)
+from cconv.compressors.base import (
+    Array,
+    Compressor,
+    DensePayload,
+    SparsifierSize,
+    check_float,
+    itemsize,
+    like_info,
+    size_of,
+    stateless_init,
+)
 from cconv.compressors.oracle import alternating, flat64, sparsifier_k
-from cconv.compressors.registry import K, RATIO, Bench, Bound, Entry, Knob, Param, Schema, Theory, \
-    ratio_or_k, register
+from cconv.compressors.registry import RATIO, Bench, Bound, Entry, K, Knob, Param, Schema, Theory, ratio_or_k, register
 from cconv.compressors.select import sample_k_distinct
-from cconv.compressors.sparse import (SPARSE_RATIOS, SparsePayload, decompress_sparse, scatter,
-                                      sparse_bytes)
+from cconv.compressors.sparse import SPARSE_RATIOS, SparsePayload, decompress_sparse, scatter, sparse_bytes
 
 
 class SharedKeyPayload(NamedTuple):
     values: Array  # (k,) input dtype, already scaled if scaled=True
-    key: Array     # raw key data (uint32); identical on all workers, regenerates the indices
+    key: Array  # raw key data (uint32); identical on all workers, regenerates the indices
 
 
 def _raw(key: Array) -> Array:
@@ -52,8 +59,7 @@ def sample_indices(key: Array, d: int, k: int) -> Array:
     return sample_k_distinct(jax.random.wrap_key_data(_raw(key)), d, k)
 
 
-def _randomk(ratio: float | None = None, k: int | None = None, scaled: bool = True,
-             shared: bool = True) -> Compressor:
+def _randomk(ratio: float | None = None, k: int | None = None, scaled: bool = True, shared: bool = True) -> Compressor:
     size = SparsifierSize(ratio, k)
     kof = size.k
 
@@ -88,8 +94,9 @@ def _randomk(ratio: float | None = None, k: int | None = None, scaled: bool = Tr
             return kk * itemsize(dtype) + 8
         return sparse_bytes(kk, d, dtype)
 
-    return Compressor(stateless_init, compress, decompress, wire_bytes, size.density,
-                      name="randomk", unbiased=bool(scaled))
+    return Compressor(
+        stateless_init, compress, decompress, wire_bytes, size.density, name="randomk", unbiased=bool(scaled)
+    )
 
 
 def _wire_bytes(c, shape, isz):
@@ -126,13 +133,24 @@ def _variance(c, x):
     return np.zeros_like(x) if k >= x.size else (x.size / k - 1.0) * x * x
 
 
-THEORY = Theory(wire_bytes=_wire_bytes, bound=_bound, error_sq=_error_sq, variance=_variance,
-                worst_case=lambda c, shape: alternating(shape))
+THEORY = Theory(
+    wire_bytes=_wire_bytes,
+    bound=_bound,
+    error_sq=_error_sq,
+    variance=_variance,
+    worst_case=lambda c, shape: alternating(shape),
+)
 
-randomk = register("randomk", Entry(
-    _randomk,
-    Schema((RATIO, K, Param("scaled", "bool", True), Param("shared", "bool", True)), rule=ratio_or_k),
-    aggregation=lambda hp: "allreduce" if hp["shared"] else "allgather",
-    theory=THEORY, knob=Knob("ratio", SPARSE_RATIOS), label="random-k",
-    cases=({"ratio": 0.2}, {"ratio": 0.2, "scaled": False, "shared": False}, {"k": 3, "scaled": False}),
-    bench=Bench(lambda r: {"ratio": r}, 4.0)))
+randomk = register(
+    "randomk",
+    Entry(
+        _randomk,
+        Schema((RATIO, K, Param("scaled", "bool", True), Param("shared", "bool", True)), rule=ratio_or_k),
+        aggregation=lambda hp: "allreduce" if hp["shared"] else "allgather",
+        theory=THEORY,
+        knob=Knob("ratio", SPARSE_RATIOS),
+        label="random-k",
+        cases=({"ratio": 0.2}, {"ratio": 0.2, "scaled": False, "shared": False}, {"k": 3, "scaled": False}),
+        bench=Bench(lambda r: {"ratio": r}, 4.0),
+    ),
+)

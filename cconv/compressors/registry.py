@@ -33,13 +33,15 @@ import functools
 import importlib
 import inspect
 import math
-from typing import Any, Callable, Mapping, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from cconv.compressors.base import AGGREGATIONS, Compressor
 
 # --------------------------------------------------------------------------- schema
+
 
 class Param(NamedTuple):
     """One hyper-parameter: its type, range and default.
@@ -63,7 +65,7 @@ class Param(NamedTuple):
     optional: bool = False
     choices: tuple | None = None
     help: str = ""
-    show_help: bool = False     # name the help text in errors: "tau (the threshold) must be ..."
+    show_help: bool = False  # name the help text in errors: "tau (the threshold) must be ..."
 
     def describe(self) -> str:
         """The constraint in words: 'in (0, 1]', 'an integer >= 1', 'a positive number', ..."""
@@ -74,8 +76,10 @@ class Param(NamedTuple):
         what = "an integer" if self.type == "int" else "a number"
         lo, hi = self.low, self.high
         if lo is not None and hi is not None:
-            return (f"{'an integer ' if self.type == 'int' else ''}in {'(' if self.low_open else '['}"
-                    f"{_fmt(lo)}, {_fmt(hi)}{')' if self.high_open else ']'}")
+            return (
+                f"{'an integer ' if self.type == 'int' else ''}in {'(' if self.low_open else '['}"
+                f"{_fmt(lo)}, {_fmt(hi)}{')' if self.high_open else ']'}"
+            )
         if lo is not None:
             if self.type == "float" and lo == 0 and self.low_open:
                 return "a positive number"
@@ -86,15 +90,19 @@ class Param(NamedTuple):
 
     def check(self, owner: str, value: Any) -> Any:
         """The normalised value (int -> float for "float"); ValueError if it is not valid."""
-        if self.type == "any":      # plain factories (Schema.from_signature): the factory checks
+        if self.type == "any":  # plain factories (Schema.from_signature): the factory checks
             return value
         if value is None:
             if self.optional:
                 return None
-            raise ValueError(f"{owner}: {self.name}{f' ({self.help})' if self.help and self.show_help else ''} "
-                             f"must be {self.describe()}, got None")
-        bad = ValueError(f"{owner}: {self.name}{f' ({self.help})' if self.help and self.show_help else ''} "
-                         f"must be {self.describe()}, got {value!r}")
+            raise ValueError(
+                f"{owner}: {self.name}{f' ({self.help})' if self.help and self.show_help else ''} "
+                f"must be {self.describe()}, got None"
+            )
+        bad = ValueError(
+            f"{owner}: {self.name}{f' ({self.help})' if self.help and self.show_help else ''} "
+            f"must be {self.describe()}, got {value!r}"
+        )
         if self.type == "bool":
             if not isinstance(value, (bool, np.bool_)):
                 raise bad
@@ -148,13 +156,14 @@ class Schema(NamedTuple):
         unknown = sorted(set(hparams) - set(self.names))
         if unknown:
             valid = ", ".join(self.names) if self.params else "(none)"
-            raise ValueError(f"compressor {owner!r} got unknown hyper-parameter(s) {', '.join(unknown)}; "
-                             f"valid: {valid}")
+            raise ValueError(
+                f"compressor {owner!r} got unknown hyper-parameter(s) {', '.join(unknown)}; valid: {valid}"
+            )
         values = {p.name: p.check(owner, hparams.get(p.name, p.default)) for p in self.params}
         return dict(self.rule(owner, values)) if self.rule is not None else values
 
     @classmethod
-    def from_signature(cls, factory: Callable) -> "Schema":
+    def from_signature(cls, factory: Callable) -> Schema:
         """A permissive schema for a plain factory (user code without an Entry): the signature's
         names and defaults, types from the defaults (no ranges; the factory checks the rest)."""
         params = []
@@ -261,8 +270,9 @@ class Entry(NamedTuple):
         hp = self.schema.validate(self.name, hparams)
         c = self.factory(**hp)
         if not isinstance(c, Compressor):
-            raise ValueError(f"compressor {self.name!r}: its factory returned {type(c).__name__}, "
-                             "not a cconv.compressors.Compressor")
+            raise ValueError(
+                f"compressor {self.name!r}: its factory returned {type(c).__name__}, not a cconv.compressors.Compressor"
+            )
         return c._replace(name=self.name, aggregation=self.aggregation_of(hp), hparams=hp)
 
 
@@ -282,11 +292,15 @@ def register(name: str, entry: Entry) -> Callable[..., Compressor]:
     if not entry.cases:
         raise ValueError(f"register: {name!r} needs at least one test case (cases=({{}},) for defaults)")
     if not callable(entry.aggregation) and entry.aggregation not in AGGREGATIONS:
-        raise ValueError(f"register: {name!r} aggregation must be one of {', '.join(AGGREGATIONS)}, "
-                         f"got {entry.aggregation!r}")
+        raise ValueError(
+            f"register: {name!r} aggregation must be one of {', '.join(AGGREGATIONS)}, got {entry.aggregation!r}"
+        )
     old = _REGISTRY.get(name)
-    if old is not None and old.factory is not entry.factory and \
-            getattr(old.factory, "__qualname__", None) != getattr(entry.factory, "__qualname__", 0):
+    if (
+        old is not None
+        and old.factory is not entry.factory
+        and getattr(old.factory, "__qualname__", None) != getattr(entry.factory, "__qualname__", 0)
+    ):
         raise ValueError(f"register: a compressor named {name!r} is already registered")
     entry = entry._replace(name=name)
     _REGISTRY[name] = entry
@@ -299,8 +313,9 @@ def _public_factory(entry: Entry) -> Callable[..., Compressor]:
         return entry.build(**hparams)
 
     factory.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, default=p.default)
-         for p in entry.schema.params], return_annotation=Compressor)
+        [inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, default=p.default) for p in entry.schema.params],
+        return_annotation=Compressor,
+    )
     factory.__name__ = entry.name
     factory.entry = entry  # type: ignore[attr-defined]
     return factory
@@ -334,8 +349,9 @@ def entry(name: str) -> Entry:
         return _REGISTRY[name]
     if isinstance(name, str) and ":" in name:
         return _from_path(name)
-    raise ValueError(f"unknown compressor {name!r}; valid names: {', '.join(sorted(_REGISTRY))} "
-                     "(or 'package.module:factory')")
+    raise ValueError(
+        f"unknown compressor {name!r}; valid names: {', '.join(sorted(_REGISTRY))} (or 'package.module:factory')"
+    )
 
 
 def entry_of(c: Compressor) -> Entry:
@@ -347,7 +363,7 @@ def entry_of(c: Compressor) -> Entry:
 def _base_name(c: Compressor) -> str:
     name = c.name
     while "(" in name and name.endswith(")"):
-        name = name[name.index("(") + 1:-1]
+        name = name[name.index("(") + 1 : -1]
     return name
 
 
@@ -388,10 +404,35 @@ def ratio_or_k(owner: str, values: dict, default_ratio: float | None = None) -> 
     return values
 
 
-RATIO = Param("ratio", "float", None, low=0.0, high=1.0, low_open=True, optional=True,
-              help="fraction of entries kept, k = ceil(ratio * d)")
+RATIO = Param(
+    "ratio",
+    "float",
+    None,
+    low=0.0,
+    high=1.0,
+    low_open=True,
+    optional=True,
+    help="fraction of entries kept, k = ceil(ratio * d)",
+)
 K = Param("k", "int", None, low=1, optional=True, help="entries kept per tensor (instead of ratio)")
 
-__all__ = ["Param", "Schema", "Bound", "Theory", "Knob", "Bench", "Entry", "register", "entry",
-           "entry_of", "names", "entries", "hparams_of", "get", "ratio_or_k", "RATIO", "K",
-           "AGGREGATIONS"]
+__all__ = [
+    "Param",
+    "Schema",
+    "Bound",
+    "Theory",
+    "Knob",
+    "Bench",
+    "Entry",
+    "register",
+    "entry",
+    "entry_of",
+    "names",
+    "entries",
+    "hparams_of",
+    "get",
+    "ratio_or_k",
+    "RATIO",
+    "K",
+    "AGGREGATIONS",
+]

@@ -39,8 +39,9 @@ def _scaled_sign() -> Compressor:
     def wire_bytes(shape, dtype="float32"):
         return packed_size(size_of(shape), 1) + 4
 
-    return Compressor(stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0,
-                      name="scaled_sign", unbiased=False)
+    return Compressor(
+        stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0, name="scaled_sign", unbiased=False
+    )
 
 
 def _error_sq(c, x, state):
@@ -56,5 +57,6 @@ THEORY = Theory(
     worst_case=lambda c, shape: spike(shape),
 )
 
-scaled_sign = register("scaled_sign", Entry(_scaled_sign, theory=THEORY, label="scaled sign (EF-signSGD)",
-                                            bench=Bench(target_x=4.0)))
+scaled_sign = register(
+    "scaled_sign", Entry(_scaled_sign, theory=THEORY, label="scaled sign (EF-signSGD)", bench=Bench(target_x=4.0))
+)

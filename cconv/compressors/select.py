@@ -49,11 +49,9 @@ from jax import lax
 from cconv import _native
 from cconv.compressors import fastrng
 
-__all__ = ["topk_indices", "topk_indices_reference", "sample_k_distinct", "native_available",
-           "NATIVE_DTYPES"]
+__all__ = ["topk_indices", "topk_indices_reference", "sample_k_distinct", "native_available", "NATIVE_DTYPES"]
 
-NATIVE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16),
-                 jnp.dtype(jnp.float64))
+NATIVE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float64))
 
 
 def _check_k(where: str, k, d: int) -> int:
@@ -106,8 +104,7 @@ def topk_indices(x, k: int):
     if k == d:
         return jnp.broadcast_to(jnp.arange(d, dtype=jnp.int32), batch + (d,))
     if jnp.dtype(x.dtype) in NATIVE_DTYPES and _native.load() is not None:
-        return lax.platform_dependent(x, cpu=partial(_native_topk, k=k),
-                                      default=partial(_sorted_reference, k=k))
+        return lax.platform_dependent(x, cpu=partial(_native_topk, k=k), default=partial(_sorted_reference, k=k))
     return _sorted_reference(x, k)
 
 
@@ -116,7 +113,7 @@ def topk_indices(x, k: int):
 
 def _sample_plan(d: int, k: int) -> tuple[float, int]:
     """(gap scale 1/-log(1-p), number of gap draws n) for a Bernoulli(p) process with mean >= k."""
-    lam = min(float(d), k + 6.0 * math.sqrt(k) + 6.0)      # expected number of points
+    lam = min(float(d), k + 6.0 * math.sqrt(k) + 6.0)  # expected number of points
     p = lam / d
     inv_rate = 0.0 if p >= 1.0 else -1.0 / math.log1p(-p)  # gap = floor(E * inv_rate) + 1
     # Enough gaps to pass d w.h.p.: the count of points in range(d) is <= lam + 6 sqrt(lam) + 6.
@@ -163,11 +160,11 @@ def sample_k_distinct(key, d: int, k: int):
         attempt = c[0]
         # = jax.random.exponential, bit for bit (fastrng: Threefry unrolled on CPU)
         e = -jnp.log1p(-fastrng.uniform(jax.random.fold_in(k_gap, attempt), (n,)))
-        gaps = jnp.minimum(jnp.floor(e * inv_rate), d).astype(jnp.int32) + 1   # in [1, d + 1]
+        gaps = jnp.minimum(jnp.floor(e * inv_rate), d).astype(jnp.int32) + 1  # in [1, d + 1]
         pos = _cumsum(gaps) - 1
         # Points are valid up to the first one outside range(d) (later sums may wrap around).
         outside = (pos >= d) | (pos < 0)
-        m = jnp.argmax(outside).astype(jnp.int32)       # number of points in range(d)
+        m = jnp.argmax(outside).astype(jnp.int32)  # number of points in range(d)
         return attempt + 1, pos, m, jnp.any(outside) & (m >= k)
 
     # Loop carries start from a zero derived from the key, so that inside shard_map they vary
@@ -181,7 +178,7 @@ def sample_k_distinct(key, d: int, k: int):
     #    from the next power of two: exact) until it finds one no other slot holds.
     r = m - k
     rank = jnp.arange(r_max, dtype=jnp.int32)
-    mask = (jnp.uint32(0xFFFFFFFF) >> lax.clz(jnp.maximum(m - 1, 1).astype(jnp.uint32)))
+    mask = jnp.uint32(0xFFFFFFFF) >> lax.clz(jnp.maximum(m - 1, 1).astype(jnp.uint32))
 
     def drop_step(c):
         it, cand, pending, owner = c

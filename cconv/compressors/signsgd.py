@@ -35,8 +35,9 @@ def _signsgd() -> Compressor:
     def wire_bytes(shape, dtype="float32"):
         return packed_size(size_of(shape), 1)
 
-    return Compressor(stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0,
-                      name="signsgd", unbiased=False)
+    return Compressor(
+        stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0, name="signsgd", unbiased=False
+    )
 
 
 def _error_sq(c, x, state):

@@ -13,18 +13,27 @@ from typing import NamedTuple
 import jax.numpy as jnp
 
 from cconv.compressors.base import Array, DensePayload, itemsize, like_info, size_of
-from cconv.compressors.registry import K, RATIO, Bench, Schema, ratio_or_k
+from cconv.compressors.registry import RATIO, Bench, K, Schema, ratio_or_k
 
-__all__ = ["SparsePayload", "DensePayload", "scatter", "decompress_sparse", "sparse_bytes",
-           "gather_sparse", "SIZE", "SPARSE_RATIOS", "SPARSE_BENCH"]
+__all__ = [
+    "SparsePayload",
+    "DensePayload",
+    "scatter",
+    "decompress_sparse",
+    "sparse_bytes",
+    "gather_sparse",
+    "SIZE",
+    "SPARSE_RATIOS",
+    "SPARSE_BENCH",
+]
 
-SIZE = Schema((RATIO, K), rule=ratio_or_k)          # exactly one of ratio and k
-SPARSE_RATIOS = (0.1, 0.01, 0.001)                  # the ratios a sweep varies (``Knob``)
+SIZE = Schema((RATIO, K), rule=ratio_or_k)  # exactly one of ratio and k
+SPARSE_RATIOS = (0.1, 0.01, 0.001)  # the ratios a sweep varies (``Knob``)
 SPARSE_BENCH = Bench(lambda r: {"ratio": r}, 10.0)  # benchmarked at each ratio, target 10x the read floor
 
 
 class SparsePayload(NamedTuple):
-    values: Array   # (k,) input dtype
+    values: Array  # (k,) input dtype
     indices: Array  # (k,) int32 flat indices into x.reshape(-1)
 
 

@@ -17,8 +17,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
-from cconv.compressors.base import (Array, Compressor, SparsifierSize, check_float, like_info, size_of,
-                                    stateless_init)
+from cconv.compressors.base import Array, Compressor, SparsifierSize, check_float, like_info, size_of, stateless_init
 from cconv.compressors.oracle import flat64, sparsifier_k, top_idx
 from cconv.compressors.packing import pack_signs, packed_size, unpack_signs
 from cconv.compressors.registry import Bound, Entry, Knob, Theory, register
@@ -28,8 +27,8 @@ from cconv.compressors.sparse import SIZE, SPARSE_BENCH, SPARSE_RATIOS
 
 class STCPayload(NamedTuple):
     indices: Array  # int32 (k,), or (0,) when every entry is sent
-    signs: Array    # uint8[ceil(k/8)]
-    mu: Array       # float32 scalar
+    signs: Array  # uint8[ceil(k/8)]
+    mu: Array  # float32 scalar
 
 
 def _stc(ratio: float | None = None, k: int | None = None) -> Compressor:
@@ -66,8 +65,7 @@ def _stc(ratio: float | None = None, k: int | None = None) -> Compressor:
             return packed_size(d, 1) + 4
         return 4 * kk + packed_size(kk, 1) + 4
 
-    return Compressor(stateless_init, compress, decompress, wire_bytes, size.density,
-                      name="stc", unbiased=False)
+    return Compressor(stateless_init, compress, decompress, wire_bytes, size.density, name="stc", unbiased=False)
 
 
 def _wire_bytes(c, shape, isz):
@@ -101,5 +99,15 @@ def _worst_case(c, shape):
 
 THEORY = Theory(wire_bytes=_wire_bytes, bound=_bound, error_sq=_error_sq, worst_case=_worst_case)
 
-stc = register("stc", Entry(_stc, SIZE, theory=THEORY, knob=Knob("ratio", SPARSE_RATIOS), label="STC",
-                            cases=({"ratio": 0.2}, {"k": 3}), bench=SPARSE_BENCH))
+stc = register(
+    "stc",
+    Entry(
+        _stc,
+        SIZE,
+        theory=THEORY,
+        knob=Knob("ratio", SPARSE_RATIOS),
+        label="STC",
+        cases=({"ratio": 0.2}, {"k": 3}),
+        bench=SPARSE_BENCH,
+    ),
+)

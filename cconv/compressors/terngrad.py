@@ -19,16 +19,14 @@ all-zero output.  Non-finite input: s becomes NaN/inf and the whole output is no
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import math
+from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
 
 from cconv.compressors import fastrng
-from cconv.compressors.base import (Array, Compressor, check_float, like_info, safe_div, size_of,
-                                    stateless_init)
+from cconv.compressors.base import Array, Compressor, check_float, like_info, safe_div, size_of, stateless_init
 from cconv.compressors.oracle import flat64
 from cconv.compressors.packing import pack_bits, packed_size, unpack_bits
 from cconv.compressors.registry import Bench, Bound, Entry, Knob, Param, Schema, Theory, register
@@ -51,7 +49,7 @@ def _terngrad(clip: float | None = None) -> Compressor:
         mag = jnp.abs(flat)
         s = jnp.max(mag) if flat.size else jnp.zeros((), jnp.float32)
         p = safe_div(mag, s)
-        b = fastrng.uniform(key, flat.shape) < p   # = jax.random.uniform, bit for bit
+        b = fastrng.uniform(key, flat.shape) < p  # = jax.random.uniform, bit for bit
         # sign(0) = +1 never matters: b = 0 when x_i = 0.
         codes = jnp.where(b, jnp.where(flat >= 0, 1, 2), 0).astype(jnp.uint8)
         return TernPayload(pack_bits(codes, 2), s.astype(jnp.float32)), state
@@ -65,8 +63,9 @@ def _terngrad(clip: float | None = None) -> Compressor:
     def wire_bytes(shape, dtype="float32"):
         return packed_size(size_of(shape), 2) + 4
 
-    return Compressor(stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0,
-                      name="terngrad", unbiased=clip is None)
+    return Compressor(
+        stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0, name="terngrad", unbiased=clip is None
+    )
 
 
 def _bound(c, shape):
@@ -101,11 +100,35 @@ def _worst_case(c, shape):
     return x.reshape(shape)
 
 
-THEORY = Theory(wire_bytes=lambda c, shape, isz: packed_size(size_of(shape), 2) + 4, bound=_bound,
-                error_sq=_error_sq, variance=_variance, worst_case=_worst_case)
+THEORY = Theory(
+    wire_bytes=lambda c, shape, isz: packed_size(size_of(shape), 2) + 4,
+    bound=_bound,
+    error_sq=_error_sq,
+    variance=_variance,
+    worst_case=_worst_case,
+)
 
-terngrad = register("terngrad", Entry(
-    _terngrad, Schema((Param("clip", "float", None, low=0.0, low_open=True, optional=True,
-                             help="clip at clip * std(x); the paper uses 2.5"),)),
-    theory=THEORY, knob=Knob("clip"), label="TernGrad", cases=({}, {"clip": 2.5}),
-    bench=Bench(target_x=4.0)))
+terngrad = register(
+    "terngrad",
+    Entry(
+        _terngrad,
+        Schema(
+            (
+                Param(
+                    "clip",
+                    "float",
+                    None,
+                    low=0.0,
+                    low_open=True,
+                    optional=True,
+                    help="clip at clip * std(x); the paper uses 2.5",
+                ),
+            )
+        ),
+        theory=THEORY,
+        knob=Knob("clip"),
+        label="TernGrad",
+        cases=({}, {"clip": 2.5}),
+        bench=Bench(target_x=4.0),
+    ),
+)

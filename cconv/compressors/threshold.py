@@ -29,8 +29,7 @@ import numpy as np
 
 from cconv.compressors.base import Compressor, SparsifierSize, check_float, itemsize, size_of, stateless_init
 from cconv.compressors.oracle import flat64, sparsifier_k, top_idx
-from cconv.compressors.registry import K, RATIO, Bench, Bound, Entry, Knob, Param, Schema, Theory, \
-    ratio_or_k, register
+from cconv.compressors.registry import RATIO, Bench, Bound, Entry, K, Knob, Param, Schema, Theory, ratio_or_k, register
 from cconv.compressors.select import topk_indices
 from cconv.compressors.sparse import SparsePayload, decompress_sparse
 
@@ -55,8 +54,9 @@ def _threshold(tau: float, ratio: float | None = None, k: int | None = None) -> 
         # A fixed capacity of k slots, always sparse (even when k == d).
         return kof(shape) * (itemsize(dtype) + 4)
 
-    return Compressor(stateless_init, compress, decompress_sparse, wire_bytes, size.density,
-                      name="threshold", unbiased=False)
+    return Compressor(
+        stateless_init, compress, decompress_sparse, wire_bytes, size.density, name="threshold", unbiased=False
+    )
 
 
 def _error_sq(c, x, state):
@@ -76,10 +76,19 @@ THEORY = Theory(
     error_sq=_error_sq,
 )
 
-threshold = register("threshold", Entry(
-    _threshold,
-    Schema((Param("tau", "float", None, low=0.0, help="the magnitude threshold", show_help=True), RATIO, K),
-           rule=lambda owner, v: ratio_or_k(owner, v, default_ratio=0.01)),
-    theory=THEORY, knob=Knob("tau"), label="threshold", cases=({"tau": 0.5, "ratio": 0.2}, {"tau": 0.1}),
-    # N(0, 1) input: P(|x| >= tau) = ratio
-    bench=Bench(lambda r: {"tau": round(NormalDist().inv_cdf(1 - r / 2), 4), "ratio": r}, 10.0)))
+threshold = register(
+    "threshold",
+    Entry(
+        _threshold,
+        Schema(
+            (Param("tau", "float", None, low=0.0, help="the magnitude threshold", show_help=True), RATIO, K),
+            rule=lambda owner, v: ratio_or_k(owner, v, default_ratio=0.01),
+        ),
+        theory=THEORY,
+        knob=Knob("tau"),
+        label="threshold",
+        cases=({"tau": 0.5, "ratio": 0.2}, {"tau": 0.1}),
+        # N(0, 1) input: P(|x| >= tau) = ratio
+        bench=Bench(lambda r: {"tau": round(NormalDist().inv_cdf(1 - r / 2), 4), "ratio": r}, 10.0),
+    ),
+)

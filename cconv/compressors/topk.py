@@ -18,8 +18,15 @@ from cconv.compressors.base import Compressor, SparsifierSize, check_float, size
 from cconv.compressors.oracle import alternating, flat64, sparsifier_k, top_idx
 from cconv.compressors.registry import Bound, Entry, Knob, Theory, register
 from cconv.compressors.select import topk_indices as _select_topk_indices
-from cconv.compressors.sparse import (SIZE, SPARSE_BENCH, SPARSE_RATIOS, DensePayload,
-                                      decompress_sparse, gather_sparse, sparse_bytes)
+from cconv.compressors.sparse import (
+    SIZE,
+    SPARSE_BENCH,
+    SPARSE_RATIOS,
+    DensePayload,
+    decompress_sparse,
+    gather_sparse,
+    sparse_bytes,
+)
 
 
 def topk_indices(flat, k):
@@ -42,8 +49,9 @@ def _topk(ratio: float | None = None, k: int | None = None) -> Compressor:
     def wire_bytes(shape, dtype="float32"):
         return sparse_bytes(size.k(shape), size_of(shape), dtype)
 
-    return Compressor(stateless_init, compress, decompress_sparse, wire_bytes, size.density,
-                      name="topk", unbiased=False)
+    return Compressor(
+        stateless_init, compress, decompress_sparse, wire_bytes, size.density, name="topk", unbiased=False
+    )
 
 
 def _wire_bytes(c, shape, isz):
@@ -65,6 +73,16 @@ THEORY = Theory(
     worst_case=lambda c, shape: alternating(shape),
 )
 
-topk = register("topk", Entry(_topk, SIZE, collectives=("gtopk",), theory=THEORY,
-                              knob=Knob("ratio", SPARSE_RATIOS), label="top-k",
-                              cases=({"ratio": 0.2}, {"k": 5}), bench=SPARSE_BENCH))
+topk = register(
+    "topk",
+    Entry(
+        _topk,
+        SIZE,
+        collectives=("gtopk",),
+        theory=THEORY,
+        knob=Knob("ratio", SPARSE_RATIOS),
+        label="top-k",
+        cases=({"ratio": 0.2}, {"k": 5}),
+        bench=SPARSE_BENCH,
+    ),
+)

@@ -28,10 +28,10 @@ are named by import path, ``load("my_pkg.sets:toy", n=100)``.
 from __future__ import annotations
 
 import inspect
-from typing import Callable
+from collections.abc import Callable
 
 from cconv._registry import check_hparams, lookup
-from cconv.data.base import Dataset, TASKS, key_words, numpy_rng
+from cconv.data.base import TASKS, Dataset, key_words, numpy_rng
 from cconv.data.batcher import Batcher
 from cconv.data.embedded import digits, least_squares, logistic
 from cconv.data.files import cifar10, fashion_mnist, mnist, read_cifar_batch, read_idx, write_idx
@@ -80,6 +80,21 @@ def load(name: str, root=None, **hparams) -> Dataset:
     return factory(**hparams)
 
 
-__all__ = ["Dataset", "TASKS", "SCHEMES", "Batcher", "load", "names", "hparams_of", "partition",
-           "label_histograms", "mean_tv_distance", "read_idx", "write_idx", "read_cifar_batch",
-           "key_words", "numpy_rng", *_REGISTRY]
+__all__ = [
+    "Dataset",
+    "TASKS",
+    "SCHEMES",
+    "Batcher",
+    "load",
+    "names",
+    "hparams_of",
+    "partition",
+    "label_histograms",
+    "mean_tv_distance",
+    "read_idx",
+    "write_idx",
+    "read_cifar_batch",
+    "key_words",
+    "numpy_rng",
+    *_REGISTRY,
+]

@@ -37,9 +37,11 @@ class Dataset(NamedTuple):
     info: dict
 
     def __repr__(self) -> str:
-        return (f"Dataset({self.info.get('name', '?')}: task={self.task}, "
-                f"train={len(self.train['y'])}, test={len(self.test['y'])}, "
-                f"input_shape={self.input_shape}, num_classes={self.num_classes})")
+        return (
+            f"Dataset({self.info.get('name', '?')}: task={self.task}, "
+            f"train={len(self.train['y'])}, test={len(self.test['y'])}, "
+            f"input_shape={self.input_shape}, num_classes={self.num_classes})"
+        )
 
 
 def key_words(key: Any) -> list[int]:
@@ -58,8 +60,10 @@ def key_words(key: Any) -> list[int]:
     except (TypeError, ValueError) as err:  # pragma: no cover - message below is the point
         raise ValueError(f"expected a JAX PRNG key or a non-negative int seed, got {key!r}") from err
     if words.dtype.kind not in "ui" or words.ndim != 1:
-        raise ValueError(f"expected a single JAX PRNG key or a non-negative int seed, got array of "
-                         f"shape {words.shape} and dtype {words.dtype}")
+        raise ValueError(
+            f"expected a single JAX PRNG key or a non-negative int seed, got array of "
+            f"shape {words.shape} and dtype {words.dtype}"
+        )
     return [int(w) & 0xFFFFFFFF for w in words]
 
 
@@ -92,7 +96,7 @@ def standardise_channels(train_x: np.ndarray, test_x: np.ndarray, chunk: int = 4
     c = train_x.shape[-1]
     s, s2, count = np.zeros(c), np.zeros(c), 0
     for i in range(0, len(train_x), chunk):
-        block = np.asarray(train_x[i:i + chunk], np.float64).reshape(-1, c)
+        block = np.asarray(train_x[i : i + chunk], np.float64).reshape(-1, c)
         s += block.sum(0)
         s2 += (block * block).sum(0)
         count += len(block)

@@ -36,8 +36,7 @@ class Batcher:
         self.workers = len(self.parts)
         if self.workers < 1:
             raise ValueError("parts must hold at least one worker's index array")
-        if isinstance(global_batch, bool) or not isinstance(global_batch, (int, np.integer)) or \
-                global_batch < 1:
+        if isinstance(global_batch, bool) or not isinstance(global_batch, (int, np.integer)) or global_batch < 1:
             raise ValueError(f"global_batch must be a positive integer, got {global_batch!r}")
         if global_batch % self.workers:
             raise ValueError(f"global batch {global_batch} is not divisible by {self.workers} workers")
@@ -66,7 +65,7 @@ class Batcher:
                 perm, pos = self._perm[w], self._pos[w]
                 take = min(self.per_worker - filled, len(perm) - pos)
                 start = w * self.per_worker + filled
-                out[start:start + take] = perm[pos:pos + take]
+                out[start : start + take] = perm[pos : pos + take]
                 filled += take
                 self._pos[w] = pos + take
                 if self._pos[w] == len(perm):
@@ -93,9 +92,14 @@ class Batcher:
 
     def state_dict(self) -> dict:
         """Everything needed to continue with the same batches (plain ints and lists)."""
-        return {"step": self.step, "epoch": list(self._epoch), "position": list(self._pos),
-                "seed": list(self._seed), "global_batch": self.global_batch,
-                "sizes": [len(p) for p in self.parts]}
+        return {
+            "step": self.step,
+            "epoch": list(self._epoch),
+            "position": list(self._pos),
+            "seed": list(self._seed),
+            "global_batch": self.global_batch,
+            "sizes": [len(p) for p in self.parts],
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Restore ``state_dict()``; the saved seed wins over the constructor's key."""
@@ -104,12 +108,17 @@ class Batcher:
             raise ValueError(f"Batcher state lacks {', '.join(sorted(missing))}")
         sizes = [int(s) for s in state["sizes"]]
         if sizes != [len(p) for p in self.parts] or int(state["global_batch"]) != self.global_batch:
-            raise ValueError(f"Batcher state is for {len(sizes)} partitions of sizes {sizes} and "
-                             f"global batch {state['global_batch']}, not {[len(p) for p in self.parts]} and "
-                             f"{self.global_batch}")
+            raise ValueError(
+                f"Batcher state is for {len(sizes)} partitions of sizes {sizes} and "
+                f"global batch {state['global_batch']}, not {[len(p) for p in self.parts]} and "
+                f"{self.global_batch}"
+            )
         pos = [int(p) for p in state["position"]]
-        if any(not 0 <= p < s for p, s in zip(pos, sizes)) or len(pos) != self.workers or \
-                len(state["epoch"]) != self.workers:
+        if (
+            any(not 0 <= p < s for p, s in zip(pos, sizes))
+            or len(pos) != self.workers
+            or len(state["epoch"]) != self.workers
+        ):
             raise ValueError("Batcher state has positions outside the partitions")
         self._seed = [int(s) for s in state["seed"]]
         self.step = int(state["step"])

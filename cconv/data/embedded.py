@@ -43,8 +43,12 @@ DIGITS_SIZE = 1797
 
 
 def _check_int(name: str, value, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low or (
-            high is not None and value > high):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, np.integer))
+        or value < low
+        or (high is not None and value > high)
+    ):
         rng = f"[{low}, {high}]" if high is not None else f">= {low}"
         raise ValueError(f"{name} must be an integer in {rng}, got {value!r}")
     return int(value)
@@ -71,14 +75,19 @@ def digits(train_size: int = 1500, flat: bool = False) -> Dataset:
     xtr, xte, mean, std = standardise_channels(x[tr], x[te])
     if flat:
         xtr, xte = xtr.reshape(len(tr), -1), xte.reshape(len(te), -1)
-    info = {"name": "digits", "source": "sklearn.datasets.load_digits (UCI optdigits, bundled)",
-            "split_seed": 0, "mean": mean.tolist(), "std": std.tolist()}
-    return Dataset({"x": xtr, "y": y[tr]}, {"x": xte, "y": y[te]}, 10, tuple(xtr.shape[1:]),
-                   "classification", info)
+    info = {
+        "name": "digits",
+        "source": "sklearn.datasets.load_digits (UCI optdigits, bundled)",
+        "split_seed": 0,
+        "mean": mean.tolist(),
+        "std": std.tolist(),
+    }
+    return Dataset({"x": xtr, "y": y[tr]}, {"x": xte, "y": y[te]}, 10, tuple(xtr.shape[1:]), "classification", info)
 
 
-def least_squares(dim: int = 20, train_size: int = 1024, test_size: int = 256, noise: float = 0.1,
-                  cond: float = 10.0, seed: int = 0) -> Dataset:
+def least_squares(
+    dim: int = 20, train_size: int = 1024, test_size: int = 256, noise: float = 0.1, cond: float = 10.0, seed: int = 0
+) -> Dataset:
     """Linear regression with a known optimum (module docstring)."""
     dim = _check_int("dim", dim, 1)
     train_size = _check_int("train_size", train_size, dim + 1)
@@ -88,7 +97,7 @@ def least_squares(dim: int = 20, train_size: int = 1024, test_size: int = 256, n
     seed = _check_int("seed", seed, 0)
     rng = numpy_rng(seed, 1)
     scales = cond ** (-np.arange(dim) / (2 * max(dim - 1, 1)))
-    w_true = rng.standard_normal(dim) / np.sqrt(dim) / scales   # signal of order 1 in every direction
+    w_true = rng.standard_normal(dim) / np.sqrt(dim) / scales  # signal of order 1 in every direction
     b_true = float(rng.standard_normal())
     n = train_size + test_size
     a = rng.standard_normal((n, dim)) * scales
@@ -99,13 +108,23 @@ def least_squares(dim: int = 20, train_size: int = 1024, test_size: int = 256, n
     w_star, b_star = sol[:-1], float(sol[-1])
     mse = lambda aa, yy: float(np.mean((aa @ w_star + b_star - yy) ** 2))  # noqa: E731
     eig = np.linalg.eigvalsh(2.0 / train_size * aug.T @ aug)
-    info = {"name": "least_squares", "loss": "mean((a.w + b - y)^2)",
-            "w_true": w_true.tolist(), "b_true": b_true, "w_star": w_star.tolist(), "b_star": b_star,
-            "optimal_loss": mse(a_tr, y_tr), "optimal_test_loss": mse(a_te, y_te),
-            "L": float(eig[-1]), "mu": float(eig[0]), "noise": noise, "cond": cond, "seed": seed}
+    info = {
+        "name": "least_squares",
+        "loss": "mean((a.w + b - y)^2)",
+        "w_true": w_true.tolist(),
+        "b_true": b_true,
+        "w_star": w_star.tolist(),
+        "b_star": b_star,
+        "optimal_loss": mse(a_tr, y_tr),
+        "optimal_test_loss": mse(a_te, y_te),
+        "L": float(eig[-1]),
+        "mu": float(eig[0]),
+        "noise": noise,
+        "cond": cond,
+        "seed": seed,
+    }
     f32 = lambda v: np.asarray(v, np.float32)  # noqa: E731
-    return Dataset({"x": f32(a_tr), "y": f32(y_tr)}, {"x": f32(a_te), "y": f32(y_te)}, 1, (dim,),
-                   "regression", info)
+    return Dataset({"x": f32(a_tr), "y": f32(y_tr)}, {"x": f32(a_te), "y": f32(y_te)}, 1, (dim,), "regression", info)
 
 
 def _logistic_newton(x: np.ndarray, y: np.ndarray, l2: float, tol: float = 1e-10, max_iter: int = 100):
@@ -126,7 +145,7 @@ def _logistic_newton(x: np.ndarray, y: np.ndarray, l2: float, tol: float = 1e-10
         grad = xa.T @ (p - y) / n + reg * theta
         if np.linalg.norm(grad) < tol:
             if l2 == 0 and np.all((2 * y - 1) * z > 0):
-                break   # every point on its side: separable, the loss only vanishes at infinity
+                break  # every point on its side: separable, the loss only vanishes at infinity
             return theta, objective(theta)
         hess = (xa * (p * (1 - p))[:, None]).T @ xa / n + np.diag(reg)
         step = np.linalg.solve(hess + 1e-12 * np.eye(d + 1), grad)
@@ -134,13 +153,16 @@ def _logistic_newton(x: np.ndarray, y: np.ndarray, l2: float, tol: float = 1e-10
         while objective(theta - t * step) > f0 - 0.25 * t * float(grad @ step) and t > 1e-8:
             t *= 0.5
         theta = theta - t * step
-    raise ValueError("logistic: Newton's method did not converge (the training data are linearly "
-                     "separable, so the unregularised optimum is at infinity); use l2 > 0 or more "
-                     "samples")
+    raise ValueError(
+        "logistic: Newton's method did not converge (the training data are linearly "
+        "separable, so the unregularised optimum is at infinity); use l2 > 0 or more "
+        "samples"
+    )
 
 
-def logistic(dim: int = 20, train_size: int = 2048, test_size: int = 512, w_norm: float = 4.0,
-             l2: float = 0.0, seed: int = 0) -> Dataset:
+def logistic(
+    dim: int = 20, train_size: int = 2048, test_size: int = 512, w_norm: float = 4.0, l2: float = 0.0, seed: int = 0
+) -> Dataset:
     """Binary logistic regression generated from a known w (module docstring)."""
     dim = _check_int("dim", dim, 1)
     train_size = _check_int("train_size", train_size, 2)
@@ -160,13 +182,19 @@ def logistic(dim: int = 20, train_size: int = 2048, test_size: int = 512, w_norm
     theta, opt = _logistic_newton(x_tr, y_tr.astype(np.float64), l2)
     w_opt, b_opt = theta[:-1], float(theta[-1])
     acc = lambda xx, yy: float(np.mean(((xx @ w_opt + b_opt) >= 0) == (yy == 1)))  # noqa: E731
-    info = {"name": "logistic",
-            "loss": "mean(log(1 + exp(-s (x.w + b)))) + l2/2 |w|^2, s = 2y - 1",
-            "w_true": w_true.tolist(), "b_true": b_true, "w_opt": w_opt.tolist(), "b_opt": b_opt,
-            "l2": l2,
-            "optimal_loss": opt, "optimal_data_loss": opt - 0.5 * l2 * float(w_opt @ w_opt),
-            "optimal_train_accuracy": acc(x_tr, y_tr), "optimal_test_accuracy": acc(x_te, y_te),
-            "seed": seed}
+    info = {
+        "name": "logistic",
+        "loss": "mean(log(1 + exp(-s (x.w + b)))) + l2/2 |w|^2, s = 2y - 1",
+        "w_true": w_true.tolist(),
+        "b_true": b_true,
+        "w_opt": w_opt.tolist(),
+        "b_opt": b_opt,
+        "l2": l2,
+        "optimal_loss": opt,
+        "optimal_data_loss": opt - 0.5 * l2 * float(w_opt @ w_opt),
+        "optimal_train_accuracy": acc(x_tr, y_tr),
+        "optimal_test_accuracy": acc(x_te, y_te),
+        "seed": seed,
+    }
     f32 = lambda v: np.asarray(v, np.float32)  # noqa: E731
-    return Dataset({"x": f32(x_tr), "y": y_tr}, {"x": f32(x_te), "y": y_te}, 2, (dim,),
-                   "classification", info)
+    return Dataset({"x": f32(x_tr), "y": y_tr}, {"x": f32(x_te), "y": y_te}, 2, (dim,), "classification", info)

@@ -44,14 +44,30 @@ from cconv.data.base import Dataset, standardise_channels
 from cconv.data.embedded import _check_int
 
 IDX_TYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
-MNIST_FILES = {"train_x": "train-images-idx3-ubyte", "train_y": "train-labels-idx1-ubyte",
-               "test_x": "t10k-images-idx3-ubyte", "test_y": "t10k-labels-idx1-ubyte"}
+MNIST_FILES = {
+    "train_x": "train-images-idx3-ubyte",
+    "train_y": "train-labels-idx1-ubyte",
+    "test_x": "t10k-images-idx3-ubyte",
+    "test_y": "t10k-labels-idx1-ubyte",
+}
 CIFAR10_FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)
-SUBDIRS = {"mnist": ("", "mnist", "MNIST/raw"),
-           "fashion_mnist": ("", "fashion_mnist", "fashion-mnist", "FashionMNIST/raw"),
-           "cifar10": ("cifar-10-batches-py", "", "cifar10/cifar-10-batches-py")}
-FASHION_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
-                   "Sneaker", "Bag", "Ankle boot")
+SUBDIRS = {
+    "mnist": ("", "mnist", "MNIST/raw"),
+    "fashion_mnist": ("", "fashion_mnist", "fashion-mnist", "FashionMNIST/raw"),
+    "cifar10": ("cifar-10-batches-py", "", "cifar10/cifar-10-batches-py"),
+}
+FASHION_CLASSES = (
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
 
 
 def default_root() -> Path:
@@ -76,8 +92,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     dtype = np.dtype(IDX_TYPES[raw[2]])
     expected = header + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if len(raw) != expected:
-        raise ValueError(f"{path}: IDX header says shape {shape} ({expected} bytes) but the file has "
-                         f"{len(raw)} bytes")
+        raise ValueError(f"{path}: IDX header says shape {shape} ({expected} bytes) but the file has {len(raw)} bytes")
     data = np.frombuffer(raw, dtype, offset=header).reshape(shape)
     return data.astype(dtype.newbyteorder("="))
 
@@ -88,8 +103,7 @@ def write_idx(path: str | os.PathLike, array: np.ndarray) -> None:
     codes = {np.dtype(v).newbyteorder("="): k for k, v in IDX_TYPES.items()}
     code = codes.get(array.dtype.newbyteorder("="))
     if code is None:
-        raise ValueError(f"IDX cannot store dtype {array.dtype}; valid: uint8, int8, int16, int32, "
-                         f"float32, float64")
+        raise ValueError(f"IDX cannot store dtype {array.dtype}; valid: uint8, int8, int16, int32, float32, float64")
     head = bytes([0, 0, code, array.ndim]) + np.asarray(array.shape, ">u4").tobytes()
     body = array.astype(IDX_TYPES[code]).tobytes()
     path = Path(path)
@@ -119,14 +133,17 @@ def _find(name: str, root, files: tuple[str, ...], allow_gz: bool) -> dict[str, 
             best = (len(found), d, missing)
     where = " or ".join(str(d) for d in dirs)
     if not any(d.is_dir() for d in dirs):
-        raise ValueError(f"{name}: data directory not found: expected {', '.join(files)} in {where} "
-                         f"(no download at run time; pass root=DIR or set CCONV_DATA)")
+        raise ValueError(
+            f"{name}: data directory not found: expected {', '.join(files)} in {where} "
+            f"(no download at run time; pass root=DIR or set CCONV_DATA)"
+        )
     if best[0] == 0:
-        raise ValueError(f"{name}: no data files: expected {', '.join(files)} in {where} "
-                         f"(no download at run time; pass root=DIR or set CCONV_DATA)")
+        raise ValueError(
+            f"{name}: no data files: expected {', '.join(files)} in {where} "
+            f"(no download at run time; pass root=DIR or set CCONV_DATA)"
+        )
     _, d, missing = best
-    raise ValueError(f"{name}: missing {', '.join(missing)} in {d} (searched {where}; pass root=DIR "
-                     f"or set CCONV_DATA)")
+    raise ValueError(f"{name}: missing {', '.join(missing)} in {d} (searched {where}; pass root=DIR or set CCONV_DATA)")
 
 
 def _subset(x, y, n, what):
@@ -143,17 +160,29 @@ def _load_idx_dataset(name: str, root, train_size, test_size, classes) -> Datase
     for split in ("train", "test"):
         x, y = arr[f"{split}_x"], arr[f"{split}_y"]
         if x.ndim != 3 or y.ndim != 1 or len(x) != len(y):
-            raise ValueError(f"{name}: {split} images have shape {x.shape} and labels {y.shape}; "
-                             f"expected [N, H, W] and [N]")
+            raise ValueError(
+                f"{name}: {split} images have shape {x.shape} and labels {y.shape}; expected [N, H, W] and [N]"
+            )
         if y.size and (y.min() < 0 or y.max() >= len(classes)):
             raise ValueError(f"{name}: {split} labels outside 0..{len(classes) - 1}")
     xtr, ytr = _subset(arr["train_x"], arr["train_y"], train_size, "train_size")
     xte, yte = _subset(arr["test_x"], arr["test_y"], test_size, "test_size")
     xtr, xte, mean, std = standardise_channels(xtr[..., None], xte[..., None])
-    info = {"name": name, "files": {k: str(p) for k, p in paths.items()}, "classes": list(classes),
-            "mean": mean.tolist(), "std": std.tolist()}
-    return Dataset({"x": xtr, "y": ytr.astype(np.int32)}, {"x": xte, "y": yte.astype(np.int32)},
-                   len(classes), tuple(xtr.shape[1:]), "classification", info)
+    info = {
+        "name": name,
+        "files": {k: str(p) for k, p in paths.items()},
+        "classes": list(classes),
+        "mean": mean.tolist(),
+        "std": std.tolist(),
+    }
+    return Dataset(
+        {"x": xtr, "y": ytr.astype(np.int32)},
+        {"x": xte, "y": yte.astype(np.int32)},
+        len(classes),
+        tuple(xtr.shape[1:]),
+        "classification",
+        info,
+    )
 
 
 def mnist(root=None, train_size: int | None = None, test_size: int | None = None) -> Dataset:
@@ -170,14 +199,20 @@ def fashion_mnist(root=None, train_size: int | None = None, test_size: int | Non
 class _ArrayUnpickler(pickle.Unpickler):
     """Unpickler that only reconstructs NumPy arrays: CIFAR batches need nothing else."""
 
-    ALLOWED = {("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
-               ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-               ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar")}
+    ALLOWED = {
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("_codecs", "encode"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"),
+    }
 
     def find_class(self, module, name):
         if (module, name) not in self.ALLOWED:
             raise pickle.UnpicklingError(f"refusing to unpickle {module}.{name}")
-        if module == "numpy.core.multiarray":   # NumPy 1 pickles on NumPy 2
+        if module == "numpy.core.multiarray":  # NumPy 1 pickles on NumPy 2
             module = "numpy._core.multiarray" if hasattr(np, "_core") else module
         return super().find_class(module, name)
 
@@ -190,12 +225,12 @@ def read_cifar_batch(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     except (pickle.UnpicklingError, EOFError, ValueError) as err:
         raise ValueError(f"{path}: not a CIFAR-10 python batch ({err})") from None
     if not isinstance(d, dict) or b"data" not in d or b"labels" not in d:
-        raise ValueError(f"{path}: not a CIFAR-10 python batch (expected a dict with b'data' and "
-                         f"b'labels')")
+        raise ValueError(f"{path}: not a CIFAR-10 python batch (expected a dict with b'data' and b'labels')")
     data, labels = np.asarray(d[b"data"]), np.asarray(d[b"labels"], np.int64)
     if data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
-        raise ValueError(f"{path}: data has shape {data.shape} and {len(labels)} labels; expected "
-                         f"[N, 3072] uint8 and N labels")
+        raise ValueError(
+            f"{path}: data has shape {data.shape} and {len(labels)} labels; expected [N, 3072] uint8 and N labels"
+        )
     if labels.size and (labels.min() < 0 or labels.max() > 9):
         raise ValueError(f"{path}: labels outside 0..9")
     x = data.astype(np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
@@ -210,10 +245,13 @@ def cifar10(root=None, train_size: int | None = None, test_size: int | None = No
     xte, yte = read_cifar_batch(paths["test_batch"])
     xtr, ytr = _subset(xtr, ytr, train_size, "train_size")
     xte, yte = _subset(xte, yte, test_size, "test_size")
-    classes = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
-               "truck"]
+    classes = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
     xtr, xte, mean, std = standardise_channels(xtr, xte)
-    info = {"name": "cifar10", "files": {k: str(p) for k, p in paths.items()}, "classes": classes,
-            "mean": mean.tolist(), "std": std.tolist()}
-    return Dataset({"x": xtr, "y": ytr}, {"x": xte, "y": yte}, 10, (32, 32, 3), "classification",
-                   info)
+    info = {
+        "name": "cifar10",
+        "files": {k: str(p) for k, p in paths.items()},
+        "classes": classes,
+        "mean": mean.tolist(),
+        "std": std.tolist(),
+    }
+    return Dataset({"x": xtr, "y": ytr}, {"x": xte, "y": yte}, 10, (32, 32, 3), "classification", info)

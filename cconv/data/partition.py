@@ -38,14 +38,23 @@ SCHEMES = ("iid", "dirichlet", "shards")
 def _class_labels(labels, scheme: str) -> np.ndarray:
     y = np.asarray(labels)
     if y.ndim != 1 or y.dtype.kind not in "iu":
-        raise ValueError(f"partition scheme {scheme!r} needs 1-D integer class labels, got shape "
-                         f"{y.shape} and dtype {y.dtype} (use scheme='iid' for this task)")
+        raise ValueError(
+            f"partition scheme {scheme!r} needs 1-D integer class labels, got shape "
+            f"{y.shape} and dtype {y.dtype} (use scheme='iid' for this task)"
+        )
     return y
 
 
-def partition(labels, workers: int, scheme: str = "iid", alpha: float = 0.5, key: Any = 0,
-              min_size: int | None = None, shards_per_worker: int = 2,
-              max_tries: int = 1000) -> list[np.ndarray]:
+def partition(
+    labels,
+    workers: int,
+    scheme: str = "iid",
+    alpha: float = 0.5,
+    key: Any = 0,
+    min_size: int | None = None,
+    shards_per_worker: int = 2,
+    max_tries: int = 1000,
+) -> list[np.ndarray]:
     """Index arrays, one per worker, that partition the training set (module docstring)."""
     if scheme not in SCHEMES:
         raise ValueError(f"unknown partition scheme {scheme!r}; valid: {', '.join(SCHEMES)}")
@@ -82,8 +91,10 @@ def partition(labels, workers: int, scheme: str = "iid", alpha: float = 0.5, key
                 sizes[w] += len(piece)
         if sizes.min() >= min_size:
             return [np.sort(np.concatenate(p)) for p in parts]
-    raise ValueError(f"dirichlet(alpha={alpha}) could not give each of {workers} workers >= "
-                     f"{min_size} of {n} samples in {max_tries} draws; raise alpha or lower min_size")
+    raise ValueError(
+        f"dirichlet(alpha={alpha}) could not give each of {workers} workers >= "
+        f"{min_size} of {n} samples in {max_tries} draws; raise alpha or lower min_size"
+    )
 
 
 def _shards(y: np.ndarray, workers: int, per_worker: int, rng) -> list[np.ndarray]:

@@ -40,18 +40,39 @@ import numpy as np
 from cconv.data.base import Dataset
 from cconv.data.embedded import _check_float, _check_int
 
-STDLIB_MODULES = ("abc", "argparse", "bisect", "calendar", "colorsys", "contextlib", "copy", "csv",
-                  "dataclasses", "difflib", "enum", "fractions", "functools", "heapq", "inspect",
-                  "numbers", "operator", "pprint", "random", "shlex", "statistics", "string",
-                  "textwrap", "typing")
+STDLIB_MODULES = (
+    "abc",
+    "argparse",
+    "bisect",
+    "calendar",
+    "colorsys",
+    "contextlib",
+    "copy",
+    "csv",
+    "dataclasses",
+    "difflib",
+    "enum",
+    "fractions",
+    "functools",
+    "heapq",
+    "inspect",
+    "numbers",
+    "operator",
+    "pprint",
+    "random",
+    "shlex",
+    "statistics",
+    "string",
+    "textwrap",
+    "typing",
+)
 VOCAB = 256
 
 
 def _docstrings(source: str) -> str:
     """Module, class and function docstrings of a Python source, in source order."""
     tree = ast.parse(source)
-    nodes = [tree] + [n for n in ast.walk(tree)
-                      if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    nodes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
     nodes.sort(key=lambda n: getattr(n, "lineno", 0))
     docs = [ast.get_docstring(n, clean=True) for n in nodes]
     return "".join(d + "\n\n" for d in docs if d)
@@ -71,8 +92,10 @@ def corpus_files(root=None) -> list[Path]:
     files = [stdlib / f"{m}.py" for m in STDLIB_MODULES]
     present = [f for f in files if f.is_file()]
     if not present:
-        raise ValueError(f"text: the standard-library sources ({STDLIB_MODULES[0]}.py, ...) are not "
-                         f"in {stdlib}; pass root=DIR with *.txt files")
+        raise ValueError(
+            f"text: the standard-library sources ({STDLIB_MODULES[0]}.py, ...) are not "
+            f"in {stdlib}; pass root=DIR with *.txt files"
+        )
     return present
 
 
@@ -89,7 +112,7 @@ def corpus_bytes(root=None, max_bytes: int = 1 << 20, docstrings_only: bool = Fa
         total += len(data)
         if total >= max_bytes:
             break
-    return b"".join(chunks)[:max_bytes], files[:len(chunks)]
+    return b"".join(chunks)[:max_bytes], files[: len(chunks)]
 
 
 def _windows(tokens: np.ndarray, seq_len: int):
@@ -98,8 +121,9 @@ def _windows(tokens: np.ndarray, seq_len: int):
     return tokens[idx].astype(np.int32), tokens[idx + 1].astype(np.int32)
 
 
-def text(root=None, seq_len: int = 64, max_bytes: int = 1 << 20, test_fraction: float = 0.1,
-         docstrings_only: bool = False) -> Dataset:
+def text(
+    root=None, seq_len: int = 64, max_bytes: int = 1 << 20, test_fraction: float = 0.1, docstrings_only: bool = False
+) -> Dataset:
     """Byte-level LM data from CPython's standard library (module docstring)."""
     seq_len = _check_int("seq_len", seq_len, 1)
     max_bytes = _check_int("max_bytes", max_bytes, 2 * (seq_len + 1))
@@ -109,17 +133,23 @@ def text(root=None, seq_len: int = 64, max_bytes: int = 1 << 20, test_fraction: 
     data, files = corpus_bytes(root, max_bytes, docstrings_only)
     tokens = np.frombuffer(data, np.uint8)
     n_test = int(round(len(tokens) * test_fraction))
-    train_tok, test_tok = tokens[:len(tokens) - n_test], tokens[len(tokens) - n_test:]
+    train_tok, test_tok = tokens[: len(tokens) - n_test], tokens[len(tokens) - n_test :]
     if len(train_tok) <= seq_len or len(test_tok) <= seq_len:
-        raise ValueError(f"text: corpus of {len(tokens)} bytes is too small for seq_len={seq_len} "
-                         f"and test_fraction={test_fraction}")
+        raise ValueError(
+            f"text: corpus of {len(tokens)} bytes is too small for seq_len={seq_len} and test_fraction={test_fraction}"
+        )
     xtr, ytr = _windows(train_tok, seq_len)
     xte, yte = _windows(test_tok, seq_len)
-    info = {"name": "text", "tokenizer": "bytes (vocabulary 256)",
-            "source": "CPython standard library (PSF License v2)" if root is None else str(root),
-            "python": platform.python_version(), "files": [str(f) for f in files],
-            "bytes": len(tokens), "sha256": hashlib.sha256(data).hexdigest(),
-            "docstrings_only": bool(docstrings_only)}
+    info = {
+        "name": "text",
+        "tokenizer": "bytes (vocabulary 256)",
+        "source": "CPython standard library (PSF License v2)" if root is None else str(root),
+        "python": platform.python_version(),
+        "files": [str(f) for f in files],
+        "bytes": len(tokens),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "docstrings_only": bool(docstrings_only),
+    }
     return Dataset({"x": xtr, "y": ytr}, {"x": xte, "y": yte}, VOCAB, (seq_len,), "lm", info)
 
 

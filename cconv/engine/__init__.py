@@ -11,12 +11,39 @@ transports are objects in ``cconv.comm.aggregation``, memories in ``cconv.memory
 ``cconv.engine.launchers``; each kind has a name -> object registry.
 """
 
-from cconv.engine.config import (ARCHITECTURES, COLLECTIVES, DGC_WARMUP, GRANULARITIES, LAUNCHERS,
-                                 MEMORIES, EngineConfig, Phase, Warmup, dgc_warmup, phase_of)
+from cconv.engine.config import (
+    ARCHITECTURES,
+    COLLECTIVES,
+    DGC_WARMUP,
+    GRANULARITIES,
+    LAUNCHERS,
+    MEMORIES,
+    EngineConfig,
+    Phase,
+    Warmup,
+    dgc_warmup,
+    phase_of,
+)
 from cconv.engine.launchers import Launcher
 from cconv.engine.step import WorkerState, worker_step
 from cconv.engine.trainer import EngineState, Trainer, build
 
-__all__ = ["EngineConfig", "Warmup", "dgc_warmup", "build", "Trainer", "EngineState", "WorkerState",
-           "Phase", "phase_of", "worker_step", "MEMORIES", "GRANULARITIES", "ARCHITECTURES",
-           "COLLECTIVES", "LAUNCHERS", "DGC_WARMUP", "Launcher"]
+__all__ = [
+    "EngineConfig",
+    "Warmup",
+    "dgc_warmup",
+    "build",
+    "Trainer",
+    "EngineState",
+    "WorkerState",
+    "Phase",
+    "phase_of",
+    "worker_step",
+    "MEMORIES",
+    "GRANULARITIES",
+    "ARCHITECTURES",
+    "COLLECTIVES",
+    "LAUNCHERS",
+    "DGC_WARMUP",
+    "Launcher",
+]

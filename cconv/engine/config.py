@@ -9,20 +9,21 @@ distinct phase is compiled once, so changing density under warm-up changes the p
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from cconv import compressors as C
 from cconv import memory as M
 from cconv.comm import aggregation as A
 from cconv.compressors.base import Compressor
-from cconv.engine.launchers import LAUNCHERS   # name -> Launcher class
+from cconv.engine.launchers import LAUNCHERS  # name -> Launcher class
 
 # The uncompressed baseline's registered name (defined by the compressors layer).
 IDENTITY: str = C.IDENTITY
-MEMORIES = M.MEMORIES                      # name -> Memory factory
+MEMORIES = M.MEMORIES  # name -> Memory factory
 GRANULARITIES = ("layerwise", "fused")
-ARCHITECTURES = tuple(A.TRANSPORTS)        # "all-to-all", "parameter-server"
-COLLECTIVES = A.COLLECTIVES               # "auto" (the compressor's aggregation), "allgather", "gtopk"
+ARCHITECTURES = tuple(A.TRANSPORTS)  # "all-to-all", "parameter-server"
+COLLECTIVES = A.COLLECTIVES  # "auto" (the compressor's aggregation), "allgather", "gtopk"
 DGC_WARMUP = (0.25, 0.0625, 0.015625, 0.004)
 
 
@@ -56,8 +57,7 @@ class Warmup:
 
 def dgc_warmup(steps_per_epoch: int, epochs_per_stage: int = 1, dense_steps: int = 0) -> Warmup:
     """DGC's exponential warm-up: 0.25, 0.0625, 0.015625, 0.004, then the compressor's ratio."""
-    return Warmup(DGC_WARMUP, steps_per_stage=int(steps_per_epoch) * int(epochs_per_stage),
-                  dense_steps=dense_steps)
+    return Warmup(DGC_WARMUP, steps_per_stage=int(steps_per_epoch) * int(epochs_per_stage), dense_steps=dense_steps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,8 +132,7 @@ class EngineConfig:
         choice("architecture", ARCHITECTURES)
         choice("collective", COLLECTIVES)
         choice("launcher", LAUNCHERS)
-        for name, lo in (("workers", 1), ("local_steps", 1), ("post_local_switch", 0),
-                         ("min_compress_size", 0)):
+        for name, lo in (("workers", 1), ("local_steps", 1), ("post_local_switch", 0), ("min_compress_size", 0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"EngineConfig.{name} must be an integer >= {lo}, got {v!r}")
@@ -142,13 +141,15 @@ class EngineConfig:
         if self.warmup is not None and not isinstance(self.warmup, Warmup):
             raise ValueError("EngineConfig.warmup must be a cconv.engine.Warmup (e.g. dgc_warmup(...)) or None")
         c = self.compressor
-        A.check(self, c)      # what the aggregation methods cannot do (powersgd, gtopk, vote)
+        A.check(self, c)  # what the aggregation methods cannot do (powersgd, gtopk, vote)
         if self.ps_downlink is not None and self.architecture != "parameter-server":
             raise ValueError("ps_downlink needs architecture='parameter-server'")
         if self.warmup is not None and "ratio" not in C.entry_of(c).schema.names:
             ok = [e.name for e in C.entries() if "ratio" in e.schema.names]
-            raise ValueError(f"warmup changes the density: needs a compressor with a ratio "
-                             f"hyper-parameter ({', '.join(ok)}), got {c.name!r}")
+            raise ValueError(
+                f"warmup changes the density: needs a compressor with a ratio "
+                f"hyper-parameter ({', '.join(ok)}), got {c.name!r}"
+            )
 
     @property
     def model_averaging(self) -> bool:
@@ -158,8 +159,8 @@ class EngineConfig:
 class Phase(NamedTuple):
     """What one step does (static; one compiled program per distinct phase)."""
 
-    density: float | None   # None: the compressor as configured; 1.0: dense
-    kind: str               # "bsp" (average gradients) | "local" (no communication) | "sync"
+    density: float | None  # None: the compressor as configured; 1.0: dense
+    kind: str  # "bsp" (average gradients) | "local" (no communication) | "sync"
 
 
 def phase_of(cfg: EngineConfig, step: int) -> Phase:

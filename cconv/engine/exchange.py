@@ -28,15 +28,15 @@ from cconv.engine.config import IDENTITY
 
 
 class Plan(NamedTuple):
-    comp: Compressor | None      # memory-wrapped compressor; None: everything dense
-    mode: str                    # aggregation method: a key of AGGREGATORS
-    compressed: tuple            # per leaf: compressed (True) or sent dense
+    comp: Compressor | None  # memory-wrapped compressor; None: everything dense
+    mode: str  # aggregation method: a key of AGGREGATORS
+    compressed: tuple  # per leaf: compressed (True) or sent dense
     fused: bool
     vote: bool
     ps: bool
     downlink: Compressor | None  # server-side (EF-wrapped) reply compressor
-    density: float               # fraction of coordinates carried (for the metric)
-    memory: M.Memory | None = None       # the memory's hooks (None: everything dense)
+    density: float  # fraction of coordinates carried (for the metric)
+    memory: M.Memory | None = None  # the memory's hooks (None: everything dense)
     transport: Transport = TRANSPORTS["all-to-all"]
 
 
@@ -55,23 +55,35 @@ def make_plan(cfg, base: Compressor | None, shapes, *, memory: str) -> Plan:
     mode = method_of(base, cfg.collective, cfg.vote)
     method = AGGREGATORS[mode]
     compressed = tuple(
-        n > 0 and n >= cfg.min_compress_size and (cfg.compress_vectors or len(s) > 1)
-        and method.compresses(base, s)
-        for s, n in zip(shapes, sizes))
+        n > 0 and n >= cfg.min_compress_size and (cfg.compress_vectors or len(s) > 1) and method.compresses(base, s)
+        for s, n in zip(shapes, sizes)
+    )
     fused = cfg.granularity == "fused" and method.fusable
-    units = ([(sum(n for n, c in zip(sizes, compressed) if c),)] if fused and any(compressed)
-             else [s for s, c in zip(shapes, compressed) if c])
-    carried = sum(base.density(u) * math.prod(u) for u in units) + sum(
-        n for n, c in zip(sizes, compressed) if not c)
-    if cfg.ps_downlink is not None:        # the server's reply, with error feedback on the server
+    units = (
+        [(sum(n for n, c in zip(sizes, compressed) if c),)]
+        if fused and any(compressed)
+        else [s for s, c in zip(shapes, compressed) if c]
+    )
+    carried = sum(base.density(u) * math.prod(u) for u in units) + sum(n for n, c in zip(sizes, compressed) if not c)
+    if cfg.ps_downlink is not None:  # the server's reply, with error feedback on the server
         down = M.error_feedback(cfg.ps_downlink)
-    elif ps and cfg.vote:                  # the vote is a sign: the sign compressor carries it as is
+    elif ps and cfg.vote:  # the vote is a sign: the sign compressor carries it as is
         down = cfg.compressor
     else:
         down = None
     mem = M.get(memory, base, momentum=cfg.momentum, masking=cfg.masking)
-    return Plan(M.wrap(base, mem), mode, compressed, fused, bool(cfg.vote), ps, down,
-                float(carried / max(sum(sizes), 1)), mem, transport)
+    return Plan(
+        M.wrap(base, mem),
+        mode,
+        compressed,
+        fused,
+        bool(cfg.vote),
+        ps,
+        down,
+        float(carried / max(sum(sizes), 1)),
+        mem,
+        transport,
+    )
 
 
 # ----------------------------------------------------------------------------- state

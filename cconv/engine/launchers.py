@@ -24,12 +24,14 @@ launcher is one class and one entry.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from cconv.comm.backend import Comm, MeshComm
 
@@ -41,7 +43,7 @@ class Launcher:
 
     name = ""
     supports_seeds = False
-    one_process_per_worker = False   # True: started by an external launcher (mpirun), one rank each
+    one_process_per_worker = False  # True: started by an external launcher (mpirun), one rank each
 
     def __init__(self, cfg, devices=None, mpi_comm=None, seeds: int | None = None):
         self.cfg, self.workers, self.seeds = cfg, cfg.workers, seeds
@@ -75,12 +77,13 @@ class _Stacked(Launcher):
         super().__init__(cfg, devices, mpi_comm, seeds)
         devices = list(devices if devices is not None else jax.devices())
         if len(devices) < cfg.workers:
-            raise ValueError(f"EngineConfig.workers={cfg.workers} but only {len(devices)} devices are "
-                             "visible (CPU: XLA_FLAGS=--xla_force_host_platform_device_count=N)")
+            raise ValueError(
+                f"EngineConfig.workers={cfg.workers} but only {len(devices)} devices are "
+                "visible (CPU: XLA_FLAGS=--xla_force_host_platform_device_count=N)"
+            )
         if jax.process_count() > 1 and len(devices) != cfg.workers:
             raise ValueError(f"multi-process run: workers must equal the {len(devices)} global devices")
-        self.mesh = Mesh(np.array(devices[:cfg.workers]), (cfg.axis_name,),
-                         axis_types=(jax.sharding.AxisType.Auto,))
+        self.mesh = Mesh(np.array(devices[: cfg.workers]), (cfg.axis_name,), axis_types=(jax.sharding.AxisType.Auto,))
         self.sharded = NamedSharding(self.mesh, P(cfg.axis_name) if seeds is None else P(None, cfg.axis_name))
         self.replicated = NamedSharding(self.mesh, P())
         self.platform = devices[0].platform
@@ -97,24 +100,32 @@ class _Stacked(Launcher):
 
         if S is None:
             return jax.jit(per_seed, out_shardings=self.sharded)(params, mstate)
-        lead = lambda t, like: jax.tree.leaves(t) and jnp.ndim(jax.tree.leaves(t)[0]) == jnp.ndim(
-            jax.tree.leaves(like)[0]) + 1
-        axes = (0 if lead(params, like_params) else None,
-                0 if jax.tree.leaves(mstate) and lead(mstate, like_mstate) else None)
-        return jax.jit(lambda p, m: jax.vmap(per_seed, in_axes=axes, axis_size=S)(p, m),
-                       out_shardings=self.sharded)(params, mstate)
+        lead = lambda t, like: (
+            jax.tree.leaves(t) and jnp.ndim(jax.tree.leaves(t)[0]) == jnp.ndim(jax.tree.leaves(like)[0]) + 1
+        )
+        axes = (
+            0 if lead(params, like_params) else None,
+            0 if jax.tree.leaves(mstate) and lead(mstate, like_mstate) else None,
+        )
+        return jax.jit(lambda p, m: jax.vmap(per_seed, in_axes=axes, axis_size=S)(p, m), out_shardings=self.sharded)(
+            params, mstate
+        )
 
     def inputs(self, batch, key):
-        if jax.process_count() > 1:   # every process passes the same global (host) batch and key
-            glob = lambda x, sh: x if isinstance(x, jax.Array) and not x.is_fully_addressable else \
-                jax.make_array_from_callback(np.shape(x), sh, lambda idx, x=np.asarray(x): x[idx])
+        if jax.process_count() > 1:  # every process passes the same global (host) batch and key
+            glob = lambda x, sh: (
+                x
+                if isinstance(x, jax.Array) and not x.is_fully_addressable
+                else jax.make_array_from_callback(np.shape(x), sh, lambda idx, x=np.asarray(x): x[idx])
+            )
             batch = jax.tree.map(lambda x: glob(x, self.sharded), batch)
-            key = glob(jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
-                       else key, self.replicated)
+            key = glob(
+                jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key, self.replicated
+            )
         return batch, key
 
     def view(self, tree, average: bool):
-        if self._view_fn is None:   # compiled once per trainer (jit caches per tree structure)
+        if self._view_fn is None:  # compiled once per trainer (jit caches per tree structure)
             ax = 0 if self.seeds is None else 1
             pick = lambda x: x.mean(ax).astype(x.dtype) if average else jnp.take(x, 0, axis=ax)
             self._view_fn = jax.jit(lambda t: jax.tree.map(pick, t), out_shardings=self.replicated)
@@ -136,7 +147,7 @@ class ShardMap(_Stacked):
 
         if self.seeds is None:
             block, spec = run, P(axis)
-        else:   # a leading seed axis on everything: vmap inside the SPMD program
+        else:  # a leading seed axis on everything: vmap inside the SPMD program
             block, spec = jax.vmap(run, in_axes=(0, 0, 0)), P(None, axis)
         return jax.jit(jax.shard_map(block, mesh=self.mesh, in_specs=(spec, spec, P()), out_specs=(spec, P())))
 
@@ -147,13 +158,18 @@ class Pmap(_Stacked):
     name = "pmap"
 
     def compile(self, trace):
-        pm = jax.pmap(lambda ws, batch, key: trace(self.comm(), ws, batch, key),
-                      axis_name=self.cfg.axis_name, in_axes=(0, 0, None), devices=list(self.mesh.devices.flat))
+        pm = jax.pmap(
+            lambda ws, batch, key: trace(self.comm(), ws, batch, key),
+            axis_name=self.cfg.axis_name,
+            in_axes=(0, 0, None),
+            devices=list(self.mesh.devices.flat),
+        )
 
         def fn(ws, batch, key):
             batch = jax.tree.map(lambda x: x.reshape(self.workers, -1, *x.shape[1:]), batch)
             new, metrics = pm(ws, batch, key)
             return new, jax.tree.map(lambda m: m[0], metrics)
+
         return fn
 
     def lower(self, fn, ws, batch, key):
@@ -169,13 +185,16 @@ class MPI(Launcher):
     def __init__(self, cfg, devices=None, mpi_comm=None, seeds=None):
         super().__init__(cfg, devices, mpi_comm, seeds)
         from cconv.comm.mpi import MPIComm
+
         self.mpi = MPIComm(mpi_comm)
         if self.mpi.size != cfg.workers:
-            raise ValueError(f"launcher='mpi': EngineConfig.workers={cfg.workers} but the MPI "
-                             f"communicator has {self.mpi.size} ranks")
+            raise ValueError(
+                f"launcher='mpi': EngineConfig.workers={cfg.workers} but the MPI communicator has {self.mpi.size} ranks"
+            )
 
     def comm(self) -> Comm:
         from cconv.comm.mpi import MPIComm
+
         return MPIComm(self.mpi.mpi_comm)
 
     def init(self, worker_init, params, mstate, like_params=None, like_mstate=None):
@@ -186,14 +205,16 @@ class MPI(Launcher):
 
     def inputs(self, batch, key):
         r, b = self.mpi.rank(), jax.tree.leaves(batch)[0].shape[0] // self.workers
-        return jax.tree.map(lambda x: x[r * b:(r + 1) * b], batch), key
+        return jax.tree.map(lambda x: x[r * b : (r + 1) * b], batch), key
 
     def view(self, tree, average: bool):
         if not average:
             return tree
         from mpi4py import MPI as _MPI
-        return jax.tree.map(lambda x: jnp.asarray(self.mpi.mpi_comm.allreduce(
-            np.asarray(x), op=_MPI.SUM) / self.workers, x.dtype), tree)
+
+        return jax.tree.map(
+            lambda x: jnp.asarray(self.mpi.mpi_comm.allreduce(np.asarray(x), op=_MPI.SUM) / self.workers, x.dtype), tree
+        )
 
     def is_main(self) -> bool:
         return self.mpi.rank() == 0

@@ -58,7 +58,7 @@ def bytes_table(params, model_state=None, workers=(2, 4, 8), rows=None, devices=
     """{label: {P: (sent, received)}} for the worker that reports (a non-server one under PS);
     a configuration the engine rejects for some P is left out of that row."""
     out = {}
-    for label, kw in (default_rows() if rows is None else rows):
+    for label, kw in default_rows() if rows is None else rows:
         out[label] = {}
         for p in workers:
             try:
@@ -91,10 +91,10 @@ def main(argv=None) -> int:
     ap.add_argument("--architecture", nargs="+", default=["all-to-all"], choices=list(TRANSPORTS))
     args = ap.parse_args(argv)
     from cconv import models
-    spec = models.build(args.model, tuple(int(v) for v in args.input.split(",")), args.classes,
-                        jax.random.PRNGKey(0))
+
+    spec = models.build(args.model, tuple(int(v) for v in args.input.split(",")), args.classes, jax.random.PRNGKey(0))
     n = sum(x.size for x in jax.tree.leaves(spec.params))
-    devices = [jax.devices()[0]] * max(args.workers)      # traffic() needs no real devices
+    devices = [jax.devices()[0]] * max(args.workers)  # traffic() needs no real devices
     rows = default_rows(args.ratio, tuple(args.architecture))
     print(f"{args.model}: {n:,} parameters ({4 * n:,} bytes fp32); bytes per worker per step\n")
     print(markdown(bytes_table(spec.params, spec.model_state, args.workers, rows, devices=devices), args.workers))

@@ -8,7 +8,8 @@ memory and aggregation happen in ``exchange``.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,15 +25,15 @@ class WorkerState(NamedTuple):
     model_state: Any
     opt_state: Any
     comp_state: Any
-    anchor: Any          # the last averaged model under local SGD (None otherwise)
+    anchor: Any  # the last averaged model under local SGD (None otherwise)
 
 
 class StepContext(NamedTuple):
     loss_fn: Callable
     optimizer: optax.GradientTransformation
-    plans: dict          # Phase -> Plan used by that phase's exchange
-    clip: float | None   # per-worker threshold, already scaled by P^(-1/2)
-    report_rank: int     # whose bytes the metrics report (a non-server worker under PS)
+    plans: dict  # Phase -> Plan used by that phase's exchange
+    clip: float | None  # per-worker threshold, already scaled by P^(-1/2)
+    report_rank: int  # whose bytes the metrics report (a non-server worker under PS)
 
 
 def clip_local(grads, threshold):
@@ -51,22 +52,21 @@ def worker_step(comm, ctx: StepContext, phase: Phase, s: WorkerState, batch, key
     folded with the worker's rank."""
     k_loss, k_comm = jax.random.split(key)
     grad_fn = jax.value_and_grad(ctx.loss_fn, has_aux=True)
-    (loss, (model_state, aux)), grads = grad_fn(s.params, s.model_state, batch,
-                                                jax.random.fold_in(k_loss, comm.rank()))
+    (loss, (model_state, aux)), grads = grad_fn(s.params, s.model_state, batch, jax.random.fold_in(k_loss, comm.rank()))
     grads = clip_local(grads, ctx.clip)
     plan: Plan = ctx.plans[phase]
     comp_state, anchor = s.comp_state, s.anchor
-    if phase.kind == "bsp":                                   # average gradients, then update
+    if phase.kind == "bsp":  # average gradients, then update
         grads, comp_state = exchange(comm, plan, grads, comp_state, k_comm)
     updates, opt_state = ctx.optimizer.update(grads, s.opt_state, s.params)
     params = optax.apply_updates(s.params, updates)
-    if phase.kind == "sync":                                  # local SGD: average the models
+    if phase.kind == "sync":  # local SGD: average the models
         delta = jax.tree.map(jnp.subtract, params, anchor)
         delta, comp_state = exchange(comm, plan, delta, comp_state, k_comm)
         params = anchor = jax.tree.map(jnp.add, anchor, delta)
     if phase.kind != "local":
-        model_state = average(comm, plan, model_state)   # e.g. BatchNorm running statistics
-    names, values = zip(*{"loss": loss, **aux}.items())      # one buffer: one control all-reduce
+        model_state = average(comm, plan, model_state)  # e.g. BatchNorm running statistics
+    names, values = zip(*{"loss": loss, **aux}.items())  # one buffer: one control all-reduce
     values = comm.allmean(jnp.stack([jnp.asarray(v, jnp.float32) for v in values]), control=True)
     metrics = dict(zip(names, values))
     metrics.update(traffic_metrics(comm, ctx.report_rank), density=jnp.float32(plan.density))

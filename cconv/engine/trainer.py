@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import optax
@@ -29,9 +30,11 @@ from cconv.engine.launchers import LAUNCHERS, Launcher
 from cconv.engine.step import StepContext, WorkerState, worker_step
 
 
-@partial(jax.tree_util.register_dataclass,
-         data_fields=["params", "model_state", "opt_state", "comp_state", "anchor"],
-         meta_fields=["step"])
+@partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["params", "model_state", "opt_state", "comp_state", "anchor"],
+    meta_fields=["step"],
+)
 @dataclasses.dataclass(frozen=True)
 class EngineState:
     """Training state. Mesh launchers: leaves have a leading worker axis. ``step`` is static."""
@@ -46,15 +49,24 @@ class EngineState:
     def worker(self) -> WorkerState:
         return WorkerState(self.params, self.model_state, self.opt_state, self.comp_state, self.anchor)
 
-    def replace(self, **kw) -> "EngineState":
+    def replace(self, **kw) -> EngineState:
         return dataclasses.replace(self, **kw)
 
 
 class Trainer:
     """Returned by ``build``; see the README section "Python API"."""
 
-    def __init__(self, loss_fn: Callable, params, optimizer, cfg: EngineConfig, model_state=None,
-                 devices=None, mpi_comm=None, seeds: int | None = None):
+    def __init__(
+        self,
+        loss_fn: Callable,
+        params,
+        optimizer,
+        cfg: EngineConfig,
+        model_state=None,
+        devices=None,
+        mpi_comm=None,
+        seeds: int | None = None,
+    ):
         if seeds is not None and (isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1):
             raise ValueError(f"build: seeds must be an integer >= 1 or None, got {seeds!r}")
         launcher = LAUNCHERS[cfg.launcher]
@@ -127,8 +139,7 @@ class Trainer:
     # ------------------------------------------------------------------ step
     def _ctx(self, phase: Phase) -> StepContext:
         clip = None if self.cfg.clip is None else self.cfg.clip / math.sqrt(self.workers)
-        return StepContext(self.loss_fn, self.optimizer, {phase: self.plan(phase)}, clip,
-                           self._report_rank)
+        return StepContext(self.loss_fn, self.optimizer, {phase: self.plan(phase)}, clip, self._report_rank)
 
     def _comm(self):
         """A fresh comm (its ledger records one trace)."""
@@ -142,7 +153,8 @@ class Trainer:
     def _fn(self, phase: Phase) -> Callable:
         if phase not in self._fns:
             self._fns[phase] = self.launcher.compile(
-                lambda comm, ws, batch, key: self._trace_step(comm, phase, ws, batch, key))
+                lambda comm, ws, batch, key: self._trace_step(comm, phase, ws, batch, key)
+            )
         return self._fns[phase]
 
     def _inputs(self, batch, key):
@@ -188,7 +200,7 @@ class Trainer:
         comm, plan = DryComm(self.workers, like=self._comm()), self.plan(phase)
         ws = jax.eval_shape(self._worker_init, self._params0, self._model_state0)
 
-        def communicate(ws):   # what worker_step communicates, on shapes only
+        def communicate(ws):  # what worker_step communicates, on shapes only
             if phase.kind != "local":
                 exchange(comm, plan, ws.params, ws.comp_state, jax.random.PRNGKey(0))
                 average(comm, plan, ws.model_state)
@@ -206,8 +218,16 @@ class Trainer:
         return total_traffic(self.collectives(step, control), self.workers)
 
 
-def build(loss_fn: Callable, params, optimizer: optax.GradientTransformation, cfg: EngineConfig,
-          model_state=None, devices=None, mpi_comm=None, seeds: int | None = None) -> Trainer:
+def build(
+    loss_fn: Callable,
+    params,
+    optimizer: optax.GradientTransformation,
+    cfg: EngineConfig,
+    model_state=None,
+    devices=None,
+    mpi_comm=None,
+    seeds: int | None = None,
+) -> Trainer:
     """A data-parallel trainer.
 
     loss_fn(params, model_state, batch, key) -> (loss, (new_model_state, aux_dict)) is evaluated

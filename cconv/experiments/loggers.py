@@ -24,8 +24,17 @@ def progress(total: int, desc: str, initial: int = 0, position: int | None = Non
     """A tqdm bar on stderr; disabled (a no-op object) when stderr is not a terminal."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, initial=initial, position=position, leave=leave,
-                disable=not progress_enabled(), file=sys.stderr, dynamic_ncols=True, unit="step")
+    return tqdm(
+        total=total,
+        desc=desc,
+        initial=initial,
+        position=position,
+        leave=leave,
+        disable=not progress_enabled(),
+        file=sys.stderr,
+        dynamic_ncols=True,
+        unit="step",
+    )
 
 
 class WandbLogger:
@@ -38,13 +47,23 @@ class WandbLogger:
         try:
             import wandb
         except ImportError:
-            raise ValueError("wandb logging is enabled but wandb is not installed "
-                             "(pip install 'cconv[wandb]', or set wandb: false)") from None
+            raise ValueError(
+                "wandb logging is enabled but wandb is not installed (pip install 'cconv[wandb]', or set wandb: false)"
+            ) from None
         self._wandb = wandb
-        self.run = wandb.init(project=opts.pop("project", "cconv"), entity=opts.pop("entity", None),
-                              group=opts.pop("group", None), tags=opts.pop("tags", None),
-                              name=run_name, id=run_id, resume="allow", mode=mode, dir=run_dir,
-                              config=config, reinit="finish_previous")
+        self.run = wandb.init(
+            project=opts.pop("project", "cconv"),
+            entity=opts.pop("entity", None),
+            group=opts.pop("group", None),
+            tags=opts.pop("tags", None),
+            name=run_name,
+            id=run_id,
+            resume="allow",
+            mode=mode,
+            dir=run_dir,
+            config=config,
+            reinit="finish_previous",
+        )
         self.run.define_metric("cum_bytes")
         self.run.define_metric("*", step_metric="cum_bytes")
 

@@ -19,14 +19,18 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
 MEMORY_STYLE = {"ef": "-", "none": "--", "dgc": ":"}
 MEMORY_LABEL = {"ef": "EF", "none": "no EF", "dgc": "DGC memory"}
-Y_LABELS = {"loss": "training loss", "test_loss": "test loss", "test_accuracy": "test accuracy",
-            "accuracy": "training accuracy"}
+Y_LABELS = {
+    "loss": "training loss",
+    "test_loss": "test loss",
+    "test_accuracy": "test accuracy",
+    "accuracy": "training accuracy",
+}
 
 
 def identity_name() -> str:
@@ -91,8 +95,10 @@ def x_column(df, x: str, network: str | None = None) -> tuple[str, str]:
             col = f"sim_time@{network}"
             if col not in df.columns:
                 nets = sorted(c.split("@", 1)[1] for c in df.columns if c.startswith("sim_time@"))
-                raise ValueError(f"no simulated time for network {network!r} in these results; "
-                                 f"available: {', '.join(nets) or 'none (set network: in the config)'}")
+                raise ValueError(
+                    f"no simulated time for network {network!r} in these results; "
+                    f"available: {', '.join(nets) or 'none (set network: in the config)'}"
+                )
             return col, f"simulated time on {network} [s]"
         if "sim_time" in df.columns and df["sim_time"].notna().any():
             return "sim_time", "simulated time [s]"
@@ -106,10 +112,18 @@ def y_label(y: str) -> str:
 
 def mean_curve(g, xcol: str, ycol: str):
     """Seeds averaged at equal steps: (x mean, y mean, y min, y max) arrays."""
-    agg = g.groupby("step").agg(x=(xcol, "mean"), y=(ycol, "mean"), lo=(ycol, "min"), hi=(ycol, "max"),
-                                n=(ycol, "size")).sort_index()
-    return agg["x"].to_numpy(float), agg["y"].to_numpy(float), agg["lo"].to_numpy(float), \
-        agg["hi"].to_numpy(float), int(agg["n"].max()) if len(agg) else 0
+    agg = (
+        g.groupby("step")
+        .agg(x=(xcol, "mean"), y=(ycol, "mean"), lo=(ycol, "min"), hi=(ycol, "max"), n=(ycol, "size"))
+        .sort_index()
+    )
+    return (
+        agg["x"].to_numpy(float),
+        agg["y"].to_numpy(float),
+        agg["lo"].to_numpy(float),
+        agg["hi"].to_numpy(float),
+        int(agg["n"].max()) if len(agg) else 0,
+    )
 
 
 def y_range(df, ycol: str) -> tuple[float, float] | None:
@@ -122,8 +136,11 @@ def y_range(df, ycol: str) -> tuple[float, float] | None:
     finite = vals[np.isfinite(vals) & (vals > 0)]
     if not finite.size:
         return None
-    firsts = df.sort_values("step").groupby("run")[ycol].apply(
-        lambda v: v[np.isfinite(v.to_numpy(float))].iloc[0] if np.isfinite(v.to_numpy(float)).any() else np.nan)
+    firsts = (
+        df.sort_values("step")
+        .groupby("run")[ycol]
+        .apply(lambda v: v[np.isfinite(v.to_numpy(float))].iloc[0] if np.isfinite(v.to_numpy(float)).any() else np.nan)
+    )
     top = 1.5 * float(np.nanmedian(firsts.to_numpy(float))) if firsts.notna().any() else float(finite.max())
     return 0.8 * float(finite.min()), max(top, 1.05 * float(finite.min()))
 
@@ -153,7 +170,7 @@ def _draw(ax, g, xcol, ycol, top=None, **kw):
             cut = int(np.argmax(yv >= top)) + 1
             xv, yv, lo, hi = xv[:cut], yv[:cut], lo[:cut], hi[:cut]
     fin = np.isfinite(yv)
-    line, = ax.plot(xv[fin], yv[fin], **kw)
+    (line,) = ax.plot(xv[fin], yv[fin], **kw)
     if n > 1:
         ax.fill_between(xv[fin], lo[fin], hi[fin], color=line.get_color(), alpha=0.15, linewidth=0)
     if blew_up and fin.any():
@@ -197,19 +214,27 @@ def save(fig, out: str) -> list[str]:
     return outs
 
 
-def curves(df, x: str = "bytes", y: str = "loss", network: str | None = None, title: str | None = None,
-           out: str = "curves.png") -> list[str]:
+def curves(
+    df, x: str = "bytes", y: str = "loss", network: str | None = None, title: str | None = None, out: str = "curves.png"
+) -> list[str]:
     """All runs in one panel (``cconv plot``)."""
     plt = _plt()
     if df.empty:
         raise ValueError("no metric lines to plot (have the runs started?)")
     if y not in df.columns:
-        raise ValueError(f"no metric {y!r} in these results; available: "
-                         f"{', '.join(c for c in df.columns if df[c].dtype.kind == 'f' and not c.startswith('cfg.'))}")
+        raise ValueError(
+            f"no metric {y!r} in these results; available: "
+            f"{', '.join(c for c in df.columns if df[c].dtype.kind == 'f' and not c.startswith('cfg.'))}"
+        )
     xcol, xlabel = x_column(df, x, network)
     skip = {"run", "run_dir", "label", "cfg.seed", "cfg.name"}
-    cand = ["compressor", "ratio", "memory"] + [c for c in df.columns if c.startswith("cfg.") and c not in skip
-                                                and c not in ("cfg.compressor.name", "cfg.compressor.ratio", "cfg.memory")]
+    cand = ["compressor", "ratio", "memory"] + [
+        c
+        for c in df.columns
+        if c.startswith("cfg.")
+        and c not in skip
+        and c not in ("cfg.compressor.name", "cfg.compressor.ratio", "cfg.memory")
+    ]
     varying = _varying(df, cand)
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     if x == "bytes":
@@ -217,7 +242,7 @@ def curves(df, x: str = "bytes", y: str = "loss", network: str | None = None, ti
     limits = y_range(df, y)
     top = limits[1] if limits else None
     ys = []
-    for run, g in df.groupby("run", sort=True):
+    for _run, g in df.groupby("run", sort=True):
         label = g["label"].iloc[0] if "label" in g and g["label"].iloc[0] else run_label(g.iloc[0], varying)
         if "seed" in g and g["seed"].nunique() > 1:
             label += f" (mean of {g['seed'].nunique()} seeds, min-max band)"
@@ -240,8 +265,16 @@ def _knob(g, family: str | None = None) -> str | None:
     return None
 
 
-def family_grid(df, x: str = "bytes", y: str = "loss", network: str | None = None, title: str | None = None,
-                out: str = "convergence.png", families: list[str] | None = None, ncols: int = 3) -> list[str]:
+def family_grid(
+    df,
+    x: str = "bytes",
+    y: str = "loss",
+    network: str | None = None,
+    title: str | None = None,
+    out: str = "convergence.png",
+    families: list[str] | None = None,
+    ncols: int = 3,
+) -> list[str]:
     """One panel per compressor family across its swept hyper-parameter, memory as line style."""
     plt = _plt()
     from matplotlib.lines import Line2D
@@ -275,8 +308,9 @@ def family_grid(df, x: str = "bytes", y: str = "loss", network: str | None = Non
             sub = g if lev is None else g[g[knob] == lev]
             for mem, gm in sub.groupby("memory", sort=True):
                 for _, gr in gm.groupby("run"):
-                    _, yv = _draw(ax, gr, xcol, y, top=top, color=color, linestyle=MEMORY_STYLE.get(mem, "-."),
-                                  linewidth=1.4)
+                    _, yv = _draw(
+                        ax, gr, xcol, y, top=top, color=color, linestyle=MEMORY_STYLE.get(mem, "-."), linewidth=1.4
+                    )
                     ys.append(yv)
             if lev is not None:
                 handles.append(Line2D([], [], color=color, label=f"{knob.split('.')[-1]} = {float(lev):g}"))
@@ -318,8 +352,11 @@ def ratio_summary(runs, title: str | None = None, out: str = "ratio_summary.png"
     colors = plt.get_cmap("tab10")
     handles = []
     ident = identity_name()
-    ratio_fams = [f for f in dict.fromkeys(runs["compressor"]) if f != ident
-                  and "ratio" in runs.columns and runs.loc[runs["compressor"] == f, "ratio"].notna().all()]
+    ratio_fams = [
+        f
+        for f in dict.fromkeys(runs["compressor"])
+        if f != ident and "ratio" in runs.columns and runs.loc[runs["compressor"] == f, "ratio"].notna().all()
+    ]
     flat_fams = [f for f in dict.fromkeys(runs["compressor"]) if f != ident and f not in ratio_fams]
     ci = 0
     for fam in ratio_fams:
@@ -351,7 +388,13 @@ def ratio_summary(runs, title: str | None = None, out: str = "ratio_summary.png"
     ax.set_xlabel("compression ratio k/d (fraction of gradient entries sent)")
     ax.set_ylabel("traffic per worker to reach target [bytes]")
     ax.grid(True, which="major", alpha=0.3)
-    ax.set_title(title or (f"bytes to reach training loss {tgt:g} (missing point: not reached)" if tgt is not None
-                           else "bytes to reach the target loss"))
+    ax.set_title(
+        title
+        or (
+            f"bytes to reach training loss {tgt:g} (missing point: not reached)"
+            if tgt is not None
+            else "bytes to reach the target loss"
+        )
+    )
     ax.legend(handles=handles, fontsize=7, loc="best")
     return save(fig, out)

@@ -11,13 +11,13 @@ the aggregation methods call too.  ``MEMORIES`` maps each memory's name to its f
 ``factory(c, **options) -> Memory`` (options: ``momentum``, ``masking``).
 """
 
-from typing import Callable
+from collections.abc import Callable
 
 from cconv.memory.base import Memory, no_memory, wrap
 from cconv.memory.dgc import DGCState, dgc, dgc_memory
 from cconv.memory.error_feedback import EFState, ef_memory, error_feedback
 
-NONE = "none"   # the name of "no memory" (the engine's default)
+NONE = "none"  # the name of "no memory" (the engine's default)
 MEMORIES: dict[str, Callable[..., Memory]] = {NONE: no_memory, "ef": ef_memory, "dgc": dgc_memory}
 
 
@@ -28,5 +28,17 @@ def get(name: str, c, **options) -> Memory:
     return MEMORIES[name](c, **options)
 
 
-__all__ = ["Memory", "MEMORIES", "NONE", "get", "wrap", "no_memory", "ef_memory", "dgc_memory",
-           "EFState", "error_feedback", "DGCState", "dgc"]
+__all__ = [
+    "Memory",
+    "MEMORIES",
+    "NONE",
+    "get",
+    "wrap",
+    "no_memory",
+    "ef_memory",
+    "dgc_memory",
+    "EFState",
+    "error_feedback",
+    "DGCState",
+    "dgc",
+]

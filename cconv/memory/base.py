@@ -21,7 +21,8 @@ memory options (``momentum``, ``masking``) as keywords and a memory ignores thos
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from cconv.compressors.base import Array, Compressor
 
@@ -51,12 +52,14 @@ class Memory(NamedTuple):
 def no_memory(c: Compressor | None = None, **options) -> Memory:
     """No memory: the state is the compressor's own; what it drops is lost."""
     del c, options
-    return Memory("none",
-                  init=lambda x, inner_init: inner_init(x),
-                  absorb=lambda x, state: (x, state, state),
-                  settle=lambda state, p, inner, sent: inner,
-                  give_back=lambda state, back: state,
-                  transparent=True)
+    return Memory(
+        "none",
+        init=lambda x, inner_init: inner_init(x),
+        absorb=lambda x, state: (x, state, state),
+        settle=lambda state, p, inner, sent: inner,
+        give_back=lambda state, back: state,
+        transparent=True,
+    )
 
 
 def wrap(c: Compressor, memory: Memory) -> Compressor:
@@ -73,5 +76,4 @@ def wrap(c: Compressor, memory: Memory) -> Compressor:
         return payload, memory.settle(state, p, inner, c.decompress(payload, p))
 
     hparams = {**c.hparams, **memory.hparams} if memory.hparams else c.hparams
-    return c._replace(init=init, compress=compress, name=f"{memory.name}({c.name})", unbiased=False,
-                      hparams=hparams)
+    return c._replace(init=init, compress=compress, name=f"{memory.name}({c.name})", unbiased=False, hparams=hparams)

@@ -60,8 +60,7 @@ def dgc_memory(c: Compressor, momentum: float = 0.9, masking: bool = True, **opt
     def give_back(state: DGCState, back) -> DGCState:
         return state._replace(v=state.v + back)
 
-    return Memory("dgc_memory", init, absorb, settle, give_back,
-                  hparams={"momentum": m, "masking": masking})
+    return Memory("dgc_memory", init, absorb, settle, give_back, hparams={"momentum": m, "masking": masking})
 
 
 def dgc(c: Compressor, momentum: float = 0.9, masking: bool = True) -> Compressor:

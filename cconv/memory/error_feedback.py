@@ -22,7 +22,7 @@ from cconv.memory.base import Memory, wrap
 
 
 class EFState(NamedTuple):
-    inner: Any       # the wrapped compressor's state
+    inner: Any  # the wrapped compressor's state
     residual: Array  # e, same shape/dtype as x
 
 

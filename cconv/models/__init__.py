@@ -31,7 +31,7 @@ class or function called as ``factory(input_shape, num_classes, rngs=..., **hpar
 from __future__ import annotations
 
 import inspect
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -54,8 +54,7 @@ def resnet8(input_shape, num_classes, *, rngs, width: int = 16, bn_momentum: flo
 
 def resnet20(input_shape, num_classes, *, rngs, width: int = 16, bn_momentum: float = 0.9):
     """ResNet-20 (He et al. 2016, n = 3)."""
-    return ResNet(input_shape, num_classes, rngs=rngs, depth=20, width=width,
-                  bn_momentum=bn_momentum)
+    return ResNet(input_shape, num_classes, rngs=rngs, depth=20, width=width, bn_momentum=bn_momentum)
 
 
 _REGISTRY: dict[str, Callable[..., nnx.Module]] = {
@@ -83,7 +82,7 @@ def _lookup(name: str) -> Callable[..., nnx.Module]:
 def hparams_of(name: str) -> list[str]:
     """The hyper-parameters ``build(name, ...)`` accepts."""
     factory = _lookup(name)
-    target = factory.__init__ if isinstance(factory, type) else factory   # NNX metaclass hides it
+    target = factory.__init__ if isinstance(factory, type) else factory  # NNX metaclass hides it
     return [p for p in inspect.signature(target).parameters if p not in _POSITIONAL]
 
 
@@ -93,13 +92,10 @@ def _checked(name: str, input_shape, num_classes: int, hparams: dict):
     try:
         shape = tuple(int(s) for s in input_shape)
     except TypeError:
-        raise ValueError(f"input_shape must be a sequence of positive ints, got "
-                         f"{input_shape!r}") from None
+        raise ValueError(f"input_shape must be a sequence of positive ints, got {input_shape!r}") from None
     if not shape or min(shape) < 1:
-        raise ValueError(f"input_shape must be a non-empty sequence of positive ints, got "
-                         f"{input_shape!r}")
-    if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or \
-            num_classes < 1:
+        raise ValueError(f"input_shape must be a non-empty sequence of positive ints, got {input_shape!r}")
+    if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < 1:
         raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}")
     return factory, shape
 
@@ -135,5 +131,20 @@ def initializer(name: str, input_shape, num_classes: int, **hparams) -> Callable
     return init
 
 
-__all__ = ["ModelSpec", "build", "initializer", "names", "hparams_of", "make_loss", "make_eval",
-           "evaluate", "objective", "functional", "Linear", "MLP", "CNN", "ResNet", "TransformerLM"]
+__all__ = [
+    "ModelSpec",
+    "build",
+    "initializer",
+    "names",
+    "hparams_of",
+    "make_loss",
+    "make_eval",
+    "evaluate",
+    "objective",
+    "functional",
+    "Linear",
+    "MLP",
+    "CNN",
+    "ResNet",
+    "TransformerLM",
+]

@@ -19,7 +19,8 @@ averages across workers); randomness is passed in explicitly.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 from flax import nnx
@@ -48,8 +49,7 @@ def _check_string_keys(tree, what: str, path: str = "") -> None:
     if isinstance(tree, dict):
         for k, v in tree.items():
             if not isinstance(k, str):
-                raise TypeError(f"{what} key {path}/{k!r} is not a string; name submodules with "
-                                f"attributes, not lists")
+                raise TypeError(f"{what} key {path}/{k!r} is not a string; name submodules with attributes, not lists")
             _check_string_keys(v, what, f"{path}/{k}")
 
 
@@ -60,8 +60,9 @@ def functional(module: nnx.Module) -> ModelSpec:
     _check_string_keys(params, "parameter")
     _check_string_keys(rest, "model state")
 
-    def apply(params: Params, model_state: ModelState, x: jax.Array, train: bool,
-              key: jax.Array | None = None) -> tuple[jax.Array, ModelState]:
+    def apply(
+        params: Params, model_state: ModelState, x: jax.Array, train: bool, key: jax.Array | None = None
+    ) -> tuple[jax.Array, ModelState]:
         if not isinstance(train, bool):
             raise TypeError(f"train must be a Python bool (it selects the program), got {train!r}")
         model = nnx.merge(graphdef, params, model_state)

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 from flax import nnx
@@ -16,16 +16,16 @@ from cconv.models.init import lecun_normal
 def image_shape(name: str, input_shape) -> tuple[int, int, int]:
     """Validate an (H, W, C) input shape for a convolutional model."""
     if len(input_shape) != 3 or min(input_shape) < 1:
-        raise ValueError(f"model {name!r} needs image inputs (H, W, C), got input_shape "
-                         f"{tuple(input_shape)}")
+        raise ValueError(f"model {name!r} needs image inputs (H, W, C), got input_shape {tuple(input_shape)}")
     return tuple(int(s) for s in input_shape)
 
 
 class CNN(nnx.Module):
     """Conv-ReLU-pool blocks with widths ``channels``, then a ReLU dense layer of width ``hidden``."""
 
-    def __init__(self, input_shape, num_classes: int, *, rngs: nnx.Rngs,
-                 channels: Sequence[int] = (32, 64), hidden: int = 128):
+    def __init__(
+        self, input_shape, num_classes: int, *, rngs: nnx.Rngs, channels: Sequence[int] = (32, 64), hidden: int = 128
+    ):
         h, w, c = image_shape("cnn", input_shape)
         channels = tuple(int(ch) for ch in channels)
         if not channels or min(channels) < 1 or int(hidden) < 1:

@@ -23,7 +23,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-TRUNC_STD = 0.87962566103423978   # std of N(0, 1) truncated to [-2, 2]
+TRUNC_STD = 0.87962566103423978  # std of N(0, 1) truncated to [-2, 2]
 
 
 MIN_DRAW = 4096
@@ -69,5 +69,5 @@ def normal(stddev: float):
     return init
 
 
-lecun_normal = variance_scaling(1.0, "fan_in")     # dense layers (flax's default)
-he_normal = variance_scaling(2.0, "fan_in")        # ReLU conv layers (He et al. 2015)
+lecun_normal = variance_scaling(1.0, "fan_in")  # dense layers (flax's default)
+he_normal = variance_scaling(2.0, "fan_in")  # ReLU conv layers (He et al. 2015)

@@ -23,7 +23,7 @@ shard_map apply.  Cross-entropies are computed in float32 whatever the model's d
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -50,8 +50,10 @@ def objective(task: str, outputs: jax.Array, y: jax.Array) -> tuple[jax.Array, d
         err = (pred.astype(jnp.float32) - y.astype(jnp.float32)) ** 2
         return err.reshape(err.shape[0], -1).sum(-1).mean(), {}
     if outputs.shape[:-1] != y.shape:
-        raise ValueError(f"{task} logits {outputs.shape} do not match labels {y.shape} (expected "
-                         f"logits of shape labels.shape + (num_classes,))")
+        raise ValueError(
+            f"{task} logits {outputs.shape} do not match labels {y.shape} (expected "
+            f"logits of shape labels.shape + (num_classes,))"
+        )
     logits = outputs.astype(jnp.float32)
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
     accuracy = (jnp.argmax(logits, -1) == y).astype(jnp.float32).mean()
@@ -98,7 +100,7 @@ def evaluate(eval_fn: Callable, params, model_state, data: dict, batch_size: int
     sums: dict[str, float] = {}
     has_ppl = False
     for i in range(0, n, batch_size):
-        chunk = {k: v[i:i + batch_size] for k, v in data.items()}
+        chunk = {k: v[i : i + batch_size] for k, v in data.items()}
         m = len(chunk["y"])
         for k, v in fn(params, model_state, chunk).items():
             if k == "perplexity":

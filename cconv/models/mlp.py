@@ -5,7 +5,7 @@ and ``head``, so parameter names read ``layer0/kernel``, ... ."""
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 from flax import nnx
@@ -17,8 +17,9 @@ from cconv.models.init import lecun_normal
 class MLP(nnx.Module):
     """Fully connected ReLU network with widths ``hidden`` and optional dropout after each layer."""
 
-    def __init__(self, input_shape, num_classes: int, *, rngs: nnx.Rngs,
-                 hidden: Sequence[int] = (128, 128), dropout: float = 0.0):
+    def __init__(
+        self, input_shape, num_classes: int, *, rngs: nnx.Rngs, hidden: Sequence[int] = (128, 128), dropout: float = 0.0
+    ):
         hidden = tuple(int(h) for h in hidden)
         if not hidden or min(hidden) < 1:
             raise ValueError(f"mlp hidden must be a non-empty list of positive widths, got {hidden}")
@@ -27,8 +28,7 @@ class MLP(nnx.Module):
         self.depth, self.rate = len(hidden), float(dropout)
         widths = (math.prod(input_shape),) + hidden
         for i in range(self.depth):
-            setattr(self, f"layer{i}", nnx.Linear(widths[i], widths[i + 1], kernel_init=lecun_normal,
-                                                     rngs=rngs))
+            setattr(self, f"layer{i}", nnx.Linear(widths[i], widths[i + 1], kernel_init=lecun_normal, rngs=rngs))
         self.head = nnx.Linear(widths[-1], num_classes, kernel_init=lecun_normal, rngs=rngs)
         self.drop = nnx.Dropout(self.rate)
 

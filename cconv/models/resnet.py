@@ -37,8 +37,7 @@ class BasicBlock(nnx.Module):
 
     def __init__(self, c_in: int, c_out: int, stride: int, momentum: float, *, rngs: nnx.Rngs):
         self.stride, self.pad = stride, c_out - c_in
-        self.conv1 = nnx.Conv(c_in, c_out, (3, 3), strides=stride, use_bias=False, kernel_init=_he,
-                              rngs=rngs)
+        self.conv1 = nnx.Conv(c_in, c_out, (3, 3), strides=stride, use_bias=False, kernel_init=_he, rngs=rngs)
         self.bn1 = nnx.BatchNorm(c_out, momentum=momentum, rngs=rngs)
         self.conv2 = nnx.Conv(c_out, c_out, (3, 3), use_bias=False, kernel_init=_he, rngs=rngs)
         self.bn2 = nnx.BatchNorm(c_out, momentum=momentum, rngs=rngs)
@@ -46,7 +45,7 @@ class BasicBlock(nnx.Module):
     def __call__(self, x: jax.Array, train: bool) -> jax.Array:
         y = jax.nn.relu(self.bn1(self.conv1(x), use_running_average=not train))
         y = self.bn2(self.conv2(y), use_running_average=not train)
-        shortcut = x[:, ::self.stride, ::self.stride, :] if self.stride > 1 else x
+        shortcut = x[:, :: self.stride, :: self.stride, :] if self.stride > 1 else x
         if self.pad:
             shortcut = jnp.pad(shortcut, ((0, 0), (0, 0), (0, 0), (0, self.pad)))
         return jax.nn.relu(y + shortcut)
@@ -55,12 +54,19 @@ class BasicBlock(nnx.Module):
 class ResNet(nnx.Module):
     """ResNet-(6n+2) for small images (module docstring)."""
 
-    def __init__(self, input_shape, num_classes: int, *, rngs: nnx.Rngs, depth: int = 20,
-                 width: int = 16, bn_momentum: float = 0.9):
+    def __init__(
+        self,
+        input_shape,
+        num_classes: int,
+        *,
+        rngs: nnx.Rngs,
+        depth: int = 20,
+        width: int = 16,
+        bn_momentum: float = 0.9,
+    ):
         _, _, c = image_shape("resnet", input_shape)
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 8 or (depth - 2) % 6:
-            raise ValueError(f"resnet depth must be 6n + 2 with n >= 1 (8, 14, 20, 32, ...), "
-                             f"got {depth!r}")
+            raise ValueError(f"resnet depth must be 6n + 2 with n >= 1 (8, 14, 20, 32, ...), got {depth!r}")
         if int(width) < 1:
             raise ValueError(f"resnet width must be positive, got {width}")
         if not 0.0 <= bn_momentum < 1.0:
@@ -70,11 +76,10 @@ class ResNet(nnx.Module):
         self.stem_bn = nnx.BatchNorm(w, momentum=bn_momentum, rngs=rngs)
         c_in, self.blocks = w, 3 * n
         for s in range(3):
-            c_out = w * 2 ** s
+            c_out = w * 2**s
             for i in range(n):
                 stride = 2 if (s > 0 and i == 0) else 1
-                setattr(self, f"block{s * n + i}", BasicBlock(c_in, c_out, stride, bn_momentum,
-                                                              rngs=rngs))
+                setattr(self, f"block{s * n + i}", BasicBlock(c_in, c_out, stride, bn_momentum, rngs=rngs))
                 c_in = c_out
         self.head = nnx.Linear(c_in, num_classes, kernel_init=lecun_normal, rngs=rngs)
 

@@ -56,19 +56,31 @@ class Block(nnx.Module):
 class TransformerLM(nnx.Module):
     """Token + position embeddings, ``layers`` pre-LN blocks, final LN, untied output layer."""
 
-    def __init__(self, input_shape, num_classes: int, *, rngs: nnx.Rngs, d_model: int = 64,
-                 layers: int = 2, heads: int = 4, mlp_ratio: int = 4, dropout: float = 0.0):
+    def __init__(
+        self,
+        input_shape,
+        num_classes: int,
+        *,
+        rngs: nnx.Rngs,
+        d_model: int = 64,
+        layers: int = 2,
+        heads: int = 4,
+        mlp_ratio: int = 4,
+        dropout: float = 0.0,
+    ):
         if len(input_shape) != 1 or input_shape[0] < 1:
-            raise ValueError(f"model 'transformer' needs token inputs of shape (T,), got input_shape "
-                             f"{tuple(input_shape)}")
+            raise ValueError(
+                f"model 'transformer' needs token inputs of shape (T,), got input_shape {tuple(input_shape)}"
+            )
         if min(d_model, layers, heads, mlp_ratio) < 1 or d_model % heads:
-            raise ValueError(f"transformer needs positive d_model, layers, heads, mlp_ratio with "
-                             f"heads dividing d_model, got {d_model}, {layers}, {heads}, {mlp_ratio}")
+            raise ValueError(
+                f"transformer needs positive d_model, layers, heads, mlp_ratio with "
+                f"heads dividing d_model, got {d_model}, {layers}, {heads}, {mlp_ratio}"
+            )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.context, self.layers = int(input_shape[0]), int(layers)
-        self.embed = nnx.Embed(num_classes, d_model,
-                               embedding_init=normal(0.02), rngs=rngs)
+        self.embed = nnx.Embed(num_classes, d_model, embedding_init=normal(0.02), rngs=rngs)
         self.pos = nnx.Param(normal(0.02)(rngs.params(), (self.context, d_model)))
         for i in range(self.layers):
             setattr(self, f"block{i}", Block(d_model, heads, mlp_ratio, float(dropout), rngs=rngs))

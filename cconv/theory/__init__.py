@@ -15,8 +15,22 @@ Depends only on ``cconv.compressors`` (and ``cconv.memory`` in ``simulate``).
 """
 
 from cconv.theory import constants, network, workloads
-from cconv.theory.constants import Constants, bits, constants as compressor_constants, delta, omega
+from cconv.theory.constants import Constants, bits, delta, omega
+from cconv.theory.constants import constants as compressor_constants
 from cconv.theory.network import Network, Overlap, collective_time, from_config, step_comm_time
 
-__all__ = ["constants", "network", "workloads", "Constants", "bits", "compressor_constants",
-           "delta", "omega", "Network", "Overlap", "collective_time", "from_config", "step_comm_time"]
+__all__ = [
+    "constants",
+    "network",
+    "workloads",
+    "Constants",
+    "bits",
+    "compressor_constants",
+    "delta",
+    "omega",
+    "Network",
+    "Overlap",
+    "collective_time",
+    "from_config",
+    "step_comm_time",
+]

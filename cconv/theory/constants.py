@@ -43,12 +43,12 @@ class Constants(NamedTuple):
     """Worst-case constants of a compressor for one shape."""
 
     name: str
-    kind: str                 # "unbiased" | "contractive" | "biased"
-    omega: float | None       # unbiased: sup_x E||C(x)-x||^2 / ||x||^2
-    delta: float | None       # contractive: inf_x 1 - E||C(x)-x||^2/||x||^2 (0: non-expansive only)
-    tight: bool               # the worst case is the exact supremum over x (else a valid bound)
-    bits: float               # bits per element on the wire
-    wire_bytes: int           # bytes of one payload for this shape
+    kind: str  # "unbiased" | "contractive" | "biased"
+    omega: float | None  # unbiased: sup_x E||C(x)-x||^2 / ||x||^2
+    delta: float | None  # contractive: inf_x 1 - E||C(x)-x||^2/||x||^2 (0: non-expansive only)
+    tight: bool  # the worst case is the exact supremum over x (else a valid bound)
+    bits: float  # bits per element on the wire
+    wire_bytes: int  # bytes of one payload for this shape
 
 
 def resolve(c: Compressor | str, **hparams) -> Compressor:
@@ -89,6 +89,7 @@ def _d(shape) -> int:
 
 def _itemsize(dtype) -> int:
     import jax.numpy as jnp
+
     return np.dtype(jnp.dtype(dtype)).itemsize
 
 
@@ -187,8 +188,10 @@ def variance_per_coordinate(c: Compressor | str, x, **hparams) -> np.ndarray:
     out = fn(c, np.asarray(x).astype(np.float64)) if fn is not None and c.unbiased else None
     if out is None:
         unbiased = [e.name for e in _compressors.entries() if e.theory is not None and e.theory.variance]
-        raise ValueError(f"{c.name} is not an unbiased compressor with a per-coordinate variance "
-                         f"(those with one: {', '.join(unbiased)})")
+        raise ValueError(
+            f"{c.name} is not an unbiased compressor with a per-coordinate variance "
+            f"(those with one: {', '.join(unbiased)})"
+        )
     return np.asarray(out, np.float64).reshape(-1)
 
 

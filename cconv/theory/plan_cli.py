@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from cconv import compressors as C
 from cconv.theory import network as N
@@ -34,8 +35,7 @@ def human_bytes(n: float) -> str:
 
 def _describe(net: N.Network | N.Hierarchical) -> str:
     if isinstance(net, N.Hierarchical):
-        return (f"{net.name}: {net.per_node} workers per node on {_describe(net.intra)}, "
-                f"nodes on {_describe(net.inter)}")
+        return f"{net.name}: {net.per_node} workers per node on {_describe(net.intra)}, nodes on {_describe(net.inter)}"
     return f"{net.name} (alpha={net.alpha * 1e6:.2f} us, beta={net.beta:.4g} s/B, {net.bandwidth / 1e9:.3g} GB/s)"
 
 
@@ -53,22 +53,25 @@ def format_plan(p: PL.Plan, overlap: bool = False, granularity: str = "fused") -
         f"{'comm ms':>9} {'iter ms':>9} {'speedup':>8}  {'constant':<14}",
     ]
     for r in p.rows:
-        lines.append(f"{r.method:<12} {r.setting:<12} {human_bytes(r.payload_bytes):>14} "
-                     f"{human_bytes(r.sent_bytes):>12} {r.comm_s * 1e3:>9.2f} {r.iter_s * 1e3:>9.1f} "
-                     f"{r.speedup:>7.2f}x  {r.constant:<14}")
+        lines.append(
+            f"{r.method:<12} {r.setting:<12} {human_bytes(r.payload_bytes):>14} "
+            f"{human_bytes(r.sent_bytes):>12} {r.comm_s * 1e3:>9.2f} {r.iter_s * 1e3:>9.1f} "
+            f"{r.speedup:>7.2f}x  {r.constant:<14}"
+        )
     best = p.best()
     winners = [f"fastest: {best.method} ({best.setting}) {best.speedup:.2f}x"]
     if any(r.lossless or r.constant.startswith("delta=") for r in p.rows):
         best_c = p.best(contractive_only=True)
-        winners.append(f"fastest contractive (EF-compatible): {best_c.method} ({best_c.setting}) "
-                       f"{best_c.speedup:.2f}x")
+        winners.append(f"fastest contractive (EF-compatible): {best_c.method} ({best_c.setting}) {best_c.speedup:.2f}x")
     if any(r.lossless for r in p.rows):
         best_ll = p.best(lossless_only=True)
         winners.append(f"fastest lossless: {best_ll.method} {best_ll.speedup:.2f}x")
     lines.append("")
     lines.append("; ".join(winners))
-    lines.append("lossy speedups are per iteration, not time-to-accuracy: see the constant column "
-                 "(omega = variance factor, delta = contraction; theory/compressors.md)")
+    lines.append(
+        "lossy speedups are per iteration, not time-to-accuracy: see the constant column "
+        "(omega = variance factor, delta = contraction; theory/compressors.md)"
+    )
     lines += [f"note: {n}" for n in p.notes]
     return "\n".join(lines)
 
@@ -102,6 +105,7 @@ def _list(conv: Callable[[str], Any]) -> Callable[[str], list]:
             return [conv(t) for t in text.split(",") if t.strip()]
         except (ValueError, argparse.ArgumentTypeError) as e:
             raise argparse.ArgumentTypeError(f"bad list {text!r}: {e}") from None
+
     return parse
 
 
@@ -122,8 +126,16 @@ def _sweep_item(text: str) -> tuple[str, list[str]]:
 
 def knob_value(name: str, text: str) -> Any:
     """``text`` as a value of knob ``name``, typed by the schema of an entry that sweeps it."""
-    param = next((p for e in C.entries() if e.knob is not None and e.knob.name == name
-                  for p in e.schema.params if p.name == name), None)
+    param = next(
+        (
+            p
+            for e in C.entries()
+            if e.knob is not None and e.knob.name == name
+            for p in e.schema.params
+            if p.name == name
+        ),
+        None,
+    )
     kind = param.type if param is not None else "any"
     try:
         if kind == "bool":
@@ -141,8 +153,9 @@ def knob_value(name: str, text: str) -> Any:
             return int(v)
         return v
     except ValueError:
-        raise ValueError(f"--sweep {name}: bad value {text!r} (expected {kind if kind != 'any' else 'a number'})") \
-            from None
+        raise ValueError(
+            f"--sweep {name}: bad value {text!r} (expected {kind if kind != 'any' else 'a number'})"
+        ) from None
 
 
 def sweep_of(args: argparse.Namespace) -> dict[str, list]:
@@ -162,32 +175,55 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--flops-per-sample", type=_pos_float, help="C, FLOPs per sample (forward + backward)")
     p.add_argument("--batch", type=_pos_int, help="M, local mini-batch per worker")
     p.add_argument("--workers", type=_pos_int, required=True, help="P, number of workers")
-    p.add_argument("--network", required=True,
-                   help=f"preset(s), comma-separated: {', '.join(N.names())}; or a name for --alpha/--beta")
+    p.add_argument(
+        "--network",
+        required=True,
+        help=f"preset(s), comma-separated: {', '.join(N.names())}; or a name for --alpha/--beta",
+    )
     p.add_argument("--alpha", type=float, help="custom network: seconds per message")
     p.add_argument("--beta", type=float, help="custom network: seconds per byte")
-    p.add_argument("--device-flops", type=_pos_float, default=W.SURVEY_DEVICE_FLOPS,
-                   help="F, sustained FLOP/s of one worker (default: the survey's RTX 2080Ti on "
-                        "BERT-Large, 597e9/0.163 s = 3.66e12)")
-    p.add_argument("--sweep", type=_sweep_item, action="append", metavar="NAME=v1,v2",
-                   help="values of a compressor knob (repeatable); knobs: " + ", ".join(PL.knob_names()))
-    p.add_argument("--ratios", type=_list(_ratio), default=None,
-                   help="alias of --sweep ratio=... (sparsifier ratios k/d; default 0.1,0.01,0.001)")
+    p.add_argument(
+        "--device-flops",
+        type=_pos_float,
+        default=W.SURVEY_DEVICE_FLOPS,
+        help="F, sustained FLOP/s of one worker (default: the survey's RTX 2080Ti on "
+        "BERT-Large, 597e9/0.163 s = 3.66e12)",
+    )
+    p.add_argument(
+        "--sweep",
+        type=_sweep_item,
+        action="append",
+        metavar="NAME=v1,v2",
+        help="values of a compressor knob (repeatable); knobs: " + ", ".join(PL.knob_names()),
+    )
+    p.add_argument(
+        "--ratios",
+        type=_list(_ratio),
+        default=None,
+        help="alias of --sweep ratio=... (sparsifier ratios k/d; default 0.1,0.01,0.001)",
+    )
     p.add_argument("--ranks", type=_list(_pos_int), default=None, help="alias of --sweep rank=... (PowerSGD ranks)")
     p.add_argument("--levels", type=_list(_pos_int), default=None, help="alias of --sweep levels=... (QSGD levels s)")
-    p.add_argument("--methods", type=_list(str), default=None,
-                   help=f"subset of: {', '.join(PL.all_methods())}")
+    p.add_argument("--methods", type=_list(str), default=None, help=f"subset of: {', '.join(PL.all_methods())}")
     p.add_argument("--granularity", choices=("fused", "layerwise"), default="fused")
-    p.add_argument("--overlap", action="store_true",
-                   help="model wait-free backprop (backward = 2/3 of compute) with 64 MiB tensor fusion")
-    p.add_argument("--servers", type=_pos_int, default=None,
-                   help="parameter servers for the -ps method (default: one per worker, as BytePS in the survey)")
+    p.add_argument(
+        "--overlap",
+        action="store_true",
+        help="model wait-free backprop (backward = 2/3 of compute) with 64 MiB tensor fusion",
+    )
+    p.add_argument(
+        "--servers",
+        type=_pos_int,
+        default=None,
+        help="parameter servers for the -ps method (default: one per worker, as BytePS in the survey)",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``plan`` sub-command to ``cconv``'s argparse sub-parsers."""
-    p = subparsers.add_parser("plan", help="predict iteration time and speedup of every compressor",
-                              description=__doc__.split("\n\n")[0])
+    p = subparsers.add_parser(
+        "plan", help="predict iteration time and speedup of every compressor", description=__doc__.split("\n\n")[0]
+    )
     add_arguments(p)
     p.set_defaults(func=run)
     return p
@@ -206,8 +242,10 @@ def _workload(args: argparse.Namespace) -> W.Workload:
         return w
     missing = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is None]
     if missing:
-        raise ValueError(f"give --workload ({', '.join(W.names())}) or all of --params, "
-                         f"--flops-per-sample, --batch (missing {', '.join(missing)})")
+        raise ValueError(
+            f"give --workload ({', '.join(W.names())}) or all of --params, "
+            f"--flops-per-sample, --batch (missing {', '.join(missing)})"
+        )
     return W.custom(given["params"], given["flops_per_sample"], given["batch"])
 
 
@@ -229,9 +267,20 @@ def run(args: argparse.Namespace) -> int:
         sweep = sweep_of(args)
         out = []
         for net in nets:
-            p = PL.plan(w, args.workers, net, args.device_flops, sweep=sweep, ratios=args.ratios,
-                        ranks=args.ranks, levels=args.levels, granularity=args.granularity,
-                        overlap=args.overlap, methods=args.methods, servers=args.servers)
+            p = PL.plan(
+                w,
+                args.workers,
+                net,
+                args.device_flops,
+                sweep=sweep,
+                ratios=args.ratios,
+                ranks=args.ranks,
+                levels=args.levels,
+                granularity=args.granularity,
+                overlap=args.overlap,
+                methods=args.methods,
+                servers=args.servers,
+            )
             out.append(format_plan(p, args.overlap, args.granularity))
     except ValueError as e:
         print(f"cconv plan: error: {' '.join(str(e).split())}", file=sys.stderr)

@@ -54,7 +54,8 @@ Methods come from the compressor registry (``all_methods()``), nothing here name
 from __future__ import annotations
 
 import math
-from typing import Mapping, NamedTuple, Sequence
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -66,12 +67,12 @@ from cconv.theory import constants as K
 from cconv.theory import network as N
 from cconv.theory import workloads as W
 
-BACKWARD_SHARE = 2.0 / 3.0          # backward ~ 2x forward
-FUSION_BYTES = 64 * 2 ** 20         # Horovod's default fusion buffer
-PS = "ps"                           # the parameter-server variant of the identity baseline
-SINGLE_COLLECTIVES = ("allreduce", "allgather")   # aggregations that are one network collective
-EXTRA_COLLECTIVES = {"gtopk": "recursive_doubling"}   # Entry.collectives -> network cost kind
-ALIASES = {"ratios": "ratio", "ranks": "rank", "levels": "levels"}   # plan(...) keyword -> knob
+BACKWARD_SHARE = 2.0 / 3.0  # backward ~ 2x forward
+FUSION_BYTES = 64 * 2**20  # Horovod's default fusion buffer
+PS = "ps"  # the parameter-server variant of the identity baseline
+SINGLE_COLLECTIVES = ("allreduce", "allgather")  # aggregations that are one network collective
+EXTRA_COLLECTIVES = {"gtopk": "recursive_doubling"}  # Entry.collectives -> network cost kind
+ALIASES = {"ratios": "ratio", "ranks": "rank", "levels": "levels"}  # plan(...) keyword -> knob
 
 
 class Method(NamedTuple):
@@ -91,13 +92,13 @@ class Method(NamedTuple):
 class Row(NamedTuple):
     method: str
     setting: str
-    payload_bytes: float      # payload bytes one worker contributes per iteration
-    sent_bytes: float         # bytes one worker sends per iteration under the algorithms
-    comm_s: float             # communication seconds (exposed seconds with overlap)
+    payload_bytes: float  # payload bytes one worker contributes per iteration
+    sent_bytes: float  # bytes one worker sends per iteration under the algorithms
+    comm_s: float  # communication seconds (exposed seconds with overlap)
     iter_s: float
     speedup: float
     lossless: bool
-    constant: str = ""        # the compressor's class on a D-vector: omega=..., delta=..., biased
+    constant: str = ""  # the compressor's class on a D-vector: omega=..., delta=..., biased
 
 
 class Plan(NamedTuple):
@@ -122,7 +123,7 @@ class Plan(NamedTuple):
 
 
 def _delta_of(r: Row) -> float:
-    return float(r.constant[len("delta="):]) if r.constant.startswith("delta=") else -1.0
+    return float(r.constant[len("delta=") :]) if r.constant.startswith("delta=") else -1.0
 
 
 # --------------------------------------------------------------------------- methods
@@ -154,8 +155,10 @@ def all_methods() -> dict[str, Method]:
     """Every method the planner knows, in table order (see the module docstring)."""
     ident = identity_name()
     base = C.entry(ident)
-    out = {ident: Method(ident, ident, None, True, base.knob),
-           f"{ident}-{PS}": Method(f"{ident}-{PS}", ident, PS, True, base.knob)}
+    out = {
+        ident: Method(ident, ident, None, True, base.knob),
+        f"{ident}-{PS}": Method(f"{ident}-{PS}", ident, PS, True, base.knob),
+    }
     extra = _collective_methods()
     for e in C.entries():
         if e.name == ident:
@@ -203,12 +206,10 @@ def payload_leaf_bytes(c: Compressor, shape: tuple[int, ...], dtype: str = "floa
     PRNG key) are identical on every worker and are not communicated."""
     like = jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype))
     payload = jax.eval_shape(lambda x, k: c.compress(x, c.init(x), k)[0], like, jax.random.PRNGKey(0))
-    return [float(payload_bytes(leaf)) for leaf in jax.tree.leaves(payload)
-            if jnp.issubdtype(leaf.dtype, jnp.floating)]
+    return [float(payload_bytes(leaf)) for leaf in jax.tree.leaves(payload) if jnp.issubdtype(leaf.dtype, jnp.floating)]
 
 
-def calls(method: Method, c: Compressor, workload: W.Workload,
-          granularity: str) -> list[tuple[str, float, int]]:
+def calls(method: Method, c: Compressor, workload: W.Workload, granularity: str) -> list[tuple[str, float, int]]:
     """(kind, bytes, tensor index) of every call, in forward order of the tensors."""
     kind = kind_of(method, c)
     out: list[tuple[str, float, int]] = []
@@ -283,11 +284,21 @@ def _sweep(sweep: Mapping[str, Sequence] | None, aliases: Mapping[str, Sequence 
     return out
 
 
-def plan(workload: W.Workload, workers: int, net: N.Network | N.Hierarchical,
-         device_flops: float = W.SURVEY_DEVICE_FLOPS, *, sweep: Mapping[str, Sequence] | None = None,
-         ratios: Sequence[float] | None = None, ranks: Sequence[int] | None = None,
-         levels: Sequence[int] | None = None, granularity: str = "fused", overlap: bool = False,
-         methods: Sequence[str] | None = None, servers: int | None = None) -> Plan:
+def plan(
+    workload: W.Workload,
+    workers: int,
+    net: N.Network | N.Hierarchical,
+    device_flops: float = W.SURVEY_DEVICE_FLOPS,
+    *,
+    sweep: Mapping[str, Sequence] | None = None,
+    ratios: Sequence[float] | None = None,
+    ranks: Sequence[int] | None = None,
+    levels: Sequence[int] | None = None,
+    granularity: str = "fused",
+    overlap: bool = False,
+    methods: Sequence[str] | None = None,
+    servers: int | None = None,
+) -> Plan:
     """Predict every method's iteration time on ``net`` (see the module docstring for the model).
 
     ``sweep``: knob name -> values (overrides ``Entry.knob``'s); ``ratios``, ``ranks``,
@@ -306,7 +317,7 @@ def plan(workload: W.Workload, workers: int, net: N.Network | N.Hierarchical,
     unknown = [m for m in chosen if m not in table]
     if unknown:
         raise ValueError(f"unknown method(s) {', '.join(unknown)}; valid: {', '.join(table)}")
-    if servers is None:   # one server per worker machine, as the survey's BytePS runs
+    if servers is None:  # one server per worker machine, as the survey's BytePS runs
         servers = max(1, workers // net.per_node) if isinstance(net, N.Hierarchical) else workers
     notes = []
     layered = len(workload.shapes) > 1
@@ -354,13 +365,39 @@ def plan(workload: W.Workload, workers: int, net: N.Network | N.Hierarchical,
                 comm = N.step_comm_time(colls, workers, net, servers=servers)
             it = compute + comm
             setting = ", ".join(f"{k}={v}" for k, v in hp.items()) or "-"
-            rows.append(Row(method.name, setting, payload, sent, comm, it, workers * compute / it,
-                            method.lossless, constant(c, workload, per_tensor(kind_of(method, c)))))
+            rows.append(
+                Row(
+                    method.name,
+                    setting,
+                    payload,
+                    sent,
+                    comm,
+                    it,
+                    workers * compute / it,
+                    method.lossless,
+                    constant(c, workload, per_tensor(kind_of(method, c))),
+                )
+            )
     if not rows:
         raise ValueError("no method left to plan")
     return Plan(workload, net, workers, float(device_flops), compute, rows, notes)
 
 
-__all__ = ["Method", "Row", "Plan", "all_methods", "knob_names", "settings", "identity_name", "kind_of",
-           "per_tensor", "payload_leaf_bytes", "calls", "constant", "plan", "BACKWARD_SHARE",
-           "FUSION_BYTES", "EXTRA_COLLECTIVES"]
+__all__ = [
+    "Method",
+    "Row",
+    "Plan",
+    "all_methods",
+    "knob_names",
+    "settings",
+    "identity_name",
+    "kind_of",
+    "per_tensor",
+    "payload_leaf_bytes",
+    "calls",
+    "constant",
+    "plan",
+    "BACKWARD_SHARE",
+    "FUSION_BYTES",
+    "EXTRA_COLLECTIVES",
+]

@@ -18,7 +18,8 @@ compressors and the error-feedback wrapper are the real ones (``cconv.compressor
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -32,8 +33,8 @@ class Problem(NamedTuple):
     b: jax.Array
     x_star: jax.Array
     f_star: float
-    L: float            # smoothness of f: largest eigenvalue of A^T A / n
-    mu: float           # strong convexity: smallest eigenvalue
+    L: float  # smoothness of f: largest eigenvalue of A^T A / n
+    mu: float  # strong convexity: smallest eigenvalue
 
 
 def least_squares(key, n: int = 512, d: int = 20, cond: float = 10.0, noise: float = 0.5) -> Problem:
@@ -41,15 +42,22 @@ def least_squares(key, n: int = 512, d: int = 20, cond: float = 10.0, noise: flo
 
     Generated in float64 NumPy from ``key`` (x*, f*, L, mu exact), used in float32.
     """
-    rng = np.random.default_rng(np.asarray(jax.random.key_data(key) if jnp.issubdtype(
-        key.dtype, jax.dtypes.prng_key) else key, np.uint32))
+    rng = np.random.default_rng(
+        np.asarray(jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key, np.uint32)
+    )
     A = rng.standard_normal((n, d)) * np.sqrt(np.linspace(1.0, cond, d))
     b = A @ rng.standard_normal(d) + noise * rng.standard_normal(n)
     x_star = np.linalg.lstsq(A, b, rcond=None)[0]
     eig = np.linalg.eigvalsh(A.T @ A / n)
     f_star = 0.5 * np.mean((A @ x_star - b) ** 2)
-    return Problem(jnp.asarray(A, jnp.float32), jnp.asarray(b, jnp.float32),
-                   jnp.asarray(x_star, jnp.float32), float(f_star), float(eig[-1]), float(eig[0]))
+    return Problem(
+        jnp.asarray(A, jnp.float32),
+        jnp.asarray(b, jnp.float32),
+        jnp.asarray(x_star, jnp.float32),
+        float(f_star),
+        float(eig[-1]),
+        float(eig[0]),
+    )
 
 
 def loss(p: Problem, x: jax.Array) -> jax.Array:
@@ -67,8 +75,19 @@ def stich_schedule(mu: float, a: float, scale: float = 4.0) -> Callable:
     return lambda t: scale / (mu * (a + t))
 
 
-def compressed_sgd(p: Problem, methods: dict, *, workers: int, steps: int, lr: Callable, key,
-                   reps: int, batch: int = 1, x0=None, avg_a: float | None = None) -> dict:
+def compressed_sgd(
+    p: Problem,
+    methods: dict,
+    *,
+    workers: int,
+    steps: int,
+    lr: Callable,
+    key,
+    reps: int,
+    batch: int = 1,
+    x0=None,
+    avg_a: float | None = None,
+) -> dict:
     """Distributed SGD with compressed updates, several methods on the *same* random draws.
 
     ``methods``: name -> (Compressor or None, ef: bool[, lr]) where an optional third entry
@@ -84,8 +103,7 @@ def compressed_sgd(p: Problem, methods: dict, *, workers: int, steps: int, lr: C
     comps = {}
     for name, spec in methods.items():
         c, ef = spec[0], spec[1]
-        comps[name] = (None if c is None else (error_feedback(c) if ef else c),
-                       spec[2] if len(spec) > 2 else lr)
+        comps[name] = (None if c is None else (error_feedback(c) if ef else c), spec[2] if len(spec) > 2 else lr)
 
     def one_method(comp, lr, idx, ckeys):
         states = jax.vmap(comp.init)(jnp.zeros((workers, d))) if comp is not None else None
@@ -95,9 +113,11 @@ def compressed_sgd(p: Problem, methods: dict, *, workers: int, steps: int, lr: C
             t, idx_t, keys_t = inp
             u = lr(t) * jax.vmap(lambda i: stochastic_grad(p, x, i))(idx_t)
             if comp is not None:
+
                 def comp_one(ui, si, ki):
                     payload, si = comp.compress(ui, si, ki)
                     return comp.decompress(payload, ui), si
+
                 u, states = jax.vmap(comp_one)(u, states, keys_t)
             x = x - jnp.mean(u, axis=0)
             w = 1.0 if avg_a is None else (avg_a + t) ** 2
@@ -111,15 +131,16 @@ def compressed_sgd(p: Problem, methods: dict, *, workers: int, steps: int, lr: C
 
     def one_run(key):
         k_idx, k_c = jax.random.split(key)
-        idx = jax.random.randint(k_idx, (steps, workers, batch), 0, n)   # all draws up front
+        idx = jax.random.randint(k_idx, (steps, workers, batch), 0, n)  # all draws up front
         ckeys = jax.random.split(k_c, (steps, workers))
         return {name: one_method(comp, f, idx, ckeys) for name, (comp, f) in comps.items()}
 
     return jax.jit(jax.vmap(one_run))(jax.random.split(key, reps))
 
 
-def local_sgd(p: Problem, configs: dict, *, steps: int, lr: Callable, key, reps: int, batch: int = 1,
-              avg_a: float | None = None) -> dict:
+def local_sgd(
+    p: Problem, configs: dict, *, steps: int, lr: Callable, key, reps: int, batch: int = 1, avg_a: float | None = None
+) -> dict:
     """Local SGD (Stich 2019) for several configurations in one compilation.
 
     ``configs``: name -> (workers P, local steps H[, lr]) (an optional lr overrides ``lr``).
@@ -147,7 +168,7 @@ def local_sgd(p: Problem, configs: dict, *, steps: int, lr: Callable, key, reps:
             mean = jnp.mean(xw, axis=0)
             spread = jnp.mean(jnp.sum((xw - mean) ** 2, axis=1))
             dev = dev + jnp.where(sync, spread, 0.0)
-            devn = devn + jnp.where(sync, spread / (gamma ** 2 * h ** 2), 0.0)
+            devn = devn + jnp.where(sync, spread / (gamma**2 * h**2), 0.0)
             xw = jnp.where(sync, jnp.broadcast_to(mean, xw.shape), xw)
             w = 0.0 if avg_a is None else (avg_a + t) ** 2
             g2 = g2 + jnp.mean(jnp.sum(g * g, axis=1))
@@ -158,8 +179,7 @@ def local_sgd(p: Problem, configs: dict, *, steps: int, lr: Callable, key, reps:
         (xw, xs, ws, dev, devn, g2), _ = jax.lax.scan(step, init, (ts, idx))
         xbar = jnp.mean(xw, axis=0) if avg_a is None else xs / ws
         syncs = steps // h
-        return {"err": loss(p, xbar) - p.f_star, "dev": dev / syncs, "dev_norm": devn / syncs,
-                "g2": g2 / steps}
+        return {"err": loss(p, xbar) - p.f_star, "dev": dev / syncs, "dev_norm": devn / syncs, "g2": g2 / steps}
 
     def one_run(key):
         return {name: one_config(c[0], c[1], c[2] if len(c) > 2 else lr, key) for name, c in configs.items()}

@@ -43,7 +43,7 @@ class Workload(NamedTuple):
     params: int
     flops_per_sample: float
     batch: int
-    shapes: tuple[tuple[int, ...], ...]   # parameter tensors in forward order; () when unknown
+    shapes: tuple[tuple[int, ...], ...]  # parameter tensors in forward order; () when unknown
     source: str = ""
 
     @property
@@ -58,9 +58,17 @@ def resnet50_shapes(num_classes: int = 1000) -> list[tuple[int, ...]]:
     cin = 64
     for width, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
         for b in range(blocks):
-            shapes += [(1, 1, cin, width), (width,), (width,),
-                       (3, 3, width, width), (width,), (width,),
-                       (1, 1, width, 4 * width), (4 * width,), (4 * width,)]
+            shapes += [
+                (1, 1, cin, width),
+                (width,),
+                (width,),
+                (3, 3, width, width),
+                (width,),
+                (width,),
+                (1, 1, width, 4 * width),
+                (4 * width,),
+                (4 * width,),
+            ]
             if b == 0:
                 shapes += [(1, 1, cin, 4 * width), (4 * width,), (4 * width,)]
             cin = 4 * width
@@ -68,16 +76,17 @@ def resnet50_shapes(num_classes: int = 1000) -> list[tuple[int, ...]]:
     return shapes
 
 
-def bert_shapes(hidden: int, layers: int, ffn: int, vocab: int = 30522, positions: int = 512,
-                types: int = 2) -> list[tuple[int, ...]]:
+def bert_shapes(
+    hidden: int, layers: int, ffn: int, vocab: int = 30522, positions: int = 512, types: int = 2
+) -> list[tuple[int, ...]]:
     """Trainable tensors of BERT (Devlin et al. 2019; Hugging Face BertModel with pooler)."""
     h = hidden
     shapes: list[tuple[int, ...]] = [(vocab, h), (positions, h), (types, h), (h,), (h,)]
     for _ in range(layers):
-        shapes += [(h, h), (h,)] * 4            # query, key, value, attention output
-        shapes += [(h,), (h,)]                  # attention LayerNorm
-        shapes += [(h, ffn), (ffn,), (ffn, h), (h,), (h,), (h,)]   # FFN + LayerNorm
-    shapes += [(h, h), (h,)]                    # pooler
+        shapes += [(h, h), (h,)] * 4  # query, key, value, attention output
+        shapes += [(h,), (h,)]  # attention LayerNorm
+        shapes += [(h, ffn), (ffn,), (ffn, h), (h,), (h,), (h,)]  # FFN + LayerNorm
+    shapes += [(h, h), (h,)]  # pooler
     return shapes
 
 
@@ -95,13 +104,27 @@ def _make(name, shapes, flops, batch, source):
 
 
 WORKLOADS: dict[str, Workload] = {
-    "resnet50": _make("resnet50", resnet50_shapes(), lambda d: 470 * d, 64,
-                      "survey: I = 470, 25.5 M parameters, local batch 64 (224x224 images)"),
-    "bert-base": _make("bert-base", bert_shapes(768, 12, 3072), lambda d: 249 * d, 64,
-                       "survey: I = 249, 110 M parameters, local batch 64 (64-token sentences)"),
-    "bert-large": _make("bert-large", bert_shapes(1024, 24, 4096),
-                        lambda d: BERT_LARGE_FLOPS_PER_ITER / 8, 8,
-                        "survey: 597 GFLOPs per iteration at local batch 8, 336 M parameters"),
+    "resnet50": _make(
+        "resnet50",
+        resnet50_shapes(),
+        lambda d: 470 * d,
+        64,
+        "survey: I = 470, 25.5 M parameters, local batch 64 (224x224 images)",
+    ),
+    "bert-base": _make(
+        "bert-base",
+        bert_shapes(768, 12, 3072),
+        lambda d: 249 * d,
+        64,
+        "survey: I = 249, 110 M parameters, local batch 64 (64-token sentences)",
+    ),
+    "bert-large": _make(
+        "bert-large",
+        bert_shapes(1024, 24, 4096),
+        lambda d: BERT_LARGE_FLOPS_PER_ITER / 8,
+        8,
+        "survey: 597 GFLOPs per iteration at local batch 8, 336 M parameters",
+    ),
 }
 
 
@@ -120,7 +143,11 @@ def custom(params: int, flops_per_sample: float, batch: int, name: str = "custom
     for what, v in (("params", params), ("batch", batch)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
             raise ValueError(f"{what} must be an integer >= 1, got {v!r}")
-    if isinstance(flops_per_sample, bool) or not isinstance(flops_per_sample, (int, float)) \
-            or not np.isfinite(flops_per_sample) or flops_per_sample <= 0:
+    if (
+        isinstance(flops_per_sample, bool)
+        or not isinstance(flops_per_sample, (int, float))
+        or not np.isfinite(flops_per_sample)
+        or flops_per_sample <= 0
+    ):
         raise ValueError(f"flops_per_sample must be a number > 0, got {flops_per_sample!r}")
     return Workload(name, int(params), float(flops_per_sample), int(batch), ((int(params),),), "")

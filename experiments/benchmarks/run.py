@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:   # jax and cconv are imported lazily (after the device flags are set)
+if TYPE_CHECKING:  # jax and cconv are imported lazily (after the device flags are set)
     import jax
 
     from cconv.compressors import Bench, Compressor
@@ -49,8 +49,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 
 
-TUNED_MALLOC = {   # glibc: keep freed blocks instead of unmapping them (see README, Performance)
-    "MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(16 * 2**30),
+TUNED_MALLOC = {  # glibc: keep freed blocks instead of unmapping them (see README, Performance)
+    "MALLOC_ARENA_MAX": "1",
+    "MALLOC_MMAP_MAX_": "0",
+    "MALLOC_TRIM_THRESHOLD_": str(16 * 2**30),
     "MALLOC_TOP_PAD_": str(256 * 2**20),
 }
 
@@ -106,17 +108,23 @@ def machine() -> dict:
     from cconv import _native
 
     info = {
-        "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
-        "host": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version(),
-        "jax": jax.__version__, "jaxlib": jaxlib.__version__, "backend": jax.default_backend(),
+        "date_utc": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M:%S"),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()[:2]] + (["..."] if len(jax.devices()) > 2 else []),
-        "device_count": jax.device_count(), "cpu_count": os.cpu_count(),
+        "device_count": jax.device_count(),
+        "cpu_count": os.cpu_count(),
         "native_topk_kernel": _native.available(),
         "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
     }
     try:
-        info["cpu"] = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                           if line.startswith("model name"))
+        info["cpu"] = next(
+            line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")
+        )
     except (OSError, StopIteration):
         info["cpu"] = platform.processor() or "unknown"
     try:
@@ -126,8 +134,9 @@ def machine() -> dict:
     if jax.default_backend() == "gpu":
         info["gpu"] = jax.devices()[0].device_kind
     try:
-        info["git_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                            capture_output=True, text=True).stdout.strip()
+        info["git_commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
     except OSError:
         pass
     return info
@@ -141,6 +150,7 @@ def loadavg() -> list[float] | None:
 
 
 # --------------------------------------------------------------------------- (a) compressors
+
 
 def bench_of(name: str) -> Bench:
     """A compressor's ``Bench`` from its registry entry (defaults and no target when it has none)."""
@@ -185,8 +195,7 @@ def part_a(sizes, repeats, ratio, names=None, log=print) -> dict:
         key = jax.random.PRNGKey(1)
         rep = repeats if d < 10**7 else max(3, repeats - 2)
         w = measure(write, (x,), floor, (x,), rep)
-        floors.append({"d": d, "read_floor_s": w["floor_s"], "write_floor_s": w["s"],
-                       "write_over_read": w["ratio"]})
+        floors.append({"d": d, "read_floor_s": w["floor_s"], "write_floor_s": w["s"], "write_over_read": w["ratio"]})
         log(f"[a] d={d:.1e} read floor {w['floor_s'] * 1e3:.3f} ms, write floor {w['ratio']:.2f}x")
         for name in names:
             hp = bench_hparams(name, ratio)
@@ -202,14 +211,25 @@ def part_a(sizes, repeats, ratio, names=None, log=print) -> dict:
             total = mc["ratio"] + md["ratio"]
             wr = (mc["s"] + md["s"]) / (mc["floor_s"] + md["floor_s"] * w["ratio"])  # vs read + write floor
             target = target_x(name)
-            row = {"d": d, "name": name, "hparams": hp, "compress_s": mc["s"], "decompress_s": md["s"],
-                   "compress_x": mc["ratio"], "decompress_x": md["ratio"], "total_x": total,
-                   "total_vs_read_write_floor_x": wr, "target_x": target,
-                   "meets_target": None if target is None else bool(total <= target),
-                   "payload_bytes": C.payload_bytes(payload)}
+            row = {
+                "d": d,
+                "name": name,
+                "hparams": hp,
+                "compress_s": mc["s"],
+                "decompress_s": md["s"],
+                "compress_x": mc["ratio"],
+                "decompress_x": md["ratio"],
+                "total_x": total,
+                "total_vs_read_write_floor_x": wr,
+                "target_x": target,
+                "meets_target": None if target is None else bool(total <= target),
+                "payload_bytes": C.payload_bytes(payload),
+            }
             rows.append(row)
-            log(f"[a] d={d:.1e} {name:12s} compress {mc['ratio']:7.2f}x  decompress {md['ratio']:7.2f}x  "
-                f"total {total:7.2f}x  (vs read+write floor {wr:5.2f}x)")
+            log(
+                f"[a] d={d:.1e} {name:12s} compress {mc['ratio']:7.2f}x  decompress {md['ratio']:7.2f}x  "
+                f"total {total:7.2f}x  (vs read+write floor {wr:5.2f}x)"
+            )
         # selection primitives alone (the top-k family's and random-k's inner loops)
         k = max(1, math.ceil(ratio * d))
         prims = {
@@ -217,21 +237,40 @@ def part_a(sizes, repeats, ratio, names=None, log=print) -> dict:
             "lax.top_k(|x|)": jax.jit(lambda v: lax.top_k(jnp.abs(v), k)[1]),
             "select.sample_k_distinct": jax.jit(lambda v, kk=key: select.sample_k_distinct(kk, d, k)),
         }
-        if d <= 10**6:   # a full sort of range(d): ~1000x the floor at 1e7, minutes in all
+        if d <= 10**6:  # a full sort of range(d): ~1000x the floor at 1e7, minutes in all
             prims["jax.random.choice(replace=False)"] = jax.jit(
-                lambda v, kk=key: jax.random.choice(kk, d, (k,), replace=False))
+                lambda v, kk=key: jax.random.choice(kk, d, (k,), replace=False)
+            )
         for pname, fn in prims.items():
             m = measure(fn, (x,), floor, (x,), rep)
-            rows.append({"d": d, "name": pname, "hparams": {"k": k}, "compress_s": m["s"],
-                         "compress_x": m["ratio"], "primitive": True})
+            rows.append(
+                {
+                    "d": d,
+                    "name": pname,
+                    "hparams": {"k": k},
+                    "compress_s": m["s"],
+                    "compress_x": m["ratio"],
+                    "primitive": True,
+                }
+            )
             log(f"[a] d={d:.1e} {pname:34s} {m['ratio']:8.2f}x")
-        if d == 10**7:   # the exact top-k against lax.top_k across k
+        if d == 10**7:  # the exact top-k against lax.top_k across k
             for kk in (10, d // 1000, d // 10):
-                for pname, fn in ((f"select.topk_indices, k={kk}", jax.jit(lambda v, kk=kk: select.topk_indices(v, kk))),
-                                  (f"lax.top_k(|x|), k={kk}", jax.jit(lambda v, kk=kk: lax.top_k(jnp.abs(v), kk)[1]))):
+                for pname, fn in (
+                    (f"select.topk_indices, k={kk}", jax.jit(lambda v, kk=kk: select.topk_indices(v, kk))),
+                    (f"lax.top_k(|x|), k={kk}", jax.jit(lambda v, kk=kk: lax.top_k(jnp.abs(v), kk)[1])),
+                ):
                     m = measure(fn, (x,), floor, (x,), 3)
-                    rows.append({"d": d, "name": pname, "hparams": {"k": kk}, "compress_s": m["s"],
-                                 "compress_x": m["ratio"], "primitive": True})
+                    rows.append(
+                        {
+                            "d": d,
+                            "name": pname,
+                            "hparams": {"k": kk},
+                            "compress_s": m["s"],
+                            "compress_x": m["ratio"],
+                            "primitive": True,
+                        }
+                    )
                     log(f"[a] d={d:.1e} {pname:34s} {m['ratio']:8.2f}x")
     return {"floors": floors, "rows": rows, "ratio": ratio}
 
@@ -325,14 +364,24 @@ def part_b(models_, workers, batch, steps, repeats, configs=None, log=print) -> 
                 ts.append(time.perf_counter() - t0)
             t, dt = statistics.median(ts) / steps, statistics.median(ds) / steps
             ratio = 1.0 if label == "dense" else t / dt
-            row = {"model": model, "params": n_params, "config": label, "workers": workers,
-                   "step_s": t, "dense_step_s": dt, "ratio_to_dense": ratio, "first_step_s": first}
+            row = {
+                "model": model,
+                "params": n_params,
+                "config": label,
+                "workers": workers,
+                "step_s": t,
+                "dense_step_s": dt,
+                "ratio_to_dense": ratio,
+                "first_step_s": first,
+            }
             if label == "topk 1% + EF":
                 row["target_x"] = 1.3
                 row["meets_target"] = bool(ratio <= 1.3)
             rows.append(row)
-            log(f"[b] {model} ({n_params} params) {label:28s} {t * 1e3:8.2f} ms/step  {ratio:5.2f}x dense "
-                f"(dense {dt * 1e3:.2f} ms in the same rounds)")
+            log(
+                f"[b] {model} ({n_params} params) {label:28s} {t * 1e3:8.2f} ms/step  {ratio:5.2f}x dense "
+                f"(dense {dt * 1e3:.2f} ms in the same rounds)"
+            )
     return {"rows": rows, "batch": batch, "workers": workers, "steps_per_block": steps, "repeats": repeats}
 
 
@@ -348,8 +397,10 @@ def part_c(workers_list, model="cnn", log=print) -> dict:
         ("top-k 1% allgather", dict(compressor=("topk", {"ratio": 0.01}), memory="ef")),
         ("gTop-k 1%", dict(compressor=("topk", {"ratio": 0.01}), memory="ef", collective="gtopk")),
         ("parameter server, dense", dict(compressor="none", architecture="parameter-server")),
-        ("parameter server, top-k 1% up", dict(compressor=("topk", {"ratio": 0.01}), memory="ef",
-                                               architecture="parameter-server")),
+        (
+            "parameter server, top-k 1% up",
+            dict(compressor=("topk", {"ratio": 0.01}), memory="ef", architecture="parameter-server"),
+        ),
     ]
     rows = []
     available = jax.device_count()
@@ -361,14 +412,23 @@ def part_c(workers_list, model="cnn", log=print) -> dict:
             cfg = _engine_cfg(P, cfgspec)
             tr = build(loss, spec.params, optax.sgd(0.01), cfg, model_state=spec.model_state)
             sent, recv = tr.traffic(0)
-            rows.append({"config": label, "workers": P, "model": model,
-                         "sent_worker": float(sent[-1]), "received_worker": float(recv[-1]),
-                         "sent_max": float(max(sent)), "received_max": float(max(recv))})
-            log(f"[c] {label:32s} P={P:2d} sent/worker {sent[-1] / 1e3:10.1f} kB  "
+            rows.append(
+                {
+                    "config": label,
+                    "workers": P,
+                    "model": model,
+                    "sent_worker": float(sent[-1]),
+                    "received_worker": float(recv[-1]),
+                    "sent_max": float(max(sent)),
+                    "received_max": float(max(recv)),
+                }
+            )
+            log(
+                f"[c] {label:32s} P={P:2d} sent/worker {sent[-1] / 1e3:10.1f} kB  "
                 f"received/worker {recv[-1] / 1e3:10.1f} kB  (max over ranks {max(sent) / 1e3:.1f} / "
-                f"{max(recv) / 1e3:.1f} kB)")
-    return {"rows": rows, "model": model,
-            "params": sum(int(v.size) for v in jax.tree.leaves(spec.params))}
+                f"{max(recv) / 1e3:.1f} kB)"
+            )
+    return {"rows": rows, "model": model, "params": sum(int(v.size) for v in jax.tree.leaves(spec.params))}
 
 
 def part_d(tensor_counts, workers, log=print) -> dict:
@@ -437,13 +497,23 @@ def part_e(seeds, steps, workers, model="mlp", batch=64, log=print) -> dict:
         st, m = tr.step(st, bs, keys(t))
     jax.block_until_ready(m)
     vmapped = time.perf_counter() - t0
-    row = {"seeds": seeds, "steps": steps, "model": model, "workers": workers,
-           "separate_total_s": separate, "vmapped_total_s": vmapped, "speedup": separate / vmapped,
-           "separate_first_step_s": sum(first), "vmapped_first_step_s": vfirst,
-           "separate_steady_s": (separate - sum(first)) / (seeds * (steps - 1)) if steps > 1 else None,
-           "vmapped_steady_s": (vmapped - vfirst) / (steps - 1) if steps > 1 else None}
-    log(f"[e] {seeds} seeds x {steps} steps: separate {separate:.2f} s, vmapped {vmapped:.2f} s "
-        f"({separate / vmapped:.2f}x faster)")
+    row = {
+        "seeds": seeds,
+        "steps": steps,
+        "model": model,
+        "workers": workers,
+        "separate_total_s": separate,
+        "vmapped_total_s": vmapped,
+        "speedup": separate / vmapped,
+        "separate_first_step_s": sum(first),
+        "vmapped_first_step_s": vfirst,
+        "separate_steady_s": (separate - sum(first)) / (seeds * (steps - 1)) if steps > 1 else None,
+        "vmapped_steady_s": (vmapped - vfirst) / (steps - 1) if steps > 1 else None,
+    }
+    log(
+        f"[e] {seeds} seeds x {steps} steps: separate {separate:.2f} s, vmapped {vmapped:.2f} s "
+        f"({separate / vmapped:.2f}x faster)"
+    )
     return {"rows": [row]}
 
 
@@ -456,84 +526,130 @@ def _fmt(v, digits=2):
 
 def markdown(result: dict) -> str:
     m = result["machine"]
-    out = [f"# cconv benchmarks ({m['backend']})", "",
-           f"- date (UTC): {m['date_utc']}; git {m.get('git_commit', '?')}; command: `{result['command']}`",
-           f"- machine: {m.get('cpu', '?')}, {m['cpu_count']} cores, {m.get('mem_gib', '?')} GiB; "
-           f"{m['platform']}; {m['device_count']} {m['backend']} devices",
-           f"- jax {m['jax']}, jaxlib {m['jaxlib']}; native top-k kernel: "
-           f"{'yes' if m['native_topk_kernel'] else 'NO (lax.top_k fallback)'}",
-           f"- malloc environment: {m.get('malloc_env') or 'default'}",
-           f"- load average (1, 5, 15 min) at start {result.get('load_start')}, at end {result.get('load_end')}",
-           f"- wall time of the suite: {result.get('wall_s', 0):.0f} s", ""]
+    out = [
+        f"# cconv benchmarks ({m['backend']})",
+        "",
+        f"- date (UTC): {m['date_utc']}; git {m.get('git_commit', '?')}; command: `{result['command']}`",
+        f"- machine: {m.get('cpu', '?')}, {m['cpu_count']} cores, {m.get('mem_gib', '?')} GiB; "
+        f"{m['platform']}; {m['device_count']} {m['backend']} devices",
+        f"- jax {m['jax']}, jaxlib {m['jaxlib']}; native top-k kernel: "
+        f"{'yes' if m['native_topk_kernel'] else 'NO (lax.top_k fallback)'}",
+        f"- malloc environment: {m.get('malloc_env') or 'default'}",
+        f"- load average (1, 5, 15 min) at start {result.get('load_start')}, at end {result.get('load_end')}",
+        f"- wall time of the suite: {result.get('wall_s', 0):.0f} s",
+        "",
+    ]
     if "a" in result:
         a = result["a"]
-        out += ["## (a) Compressors: time as a multiple of the memory floor", "",
-                "Floor = jitted `sum(abs(x))` (one read of x), measured in the same rounds. "
-                "total = compress + decompress. The *write floor* (`2 * x` into a fresh fp32 array) "
-                "is the least any dense decompression costs; the last column divides total time by "
-                "(read floor + write floor). Sparsifiers at "
-                f"ratio {a['ratio']}; medians of interleaved repeats after warm-up.", "",
-                "| d | read floor (ms) | write floor / read floor |", "|---|---|---|"]
+        out += [
+            "## (a) Compressors: time as a multiple of the memory floor",
+            "",
+            "Floor = jitted `sum(abs(x))` (one read of x), measured in the same rounds. "
+            "total = compress + decompress. The *write floor* (`2 * x` into a fresh fp32 array) "
+            "is the least any dense decompression costs; the last column divides total time by "
+            "(read floor + write floor). Sparsifiers at "
+            f"ratio {a['ratio']}; medians of interleaved repeats after warm-up.",
+            "",
+            "| d | read floor (ms) | write floor / read floor |",
+            "|---|---|---|",
+        ]
         for f in a["floors"]:
             out.append(f"| {f['d']:.1e} | {f['read_floor_s'] * 1e3:.3f} | {f['write_over_read']:.2f} |")
-        out += ["", "| d | compressor | compress | decompress | total | target | meets | vs read+write floor |",
-                "|---|---|---|---|---|---|---|---|"]
+        out += [
+            "",
+            "| d | compressor | compress | decompress | total | target | meets | vs read+write floor |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for r in a["rows"]:
             if r.get("primitive"):
                 continue
             t = r["target_x"]
             meets = "" if t is None else ("yes" if r["meets_target"] else f"no ({r['total_x'] / t:.1f}x over)")
-            out.append(f"| {r['d']:.1e} | {r['name']} | {_fmt(r['compress_x'])} | {_fmt(r['decompress_x'])} | "
-                       f"{_fmt(r['total_x'])} | {'' if t is None else f'<= {t:g}'} | {meets} | "
-                       f"{_fmt(r['total_vs_read_write_floor_x'])} |")
-        out += ["", "Selection primitives alone (k = ratio * d):", "", "| d | primitive | time / read floor |",
-                "|---|---|---|"]
+            out.append(
+                f"| {r['d']:.1e} | {r['name']} | {_fmt(r['compress_x'])} | {_fmt(r['decompress_x'])} | "
+                f"{_fmt(r['total_x'])} | {'' if t is None else f'<= {t:g}'} | {meets} | "
+                f"{_fmt(r['total_vs_read_write_floor_x'])} |"
+            )
+        out += [
+            "",
+            "Selection primitives alone (k = ratio * d):",
+            "",
+            "| d | primitive | time / read floor |",
+            "|---|---|---|",
+        ]
         for r in a["rows"]:
             if r.get("primitive"):
                 out.append(f"| {r['d']:.1e} | `{r['name']}` | {_fmt(r['compress_x'])} |")
         out.append("")
     if "b" in result:
         b = result["b"]
-        out += [f"## (b) Training step, compressed vs dense ({b['workers']} devices, global batch {b['batch']})", "",
-                "Each configuration's block of steps alternates with a block of dense steps; x dense is the "
-                "ratio of the medians over the same rounds.", "",
-                "| model | params | configuration | ms / step | x dense | first step (s, incl. compile) |",
-                "|---|---|---|---|---|---|"]
+        out += [
+            f"## (b) Training step, compressed vs dense ({b['workers']} devices, global batch {b['batch']})",
+            "",
+            "Each configuration's block of steps alternates with a block of dense steps; x dense is the "
+            "ratio of the medians over the same rounds.",
+            "",
+            "| model | params | configuration | ms / step | x dense | first step (s, incl. compile) |",
+            "|---|---|---|---|---|---|",
+        ]
         for r in b["rows"]:
-            tgt = "" if "target_x" not in r else (" (target <= 1.3: " + ("met" if r["meets_target"] else "NOT met") + ")")
-            out.append(f"| {r['model']} | {r['params']} | {r['config']} | {r['step_s'] * 1e3:.2f} | "
-                       f"{r['ratio_to_dense']:.2f}{tgt} | {r['first_step_s']:.1f} |")
+            tgt = (
+                "" if "target_x" not in r else (" (target <= 1.3: " + ("met" if r["meets_target"] else "NOT met") + ")")
+            )
+            out.append(
+                f"| {r['model']} | {r['params']} | {r['config']} | {r['step_s'] * 1e3:.2f} | "
+                f"{r['ratio_to_dense']:.2f}{tgt} | {r['first_step_s']:.1f} |"
+            )
         out.append("")
     if "c" in result:
         c = result["c"]
-        out += [f"## (c) Bytes per worker per step ({c['model']}, {c['params']} parameters)", "",
-                "Sent / received by one worker (the last rank; under the parameter server, rank 0 is "
-                "also the server: its traffic is the max column).", "",
-                "| configuration | P | sent / worker (kB) | received / worker (kB) | max sent (kB) | max received (kB) |",
-                "|---|---|---|---|---|---|"]
+        out += [
+            f"## (c) Bytes per worker per step ({c['model']}, {c['params']} parameters)",
+            "",
+            "Sent / received by one worker (the last rank; under the parameter server, rank 0 is "
+            "also the server: its traffic is the max column).",
+            "",
+            "| configuration | P | sent / worker (kB) | received / worker (kB) | max sent (kB) | max received (kB) |",
+            "|---|---|---|---|---|---|",
+        ]
         for r in c["rows"]:
             if "skipped" in r:
                 out.append(f"| {r['config']} | {r['workers']} | skipped: {r['skipped']} | | | |")
                 continue
-            out.append(f"| {r['config']} | {r['workers']} | {r['sent_worker'] / 1e3:.1f} | "
-                       f"{r['received_worker'] / 1e3:.1f} | {r['sent_max'] / 1e3:.1f} | {r['received_max'] / 1e3:.1f} |")
+            out.append(
+                f"| {r['config']} | {r['workers']} | {r['sent_worker'] / 1e3:.1f} | "
+                f"{r['received_worker'] / 1e3:.1f} | {r['sent_max'] / 1e3:.1f} | {r['received_max'] / 1e3:.1f} |"
+            )
         out.append("")
     if "d" in result:
-        out += ["## (d) Compile time against the number of parameter tensors (top-k 1% + EF)", "",
-                "| tensors | granularity | trace + lower (s) | XLA compile (s) |", "|---|---|---|---|"]
+        out += [
+            "## (d) Compile time against the number of parameter tensors (top-k 1% + EF)",
+            "",
+            "| tensors | granularity | trace + lower (s) | XLA compile (s) |",
+            "|---|---|---|---|",
+        ]
         for r in result["d"]["rows"]:
             out.append(f"| {r['tensors']} | {r['granularity']} | {r['trace_lower_s']:.2f} | {r['compile_s']:.2f} |")
         out.append("")
     if "e" in result:
-        out += ["## (e) Vmapped seeds against separate runs (top-k 1% + EF)", "",
-                "| seeds x steps | model | separate (s) | vmapped (s) | speed-up | first step separate / vmapped (s) "
-                "| steady step separate per seed / vmapped all seeds (ms) |", "|---|---|---|---|---|---|---|"]
+        out += [
+            "## (e) Vmapped seeds against separate runs (top-k 1% + EF)",
+            "",
+            "| seeds x steps | model | separate (s) | vmapped (s) | speed-up | first step separate / vmapped (s) "
+            "| steady step separate per seed / vmapped all seeds (ms) |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for r in result["e"]["rows"]:
-            steady = (f"{r['separate_steady_s'] * 1e3:.1f} / {r['vmapped_steady_s'] * 1e3:.1f}"
-                      if r["separate_steady_s"] is not None else "")
-            out.append(f"| {r['seeds']} x {r['steps']} | {r['model']} | {r['separate_total_s']:.1f} | "
-                       f"{r['vmapped_total_s']:.1f} | {r['speedup']:.2f} | {r['separate_first_step_s']:.1f} / "
-                       f"{r['vmapped_first_step_s']:.1f} | {steady} |")
+            steady = (
+                f"{r['separate_steady_s'] * 1e3:.1f} / {r['vmapped_steady_s'] * 1e3:.1f}"
+                if r["separate_steady_s"] is not None
+                else ""
+            )
+            out.append(
+                f"| {r['seeds']} x {r['steps']} | {r['model']} | {r['separate_total_s']:.1f} | "
+                f"{r['vmapped_total_s']:.1f} | {r['speedup']:.2f} | {r['separate_first_step_s']:.1f} / "
+                f"{r['vmapped_first_step_s']:.1f} | {steady} |"
+            )
         out.append("")
     return "\n".join(out)
 
@@ -549,17 +665,23 @@ def parse_args(argv=None):
     p.add_argument("--workers", type=int, default=8, help="(b), (e) workers")
     p.add_argument("--batch", type=int, default=256, help="(b) global batch")
     p.add_argument("--steps", type=int, default=3, help="(b) steps per timed block")
-    p.add_argument("--configs", default=None,
-                   help="(b) subset of step configurations by label, ';'-separated (dense is always run)")
+    p.add_argument(
+        "--configs",
+        default=None,
+        help="(b) subset of step configurations by label, ';'-separated (dense is always run)",
+    )
     p.add_argument("--p-list", default="2,4,8,16", help="(c) worker counts")
     p.add_argument("--tensors", default="4,16,64,256", help="(d) numbers of parameter tensors")
     p.add_argument("--seeds", type=int, default=5, help="(e) seeds")
     p.add_argument("--seed-steps", type=int, default=20, help="(e) steps per run")
     p.add_argument("--out", default=str(HERE / "results"), help="output directory")
     p.add_argument("--tag", default=None, help="file name stem (default: the backend, e.g. cpu)")
-    p.add_argument("--tuned-malloc", action="store_true",
-                   help="re-run this process with glibc malloc told to keep freed memory "
-                        "(MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 ...): no page faults on large outputs")
+    p.add_argument(
+        "--tuned-malloc",
+        action="store_true",
+        help="re-run this process with glibc malloc told to keep freed memory "
+        "(MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 ...): no page faults on large outputs",
+    )
     args = p.parse_args(argv)
     args.parts = [s.strip() for s in args.parts.split(",") if s.strip()]
     bad = sorted(set(args.parts) - set("abcde"))
@@ -571,7 +693,7 @@ def parse_args(argv=None):
 def main(argv=None, log=print) -> dict:
     args = parse_args(argv)
     if args.tuned_malloc and any(os.environ.get(k) != v for k, v in TUNED_MALLOC.items()):
-        env = {**os.environ, **TUNED_MALLOC}   # malloc reads these at start-up: re-exec
+        env = {**os.environ, **TUNED_MALLOC}  # malloc reads these at start-up: re-exec
         os.execve(sys.executable, [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:])], env)
     p_list = [int(v) for v in args.p_list.split(",")]
     _setup_devices(max([args.workers, *p_list]))
@@ -579,8 +701,11 @@ def main(argv=None, log=print) -> dict:
 
     sys.path.insert(0, str(ROOT))
     t_start = time.perf_counter()
-    result = {"command": " ".join(["experiments/benchmarks/run.py", *(argv if argv is not None else sys.argv[1:])]),
-              "load_start": loadavg(), "machine": machine()}
+    result = {
+        "command": " ".join(["experiments/benchmarks/run.py", *(argv if argv is not None else sys.argv[1:])]),
+        "load_start": loadavg(),
+        "machine": machine(),
+    }
     log(f"machine: {result['machine']}")
     if "a" in args.parts:
         sizes = [int(float(s)) for s in args.sizes.split(",")]
@@ -590,10 +715,12 @@ def main(argv=None, log=print) -> dict:
         configs = None if args.configs is None else [c.strip() for c in args.configs.split(";")]
         unknown = sorted(set(configs or []) - {label for label, _ in STEP_CONFIGS})
         if unknown:
-            raise SystemExit(f"run.py: error: unknown --configs {unknown}; valid: "
-                             + "; ".join(label for label, _ in STEP_CONFIGS))
-        result["b"] = part_b(args.models.split(","), args.workers, args.batch, args.steps,
-                             min(args.repeats, 5), configs, log=log)
+            raise SystemExit(
+                f"run.py: error: unknown --configs {unknown}; valid: " + "; ".join(label for label, _ in STEP_CONFIGS)
+            )
+        result["b"] = part_b(
+            args.models.split(","), args.workers, args.batch, args.steps, min(args.repeats, 5), configs, log=log
+        )
     if "c" in args.parts:
         result["c"] = part_c(p_list, log=log)
     if "d" in args.parts:

@@ -25,7 +25,6 @@ def main() -> None:
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", os.environ["OMPI_COMM_WORLD_LOCAL_RANK"])
 
     import jax
-    import jax.numpy as jnp
     import optax
     from flax import nnx
 
@@ -33,10 +32,11 @@ def main() -> None:
     from cconv.engine import EngineConfig, build
 
     if args.launcher == "shard_map":
-        info = distributed.initialize()        # SLURM / OpenMPI / CCONV_* env detection
+        info = distributed.initialize()  # SLURM / OpenMPI / CCONV_* env detection
         workers = jax.device_count()
     else:
         from mpi4py import MPI
+
         info = {"launcher": "mpi", "process_id": MPI.COMM_WORLD.Get_rank()}
         workers = MPI.COMM_WORLD.Get_size()
     rank0 = info["process_id"] == 0
@@ -57,8 +57,9 @@ def main() -> None:
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
         return loss, (model_state, {"accuracy": (logits.argmax(-1) == batch["y"]).mean()})
 
-    cfg = EngineConfig(workers=workers, compressor=compressors.topk(ratio=args.ratio), memory="ef",
-                       launcher=args.launcher)
+    cfg = EngineConfig(
+        workers=workers, compressor=compressors.topk(ratio=args.ratio), memory="ef", launcher=args.launcher
+    )
     trainer = build(loss_fn, params, optax.sgd(0.1, momentum=0.9), cfg)
     state = trainer.init()
     w = jax.random.normal(jax.random.PRNGKey(1), (32, 10))
@@ -66,10 +67,13 @@ def main() -> None:
         x = jax.random.normal(jax.random.PRNGKey(10_000 + step), (args.global_batch, 32))
         state, m = trainer.step(state, {"x": x, "y": (x @ w).argmax(-1)}, jax.random.PRNGKey(step))
         if step % 16 == 15 or step == args.steps - 1:
-            loss = float(m["loss"])            # blocks: at most 16 steps in flight
+            loss = float(m["loss"])  # blocks: at most 16 steps in flight
             if rank0:
-                print(f"step {step + 1}: loss {loss:.4f} accuracy {float(m['accuracy']):.3f} "
-                      f"sent {float(m['bytes_sent']):.0f} B/worker/step", flush=True)
+                print(
+                    f"step {step + 1}: loss {loss:.4f} accuracy {float(m['accuracy']):.3f} "
+                    f"sent {float(m['bytes_sent']):.0f} B/worker/step",
+                    flush=True,
+                )
     if args.launcher == "shard_map":
         distributed.shutdown()
 

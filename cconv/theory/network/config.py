@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from cconv.theory.network.links import Hierarchical, Network, _validate
 from cconv.theory.network.presets import get, names
 
-_CONFIG_KEYS = ("name", "preset", "alpha", "beta", "latency_us", "bandwidth_gbps", "bandwidth_GBps",
-                "intra", "inter", "per_node")
+_CONFIG_KEYS = (
+    "name",
+    "preset",
+    "alpha",
+    "beta",
+    "latency_us",
+    "bandwidth_gbps",
+    "bandwidth_GBps",
+    "intra",
+    "inter",
+    "per_node",
+)
 
 
 def from_config(cfg: Any) -> Network | Hierarchical:
@@ -29,12 +40,15 @@ def from_config(cfg: Any) -> Network | Hierarchical:
     if isinstance(cfg, str):
         return get(cfg)
     if not isinstance(cfg, Mapping):
-        raise ValueError(f"network config must be a preset name or a mapping, got {type(cfg).__name__}; "
-                         f"presets: {', '.join(names())}")
+        raise ValueError(
+            f"network config must be a preset name or a mapping, got {type(cfg).__name__}; "
+            f"presets: {', '.join(names())}"
+        )
     unknown = sorted(set(cfg) - set(_CONFIG_KEYS))
     if unknown:
-        raise ValueError(f"network config: unknown key(s) {', '.join(map(str, unknown))}; "
-                         f"valid: {', '.join(_CONFIG_KEYS)}")
+        raise ValueError(
+            f"network config: unknown key(s) {', '.join(map(str, unknown))}; valid: {', '.join(_CONFIG_KEYS)}"
+        )
     levels = [k for k in ("intra", "inter", "per_node") if k in cfg]
     if levels:
         if len(levels) != 3 or set(cfg) - {"name", "intra", "inter", "per_node"}:

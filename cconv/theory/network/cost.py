@@ -15,7 +15,7 @@ engine's ``Collective.kind``) through ``FLAT_TIMES``.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -27,14 +27,20 @@ COLLECTIVES = ("allreduce", "allgather", "recursive_doubling", "ps_push", "ps_pu
 
 def _check_network(net: object) -> Network:
     if not isinstance(net, Network):
-        raise ValueError(f"expected a cconv.theory.network.Network, got {type(net).__name__}; "
-                         f"use network.get(name) with one of: {', '.join(names())}")
+        raise ValueError(
+            f"expected a cconv.theory.network.Network, got {type(net).__name__}; "
+            f"use network.get(name) with one of: {', '.join(names())}"
+        )
     return net
 
 
 def _check_args(nbytes, workers) -> tuple[float, int]:
-    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(nbytes) or nbytes < 0:
+    if (
+        isinstance(nbytes, bool)
+        or not isinstance(nbytes, (int, float, np.integer, np.floating))
+        or not math.isfinite(nbytes)
+        or nbytes < 0
+    ):
         raise ValueError(f"nbytes must be a finite number >= 0, got {nbytes!r}")
     if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
         raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
@@ -161,8 +167,7 @@ def hierarchical_time(kind: str, nbytes: float, workers: int, net: Hierarchical,
     if p <= g:
         return collective_time(kind, n, p, net.intra, servers=servers)
     if p % g:
-        raise ValueError(f"network {net.name!r}: workers={p} must be a multiple of per_node={g} "
-                         f"(or at most {g})")
+        raise ValueError(f"network {net.name!r}: workers={p} must be a multiple of per_node={g} (or at most {g})")
     nodes = p // g
     if kind not in COLLECTIVES:
         raise ValueError(f"unknown collective kind {kind!r}; valid: {', '.join(COLLECTIVES)}")
@@ -170,13 +175,15 @@ def hierarchical_time(kind: str, nbytes: float, workers: int, net: Hierarchical,
         return 0.0
     i, e = net.intra, net.inter
     if kind == "allreduce":
-        return (2 * (g - 1) * (i.alpha + n / g * i.beta)
-                + 2 * (nodes - 1) * e.alpha + 2 * (nodes - 1) / nodes * n * e.beta)
+        return (
+            2 * (g - 1) * (i.alpha + n / g * i.beta) + 2 * (nodes - 1) * e.alpha + 2 * (nodes - 1) / nodes * n * e.beta
+        )
     if kind == "allgather":
         return (nodes - 1) * (e.alpha + g * n * e.beta) + (g - 1) * (i.alpha + nodes * n * i.beta)
     if kind == "recursive_doubling":
-        return (recursive_doubling_rounds(g) * (i.alpha + n * i.beta)
-                + recursive_doubling_rounds(nodes) * (e.alpha + g * n * e.beta))
+        return recursive_doubling_rounds(g) * (i.alpha + n * i.beta) + recursive_doubling_rounds(nodes) * (
+            e.alpha + g * n * e.beta
+        )
     if kind in ("ps_push", "ps_pull"):
         if isinstance(servers, bool) or not isinstance(servers, (int, np.integer)) or not 1 <= servers <= nodes:
             raise ValueError(f"servers must be an integer in [1, nodes={nodes}] on {net.name!r}, got {servers!r}")
@@ -184,8 +191,7 @@ def hierarchical_time(kind: str, nbytes: float, workers: int, net: Hierarchical,
     return broadcast_time(n, nodes, e) + broadcast_time(n, g, i)
 
 
-def collective_time(kind: str, nbytes: float, workers: int, net: Network | Hierarchical, *,
-                    servers: int = 1) -> float:
+def collective_time(kind: str, nbytes: float, workers: int, net: Network | Hierarchical, *, servers: int = 1) -> float:
     """Seconds for one collective of ``kind`` (the engine's ``Collective.kind``) with ``nbytes``
     payload bytes per worker among ``workers`` workers on ``net``."""
     if isinstance(net, Hierarchical):

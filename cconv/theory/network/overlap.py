@@ -3,7 +3,8 @@ backpropagation (WFBP; Zhang et al. 2017) with tensor fusion."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -67,8 +68,15 @@ def wfbp_finish(times: Sequence[float], ready: Sequence[float]) -> float:
     return end
 
 
-def step_comm_time(collectives: Iterable[Any], workers: int, net: Network | Hierarchical,
-                   overlap: Overlap | None = None, *, servers: int = 1, include_control: bool = False) -> float:
+def step_comm_time(
+    collectives: Iterable[Any],
+    workers: int,
+    net: Network | Hierarchical,
+    overlap: Overlap | None = None,
+    *,
+    servers: int = 1,
+    include_control: bool = False,
+) -> float:
     """Communication seconds of one step.
 
     ``collectives``: the engine's ``trainer.collectives(step)`` (objects with kind, bytes, count

@@ -13,7 +13,8 @@ Derivations and sources: ``theory/network.md`` and the ``cconv.theory.network`` 
 
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -68,8 +69,8 @@ BERT_LARGE_ALLREDUCE_S = 0.441
 BERT_LARGE_COMPUTE_S = 0.163
 BERT_LARGE_GPUS = 4
 INTRA_NODE_ALPHA = 5e-6
-PCIE3_X16_PEAK = 16 * 8e9 * (128 / 130) / 8       # bytes/s per direction: 15.75 GB/s
-NVLINK2_V100 = 6 * 25e9                            # bytes/s per direction per V100 GPU
+PCIE3_X16_PEAK = 16 * 8e9 * (128 / 130) / 8  # bytes/s per direction: 15.75 GB/s
+NVLINK2_V100 = 6 * 25e9  # bytes/s per direction per V100 GPU
 
 
 def _pcie_effective_beta(alpha: float = INTRA_NODE_ALPHA) -> float:
@@ -84,13 +85,21 @@ def _presets() -> dict[str, Network]:
         a, b = fit_alpha_beta(ms)
         proto = "RDMA" if "IB" in name else "TCP/IP"
         out[name] = Network(name, a, b, f"fit to the survey's 16 KB / 1 MB transfer times ({proto})")
-    out["PCIe3x16"] = Network("PCIe3x16", INTRA_NODE_ALPHA, _pcie_effective_beta(),
-                              "survey's 4x RTX 2080Ti server: BERT-Large all-reduce 441 ms "
-                              "(effective bus bandwidth 4.56 GB/s)")
-    out["PCIe3x16-peak"] = Network("PCIe3x16-peak", INTRA_NODE_ALPHA, 1.0 / PCIE3_X16_PEAK,
-                                   "PCI Express 3.0 x16 nominal: 8 GT/s x 16, 128b/130b = 15.75 GB/s")
-    out["NVLink"] = Network("NVLink", INTRA_NODE_ALPHA, 1.0 / NVLINK2_V100,
-                            "NVLink 2.0 on V100: 6 links x 25 GB/s per direction = 150 GB/s")
+    out["PCIe3x16"] = Network(
+        "PCIe3x16",
+        INTRA_NODE_ALPHA,
+        _pcie_effective_beta(),
+        "survey's 4x RTX 2080Ti server: BERT-Large all-reduce 441 ms (effective bus bandwidth 4.56 GB/s)",
+    )
+    out["PCIe3x16-peak"] = Network(
+        "PCIe3x16-peak",
+        INTRA_NODE_ALPHA,
+        1.0 / PCIE3_X16_PEAK,
+        "PCI Express 3.0 x16 nominal: 8 GT/s x 16, 128b/130b = 15.75 GB/s",
+    )
+    out["NVLink"] = Network(
+        "NVLink", INTRA_NODE_ALPHA, 1.0 / NVLINK2_V100, "NVLink 2.0 on V100: 6 links x 25 GB/s per direction = 150 GB/s"
+    )
     return out
 
 
@@ -98,8 +107,13 @@ PRESETS: dict[str, Network] = _presets()
 
 # The survey's 32-GPU testbed: 8 nodes of 4 RTX 2080Ti on PCIe 3.0, nodes on one of the three networks.
 HIERARCHICAL: dict[str, Hierarchical] = {
-    f"survey-{name}": Hierarchical(f"survey-{name}", PRESETS["PCIe3x16"], PRESETS[name], 4,
-                                   f"the survey's testbed: 4 GPUs per node on PCIe3x16, nodes on {name}")
+    f"survey-{name}": Hierarchical(
+        f"survey-{name}",
+        PRESETS["PCIe3x16"],
+        PRESETS[name],
+        4,
+        f"the survey's testbed: 4 GPUs per node on PCIe3x16, nodes on {name}",
+    )
     for name in SURVEY_MEASUREMENTS
 }
 
@@ -117,5 +131,6 @@ def get(name: str) -> Network | Hierarchical:
         for key, net in {**PRESETS, **HIERARCHICAL}.items():
             if key.lower() == name.lower():
                 return net
-    raise ValueError(f"unknown network {name!r}; valid presets: {', '.join(names())} "
-                     f"(or a dict with name, alpha, beta)")
+    raise ValueError(
+        f"unknown network {name!r}; valid presets: {', '.join(names())} (or a dict with name, alpha, beta)"
+    )
