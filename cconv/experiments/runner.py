@@ -11,6 +11,10 @@ The loop (``execute``) is the whole protocol that makes results survive a kill:
    the resumed run computes exactly the steps it lost.
 3. ``summary.json`` is replaced atomically: ``running`` at start, then ``completed``, ``diverged``
    (a non-finite loss; the run stops, the sweep goes on) or ``failed`` (with the error).
+4. The final checkpoint (step ``steps``, or the step at which every seed had diverged) is saved
+   before the final summary.  A run restored from it has ended: its summary is rebuilt from the
+   checkpoint's counters and the last metric line of each seed, nothing is trained or saved again
+   (a kill between the two writes, or a lost or garbled ``summary.json``, never leaves a run stuck).
 
 Several seeds (``seed: [0, 1, 2, 3, 4]``) run as one program: the engine is built with
 ``seeds=S`` (its step is vmapped over a leading seed axis inside the compiled SPMD program), the
@@ -601,6 +605,32 @@ def _final_summary(problem: Problem, base: dict, step: int, counters: Counters, 
     return summary
 
 
+def _ended(cfg: RunConfig, step: int, counters: Counters) -> bool:
+    """Is a checkpoint at ``step`` the final one?  Only the end of the run (``cfg.steps``, or the
+    step at which every seed had diverged) is checkpointed at such a step."""
+    return step >= cfg.steps or counters.all_diverged()
+
+
+def _summary_base(problem: Problem, desc: str, counters: Counters) -> dict:
+    return {"run": desc, "config_digest": problem.cfg.digest(), "seeds": problem.seeds,
+            "calibration": counters.calibration}
+
+
+def _recover_summary(problem: Problem, run_dir: str, desc: str, step: int, counters: Counters) -> RunResult:
+    """The summary of a run whose final checkpoint exists but whose ``summary.json`` does not say
+    so (a kill between the two writes, or a lost or garbled summary): rebuilt from the truth, the
+    checkpoint (counters, step) and metrics.jsonl (already cut back to the checkpoint's step; the
+    last line of each seed is its final line).  Nothing is trained again."""
+    lines = io.read_jsonl(os.path.join(run_dir, io.METRICS))
+    last_lines: list = [None] * len(problem.seeds)
+    for line in lines:
+        if line.get("seed") in problem.seeds:
+            last_lines[problem.seeds.index(line["seed"])] = line
+    summary = _final_summary(problem, _summary_base(problem, desc, counters), step, counters, last_lines)
+    io.write_json(os.path.join(run_dir, io.SUMMARY), summary)
+    return RunResult(summary["status"], summary)
+
+
 def _train(problem: Problem, run_dir: str, desc: str, stop_after: int | None, nested: bool = False) -> RunResult:
     """Restore or start, train, write the summary (the protocol of the module docstring)."""
     from cconv.experiments.loggers import WandbLogger, progress
@@ -609,10 +639,12 @@ def _train(problem: Problem, run_dir: str, desc: str, stop_after: int | None, ne
     ckpt = Checkpointer(os.path.join(run_dir, io.CHECKPOINTS))
     mpath = os.path.join(run_dir, io.METRICS)
     start, state, counters = _restore(problem, ckpt, initial_state(problem), mpath)
+    if _ended(cfg, start, counters):   # killed after the final checkpoint, before the summary
+        ckpt.close()
+        return _recover_summary(problem, run_dir, desc, start, counters)
     clock = _make_clock(problem, counters, start)   # measured before the wall clock starts
 
-    summary_base = {"run": desc, "config_digest": cfg.digest(), "seeds": problem.seeds,
-                    "calibration": counters.calibration}
+    summary_base = _summary_base(problem, desc, counters)
     io.write_json(os.path.join(run_dir, io.SUMMARY), {**summary_base, "status": "running", "step": start})
 
     wb = None

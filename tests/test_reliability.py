@@ -1,0 +1,161 @@
+"""Reliability regressions (issue 15): a finished run never gets stuck, one run directory is
+never trained by two processes, a damaged metrics line never deletes data, messages tell the
+truth.  In-process tests use tiny configs; the CLI tests use real subprocesses."""
+
+import json
+import os
+
+import pytest
+
+from cconv.experiments import io
+from cconv.experiments.config import from_dict
+from cconv.experiments.runner import execute
+
+TINY = {"model": {"name": "mlp", "hidden": [8]}, "data": "digits", "workers": 2, "batch_size": 16,
+        "steps": 12, "lr": 0.1, "compressor": {"name": "topk", "ratio": 0.1}, "memory": "ef",
+        "log_every": 4, "checkpoint_every": 4}
+
+
+def _summary_path(d):
+    return os.path.join(d, io.SUMMARY)
+
+
+# What a kill between the final checkpoint and the final summary leaves behind, and what a lost
+# or garbled summary looks like.
+def _kill_before_summary(d, s):
+    io.write_json(_summary_path(d), {k: s[k] for k in ("run", "config_digest", "seeds", "calibration")}
+                  | {"status": "running", "step": 0})
+
+
+def _lost(d, s):
+    os.unlink(_summary_path(d))
+
+
+def _garbled(d, s):
+    with open(_summary_path(d), "w") as fh:
+        fh.write('{"run": "x", "stat')
+
+
+def _failed_by_old_bug(d, s):
+    io.write_json(_summary_path(d), {**s, "status": "failed", "error": "StepAlreadyExistsError: ..."})
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("fin") / "run")
+    res = execute(from_dict(TINY), d)
+    assert res.status == "completed"
+    return d, res.summary, open(os.path.join(d, io.METRICS), "rb").read()
+
+
+@pytest.mark.parametrize("damage", [_kill_before_summary, _lost, _garbled, _failed_by_old_bug])
+def test_finished_run_without_completed_summary_recovers(finished, damage, tmp_path):
+    """Before: orbax StepAlreadyExistsError on every re-run, summary rewritten to failed."""
+    import shutil
+
+    src, want, metrics = finished
+    d = str(tmp_path / "run")
+    shutil.copytree(src, d)
+    damage(d, want)
+    assert not io.is_finished(d)
+    res = execute(from_dict(TINY), d)
+    assert res.status == "completed"
+    got = io.read_summary(d)
+    assert got == json.loads(json.dumps(want))          # the same summary, final metrics included
+    assert open(os.path.join(d, io.METRICS), "rb").read() == metrics   # nothing trained again
+    assert execute(from_dict(TINY), d).status == "completed"
+
+
+def test_all_seeds_diverged_then_killed_before_summary_recovers(tmp_path):
+    cfg = from_dict({**TINY, "lr": 1e30, "steps": 40, "compressor": "none", "memory": "none", "seed": [0, 1]})
+    d = str(tmp_path / "run")
+    res = execute(cfg, d)
+    assert res.status == "diverged"
+    metrics, want = open(os.path.join(d, io.METRICS), "rb").read(), io.read_summary(d)
+    _kill_before_summary(d, want)
+    again = execute(cfg, d)
+    assert again.status == "diverged" and io.read_summary(d) == want
+    assert open(os.path.join(d, io.METRICS), "rb").read() == metrics
+
+
+# --------------------------------------------------------------------------- CLI, real SIGKILL
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_YAML = ("model: {name: mlp, hidden: [8]}\ndata: digits\nworkers: 2\nbatch_size: 16\nsteps: 12\nlr: 0.1\n"
+             "compressor: {name: topk, ratio: 0.1}\nmemory: ef\nlog_every: 4\ncheckpoint_every: 4\n")
+# cconv's main with summary.json's final write replaced by SIGKILL: the process dies right
+# after the final checkpoint, before the summary says the run ended.
+KILL_BEFORE_FINAL_SUMMARY = """
+import os, signal, sys
+from cconv.experiments import io
+write_json = io.write_json
+def dying(path, obj):
+    if path.endswith("summary.json") and obj.get("status") in ("completed", "diverged"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    write_json(path, obj)
+io.write_json = dying
+from cconv import cli
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def _env():
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(JAX_PLATFORMS="cpu", CCONV_PROGRESS="0", PYTHONPATH=ROOT)
+    return env
+
+
+def cconv(*args, code=None):
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "cconv", *args]
+    return subprocess.run(argv, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+
+
+def _check_completed(d, steps=(4, 8, 12)):
+    s = io.read_summary(d)
+    lines = io.read_jsonl(os.path.join(d, io.METRICS))
+    assert s["status"] == "completed" and s["error"] is None
+    assert [l["step"] for l in lines] == list(steps)
+    assert s["final"] == lines[-1]
+
+
+@pytest.mark.slow
+def test_cli_run_sigkilled_before_final_summary_then_run_again(tmp_path):
+    """Before: exit 1 with orbax's StepAlreadyExistsError, summary rewritten to failed, forever."""
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY_YAML)
+    out = str(tmp_path / "run")
+    r = cconv("run", str(cfg), "--out", out, code=KILL_BEFORE_FINAL_SUMMARY)
+    assert r.returncode == -9, r.stderr
+    assert io.read_summary(out)["status"] == "running"
+    metrics = open(os.path.join(out, io.METRICS), "rb").read()
+    r = cconv("run", str(cfg), "--out", out)
+    assert r.returncode == 0 and "completed" in r.stdout, r.stderr
+    _check_completed(out)
+    assert open(os.path.join(out, io.METRICS), "rb").read() == metrics
+    r = cconv("run", str(cfg), "--out", out)
+    assert r.returncode == 0 and "already completed" in r.stdout
+
+
+@pytest.mark.slow
+def test_cli_sweep_sigkilled_before_final_summary_then_sweep_again(tmp_path):
+    spec = tmp_path / "s.yaml"
+    base = "".join(f"  {line}\n" for line in TINY_YAML.splitlines())
+    spec.write_text(f"base:\n{base}grid:\n  lr: [0.1, 0.05]\n")
+    out = tmp_path / "sw"
+    r = cconv("sweep", str(spec), "--out", str(out), code=KILL_BEFORE_FINAL_SUMMARY)
+    assert r.returncode == -9, r.stderr
+    assert io.read_summary(str(out / "lr=0.1"))["status"] == "running"
+    r = cconv("sweep", str(spec), "--out", str(out))
+    assert r.returncode == 0 and "2 completed, 0 diverged, 0 failed, 0 already done" in r.stdout, r.stderr
+    for name in ("lr=0.1", "lr=0.05"):
+        _check_completed(str(out / name))
+    # a lost and a garbled summary of finished runs: recovered, not failed
+    os.unlink(out / "lr=0.1" / io.SUMMARY)
+    (out / "lr=0.05" / io.SUMMARY).write_text('{"status": "compl')
+    r = cconv("sweep", str(spec), "--out", str(out))
+    assert r.returncode == 0 and "2 completed, 0 diverged, 0 failed, 0 already done" in r.stdout, r.stderr
+    for name in ("lr=0.1", "lr=0.05"):
+        _check_completed(str(out / name))
