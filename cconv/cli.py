@@ -76,7 +76,8 @@ def cmd_run(args) -> int:
 
     try:
         res = runner.execute(cfg, out, problem=problem)
-    except ConfigError:   # refused before anything was written (e.g. another run's directory)
+    except (ConfigError, io.RunLocked):   # refused before anything was written (another run's directory,
+        # or one another process is training)
         raise
     except Exception as e:
         if getattr(args, "debug", False):
@@ -116,8 +117,9 @@ def cmd_sweep(args) -> int:
     from cconv.experiments import sweep
 
     res = sweep.run_sweep(args.config, args.out, figure=not args.no_figure)
+    busy = f", {res['busy']} in use by another process (skipped)" if res.get("busy") else ""
     print(f"sweep {res['out']}: {res['completed']} completed, {res['diverged']} diverged, "
-          f"{res['failed']} failed, {res['skipped']} already done")
+          f"{res['failed']} failed, {res['skipped']} already done{busy}")
     for o in res["outputs"]:
         print(f"  wrote {o}")
     for e in res["errors"]:
@@ -187,7 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="train one config; resumes from its checkpoint when interrupted",
                        description="Train one YAML config into a run directory (config.yaml, metrics.jsonl, "
                                    "summary.json, checkpoints/). Running it again resumes an interrupted run "
-                                   "and does nothing for a finished one.",
+                                   "and does nothing for a finished one. While it trains, the run directory "
+                                   "is locked (an flock on <out>/.lock): a second `cconv run` or sweep on it "
+                                   "is refused with exit status 2.",
                        epilog="config keys (default, meaning):\n" + field_help())
     r.add_argument("config", help="run config (YAML)")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -199,7 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run a grid of configs; skips finished runs, resumes interrupted ones",
                        description="Run every point of a sweep file's grid (base + grid) into "
                                    "<out>/<point>/, then write report.csv and convergence_vs_traffic.png. "
-                                   "Safe to interrupt at any moment and run again.")
+                                   "Safe to interrupt at any moment and run again. Several sweeps may share "
+                                   "one --out: a run another process is training (its directory is locked) "
+                                   "is skipped and reported as in use, not waited for; run the sweep again "
+                                   "afterwards for the complete report.")
     s.add_argument("config", help="sweep file (YAML with 'base' and 'grid')")
     s.add_argument("--out", help="sweep directory (default: results/<sweep name>)")
     s.add_argument("--no-figure", action="store_true", help="skip the figure at the end")

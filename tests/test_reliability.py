@@ -159,3 +159,78 @@ def test_cli_sweep_sigkilled_before_final_summary_then_sweep_again(tmp_path):
     assert r.returncode == 0 and "2 completed, 0 diverged, 0 failed, 0 already done" in r.stdout, r.stderr
     for name in ("lr=0.1", "lr=0.05"):
         _check_completed(str(out / name))
+
+
+# --------------------------------------------------------------------------- one process per run directory
+
+def test_run_lock_is_exclusive_and_leaves_no_trace(tmp_path):
+    d = str(tmp_path)
+    with io.run_lock(d):
+        assert open(os.path.join(d, io.LOCK)).read() == f"{os.getpid()}\n"
+        with pytest.raises(io.RunLocked, match=rf"in use by another cconv process \(pid {os.getpid()}\)"):
+            with io.run_lock(d):
+                pass
+    assert os.listdir(d) == []
+    open(os.path.join(d, io.LOCK), "w").write("12345\n")   # stale, from a killed process
+    with io.run_lock(d):
+        pass
+    assert os.listdir(d) == []
+
+
+def test_execute_refuses_a_locked_run_directory_untouched(tmp_path):
+    d = str(tmp_path / "run")
+    os.makedirs(d)
+    with io.run_lock(d):
+        with pytest.raises(io.RunLocked):
+            execute(from_dict(TINY), d)
+        assert os.listdir(d) == [io.LOCK]
+    assert execute(from_dict(TINY), d).status == "completed"
+    assert io.LOCK not in os.listdir(d)
+
+
+def _popen(*args):
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "cconv", *args], cwd=ROOT, env=_env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+@pytest.mark.slow
+def test_cli_run_on_a_directory_another_process_trains_is_refused(tmp_path):
+    """Before: both processes trained the run, every step logged twice in metrics.jsonl."""
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY_YAML)
+    out = tmp_path / "run"
+    out.mkdir()
+    with io.run_lock(str(out)):   # this test process is "the other process"
+        r = cconv("run", str(cfg), "--out", str(out))
+        assert r.returncode == 2, r.stderr
+        err = r.stderr.strip()
+        assert len(err.splitlines()) == 1 and f"in use by another cconv process (pid {os.getpid()})" in err
+        assert os.listdir(out) == [io.LOCK]
+    r = cconv("run", str(cfg), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    _check_completed(str(out))
+
+
+@pytest.mark.slow
+def test_two_concurrent_sweeps_on_one_directory(tmp_path):
+    """Before: both sweeps exit 0 with every step logged twice (or crash on the other's orbax
+    temporary directories).  Now each run is trained by exactly one of them."""
+    spec = tmp_path / "s.yaml"
+    base = "".join(f"  {line}\n" for line in TINY_YAML.replace("steps: 12", "steps: 40").splitlines())
+    spec.write_text(f"base:\n{base}grid:\n  lr: [0.1, 0.05, 0.02]\n")
+    out = tmp_path / "sw"
+    procs = [_popen("sweep", str(spec), "--out", str(out), "--no-figure") for _ in range(2)]
+    results = [p.communicate(timeout=600) for p in procs]
+    for p, (stdout, stderr) in zip(procs, results):
+        assert p.returncode == 0, stderr
+        assert "Traceback" not in stderr
+    import re
+
+    completed = sum(int(re.search(r"(\d+) completed", stdout).group(1)) for stdout, _ in results)
+    assert completed == 3, results   # every run trained once, by one of the two
+    for name in ("lr=0.1", "lr=0.05", "lr=0.02"):
+        _check_completed(str(out / name), steps=range(4, 41, 4))
+        assert io.LOCK not in os.listdir(out / name)

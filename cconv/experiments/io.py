@@ -7,6 +7,7 @@ A run directory holds::
                      flushed and fsync'ed, so a kill leaves at most one partial *last* line
     summary.json     status (running | completed | diverged | failed), final metrics, error
     checkpoints/     orbax checkpoints (resume points)
+    .lock            while a process trains the run: its pid, under an exclusive ``flock``
 
 ``repair_jsonl`` is the resume half of the protocol: it drops a partial last line and every line
 whose step is beyond the last checkpoint, so lines are neither lost nor duplicated.
@@ -14,11 +15,13 @@ whose step is beyond the last checkpoint, so lines are neither lost nor duplicat
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import os
 import tempfile
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
@@ -26,6 +29,7 @@ CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 CHECKPOINTS = "checkpoints"
+LOCK = ".lock"
 FINISHED = ("completed", "diverged")
 
 
@@ -191,3 +195,59 @@ def read_summary(run_dir: str) -> dict | None:
 def is_finished(run_dir: str) -> bool:
     s = read_summary(run_dir)
     return bool(s) and s.get("status") in FINISHED
+
+
+class RunLocked(ValueError):
+    """The run directory is held by another process (``run_lock``)."""
+
+
+def _lock_holder(path: str) -> str:
+    try:
+        with open(path) as fh:
+            pid = fh.read().strip()
+    except OSError:
+        return ""
+    return f" (pid {pid})" if pid.isdigit() else ""
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: str) -> Iterator[None]:
+    """Hold an exclusive advisory lock on ``run_dir`` (``flock`` on ``run_dir/.lock``, which holds
+    the owner's pid) for the body; raises ``RunLocked`` at once when another process holds it.
+
+    The lock file is removed on release, so a finished run directory holds no trace of it; a
+    killed process leaves a stale, unlocked file that the next one takes over.  Acquiring checks
+    that the locked file is still the one at the path (a releasing process may have unlinked it in
+    between), so two processes never both hold the lock.  Advisory: only cconv processes (and
+    tools that use ``flock`` on the same file) respect it; on network file systems it is as good
+    as their ``flock`` support.
+    """
+    path = os.path.join(run_dir, LOCK)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RunLocked(f"{run_dir} is in use by another cconv process{_lock_holder(path)}; "
+                            f"wait for it to finish or choose another --out") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)   # unlinked by its previous holder after we opened it: take the new file
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        os.close(fd)

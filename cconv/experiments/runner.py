@@ -276,6 +276,7 @@ class SimClock:
 class RunResult(NamedTuple):
     status: str
     summary: dict
+    trained: bool = True   # False: the run had already ended, nothing was done
 
 
 def _stack(trees: list) -> Any:
@@ -316,6 +317,13 @@ def evaluate(problem: Problem, evaluator, state) -> list[dict]:
     return [{f"test_{k}": v / n for k, v in d.items()} for d in sums]
 
 
+def _refuse_foreign(run_dir: str) -> None:
+    """A ConfigError for an existing, non-empty directory that holds no cconv run."""
+    if (os.path.isdir(run_dir) and not os.path.exists(os.path.join(run_dir, io.CONFIG))
+            and [f for f in os.listdir(run_dir) if f != io.LOCK]):
+        raise ConfigError(f"{run_dir} is not empty and holds no cconv run; choose another --out")
+
+
 def prepare_run_dir(run_dir: str, cfg: RunConfig) -> str:
     """Create/validate a run directory; returns 'finished', 'resume' or 'new'.  Never modifies a
     directory that holds a different config."""
@@ -337,8 +345,7 @@ def prepare_run_dir(run_dir: str, cfg: RunConfig) -> str:
                               f"{'; ...' if len(d) > 3 else ''}); choose another --out")
         return "finished" if io.is_finished(run_dir) else "resume"
     io.check_writable(run_dir)
-    if os.listdir(run_dir):
-        raise ConfigError(f"{run_dir} is not empty and holds no cconv run; choose another --out")
+    _refuse_foreign(run_dir)
     io.atomic_write_text(cpath, to_yaml(cfg))
     return "new"
 
@@ -347,6 +354,8 @@ def execute(cfg: RunConfig, run_dir: str, problem: Problem | None = None, desc: 
             stop_after: int | None = None, nested: bool = False) -> RunResult:
     """Run (or resume, or skip when finished) one config into ``run_dir``.
 
+    The run directory is locked for the whole call (``io.run_lock``): when another process holds
+    it, ``io.RunLocked`` (a ValueError) is raised and nothing is touched.
     Bad input raises ConfigError/ValueError before anything is written.  Errors during training are
     recorded as status ``failed`` in summary.json and re-raised.  ``stop_after`` ends the process
     loop early (after that step, as a kill would) -- for tests of the resume path.  ``nested``:
@@ -354,10 +363,19 @@ def execute(cfg: RunConfig, run_dir: str, problem: Problem | None = None, desc: 
     """
     if problem is None:
         problem = build_problem(cfg)
+    io.check_writable(os.path.dirname(os.path.abspath(run_dir)) or ".")
+    _refuse_foreign(run_dir)   # before a lock file is put there
+    io.check_writable(run_dir)
+    with io.run_lock(run_dir):
+        return _execute_locked(problem, cfg, run_dir, desc, stop_after, nested)
+
+
+def _execute_locked(problem: Problem, cfg: RunConfig, run_dir: str, desc: str | None, stop_after: int | None,
+                    nested: bool) -> RunResult:
     state_kind = prepare_run_dir(run_dir, cfg)
     if state_kind == "finished":
         s = io.read_summary(run_dir)
-        return RunResult(s["status"], s)
+        return RunResult(s["status"], s, trained=False)
     try:
         return _train(problem, run_dir, desc or os.path.basename(os.path.abspath(run_dir)), stop_after, nested)
     except KeyboardInterrupt:

@@ -30,6 +30,8 @@ A rule's ``set`` does not change the run's directory name (which lists the grid 
 2. for each run directory ``<out>/<grid point name>``: ``completed`` or ``diverged`` -> skipped;
    a checkpoint -> resumed; otherwise started.  A run that raises is recorded ``failed`` (with
    its error) and the sweep goes on; ``failed`` runs are retried the next time the sweep runs;
+   a run directory locked by another process (another sweep or ``cconv run`` on it, see
+   ``io.run_lock``) is skipped and counted ``busy``: it is that process's to finish;
 3. writes ``<out>/sweep.json`` (the grid points), ``<out>/report.csv`` and, with matplotlib, the
    convergence-vs-traffic figure ``<out>/convergence_vs_traffic.png`` (+ .pdf).
 
@@ -223,7 +225,7 @@ def _log(msg: str, file: Any = None) -> None:
 
 def run_sweep(path: str, out: str | None = None, figure: bool = True,
               log: Callable[..., None] = _log) -> dict:
-    """Run a sweep file; returns counts {completed, diverged, failed, skipped} and the outputs."""
+    """Run a sweep file; returns counts {completed, diverged, failed, skipped, busy} and the outputs."""
     from cconv.experiments import runner
     from cconv.experiments.loggers import progress
 
@@ -233,7 +235,7 @@ def run_sweep(path: str, out: str | None = None, figure: bool = True,
     io.check_writable(out)
     runner.check_devices(max(r.config.workers for r in runs))
     write_index(out, name, path, runs)
-    counts = {"completed": 0, "diverged": 0, "failed": 0, "skipped": 0}
+    counts = {"completed": 0, "diverged": 0, "failed": 0, "skipped": 0, "busy": 0}
     errors = []
     bar = progress(len(runs), f"sweep {name}", leave=True, position=0)
     bar.unit = "run"
@@ -245,8 +247,14 @@ def run_sweep(path: str, out: str | None = None, figure: bool = True,
             continue
         try:
             res = runner.execute(r.config, rd, desc=r.name, nested=True)
-            counts[res.status] = counts.get(res.status, 0) + 1
-            log(f"[{i + 1}/{len(runs)}] {r.name}: {res.status}")
+            if res.trained:
+                counts[res.status] = counts.get(res.status, 0) + 1
+                log(f"[{i + 1}/{len(runs)}] {r.name}: {res.status}")
+            else:   # another process finished it meanwhile
+                counts["skipped"] += 1
+        except io.RunLocked:
+            counts["busy"] += 1
+            log(f"[{i + 1}/{len(runs)}] {r.name}: skipped, in use by another cconv process")
         except Exception as e:  # recorded in the run's summary.json by runner.execute
             counts["failed"] += 1
             errors.append(f"{r.name}: {type(e).__name__}: {e}")
