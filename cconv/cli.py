@@ -244,7 +244,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_line_warnings() -> None:
+    """Show cconv's own warnings (e.g. a damaged metrics line) as one line each."""
+    import warnings
+
+    from cconv.experiments.io import MetricsWarning
+
+    show = warnings.showwarning
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, MetricsWarning):
+            print(f"cconv: warning: {message}", file=file or sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
+    _one_line_warnings()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):

@@ -234,3 +234,76 @@ def test_two_concurrent_sweeps_on_one_directory(tmp_path):
     for name in ("lr=0.1", "lr=0.05", "lr=0.02"):
         _check_completed(str(out / name), steps=range(4, 41, 4))
         assert io.LOCK not in os.listdir(out / name)
+
+
+# --------------------------------------------------------------------------- damaged metrics lines
+
+def _write_lines(p, steps, garbage_after=None):
+    with open(p, "w") as fh:
+        for s in steps:
+            fh.write(json.dumps({"step": s, "seed": 0, "loss": 1.0 / s}) + "\n")
+            if s == garbage_after:
+                fh.write("\x00\x00garbage{\n")
+
+
+def test_damaged_middle_line_is_kept_reported_and_skipped(tmp_path):
+    """Before: read_jsonl stopped at the damaged line, repair_jsonl cut every line after it."""
+    p = str(tmp_path / io.METRICS)
+    _write_lines(p, [10, 20, 30, 40, 50], garbage_after=10)
+    with open(p, "a") as fh:
+        fh.write('{"step": 60, "lo')                       # and a torn last line
+    with pytest.warns(io.MetricsWarning, match=r"metrics.jsonl: line 2 damaged .*skipped"):
+        assert [l["step"] for l in io.read_jsonl(p)] == [10, 20, 30, 40, 50]
+    with pytest.warns(io.MetricsWarning, match=r"metrics.jsonl: line 2 damaged .*kept in place"):
+        assert io.repair_jsonl(p, 30) == 3                  # resume from the checkpoint of step 30
+    with pytest.warns(io.MetricsWarning):
+        assert [l["step"] for l in io.read_jsonl(p)] == [10, 20, 30]
+    assert open(p).read().count("garbage") == 1 and open(p).read().endswith("\n")
+
+
+def test_damaged_tail_after_checkpoint_is_cut_silently(tmp_path, recwarn):
+    p = str(tmp_path / io.METRICS)
+    _write_lines(p, [10, 20, 30, 40], garbage_after=30)
+    assert io.repair_jsonl(p, 30) == 3
+    assert [l["step"] for l in io.read_jsonl(p)] == [10, 20, 30]
+    assert "garbage" not in open(p).read() and not [w for w in recwarn if w.category is io.MetricsWarning]
+
+
+def test_resume_with_a_damaged_line_loses_nothing(finished, tmp_path):
+    """Before: the resume cut metrics.jsonl at the damaged line (steps 4..8 lost) and exited 0."""
+    src, want, metrics = finished
+    cfg = from_dict({**TINY, "log_every": 2, "checkpoint_every": 8})
+    d = str(tmp_path / "run")
+    execute(cfg, d, stop_after=10)                     # as if killed at step 10 (checkpoint: 8)
+    mpath = os.path.join(d, io.METRICS)
+    raw = open(mpath, "rb").read().split(b"\n")
+    assert [json.loads(l)["step"] for l in raw[:-1]] == [2, 4, 6, 8, 10]
+    raw.insert(1, b"{garbage")
+    open(mpath, "wb").write(b"\n".join(raw))
+    with pytest.warns(io.MetricsWarning, match="line 2 damaged"):
+        res = execute(cfg, d)
+    assert res.status == "completed"
+    with pytest.warns(io.MetricsWarning):
+        got = io.read_jsonl(mpath)
+    assert [l["step"] for l in got] == [2, 4, 6, 8, 10, 12]   # nothing lost, nothing duplicated
+    assert got[-1]["cum_bytes"] == json.loads(metrics.splitlines()[-1])["cum_bytes"]
+    assert res.summary["final"]["step"] == 12
+
+
+def test_report_of_a_finished_run_with_a_damaged_line_shows_the_final_step(finished, tmp_path):
+    """Before: cconv report presented the step before the damaged line as the final result."""
+    import shutil
+
+    from cconv.experiments import report
+
+    src, want, metrics = finished
+    d = str(tmp_path / "run")
+    shutil.copytree(src, d)
+    lines = metrics.split(b"\n")
+    lines.insert(1, b"not json")
+    open(os.path.join(d, io.METRICS), "wb").write(b"\n".join(lines))
+    with pytest.warns(io.MetricsWarning, match="line 2"):
+        table = report.load_runs([d])
+    assert table["step"].tolist() == [12] and table["loss"].tolist() == [pytest.approx(want["final"]["loss"])]
+    with pytest.warns(io.MetricsWarning):
+        assert report.load_metrics([d])["step"].tolist() == [4, 8, 12]

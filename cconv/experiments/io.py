@@ -10,7 +10,9 @@ A run directory holds::
     .lock            while a process trains the run: its pid, under an exclusive ``flock``
 
 ``repair_jsonl`` is the resume half of the protocol: it drops a partial last line and every line
-whose step is beyond the last checkpoint, so lines are neither lost nor duplicated.
+whose step is beyond the last checkpoint, so lines are neither lost nor duplicated.  A damaged
+line elsewhere is never a reason to drop data: it is reported (file and line) and skipped by
+``read_jsonl``, the reader behind ``cconv report``, the figures and summary recovery.
 """
 
 from __future__ import annotations
@@ -124,43 +126,75 @@ class JsonlWriter:
         self.close()
 
 
+class MetricsWarning(UserWarning):
+    """A damaged line in a metrics file (skipped by readers, kept on disk)."""
+
+
+def _parse_line(raw: bytes) -> dict | None:
+    """The record of one complete line; None when it is damaged (not a JSON object)."""
+    try:
+        rec = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def _warn_damaged(path: str, numbers: list[int], what: str) -> None:
+    if numbers:
+        import warnings
+
+        where = f"line {numbers[0]}" if len(numbers) == 1 else f"lines {', '.join(map(str, numbers))}"
+        warnings.warn(f"{path}: {where} damaged (not a JSON object); {what}", MetricsWarning, stacklevel=3)
+
+
 def read_jsonl(path: str) -> list[dict]:
-    """Complete lines of a JSONL file (a partial last line, from a kill, is ignored)."""
+    """Complete lines of a JSONL file.  A partial last line (a kill in the middle of a write) is
+    ignored; a damaged complete line (not a JSON object) is skipped with a ``MetricsWarning``
+    naming the file and line, and reading goes on."""
     if not os.path.exists(path):
         return []
-    out = []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            if not line.endswith("\n"):
+    out, bad = [], []
+    with open(path, "rb") as fh:
+        for n, raw in enumerate(fh, 1):
+            if not raw.endswith(b"\n"):
                 break
-            line = line.strip()
-            if line:
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    break
+            if not raw.strip():
+                continue
+            rec = _parse_line(raw)
+            if rec is None:
+                bad.append(n)
+            else:
+                out.append(rec)
+    _warn_damaged(path, bad, "skipped")
     return out
 
 
 def repair_jsonl(path: str, max_step: int | None) -> int:
-    """Keep the complete lines with ``step <= max_step`` (all complete lines when None; none when
-    max_step < 0); truncate the rest in place.  Returns the number of lines kept."""
+    """Cut the torn tail off a metrics file before a resume: everything after the last complete
+    record with ``step <= max_step`` (all complete records when None; everything when
+    max_step < 0), i.e. the lines of steps after the checkpoint and a partial last line.  Damaged
+    lines before that point are not the tail: they stay (readers skip them) and are reported with
+    a ``MetricsWarning`` naming file and line.  Returns the number of records kept."""
     if not os.path.exists(path):
         return 0
-    keep_bytes = 0
-    kept = 0
+    keep_bytes = pos = kept = 0
+    records, bad = 0, []
     with open(path, "rb") as fh:
-        for raw in fh:
+        for n, raw in enumerate(fh, 1):
             if not raw.endswith(b"\n"):
                 break
-            try:
-                rec = json.loads(raw)
-            except json.JSONDecodeError:
-                break
-            if max_step is not None and rec.get("step", 0) > max_step:
-                break
-            keep_bytes += len(raw)
-            kept += 1
+            pos += len(raw)
+            if not raw.strip():
+                continue
+            rec = _parse_line(raw)
+            if rec is None:
+                bad.append((n, pos))
+                continue
+            records += 1
+            step = rec.get("step", 0)
+            if max_step is None or (max_step >= 0 and isinstance(step, (int, float)) and step <= max_step):
+                keep_bytes, kept = pos, records
+    _warn_damaged(path, [n for n, end in bad if end <= keep_bytes], "kept in place, skipped by readers")
     if os.path.getsize(path) != keep_bytes:
         with open(path, "r+b") as fh:
             fh.truncate(keep_bytes)

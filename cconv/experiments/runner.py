@@ -6,8 +6,9 @@ The loop (``execute``) is the whole protocol that makes results survive a kill:
    checkpoint of step ``s`` is saved; orbax saves atomically (temporary directory + rename).
 2. On start, if a checkpoint exists, the state, the data iterator, the PRNG position and the
    running counters (cumulative bytes, simulated time, wall time) are restored from it and the
-   metrics file is cut back to the lines with ``step <= s`` (a partial last line included).  With
-   no checkpoint the metrics file is emptied.  Per-step PRNG keys are ``fold_in(key, step)``, so
+   metrics file is cut back to the lines with ``step <= s`` (a partial last line included; a
+   damaged line before that point is kept and reported, never a reason to cut).  With no
+   checkpoint the metrics file is emptied.  Per-step PRNG keys are ``fold_in(key, step)``, so
    the resumed run computes exactly the steps it lost.
 3. ``summary.json`` is replaced atomically: ``running`` at start, then ``completed``, ``diverged``
    (a non-finite loss; the run stops, the sweep goes on) or ``failed`` (with the error).
