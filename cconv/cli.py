@@ -82,8 +82,10 @@ def cmd_run(args) -> int:
     except Exception as e:
         if getattr(args, "debug", False):
             raise
-        print(f"cconv: run failed: {type(e).__name__}: {_one_line(e)} (recorded in {out}/summary.json; "
-              f"--debug shows the traceback)", file=sys.stderr)
+        where = (f"recorded in {out}/summary.json" if runner.failure_recorded(out, e)
+                 else f"could not be recorded in {out}/summary.json")
+        print(f"cconv: run failed: {type(e).__name__}: {_one_line(e)} ({where}; --debug shows the traceback)",
+              file=sys.stderr)
         return EXIT_FAILED
     print(_describe(out, res.summary))
     return 0
@@ -245,15 +247,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _one_line_warnings() -> None:
-    """Show cconv's own warnings (e.g. a damaged metrics line) as one line each."""
+    """Show cconv's recovery warnings (a damaged metrics line or checkpoint) as one line each."""
     import warnings
 
-    from cconv.experiments.io import MetricsWarning
+    from cconv.experiments.io import RecoveryWarning
 
     show = warnings.showwarning
 
     def showwarning(message, category, filename, lineno, file=None, line=None):
-        if issubclass(category, MetricsWarning):
+        if issubclass(category, RecoveryWarning):
             print(f"cconv: warning: {message}", file=file or sys.stderr)
         else:
             show(message, category, filename, lineno, file, line)

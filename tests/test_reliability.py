@@ -307,3 +307,75 @@ def test_report_of_a_finished_run_with_a_damaged_line_shows_the_final_step(finis
     assert table["step"].tolist() == [12] and table["loss"].tolist() == [pytest.approx(want["final"]["loss"])]
     with pytest.warns(io.MetricsWarning):
         assert report.load_metrics([d])["step"].tolist() == [4, 8, 12]
+
+
+# --------------------------------------------------------------------------- honest messages
+
+def _damage_checkpoint(path):
+    for root, _, files in os.walk(path):
+        for f in files:
+            p = os.path.join(root, f)
+            if "state" in p and os.path.getsize(p) > 0:
+                with open(p, "r+b") as fh:
+                    fh.truncate(os.path.getsize(p) // 2)
+
+
+def test_damaged_checkpoint_one_line_naming_it_and_the_way_out(tmp_path):
+    """Before: a JSONDecodeError (a ValueError: `cconv: error:`, exit 2, as if the input were bad)."""
+    from cconv.experiments.checkpoint import CheckpointError
+
+    d = str(tmp_path / "run")
+    execute(from_dict(TINY), d, stop_after=10)          # checkpoint of step 8
+    ck = os.path.join(d, io.CHECKPOINTS, "8")
+    _damage_checkpoint(ck)
+    with pytest.raises(CheckpointError) as info:
+        execute(from_dict(TINY), d)
+    msg = str(info.value)
+    assert len(msg.splitlines()) == 1 and f"checkpoint {ck} cannot be restored" in msg
+    assert "remove that directory to restart the run from step 0" in msg
+    assert io.read_summary(d)["status"] == "failed"
+    import shutil
+
+    shutil.rmtree(ck)                                   # the advice, followed
+    assert execute(from_dict(TINY), d).status == "completed"
+    _check_completed(d)
+
+
+def test_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, monkeypatch):
+    from cconv.experiments import runner
+
+    monkeypatch.setattr(runner, "KEEP_CHECKPOINTS", 2)
+    cfg = from_dict({**TINY, "steps": 16})
+    d = str(tmp_path / "run")
+    execute(cfg, d, stop_after=10)                      # checkpoints of steps 4 and 8
+    assert sorted(os.listdir(os.path.join(d, io.CHECKPOINTS))) == ["4", "8"]
+    _damage_checkpoint(os.path.join(d, io.CHECKPOINTS, "8"))
+    with pytest.warns(io.RecoveryWarning, match=r"checkpoints/8 cannot be restored .* resuming from step 4"):
+        assert execute(cfg, d).status == "completed"
+    assert os.path.isdir(os.path.join(d, io.CHECKPOINTS + ".damaged", "8"))
+    _check_completed(d, steps=(4, 8, 12, 16))
+
+
+def test_failure_message_says_whether_summary_was_written(tmp_path, monkeypatch):
+    """Before: `recorded in summary.json` even when writing it failed (disk full)."""
+    from cconv.experiments import runner
+
+    cfg = from_dict({**TINY, "steps": 4})
+    problem = runner.build_problem(cfg)
+    monkeypatch.setattr(problem.trainer, "step", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    d = str(tmp_path / "ok")
+    with pytest.raises(RuntimeError) as info:
+        execute(cfg, d, problem=problem)
+    assert runner.failure_recorded(d, info.value)
+    write_json = io.write_json
+
+    def full(path, obj):
+        if obj.get("status") == "failed":
+            raise OSError(28, "No space left on device")
+        write_json(path, obj)
+
+    monkeypatch.setattr(io, "write_json", full)
+    d = str(tmp_path / "full")
+    with pytest.raises(RuntimeError) as info:            # the run's own error, not the OSError
+        execute(cfg, d, problem=problem)
+    assert not runner.failure_recorded(d, info.value)

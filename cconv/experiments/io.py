@@ -126,7 +126,11 @@ class JsonlWriter:
         self.close()
 
 
-class MetricsWarning(UserWarning):
+class RecoveryWarning(UserWarning):
+    """Damage found in a run directory and worked around (the CLI prints it as one line)."""
+
+
+class MetricsWarning(RecoveryWarning):
     """A damaged line in a metrics file (skipped by readers, kept on disk)."""
 
 

@@ -55,7 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cconv.experiments import io
-from cconv.experiments.checkpoint import Checkpointer, decode_host_state, encode_host_state
+from cconv.experiments.checkpoint import CheckpointError, Checkpointer, decode_host_state, encode_host_state
 from cconv.experiments.config import (ConfigError, RunConfig, engine_config, network_label, resolve_network,
                                       to_yaml)
 
@@ -68,6 +68,7 @@ if TYPE_CHECKING:
 MAX_INFLIGHT = 16
 PARTITION_KEYS = ("partition", "alpha", "min_size", "shards_per_worker")
 EVAL_CHUNK = 1024
+KEEP_CHECKPOINTS = 1   # checkpoints kept per run; with more, a damaged latest one falls back to the previous
 
 
 # --------------------------------------------------------------------------- building
@@ -382,11 +383,25 @@ def _execute_locked(problem: Problem, cfg: RunConfig, run_dir: str, desc: str | 
     except KeyboardInterrupt:
         raise
     except Exception as e:  # recorded, then re-raised for the caller to report
-        msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".strip()
+        msg = error_line(e)
         prev = io.read_summary(run_dir) or {}
-        io.write_json(os.path.join(run_dir, io.SUMMARY),
-                      {**prev, "status": "failed", "error": msg, "traceback": traceback.format_exc()})
+        try:   # best effort (the disk may be full): the caller checks what was recorded
+            io.write_json(os.path.join(run_dir, io.SUMMARY),
+                          {**prev, "status": "failed", "error": msg, "traceback": traceback.format_exc()})
+        except OSError:
+            pass
         raise
+
+
+def error_line(e: BaseException) -> str:
+    """``Type: first line of the message``, as recorded in summary.json's ``error``."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".strip()
+
+
+def failure_recorded(run_dir: str, e: BaseException) -> bool:
+    """Does ``run_dir/summary.json`` record this failure (``execute`` writes it when it can)?"""
+    s = io.read_summary(run_dir) or {}
+    return s.get("status") == "failed" and s.get("error") == error_line(e)
 
 
 @dataclasses.dataclass
@@ -456,16 +471,35 @@ def initial_state(problem: Problem) -> Any:
 def _restore(problem: Problem, ckpt: Checkpointer, state: Any, mpath: str) -> tuple[int, Any, Counters]:
     """(first step, state, counters): from the latest checkpoint (metrics.jsonl cut back to its
     step, the batchers' positions restored), or fresh (metrics.jsonl emptied)."""
-    latest = ckpt.latest_step()
-    if latest is None:
-        io.repair_jsonl(mpath, -1)
-        return 0, state, Counters.fresh(len(problem.seeds))
-    start, state, meta = ckpt.restore(state)
+    template = state
+    while True:
+        latest = ckpt.latest_step()
+        if latest is None:
+            io.repair_jsonl(mpath, -1)
+            return 0, template, Counters.fresh(len(problem.seeds))
+        try:
+            start, state, meta = ckpt.restore(template, latest)
+            counters = Counters.from_dict(meta["counters"])
+            host = [decode_host_state(st) for st in meta["batchers"]]
+        except Exception as e:  # noqa: BLE001 - orbax/tensorstore/json errors of a damaged checkpoint
+            why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".strip()
+            older = [s for s in ckpt.all_steps() if s < latest]
+            if not older:
+                raise CheckpointError(
+                    f"checkpoint {ckpt.path(latest)} cannot be restored ({why}); remove that directory "
+                    f"to restart the run from step 0 (metrics.jsonl is cut back to match)") from e
+            import warnings
+
+            moved = ckpt.set_aside(latest)
+            warnings.warn(f"checkpoint {ckpt.path(latest)} cannot be restored ({why}); moved to {moved}, "
+                          f"resuming from step {older[-1]}", io.RecoveryWarning, stacklevel=2)
+            continue
+        break
     state = state.replace(step=start)   # the step counter is static metadata, not a leaf
-    for b, st in zip(problem.batchers, meta["batchers"]):
-        b.load_state_dict(decode_host_state(st))
+    for b, st in zip(problem.batchers, host):
+        b.load_state_dict(st)
     io.repair_jsonl(mpath, start)
-    return start, state, Counters.from_dict(meta["counters"])
+    return start, state, counters
 
 
 def _save(problem: Problem, ckpt: Checkpointer, step: int, state: Any, counters: Counters) -> None:
@@ -655,7 +689,7 @@ def _train(problem: Problem, run_dir: str, desc: str, stop_after: int | None, ne
     from cconv.experiments.loggers import WandbLogger, progress
 
     cfg = problem.cfg
-    ckpt = Checkpointer(os.path.join(run_dir, io.CHECKPOINTS))
+    ckpt = Checkpointer(os.path.join(run_dir, io.CHECKPOINTS), keep=KEEP_CHECKPOINTS)
     mpath = os.path.join(run_dir, io.METRICS)
     start, state, counters = _restore(problem, ckpt, initial_state(problem), mpath)
     if _ended(cfg, start, counters):   # killed after the final checkpoint, before the summary
