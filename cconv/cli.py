@@ -65,7 +65,7 @@ def cmd_run(args) -> int:
 
     runner.check_devices(cfg.workers)
     out = args.out or os.path.join("results", os.path.splitext(os.path.basename(args.config))[0])
-    io.check_writable(os.path.dirname(os.path.abspath(out)))
+    io.check_creatable(out)   # nothing is created before the data and the model are known to load
     problem = runner.build_problem(cfg)
     if io.is_finished(out):
         runner.prepare_run_dir(out, cfg)  # refuses a different config; otherwise nothing to do
@@ -76,8 +76,8 @@ def cmd_run(args) -> int:
 
     try:
         res = runner.execute(cfg, out, problem=problem)
-    except (ConfigError, io.RunLocked):   # refused before anything was written (another run's directory,
-        # or one another process is training)
+    except (ConfigError, io.RunLocked, io.OutputError):   # refused before training: another run's
+        # directory, one another process is training, an unusable output path
         raise
     except Exception as e:
         if getattr(args, "debug", False):

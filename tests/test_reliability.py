@@ -379,3 +379,66 @@ def test_failure_message_says_whether_summary_was_written(tmp_path, monkeypatch)
     with pytest.raises(RuntimeError) as info:            # the run's own error, not the OSError
         execute(cfg, d, problem=problem)
     assert not runner.failure_recorded(d, info.value)
+
+
+# --------------------------------------------------------------------------- validation gaps (CLI, in-process)
+
+BOMB = ("wandb: {project: p, tags: [&a [x, x, x, x, x, x, x, x, x, x], &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a], "
+        "&c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b], &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c], "
+        "&e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d], &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]]}\n")
+INVALID = {   # before: exit 1 with a run directory marked failed, or an OverflowError
+    "optimizer_arg_not_a_number": ([], ["--set", "optimizer={name: sgd, momentum: abc}"], "optimizer {'name': 'sgd'"),
+    "optimizer_arg_a_list": ([], ["--set", "optimizer={name: adam, b1: [1]}"], "optimizer {'name': 'adam'"),
+    "model_hparam_not_a_number": ([], ["--set", "model.hidden=abc"], "model {'name': 'mlp'"),
+    "seed_too_large": ([], ["--set", "seed=18446744073709551616"], "seed must be an integer in [0, 2**63 - 1]"),
+    "seed_list_too_large": ([], ["--set", "seed=[0, 99999999999999999999999]"], "seed must be an integer in"),
+    "alias_bomb": ([BOMB], [], "expands to more than 100000 values"),
+    "alias_bomb_in_set": ([], ["--set", "wandb={project: p, tags: [&a [x, x, x, x, x, x, x, x, x, x, x], "
+                                        "&b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a], "
+                                        "&c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b, *b], "
+                                        "&d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c, *c], "
+                                        "&e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d, *d]]}"],
+                          "expands to more than 100000 values"),
+    "missing_data_dir_deep_out": ([], ["--set", "data={name: mnist, root: /nonexistent/cconv}", "--out", "{tmp}/a/b/run"],
+                                  "/nonexistent/cconv"),
+    "out_is_a_file": ([], ["--out", "{cfg}"], "is not a directory"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INVALID))
+def test_invalid_input_exit_2_one_line_nothing_written(case, tmp_path, capsys):
+    from cconv import cli
+
+    extra_yaml, args, fragment = INVALID[case]
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(TINY_YAML.replace("steps: 12", "steps: 2") + "".join(extra_yaml))
+    before = sorted(os.listdir(tmp_path))
+    args = [a.replace("{tmp}", str(tmp_path)).replace("{cfg}", str(cfg)) for a in args]
+    if "--out" not in args:
+        args += ["--out", str(tmp_path / "run")]
+    rc = cli.main(["run", str(cfg), *args])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("cconv: error: ") and fragment in err, err
+    assert sorted(os.listdir(tmp_path)) == before          # no run directory, no parents created
+    assert cfg.read_text().startswith("model:")
+
+
+def test_sweep_with_a_bad_optimizer_argument_is_refused_before_anything_is_written(tmp_path):
+    from cconv.experiments import sweep
+    from cconv.experiments.config import ConfigError
+
+    spec = tmp_path / "s.yaml"
+    base = "".join(f"  {line}\n" for line in TINY_YAML.splitlines())
+    spec.write_text(f"base:\n{base}grid:\n  optimizer: [sgd, {{name: sgd, momentum: abc}}]\n")
+    with pytest.raises(ConfigError, match="momentum"):
+        sweep.run_sweep(str(spec), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_sweep_grid_size_is_bounded():
+    from cconv.experiments import sweep
+    from cconv.experiments.config import ConfigError
+
+    with pytest.raises(ConfigError, match="100000000 runs"):
+        sweep.expand_grid({f"k{i}": list(range(10)) for i in range(8)})

@@ -207,9 +207,25 @@ def repair_jsonl(path: str, max_step: int | None) -> int:
     return kept
 
 
+class OutputError(ValueError):
+    """An output path that cannot be used (not a directory, not writable)."""
+
+
+def check_creatable(path: str) -> None:
+    """Would ``check_writable(path)`` succeed?  Checked without creating anything: ``path`` is a
+    directory, or its nearest existing ancestor is a directory this process may write into."""
+    p = os.path.abspath(path)
+    while not os.path.lexists(p):
+        p = os.path.dirname(p)
+    if not os.path.isdir(p):
+        raise OutputError(f"output directory {path} is not writable: {p} is not a directory")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise OutputError(f"output directory {path} is not writable: {p}: permission denied")
+
+
 def check_writable(directory: str) -> None:
     """Create ``directory`` (and parents) and prove a file can be written there; a clear
-    ValueError otherwise.  Nothing existing is modified."""
+    ValueError (``OutputError``) otherwise.  Nothing existing is modified."""
     try:
         os.makedirs(directory, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".cconv-write-probe-", dir=directory)
@@ -217,7 +233,7 @@ def check_writable(directory: str) -> None:
         os.unlink(probe)
     except OSError as e:
         reason = e.strerror or type(e).__name__
-        raise ValueError(f"output directory {directory} is not writable: {reason}") from None
+        raise OutputError(f"output directory {directory} is not writable: {reason}") from None
 
 
 def read_summary(run_dir: str) -> dict | None:

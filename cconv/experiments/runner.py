@@ -109,6 +109,23 @@ def make_optimizer(cfg: RunConfig) -> optax.GradientTransformation:
     return getattr(optax, cfg.optimizer["name"])(learning_rate=sched, **kwargs)
 
 
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def check_optimizer(cfg: RunConfig, optimizer: optax.GradientTransformation, params: Any) -> None:
+    """One abstract ``init`` + ``update`` on the model's parameter shapes (``jax.eval_shape``,
+    nothing computed): an optimizer argument of the wrong type (``momentum: abc``, ``b1: [1]``)
+    becomes a one-line ConfigError here, before anything is written, not a failed run."""
+    def probe(p):
+        return optimizer.update(p, optimizer.init(p), p)
+
+    try:
+        jax.eval_shape(probe, params)
+    except Exception as e:  # noqa: BLE001 - any error of optax on these arguments is bad input
+        raise ConfigError(f"optimizer {cfg.optimizer}: {type(e).__name__}: {_first_line(e)}") from None
+
+
 def load_dataset(cfg: RunConfig) -> Dataset:
     """The run's dataset (``data`` without the partition keys)."""
     from cconv import data
@@ -136,7 +153,12 @@ def build_problem(cfg: RunConfig) -> Problem:
     specs, batchers = [], []
     for s in seeds:
         keys = seed_keys(s)
-        specs.append(models.build(cfg.model["name"], ds.input_shape, ds.num_classes, keys["model"], **mhp))
+        try:
+            specs.append(models.build(cfg.model["name"], ds.input_shape, ds.num_classes, keys["model"], **mhp))
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"model {cfg.model}: {_first_line(e)}") from None
+        if len(specs) == 1:
+            check_optimizer(cfg, optimizer, specs[0].params)
         parts = data.partition(ds.train["y"], cfg.workers, scheme=scheme, key=s, **pkw)
         batchers.append(data.Batcher(ds.train, parts, cfg.batch_size, keys["data"]))
     loss_fn = models.make_loss(specs[0], ds.task)

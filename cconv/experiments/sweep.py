@@ -46,6 +46,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 import sys
@@ -53,9 +54,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from cconv.experiments import io
-from cconv.experiments.config import FIELDS, ConfigError, RunConfig, check_names, from_dict, load_yaml, set_path
+from cconv.experiments.config import (FIELDS, ConfigError, RunConfig, check_names, check_size, from_dict, load_yaml,
+                                      set_path)
 
 SWEEP_KEYS = ("name", "base", "grid", "include", "rules")
+MAX_RUNS = 100_000   # points of one grid
 
 
 @dataclass
@@ -83,12 +86,16 @@ def expand_grid(grid: dict) -> list[dict]:
         raise ConfigError("sweep: 'grid' must be a non-empty mapping from a field to a list of values")
     keys = list(grid)
     axes = []
+    check_size(grid, "sweep grid")
     for k in keys:
         vals = grid[k]
         if not isinstance(vals, list) or not vals:
             raise ConfigError(f"sweep grid: {k!r} must map to a non-empty list of values, got {vals!r}")
         alts = [a for v in vals for a in _expand_value(v)]
         axes.append(alts)
+    n = math.prod(len(a) for a in axes)
+    if n > MAX_RUNS:
+        raise ConfigError(f"sweep grid: {n} runs (more than {MAX_RUNS}); split the sweep")
     return [dict(zip(keys, combo)) for combo in itertools.product(*axes)]
 
 
@@ -181,12 +188,13 @@ def _get_path(d: dict, dotted: str) -> Any:
 
 def validate(runs: list[SweepRun]) -> None:
     """Every run's names, ranges and engine options; every distinct dataset loaded once (missing
-    files fail here) and every distinct model initialised abstractly on it (``jax.eval_shape``),
-    so that bad input anywhere in the grid fails before anything is written."""
+    files fail here) and every distinct model initialised abstractly on it (``jax.eval_shape``)
+    with one abstract step of its optimizer, so that bad input anywhere in the grid fails before
+    anything is written."""
     import jax
 
     from cconv import models
-    from cconv.experiments.runner import load_dataset
+    from cconv.experiments.runner import check_optimizer, load_dataset, make_optimizer
 
     datasets: dict = {}
     checked = set()
@@ -197,13 +205,15 @@ def validate(runs: list[SweepRun]) -> None:
             if dkey not in datasets:
                 datasets[dkey] = load_dataset(r.config)
             ds = datasets[dkey]
-            mkey = (dkey, json.dumps(r.config.model, sort_keys=True, default=str))
+            mkey = (dkey, json.dumps(r.config.model, sort_keys=True, default=str),
+                    json.dumps(r.config.optimizer, sort_keys=True, default=str))
             if mkey not in checked:
                 checked.add(mkey)
                 hp = {k: v for k, v in r.config.model.items() if k != "name"}
                 init = models.initializer(r.config.model["name"], ds.input_shape, ds.num_classes, **hp)
-                jax.eval_shape(init, jax.random.key(0))
-        except ValueError as e:
+                params, _ = jax.eval_shape(init, jax.random.key(0))
+                check_optimizer(r.config, make_optimizer(r.config), params)
+        except (ValueError, TypeError) as e:
             raise ConfigError(f"run {r.name}: {str(e).splitlines()[0]}") from None
 
 
