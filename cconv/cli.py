@@ -253,6 +253,8 @@ def _one_line_warnings() -> None:
     from cconv.experiments.io import RecoveryWarning
 
     show = warnings.showwarning
+    if getattr(show, "_cconv", False):
+        return
 
     def showwarning(message, category, filename, lineno, file=None, line=None):
         if issubclass(category, RecoveryWarning):
@@ -260,6 +262,7 @@ def _one_line_warnings() -> None:
         else:
             show(message, category, filename, lineno, file, line)
 
+    showwarning._cconv = True
     warnings.showwarning = showwarning
 
 

@@ -224,7 +224,7 @@ def test_two_concurrent_sweeps_on_one_directory(tmp_path):
     out = tmp_path / "sw"
     procs = [_popen("sweep", str(spec), "--out", str(out), "--no-figure") for _ in range(2)]
     results = [p.communicate(timeout=600) for p in procs]
-    for p, (stdout, stderr) in zip(procs, results):
+    for p, (_, stderr) in zip(procs, results):
         assert p.returncode == 0, stderr
         assert "Traceback" not in stderr
     import re
@@ -399,8 +399,8 @@ INVALID = {   # before: exit 1 with a run directory marked failed, or an Overflo
                                         "&d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c, *c], "
                                         "&e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d, *d]]}"],
                           "expands to more than 100000 values"),
-    "missing_data_dir_deep_out": ([], ["--set", "data={name: mnist, root: /nonexistent/cconv}", "--out", "{tmp}/a/b/run"],
-                                  "/nonexistent/cconv"),
+    "missing_data_dir_deep_out": ([], ["--set", "data={name: mnist, root: /nonexistent/cconv}",
+                                       "--out", "{tmp}/a/b/run"], "/nonexistent/cconv"),
     "out_is_a_file": ([], ["--out", "{cfg}"], "is not a directory"),
 }
 
