@@ -65,7 +65,7 @@ def cmd_run(args) -> int:
 
     runner.check_devices(cfg.workers)
     out = args.out or os.path.join("results", os.path.splitext(os.path.basename(args.config))[0])
-    io.check_writable(os.path.dirname(os.path.abspath(out)))
+    io.check_creatable(out)   # nothing is created before the data and the model are known to load
     problem = runner.build_problem(cfg)
     if io.is_finished(out):
         runner.prepare_run_dir(out, cfg)  # refuses a different config; otherwise nothing to do
@@ -76,13 +76,16 @@ def cmd_run(args) -> int:
 
     try:
         res = runner.execute(cfg, out, problem=problem)
-    except ConfigError:   # refused before anything was written (e.g. another run's directory)
+    except (ConfigError, io.RunLocked, io.OutputError):   # refused before training: another run's
+        # directory, one another process is training, an unusable output path
         raise
     except Exception as e:
         if getattr(args, "debug", False):
             raise
-        print(f"cconv: run failed: {type(e).__name__}: {_one_line(e)} (recorded in {out}/summary.json; "
-              f"--debug shows the traceback)", file=sys.stderr)
+        where = (f"recorded in {out}/summary.json" if runner.failure_recorded(out, e)
+                 else f"could not be recorded in {out}/summary.json")
+        print(f"cconv: run failed: {type(e).__name__}: {_one_line(e)} ({where}; --debug shows the traceback)",
+              file=sys.stderr)
         return EXIT_FAILED
     print(_describe(out, res.summary))
     return 0
@@ -116,8 +119,9 @@ def cmd_sweep(args) -> int:
     from cconv.experiments import sweep
 
     res = sweep.run_sweep(args.config, args.out, figure=not args.no_figure)
+    busy = f", {res['busy']} in use by another process (skipped)" if res.get("busy") else ""
     print(f"sweep {res['out']}: {res['completed']} completed, {res['diverged']} diverged, "
-          f"{res['failed']} failed, {res['skipped']} already done")
+          f"{res['failed']} failed, {res['skipped']} already done{busy}")
     for o in res["outputs"]:
         print(f"  wrote {o}")
     for e in res["errors"]:
@@ -187,7 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="train one config; resumes from its checkpoint when interrupted",
                        description="Train one YAML config into a run directory (config.yaml, metrics.jsonl, "
                                    "summary.json, checkpoints/). Running it again resumes an interrupted run "
-                                   "and does nothing for a finished one.",
+                                   "and does nothing for a finished one. While it trains, the run directory "
+                                   "is locked (an flock on <out>/.lock): a second `cconv run` or sweep on it "
+                                   "is refused with exit status 2.",
                        epilog="config keys (default, meaning):\n" + field_help())
     r.add_argument("config", help="run config (YAML)")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -199,7 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run a grid of configs; skips finished runs, resumes interrupted ones",
                        description="Run every point of a sweep file's grid (base + grid) into "
                                    "<out>/<point>/, then write report.csv and convergence_vs_traffic.png. "
-                                   "Safe to interrupt at any moment and run again.")
+                                   "Safe to interrupt at any moment and run again. Several sweeps may share "
+                                   "one --out: a run another process is training (its directory is locked) "
+                                   "is skipped and reported as in use, not waited for; run the sweep again "
+                                   "afterwards for the complete report.")
     s.add_argument("config", help="sweep file (YAML with 'base' and 'grid')")
     s.add_argument("--out", help="sweep directory (default: results/<sweep name>)")
     s.add_argument("--no-figure", action="store_true", help="skip the figure at the end")
@@ -237,7 +246,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_line_warnings() -> None:
+    """Show cconv's recovery warnings (a damaged metrics line or checkpoint) as one line each."""
+    import warnings
+
+    from cconv.experiments.io import RecoveryWarning
+
+    show = warnings.showwarning
+    if getattr(show, "_cconv", False):
+        return
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, RecoveryWarning):
+            print(f"cconv: warning: {message}", file=file or sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    showwarning._cconv = True
+    warnings.showwarning = showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
+    _one_line_warnings()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):

@@ -51,6 +51,10 @@ def _leaf_in(restored, template):
     return type(template)(np.asarray(restored).item())
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be restored (damaged or truncated files)."""
+
+
 class Checkpointer:
     """``save(step, state, meta)`` / ``restore(template) -> (step, state, meta)`` over orbax.
 
@@ -69,6 +73,26 @@ class Checkpointer:
 
     def latest_step(self) -> int | None:
         return self._mngr.latest_step()
+
+    def all_steps(self) -> list[int]:
+        """The steps of the checkpoints on disk, oldest first."""
+        return sorted(self._mngr.all_steps())
+
+    def path(self, step: int) -> str:
+        return os.path.join(self.directory, str(int(step)))
+
+    def set_aside(self, step: int) -> str:
+        """Move the checkpoint of ``step`` out of the way (to ``<directory>.damaged/<step>``, kept
+        for inspection), so that an earlier one becomes the latest; returns its new path."""
+        dest_dir = self.directory + ".damaged"
+        os.makedirs(dest_dir, exist_ok=True)
+        dest = os.path.join(dest_dir, str(int(step)))
+        n = 1
+        while os.path.exists(dest):
+            dest, n = os.path.join(dest_dir, f"{int(step)}.{n}"), n + 1
+        os.replace(self.path(step), dest)
+        self._mngr.reload()
+        return dest
 
     def save(self, step: int, state: Any, meta: dict) -> None:
         ocp = self._ocp

@@ -166,6 +166,29 @@ def _safe_load(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
+MAX_SEED = 2**63 - 1          # jax.random.key takes a signed 64-bit seed
+MAX_CONFIG_VALUES = 100_000   # values in a resolved config (YAML aliases can expand a small file)
+
+
+def check_size(obj: Any, where: str, limit: int = MAX_CONFIG_VALUES) -> Any:
+    """``obj`` unchanged, or a ConfigError when it holds more than ``limit`` values once every
+    YAML alias is expanded (a "billion laughs" file is small on disk, huge when resolved)."""
+    count = 0
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        count += 1
+        if count > limit:
+            raise ConfigError(f"{where}: the config expands to more than {limit} values (YAML aliases?); "
+                              f"refusing it")
+        if isinstance(x, dict):
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+    return obj
+
+
 def load_yaml(path: str) -> Any:
     """Load a YAML file (safe loader, ``1e-3`` is a float); errors become one-line ConfigErrors."""
     try:
@@ -176,7 +199,7 @@ def load_yaml(path: str) -> Any:
     except OSError as e:
         raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
     try:
-        return _safe_load(text)
+        return check_size(_safe_load(text), path)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
@@ -187,9 +210,10 @@ def load_yaml(path: str) -> Any:
 def parse_value(text: str) -> Any:
     """A --set value: a YAML scalar/flow value (``0.01``, ``true``, ``null``, ``[1, 2]``, ``ef``)."""
     try:
-        return _safe_load(text)
+        value = _safe_load(text)
     except yaml.YAMLError:
         return text
+    return check_size(value, f"--set value {text[:40]!r}")
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
@@ -294,12 +318,16 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
     if cfg.optimizer["name"] not in OPTIMIZERS:
         raise ConfigError(f"optimizer {cfg.optimizer['name']!r} is not supported; valid: {', '.join(OPTIMIZERS)}")
     if isinstance(cfg.seed, list):
-        if not cfg.seed or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in cfg.seed):
-            raise ConfigError(f"seed must be an integer >= 0 or a non-empty list of them, got {cfg.seed!r}")
+        if not cfg.seed or any(isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= MAX_SEED
+                               for s in cfg.seed):
+            raise ConfigError(f"seed must be an integer in [0, 2**63 - 1] or a non-empty list of them, "
+                              f"got {str(cfg.seed)[:80]}")
         if len(set(cfg.seed)) != len(cfg.seed):
             raise ConfigError(f"seed list has duplicates: {cfg.seed!r}")
     else:
         cfg.seed = _int("seed", cfg.seed, 0)
+        if cfg.seed > MAX_SEED:
+            raise ConfigError(f"seed must be an integer in [0, 2**63 - 1], got {cfg.seed}")
     cfg.memory = _choice("memory", "none" if cfg.memory is None else cfg.memory, MEMORIES)
     cfg.momentum = _num("momentum", cfg.momentum, 0.0)
     if cfg.momentum >= 1:

@@ -6,11 +6,16 @@ The loop (``execute``) is the whole protocol that makes results survive a kill:
    checkpoint of step ``s`` is saved; orbax saves atomically (temporary directory + rename).
 2. On start, if a checkpoint exists, the state, the data iterator, the PRNG position and the
    running counters (cumulative bytes, simulated time, wall time) are restored from it and the
-   metrics file is cut back to the lines with ``step <= s`` (a partial last line included).  With
-   no checkpoint the metrics file is emptied.  Per-step PRNG keys are ``fold_in(key, step)``, so
+   metrics file is cut back to the lines with ``step <= s`` (a partial last line included; a
+   damaged line before that point is kept and reported, never a reason to cut).  With no
+   checkpoint the metrics file is emptied.  Per-step PRNG keys are ``fold_in(key, step)``, so
    the resumed run computes exactly the steps it lost.
 3. ``summary.json`` is replaced atomically: ``running`` at start, then ``completed``, ``diverged``
    (a non-finite loss; the run stops, the sweep goes on) or ``failed`` (with the error).
+4. The final checkpoint (step ``steps``, or the step at which every seed had diverged) is saved
+   before the final summary.  A run restored from it has ended: its summary is rebuilt from the
+   checkpoint's counters and the last metric line of each seed, nothing is trained or saved again
+   (a kill between the two writes, or a lost or garbled ``summary.json``, never leaves a run stuck).
 
 Several seeds (``seed: [0, 1, 2, 3, 4]``) run as one program: the engine is built with
 ``seeds=S`` (its step is vmapped over a leading seed axis inside the compiled SPMD program), the
@@ -50,7 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cconv.experiments import io
-from cconv.experiments.checkpoint import Checkpointer, decode_host_state, encode_host_state
+from cconv.experiments.checkpoint import CheckpointError, Checkpointer, decode_host_state, encode_host_state
 from cconv.experiments.config import (ConfigError, RunConfig, engine_config, network_label, resolve_network,
                                       to_yaml)
 
@@ -63,6 +68,7 @@ if TYPE_CHECKING:
 MAX_INFLIGHT = 16
 PARTITION_KEYS = ("partition", "alpha", "min_size", "shards_per_worker")
 EVAL_CHUNK = 1024
+KEEP_CHECKPOINTS = 1   # checkpoints kept per run; with more, a damaged latest one falls back to the previous
 
 
 # --------------------------------------------------------------------------- building
@@ -103,6 +109,23 @@ def make_optimizer(cfg: RunConfig) -> optax.GradientTransformation:
     return getattr(optax, cfg.optimizer["name"])(learning_rate=sched, **kwargs)
 
 
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def check_optimizer(cfg: RunConfig, optimizer: optax.GradientTransformation, params: Any) -> None:
+    """One abstract ``init`` + ``update`` on the model's parameter shapes (``jax.eval_shape``,
+    nothing computed): an optimizer argument of the wrong type (``momentum: abc``, ``b1: [1]``)
+    becomes a one-line ConfigError here, before anything is written, not a failed run."""
+    def probe(p):
+        return optimizer.update(p, optimizer.init(p), p)
+
+    try:
+        jax.eval_shape(probe, params)
+    except Exception as e:  # noqa: BLE001 - any error of optax on these arguments is bad input
+        raise ConfigError(f"optimizer {cfg.optimizer}: {type(e).__name__}: {_first_line(e)}") from None
+
+
 def load_dataset(cfg: RunConfig) -> Dataset:
     """The run's dataset (``data`` without the partition keys)."""
     from cconv import data
@@ -130,7 +153,12 @@ def build_problem(cfg: RunConfig) -> Problem:
     specs, batchers = [], []
     for s in seeds:
         keys = seed_keys(s)
-        specs.append(models.build(cfg.model["name"], ds.input_shape, ds.num_classes, keys["model"], **mhp))
+        try:
+            specs.append(models.build(cfg.model["name"], ds.input_shape, ds.num_classes, keys["model"], **mhp))
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"model {cfg.model}: {_first_line(e)}") from None
+        if len(specs) == 1:
+            check_optimizer(cfg, optimizer, specs[0].params)
         parts = data.partition(ds.train["y"], cfg.workers, scheme=scheme, key=s, **pkw)
         batchers.append(data.Batcher(ds.train, parts, cfg.batch_size, keys["data"]))
     loss_fn = models.make_loss(specs[0], ds.task)
@@ -272,6 +300,7 @@ class SimClock:
 class RunResult(NamedTuple):
     status: str
     summary: dict
+    trained: bool = True   # False: the run had already ended, nothing was done
 
 
 def _stack(trees: list) -> Any:
@@ -312,6 +341,13 @@ def evaluate(problem: Problem, evaluator, state) -> list[dict]:
     return [{f"test_{k}": v / n for k, v in d.items()} for d in sums]
 
 
+def _refuse_foreign(run_dir: str) -> None:
+    """A ConfigError for an existing, non-empty directory that holds no cconv run."""
+    if (os.path.isdir(run_dir) and not os.path.exists(os.path.join(run_dir, io.CONFIG))
+            and [f for f in os.listdir(run_dir) if f != io.LOCK]):
+        raise ConfigError(f"{run_dir} is not empty and holds no cconv run; choose another --out")
+
+
 def prepare_run_dir(run_dir: str, cfg: RunConfig) -> str:
     """Create/validate a run directory; returns 'finished', 'resume' or 'new'.  Never modifies a
     directory that holds a different config."""
@@ -333,8 +369,7 @@ def prepare_run_dir(run_dir: str, cfg: RunConfig) -> str:
                               f"{'; ...' if len(d) > 3 else ''}); choose another --out")
         return "finished" if io.is_finished(run_dir) else "resume"
     io.check_writable(run_dir)
-    if os.listdir(run_dir):
-        raise ConfigError(f"{run_dir} is not empty and holds no cconv run; choose another --out")
+    _refuse_foreign(run_dir)
     io.atomic_write_text(cpath, to_yaml(cfg))
     return "new"
 
@@ -343,6 +378,8 @@ def execute(cfg: RunConfig, run_dir: str, problem: Problem | None = None, desc: 
             stop_after: int | None = None, nested: bool = False) -> RunResult:
     """Run (or resume, or skip when finished) one config into ``run_dir``.
 
+    The run directory is locked for the whole call (``io.run_lock``): when another process holds
+    it, ``io.RunLocked`` (a ValueError) is raised and nothing is touched.
     Bad input raises ConfigError/ValueError before anything is written.  Errors during training are
     recorded as status ``failed`` in summary.json and re-raised.  ``stop_after`` ends the process
     loop early (after that step, as a kill would) -- for tests of the resume path.  ``nested``:
@@ -350,20 +387,43 @@ def execute(cfg: RunConfig, run_dir: str, problem: Problem | None = None, desc: 
     """
     if problem is None:
         problem = build_problem(cfg)
+    io.check_writable(os.path.dirname(os.path.abspath(run_dir)) or ".")
+    _refuse_foreign(run_dir)   # before a lock file is put there
+    io.check_writable(run_dir)
+    with io.run_lock(run_dir):
+        return _execute_locked(problem, cfg, run_dir, desc, stop_after, nested)
+
+
+def _execute_locked(problem: Problem, cfg: RunConfig, run_dir: str, desc: str | None, stop_after: int | None,
+                    nested: bool) -> RunResult:
     state_kind = prepare_run_dir(run_dir, cfg)
     if state_kind == "finished":
         s = io.read_summary(run_dir)
-        return RunResult(s["status"], s)
+        return RunResult(s["status"], s, trained=False)
     try:
         return _train(problem, run_dir, desc or os.path.basename(os.path.abspath(run_dir)), stop_after, nested)
     except KeyboardInterrupt:
         raise
     except Exception as e:  # recorded, then re-raised for the caller to report
-        msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".strip()
+        msg = error_line(e)
         prev = io.read_summary(run_dir) or {}
-        io.write_json(os.path.join(run_dir, io.SUMMARY),
-                      {**prev, "status": "failed", "error": msg, "traceback": traceback.format_exc()})
+        try:   # best effort (the disk may be full): the caller checks what was recorded
+            io.write_json(os.path.join(run_dir, io.SUMMARY),
+                          {**prev, "status": "failed", "error": msg, "traceback": traceback.format_exc()})
+        except OSError:
+            pass
         raise
+
+
+def error_line(e: BaseException) -> str:
+    """``Type: first line of the message``, as recorded in summary.json's ``error``."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".strip()
+
+
+def failure_recorded(run_dir: str, e: BaseException) -> bool:
+    """Does ``run_dir/summary.json`` record this failure (``execute`` writes it when it can)?"""
+    s = io.read_summary(run_dir) or {}
+    return s.get("status") == "failed" and s.get("error") == error_line(e)
 
 
 @dataclasses.dataclass
@@ -433,16 +493,35 @@ def initial_state(problem: Problem) -> Any:
 def _restore(problem: Problem, ckpt: Checkpointer, state: Any, mpath: str) -> tuple[int, Any, Counters]:
     """(first step, state, counters): from the latest checkpoint (metrics.jsonl cut back to its
     step, the batchers' positions restored), or fresh (metrics.jsonl emptied)."""
-    latest = ckpt.latest_step()
-    if latest is None:
-        io.repair_jsonl(mpath, -1)
-        return 0, state, Counters.fresh(len(problem.seeds))
-    start, state, meta = ckpt.restore(state)
+    template = state
+    while True:
+        latest = ckpt.latest_step()
+        if latest is None:
+            io.repair_jsonl(mpath, -1)
+            return 0, template, Counters.fresh(len(problem.seeds))
+        try:
+            start, state, meta = ckpt.restore(template, latest)
+            counters = Counters.from_dict(meta["counters"])
+            host = [decode_host_state(st) for st in meta["batchers"]]
+        except Exception as e:  # noqa: BLE001 - orbax/tensorstore/json errors of a damaged checkpoint
+            why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".strip()
+            older = [s for s in ckpt.all_steps() if s < latest]
+            if not older:
+                raise CheckpointError(
+                    f"checkpoint {ckpt.path(latest)} cannot be restored ({why}); remove that directory "
+                    f"to restart the run from step 0 (metrics.jsonl is cut back to match)") from e
+            import warnings
+
+            moved = ckpt.set_aside(latest)
+            warnings.warn(f"checkpoint {ckpt.path(latest)} cannot be restored ({why}); moved to {moved}, "
+                          f"resuming from step {older[-1]}", io.RecoveryWarning, stacklevel=2)
+            continue
+        break
     state = state.replace(step=start)   # the step counter is static metadata, not a leaf
-    for b, st in zip(problem.batchers, meta["batchers"]):
-        b.load_state_dict(decode_host_state(st))
+    for b, st in zip(problem.batchers, host):
+        b.load_state_dict(st)
     io.repair_jsonl(mpath, start)
-    return start, state, Counters.from_dict(meta["counters"])
+    return start, state, counters
 
 
 def _save(problem: Problem, ckpt: Checkpointer, step: int, state: Any, counters: Counters) -> None:
@@ -601,18 +680,46 @@ def _final_summary(problem: Problem, base: dict, step: int, counters: Counters, 
     return summary
 
 
+def _ended(cfg: RunConfig, step: int, counters: Counters) -> bool:
+    """Is a checkpoint at ``step`` the final one?  Only the end of the run (``cfg.steps``, or the
+    step at which every seed had diverged) is checkpointed at such a step."""
+    return step >= cfg.steps or counters.all_diverged()
+
+
+def _summary_base(problem: Problem, desc: str, counters: Counters) -> dict:
+    return {"run": desc, "config_digest": problem.cfg.digest(), "seeds": problem.seeds,
+            "calibration": counters.calibration}
+
+
+def _recover_summary(problem: Problem, run_dir: str, desc: str, step: int, counters: Counters) -> RunResult:
+    """The summary of a run whose final checkpoint exists but whose ``summary.json`` does not say
+    so (a kill between the two writes, or a lost or garbled summary): rebuilt from the truth, the
+    checkpoint (counters, step) and metrics.jsonl (already cut back to the checkpoint's step; the
+    last line of each seed is its final line).  Nothing is trained again."""
+    lines = io.read_jsonl(os.path.join(run_dir, io.METRICS))
+    last_lines: list = [None] * len(problem.seeds)
+    for line in lines:
+        if line.get("seed") in problem.seeds:
+            last_lines[problem.seeds.index(line["seed"])] = line
+    summary = _final_summary(problem, _summary_base(problem, desc, counters), step, counters, last_lines)
+    io.write_json(os.path.join(run_dir, io.SUMMARY), summary)
+    return RunResult(summary["status"], summary)
+
+
 def _train(problem: Problem, run_dir: str, desc: str, stop_after: int | None, nested: bool = False) -> RunResult:
     """Restore or start, train, write the summary (the protocol of the module docstring)."""
     from cconv.experiments.loggers import WandbLogger, progress
 
     cfg = problem.cfg
-    ckpt = Checkpointer(os.path.join(run_dir, io.CHECKPOINTS))
+    ckpt = Checkpointer(os.path.join(run_dir, io.CHECKPOINTS), keep=KEEP_CHECKPOINTS)
     mpath = os.path.join(run_dir, io.METRICS)
     start, state, counters = _restore(problem, ckpt, initial_state(problem), mpath)
+    if _ended(cfg, start, counters):   # killed after the final checkpoint, before the summary
+        ckpt.close()
+        return _recover_summary(problem, run_dir, desc, start, counters)
     clock = _make_clock(problem, counters, start)   # measured before the wall clock starts
 
-    summary_base = {"run": desc, "config_digest": cfg.digest(), "seeds": problem.seeds,
-                    "calibration": counters.calibration}
+    summary_base = _summary_base(problem, desc, counters)
     io.write_json(os.path.join(run_dir, io.SUMMARY), {**summary_base, "status": "running", "step": start})
 
     wb = None

@@ -30,6 +30,8 @@ A rule's ``set`` does not change the run's directory name (which lists the grid 
 2. for each run directory ``<out>/<grid point name>``: ``completed`` or ``diverged`` -> skipped;
    a checkpoint -> resumed; otherwise started.  A run that raises is recorded ``failed`` (with
    its error) and the sweep goes on; ``failed`` runs are retried the next time the sweep runs;
+   a run directory locked by another process (another sweep or ``cconv run`` on it, see
+   ``io.run_lock``) is skipped and counted ``busy``: it is that process's to finish;
 3. writes ``<out>/sweep.json`` (the grid points), ``<out>/report.csv`` and, with matplotlib, the
    convergence-vs-traffic figure ``<out>/convergence_vs_traffic.png`` (+ .pdf).
 
@@ -44,6 +46,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 import sys
@@ -51,9 +54,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from cconv.experiments import io
-from cconv.experiments.config import FIELDS, ConfigError, RunConfig, check_names, from_dict, load_yaml, set_path
+from cconv.experiments.config import (FIELDS, ConfigError, RunConfig, check_names, check_size, from_dict, load_yaml,
+                                      set_path)
 
 SWEEP_KEYS = ("name", "base", "grid", "include", "rules")
+MAX_RUNS = 100_000   # points of one grid
 
 
 @dataclass
@@ -81,12 +86,16 @@ def expand_grid(grid: dict) -> list[dict]:
         raise ConfigError("sweep: 'grid' must be a non-empty mapping from a field to a list of values")
     keys = list(grid)
     axes = []
+    check_size(grid, "sweep grid")
     for k in keys:
         vals = grid[k]
         if not isinstance(vals, list) or not vals:
             raise ConfigError(f"sweep grid: {k!r} must map to a non-empty list of values, got {vals!r}")
         alts = [a for v in vals for a in _expand_value(v)]
         axes.append(alts)
+    n = math.prod(len(a) for a in axes)
+    if n > MAX_RUNS:
+        raise ConfigError(f"sweep grid: {n} runs (more than {MAX_RUNS}); split the sweep")
     return [dict(zip(keys, combo)) for combo in itertools.product(*axes)]
 
 
@@ -179,12 +188,13 @@ def _get_path(d: dict, dotted: str) -> Any:
 
 def validate(runs: list[SweepRun]) -> None:
     """Every run's names, ranges and engine options; every distinct dataset loaded once (missing
-    files fail here) and every distinct model initialised abstractly on it (``jax.eval_shape``),
-    so that bad input anywhere in the grid fails before anything is written."""
+    files fail here) and every distinct model initialised abstractly on it (``jax.eval_shape``)
+    with one abstract step of its optimizer, so that bad input anywhere in the grid fails before
+    anything is written."""
     import jax
 
     from cconv import models
-    from cconv.experiments.runner import load_dataset
+    from cconv.experiments.runner import check_optimizer, load_dataset, make_optimizer
 
     datasets: dict = {}
     checked = set()
@@ -195,13 +205,15 @@ def validate(runs: list[SweepRun]) -> None:
             if dkey not in datasets:
                 datasets[dkey] = load_dataset(r.config)
             ds = datasets[dkey]
-            mkey = (dkey, json.dumps(r.config.model, sort_keys=True, default=str))
+            mkey = (dkey, json.dumps(r.config.model, sort_keys=True, default=str),
+                    json.dumps(r.config.optimizer, sort_keys=True, default=str))
             if mkey not in checked:
                 checked.add(mkey)
                 hp = {k: v for k, v in r.config.model.items() if k != "name"}
                 init = models.initializer(r.config.model["name"], ds.input_shape, ds.num_classes, **hp)
-                jax.eval_shape(init, jax.random.key(0))
-        except ValueError as e:
+                params, _ = jax.eval_shape(init, jax.random.key(0))
+                check_optimizer(r.config, make_optimizer(r.config), params)
+        except (ValueError, TypeError) as e:
             raise ConfigError(f"run {r.name}: {str(e).splitlines()[0]}") from None
 
 
@@ -223,7 +235,7 @@ def _log(msg: str, file: Any = None) -> None:
 
 def run_sweep(path: str, out: str | None = None, figure: bool = True,
               log: Callable[..., None] = _log) -> dict:
-    """Run a sweep file; returns counts {completed, diverged, failed, skipped} and the outputs."""
+    """Run a sweep file; returns counts {completed, diverged, failed, skipped, busy} and the outputs."""
     from cconv.experiments import runner
     from cconv.experiments.loggers import progress
 
@@ -233,7 +245,7 @@ def run_sweep(path: str, out: str | None = None, figure: bool = True,
     io.check_writable(out)
     runner.check_devices(max(r.config.workers for r in runs))
     write_index(out, name, path, runs)
-    counts = {"completed": 0, "diverged": 0, "failed": 0, "skipped": 0}
+    counts = {"completed": 0, "diverged": 0, "failed": 0, "skipped": 0, "busy": 0}
     errors = []
     bar = progress(len(runs), f"sweep {name}", leave=True, position=0)
     bar.unit = "run"
@@ -245,8 +257,14 @@ def run_sweep(path: str, out: str | None = None, figure: bool = True,
             continue
         try:
             res = runner.execute(r.config, rd, desc=r.name, nested=True)
-            counts[res.status] = counts.get(res.status, 0) + 1
-            log(f"[{i + 1}/{len(runs)}] {r.name}: {res.status}")
+            if res.trained:
+                counts[res.status] = counts.get(res.status, 0) + 1
+                log(f"[{i + 1}/{len(runs)}] {r.name}: {res.status}")
+            else:   # another process finished it meanwhile
+                counts["skipped"] += 1
+        except io.RunLocked:
+            counts["busy"] += 1
+            log(f"[{i + 1}/{len(runs)}] {r.name}: skipped, in use by another cconv process")
         except Exception as e:  # recorded in the run's summary.json by runner.execute
             counts["failed"] += 1
             errors.append(f"{r.name}: {type(e).__name__}: {e}")
