@@ -54,6 +54,7 @@ def _quiet_libraries() -> None:
 
 # --------------------------------------------------------------------------- commands
 
+
 def cmd_run(args) -> int:
     from cconv.experiments.config import check_names, load_run
 
@@ -65,7 +66,7 @@ def cmd_run(args) -> int:
 
     runner.check_devices(cfg.workers)
     out = args.out or os.path.join("results", os.path.splitext(os.path.basename(args.config))[0])
-    io.check_creatable(out)   # nothing is created before the data and the model are known to load
+    io.check_creatable(out)  # nothing is created before the data and the model are known to load
     problem = runner.build_problem(cfg)
     if io.is_finished(out):
         runner.prepare_run_dir(out, cfg)  # refuses a different config; otherwise nothing to do
@@ -76,16 +77,21 @@ def cmd_run(args) -> int:
 
     try:
         res = runner.execute(cfg, out, problem=problem)
-    except (ConfigError, io.RunLocked, io.OutputError):   # refused before training: another run's
+    except (ConfigError, io.RunLocked, io.OutputError):  # refused before training: another run's
         # directory, one another process is training, an unusable output path
         raise
     except Exception as e:
         if getattr(args, "debug", False):
             raise
-        where = (f"recorded in {out}/summary.json" if runner.failure_recorded(out, e)
-                 else f"could not be recorded in {out}/summary.json")
-        print(f"cconv: run failed: {type(e).__name__}: {_one_line(e)} ({where}; --debug shows the traceback)",
-              file=sys.stderr)
+        where = (
+            f"recorded in {out}/summary.json"
+            if runner.failure_recorded(out, e)
+            else f"could not be recorded in {out}/summary.json"
+        )
+        print(
+            f"cconv: run failed: {type(e).__name__}: {_one_line(e)} ({where}; --debug shows the traceback)",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     print(_describe(out, res.summary))
     return 0
@@ -95,10 +101,13 @@ def _describe(out: str, s: dict) -> str:
     if s.get("status") == "diverged":
         return f"{out}: diverged ({s.get('error')})"
     fin = s.get("final")
-    if fin is None:   # several seeds: the mean of their final lines
+    if fin is None:  # several seeds: the mean of their final lines
         finals = [p["final"] for p in (s.get("per_seed") or {}).values() if p.get("final")]
-        fin = {k: sum(f[k] for f in finals) / len(finals) for k in ("loss", "test_loss", "test_accuracy", "cum_bytes")
-               if finals and all(isinstance(f.get(k), (int, float)) for f in finals)}
+        fin = {
+            k: sum(f[k] for f in finals) / len(finals)
+            for k in ("loss", "test_loss", "test_accuracy", "cum_bytes")
+            if finals and all(isinstance(f.get(k), (int, float)) for f in finals)
+        }
         if finals:
             out = f"{out} ({len(finals)} seeds, mean)"
     bits = [f"{out}: {s.get('status')}"]
@@ -120,8 +129,10 @@ def cmd_sweep(args) -> int:
 
     res = sweep.run_sweep(args.config, args.out, figure=not args.no_figure)
     busy = f", {res['busy']} in use by another process (skipped)" if res.get("busy") else ""
-    print(f"sweep {res['out']}: {res['completed']} completed, {res['diverged']} diverged, "
-          f"{res['failed']} failed, {res['skipped']} already done{busy}")
+    print(
+        f"sweep {res['out']}: {res['completed']} completed, {res['diverged']} diverged, "
+        f"{res['failed']} failed, {res['skipped']} already done{busy}"
+    )
     for o in res["outputs"]:
         print(f"  wrote {o}")
     for e in res["errors"]:
@@ -171,78 +182,115 @@ def cmd_report(args) -> int:
 
 # --------------------------------------------------------------------------- parser
 
+
 def build_parser() -> argparse.ArgumentParser:
     from cconv.experiments.config import field_help
 
     # --debug works before or after the command; the sub-commands' copy has no default so that it
     # does not overwrite a --debug given before the command.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                        help="show tracebacks instead of one-line errors")
-    p = argparse.ArgumentParser(prog="cconv",
-                                description="Gradient compression for data-parallel training in JAX: "
-                                            "runs, sweeps, figures, reports and a planner.",
-                                epilog="`cconv COMMAND --help` describes each command.")
+    common.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks instead of one-line errors"
+    )
+    p = argparse.ArgumentParser(
+        prog="cconv",
+        description="Gradient compression for data-parallel training in JAX: "
+        "runs, sweeps, figures, reports and a planner.",
+        epilog="`cconv COMMAND --help` describes each command.",
+    )
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     fmt = argparse.RawDescriptionHelpFormatter
 
-    r = sub.add_parser("run", parents=[common], formatter_class=fmt,
-                       help="train one config; resumes from its checkpoint when interrupted",
-                       description="Train one YAML config into a run directory (config.yaml, metrics.jsonl, "
-                                   "summary.json, checkpoints/). Running it again resumes an interrupted run "
-                                   "and does nothing for a finished one. While it trains, the run directory "
-                                   "is locked (an flock on <out>/.lock): a second `cconv run` or sweep on it "
-                                   "is refused with exit status 2.",
-                       epilog="config keys (default, meaning):\n" + field_help())
+    r = sub.add_parser(
+        "run",
+        parents=[common],
+        formatter_class=fmt,
+        help="train one config; resumes from its checkpoint when interrupted",
+        description="Train one YAML config into a run directory (config.yaml, metrics.jsonl, "
+        "summary.json, checkpoints/). Running it again resumes an interrupted run "
+        "and does nothing for a finished one. While it trains, the run directory "
+        "is locked (an flock on <out>/.lock): a second `cconv run` or sweep on it "
+        "is refused with exit status 2.",
+        epilog="config keys (default, meaning):\n" + field_help(),
+    )
     r.add_argument("config", help="run config (YAML)")
-    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key (dotted for nested: compressor.ratio=0.01); repeatable")
+    r.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key (dotted for nested: compressor.ratio=0.01); repeatable",
+    )
     r.add_argument("--out", help="run directory (default: results/<config name>)")
     r.set_defaults(func=cmd_run)
 
-    s = sub.add_parser("sweep", parents=[common], formatter_class=fmt,
-                       help="run a grid of configs; skips finished runs, resumes interrupted ones",
-                       description="Run every point of a sweep file's grid (base + grid) into "
-                                   "<out>/<point>/, then write report.csv and convergence_vs_traffic.png. "
-                                   "Safe to interrupt at any moment and run again. Several sweeps may share "
-                                   "one --out: a run another process is training (its directory is locked) "
-                                   "is skipped and reported as in use, not waited for; run the sweep again "
-                                   "afterwards for the complete report.")
+    s = sub.add_parser(
+        "sweep",
+        parents=[common],
+        formatter_class=fmt,
+        help="run a grid of configs; skips finished runs, resumes interrupted ones",
+        description="Run every point of a sweep file's grid (base + grid) into "
+        "<out>/<point>/, then write report.csv and convergence_vs_traffic.png. "
+        "Safe to interrupt at any moment and run again. Several sweeps may share "
+        "one --out: a run another process is training (its directory is locked) "
+        "is skipped and reported as in use, not waited for; run the sweep again "
+        "afterwards for the complete report.",
+    )
     s.add_argument("config", help="sweep file (YAML with 'base' and 'grid')")
     s.add_argument("--out", help="sweep directory (default: results/<sweep name>)")
     s.add_argument("--no-figure", action="store_true", help="skip the figure at the end")
     s.set_defaults(func=cmd_sweep)
 
-    pl = sub.add_parser("plot", parents=[common], help="plot metrics of runs/sweeps against bytes, steps or time",
-                        description="Plot a metric of every run under RESULTS against cumulative traffic, steps "
-                                    "or (simulated) time. Writes the PNG and a PDF next to it.")
+    pl = sub.add_parser(
+        "plot",
+        parents=[common],
+        help="plot metrics of runs/sweeps against bytes, steps or time",
+        description="Plot a metric of every run under RESULTS against cumulative traffic, steps "
+        "or (simulated) time. Writes the PNG and a PDF next to it.",
+    )
     pl.add_argument("results", nargs="+", help="run or sweep directories")
-    pl.add_argument("--x", choices=("bytes", "steps", "time"), default="bytes",
-                    help="x axis: cumulative bytes per worker (log), steps, or simulated time (default: bytes)")
+    pl.add_argument(
+        "--x",
+        choices=("bytes", "steps", "time"),
+        default="bytes",
+        help="x axis: cumulative bytes per worker (log), steps, or simulated time (default: bytes)",
+    )
     pl.add_argument("--y", default="loss", help="metric on the y axis (loss, test_loss, test_accuracy, ...)")
     pl.add_argument("--network", help="network whose simulated time to use with --x time (e.g. 10GbE)")
-    pl.add_argument("--panels", choices=("single", "family"), default="single",
-                    help="one panel, or one panel per compressor family (default: single)")
+    pl.add_argument(
+        "--panels",
+        choices=("single", "family"),
+        default="single",
+        help="one panel, or one panel per compressor family (default: single)",
+    )
     pl.add_argument("--title", help="figure title")
     pl.add_argument("--out", help="output file (.png or .pdf; default: RESULTS/<y>_vs_<x>.png)")
     pl.set_defaults(func=cmd_plot)
 
-    rp = sub.add_parser("report", parents=[common], help="table of final metrics and bytes-to-target",
-                        description="One row per run and seed: status, final metrics, and the traffic (and "
-                                    "steps, simulated time) needed to reach a target loss.")
+    rp = sub.add_parser(
+        "report",
+        parents=[common],
+        help="table of final metrics and bytes-to-target",
+        description="One row per run and seed: status, final metrics, and the traffic (and "
+        "steps, simulated time) needed to reach a target loss.",
+    )
     rp.add_argument("results", nargs="+", help="run or sweep directories")
     rp.add_argument("--target", type=float, help="target value of --metric (default: the configs' target_loss)")
-    rp.add_argument("--metric", default="loss", help="metric the target refers to (default: loss; "
-                                                    "accuracy metrics count as reached when >= target)")
+    rp.add_argument(
+        "--metric",
+        default="loss",
+        help="metric the target refers to (default: loss; accuracy metrics count as reached when >= target)",
+    )
     rp.add_argument("--csv", metavar="FILE", help="also write the full table as CSV ('-' prints CSV only)")
     rp.set_defaults(func=cmd_report)
 
     from cconv.theory import plan_cli
 
     plan = plan_cli.register(sub)
-    plan.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                      help="show tracebacks instead of one-line errors")
+    plan.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks instead of one-line errors"
+    )
     return p
 
 

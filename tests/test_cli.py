@@ -39,15 +39,28 @@ RUN_NAMES = ["compressor=topk-ratio0.1,memory=ef", "compressor=signsgd,memory=ef
 def cconv(*args, cwd=None, env_extra=None, **kw):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the CLI sets the device count
     env.update(JAX_PLATFORMS="cpu", CCONV_PROGRESS="0", **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "cconv", *args], cwd=cwd or ROOT, env=env, capture_output=True,
-                          text=True, timeout=240, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "cconv", *args],
+        cwd=cwd or ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        **kw,
+    )
 
 
 def popen(*args):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env.update(JAX_PLATFORMS="cpu", CCONV_PROGRESS="0")
-    return subprocess.Popen([sys.executable, "-m", "cconv", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "cconv", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
 
 
 def digest(d):
@@ -81,13 +94,22 @@ def sweeps(tmp_path_factory):
     assert p.poll() is None, "the sweep finished before it could be killed"
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
-    state_at_kill = {"lines": [l["step"] for l in io.read_jsonl(str(second))],
-                     "first_finished": io.is_finished(str(killed / RUN_NAMES[0])),
-                     "second_finished": io.is_finished(str(killed / RUN_NAMES[1]))}
+    state_at_kill = {
+        "lines": [l["step"] for l in io.read_jsonl(str(second))],
+        "first_finished": io.is_finished(str(killed / RUN_NAMES[0])),
+        "second_finished": io.is_finished(str(killed / RUN_NAMES[1])),
+    }
     first_digest = digest(killed / RUN_NAMES[0])
     again = cconv("sweep", str(spec), "--out", str(killed))
-    return {"spec": spec, "ref": ref, "killed": killed, "ref_out": r, "again": again, "at_kill": state_at_kill,
-            "first_digest": first_digest}
+    return {
+        "spec": spec,
+        "ref": ref,
+        "killed": killed,
+        "ref_out": r,
+        "again": again,
+        "at_kill": state_at_kill,
+        "first_digest": first_digest,
+    }
 
 
 def test_sigkill_then_same_command_loses_and_duplicates_nothing(sweeps):
@@ -141,8 +163,10 @@ def test_sweep_outputs_report_and_plot(sweeps, tmp_path):
 
 def test_run_command_and_rerun(tmp_path):
     cfg = tmp_path / "one.yaml"
-    cfg.write_text("model: {name: linear}\nworkers: 4\nbatch_size: 32\nsteps: 12\nlog_every: 4\n"
-                   "compressor: {name: qsgd, levels: 4}\n")
+    cfg.write_text(
+        "model: {name: linear}\nworkers: 4\nbatch_size: 32\nsteps: 12\nlog_every: 4\n"
+        "compressor: {name: qsgd, levels: 4}\n"
+    )
     out = tmp_path / "run"
     r = cconv("run", str(cfg), "--out", str(out), "--set", "lr=0.05", "--set", "memory=ef")
     assert r.returncode == 0, r.stderr
@@ -244,8 +268,9 @@ def test_device_flag_is_set_before_jax_starts():
         import jax
         print(os.environ["XLA_FLAGS"], jax.device_count())
     """)
-    r = subprocess.run([sys.executable, "-c", code], env={**env, "JAX_PLATFORMS": "cpu"}, capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", code], env={**env, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["--xla_force_host_platform_device_count=6", "6"]
 
@@ -280,10 +305,12 @@ def test_import_paths_for_compressor_model_and_data(tmp_path):
     (tmp_path / "cconv_user_ext.py").write_text(USER_MODULE)
     env = {"PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)}
     cfg = tmp_path / "user.yaml"
-    cfg.write_text("model: {name: 'cconv_user_ext:tiny_mlp', width: 8}\n"
-                   "data: {name: 'cconv_user_ext:toy', n: 96}\n"
-                   "compressor: {name: 'cconv_user_ext:half_topk', fraction: 0.25}\n"
-                   "memory: ef\nworkers: 2\nbatch_size: 8\nsteps: 4\nlog_every: 2\n")
+    cfg.write_text(
+        "model: {name: 'cconv_user_ext:tiny_mlp', width: 8}\n"
+        "data: {name: 'cconv_user_ext:toy', n: 96}\n"
+        "compressor: {name: 'cconv_user_ext:half_topk', fraction: 0.25}\n"
+        "memory: ef\nworkers: 2\nbatch_size: 8\nsteps: 4\nlog_every: 2\n"
+    )
     out = tmp_path / "out"
     r = cconv("run", str(cfg), "--out", str(out), env_extra=env)
     assert r.returncode == 0 and "completed" in r.stdout, r.stderr
@@ -291,9 +318,11 @@ def test_import_paths_for_compressor_model_and_data(tmp_path):
     assert [l["step"] for l in lines] == [2, 4]
     # top-k of a 4x8 + 8 + 8x2 + 2 MLP at ratio 0.25: fewer bytes than dense fp32 (58 floats)
     assert 0 < lines[0]["bytes_sent"] < 58 * 4
-    for key, bad, fragment in (("model", "cconv_user_ext:nope", "model 'cconv_user_ext:nope': cannot import"),
-                               ("data", "no_such_module_xyz:toy", "dataset 'no_such_module_xyz:toy': cannot import"),
-                               ("compressor", "cconv_user_ext:nope", "compressor 'cconv_user_ext:nope': cannot import")):
+    for key, bad, fragment in (
+        ("model", "cconv_user_ext:nope", "model 'cconv_user_ext:nope': cannot import"),
+        ("data", "no_such_module_xyz:toy", "dataset 'no_such_module_xyz:toy': cannot import"),
+        ("compressor", "cconv_user_ext:nope", "compressor 'cconv_user_ext:nope': cannot import"),
+    ):
         bad_out = tmp_path / f"bad_{key}"
         r = cconv("run", str(cfg), "--out", str(bad_out), "--set", f"{key}.name={bad}", env_extra=env)
         err = r.stderr.strip()

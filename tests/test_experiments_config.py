@@ -15,14 +15,18 @@ def write(tmp_path, name, text):
 
 
 def test_defaults_and_named_fields(tmp_path):
-    p = write(tmp_path, "a.yaml", """
+    p = write(
+        tmp_path,
+        "a.yaml",
+        """
         model: mlp
         compressor: {name: topk, ratio: 0.01}
         memory: ef
         workers: 4
         batch_size: 64
         network: [10GbE, {name: mine, alpha: 1.0e-5, beta: 1.0e-9}]
-    """)
+    """,
+    )
     cfg = C.load_run(p)
     assert cfg.model == {"name": "mlp"}
     assert cfg.data == {"name": "digits"}
@@ -50,28 +54,34 @@ def test_malformed_yaml_is_one_line_with_position(tmp_path):
     assert "malformed YAML" in str(e.value) and "line" in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("raw, fragment", [
-    ({"workers": 3, "batch_size": 64}, "not divisible by workers 3"),
-    ({"workers": 0}, "workers must be an integer >= 1"),
-    ({"lr": -1.0}, "lr must be > 0"),
-    ({"memory": "residual"}, "memory must be one of none, ef, dgc"),
-    ({"architecture": "ring"}, "architecture must be one of"),
-    ({"seed": [1, 1]}, "duplicates"),
-    ({"steps": 2.5}, "steps must be an integer"),
-    ({"optimizer": "sgdd"}, "valid: sgd"),
-    ({"compressor": {"ratio": 0.1}}, "needs a 'name'"),
-])
+@pytest.mark.parametrize(
+    "raw, fragment",
+    [
+        ({"workers": 3, "batch_size": 64}, "not divisible by workers 3"),
+        ({"workers": 0}, "workers must be an integer >= 1"),
+        ({"lr": -1.0}, "lr must be > 0"),
+        ({"memory": "residual"}, "memory must be one of none, ef, dgc"),
+        ({"architecture": "ring"}, "architecture must be one of"),
+        ({"seed": [1, 1]}, "duplicates"),
+        ({"steps": 2.5}, "steps must be an integer"),
+        ({"optimizer": "sgdd"}, "valid: sgd"),
+        ({"compressor": {"ratio": 0.1}}, "needs a 'name'"),
+    ],
+)
 def test_structural_errors(raw, fragment):
     with pytest.raises(ConfigError, match=fragment):
         C.from_dict(raw)
 
 
-@pytest.mark.parametrize("comp, fragment", [
-    ({"name": "topkk"}, "valid names:"),
-    ({"name": "topk", "ratio": 1.5}, r"ratio must be in \(0, 1\]"),
-    ({"name": "topk", "ratio": 0.0}, r"ratio must be in \(0, 1\]"),
-    ({"name": "signsgd", "ratio": 0.1}, "unknown hyper-parameter"),
-])
+@pytest.mark.parametrize(
+    "comp, fragment",
+    [
+        ({"name": "topkk"}, "valid names:"),
+        ({"name": "topk", "ratio": 1.5}, r"ratio must be in \(0, 1\]"),
+        ({"name": "topk", "ratio": 0.0}, r"ratio must be in \(0, 1\]"),
+        ({"name": "signsgd", "ratio": 0.1}, "unknown hyper-parameter"),
+    ],
+)
 def test_library_name_errors(comp, fragment):
     cfg = C.from_dict({"compressor": comp})
     with pytest.raises(ConfigError, match=fragment):
@@ -88,8 +98,17 @@ def test_optimizer_arguments_checked_against_optax():
 
 def test_overrides_dotted_and_typed(tmp_path):
     p = write(tmp_path, "a.yaml", "compressor: {name: topk, ratio: 0.1}\nworkers: 4\nbatch_size: 64\n")
-    cfg = C.load_run(p, ["compressor.ratio=0.001", "memory=ef", "clip=null", "seed=[0, 1]",
-                         "data.partition=dirichlet", "data.alpha=0.5"])
+    cfg = C.load_run(
+        p,
+        [
+            "compressor.ratio=0.001",
+            "memory=ef",
+            "clip=null",
+            "seed=[0, 1]",
+            "data.partition=dirichlet",
+            "data.alpha=0.5",
+        ],
+    )
     assert cfg.compressor == {"name": "topk", "ratio": 0.001}
     assert cfg.memory == "ef" and cfg.clip is None and cfg.seed == [0, 1]
     assert cfg.data == {"name": "digits", "partition": "dirichlet", "alpha": 0.5}
@@ -105,7 +124,10 @@ def test_overrides_dotted_and_typed(tmp_path):
 
 def test_grid_expansion_with_nested_alternatives(tmp_path):
     write(tmp_path, "base.yaml", "workers: 4\nbatch_size: 64\nsteps: 5\n")
-    p = write(tmp_path, "s.yaml", """
+    p = write(
+        tmp_path,
+        "s.yaml",
+        """
         name: demo
         base: base.yaml
         grid:
@@ -114,7 +136,8 @@ def test_grid_expansion_with_nested_alternatives(tmp_path):
             - {name: topk, ratio: [0.01, 0.1]}
             - {name: signsgd}
           seed: [0, 1]
-    """)
+    """,
+    )
     name, runs = C.load_sweep(p)
     assert name == "demo"
     assert len(runs) == 2 * 3 * 2
@@ -125,14 +148,21 @@ def test_grid_expansion_with_nested_alternatives(tmp_path):
     assert r.config.compressor == {"name": "topk", "ratio": 0.01} and r.config.memory == "ef"
     assert r.config.seed == 1 and r.config.workers == 4 and r.config.steps == 5
     assert {tuple(sorted(x.config.compressor.items())) for x in runs} == {
-        (("name", "topk"), ("ratio", 0.01)), (("name", "topk"), ("ratio", 0.1)), (("name", "signsgd"),)}
+        (("name", "topk"), ("ratio", 0.01)),
+        (("name", "topk"), ("ratio", 0.1)),
+        (("name", "signsgd"),),
+    }
 
 
 def test_grid_dotted_key_and_errors(tmp_path):
-    p = write(tmp_path, "s.yaml", """
+    p = write(
+        tmp_path,
+        "s.yaml",
+        """
         base: {compressor: {name: topk, ratio: 0.1}, workers: 2, batch_size: 8}
         grid: {compressor.ratio: [0.01, 0.5]}
-    """)
+    """,
+    )
     _, runs = C.load_sweep(p)
     assert [r.config.compressor["ratio"] for r in runs] == [0.01, 0.5]
     bad = write(tmp_path, "b.yaml", "base: {}\ngrid: {lr: 0.1}\n")
@@ -149,7 +179,10 @@ def test_grid_dotted_key_and_errors(tmp_path):
 
 
 def test_include_and_rules(tmp_path):
-    p = write(tmp_path, "s.yaml", """
+    p = write(
+        tmp_path,
+        "s.yaml",
+        """
         base: {workers: 2, batch_size: 8, lr: 0.1}
         grid:
           memory: [none, ef]
@@ -161,7 +194,8 @@ def test_include_and_rules(tmp_path):
             set: {lr: 0.01}
           - when: {compressor.name: signsgd, memory: ef}
             set: {lr: 0.001}
-    """)
+    """,
+    )
     _, runs = C.load_sweep(p)
     assert len(runs) == 2 * 3 + 1
     lr = {(r.config.compressor["name"], r.config.compressor.get("ratio"), r.config.memory): r.config.lr for r in runs}
@@ -179,7 +213,7 @@ def test_option_lists_are_the_engines_and_aliases_map_before_validation():
     for arch in ("all-to-all", "parameter-server", "ps", "gtopk"):
         C.from_dict({"architecture": arch})
     for launcher, cls in E.LAUNCHERS.items():
-        if cls.one_process_per_worker:   # mpirun launches: the engine API, not the one-process runner
+        if cls.one_process_per_worker:  # mpirun launches: the engine API, not the one-process runner
             with pytest.raises(ConfigError, match="launcher must be one of"):
                 C.from_dict({"launcher": launcher})
         else:
@@ -187,7 +221,9 @@ def test_option_lists_are_the_engines_and_aliases_map_before_validation():
     ps = C.engine_config(C.from_dict({"architecture": "ps", "compressor": {"name": "topk", "ratio": 0.1}}))
     assert (ps.architecture, ps.collective) == ("parameter-server", "auto")
     # `architecture: gtopk` is all-to-all with the gTop-k collective (it wins over `collective`)
-    g = C.engine_config(C.from_dict({"architecture": "gtopk", "collective": "allgather", "compressor": {"name": "topk", "ratio": 0.1}}))
+    g = C.engine_config(
+        C.from_dict({"architecture": "gtopk", "collective": "allgather", "compressor": {"name": "topk", "ratio": 0.1}})
+    )
     assert (g.architecture, g.collective) == ("all-to-all", "gtopk")
     # the resolved config keeps the spelling the user wrote (run directories stay comparable)
     assert C.from_dict({"architecture": "ps"}).architecture == "ps"

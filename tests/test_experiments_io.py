@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from cconv.experiments import io
 from cconv.experiments.checkpoint import Checkpointer, decode_host_state, encode_host_state
@@ -82,12 +83,19 @@ def test_checkpoint_roundtrip_of_arbitrary_pytree(tmp_path):
     opt = optax.sgd(0.1, momentum=0.9)
     grads = jax.tree.map(jnp.ones_like, params)
     ostate = opt.update(grads, opt.init(params), params)[1]
-    state = {"params": params, "opt": ostate, "mem": Inner(sharded), "empty": Empty(),
-             "key": jax.random.key(7), "step": jnp.int32(12)}
+    state = {
+        "params": params,
+        "opt": ostate,
+        "mem": Inner(sharded),
+        "empty": Empty(),
+        "key": jax.random.key(7),
+        "step": jnp.int32(12),
+    }
     ck = Checkpointer(str(tmp_path / "ck"))
     assert ck.latest_step() is None
     host = {"perm": np.arange(6, dtype=np.int64), "pos": 4, "nested": {"epoch": 2}}
     ck.save(12, state, {"batcher": encode_host_state(host), "cum": [1.5, 2.0]})
+
     def floating(x):
         return isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.floating)
 
@@ -96,8 +104,9 @@ def test_checkpoint_roundtrip_of_arbitrary_pytree(tmp_path):
     ck.close()
     assert sorted(os.listdir(tmp_path / "ck")) == ["24"]  # keep=1
 
-    template = jax.tree.map(lambda x: jnp.zeros_like(x) if floating(x) else x, {**state, "key": jax.random.key(0),
-                                                                               "step": jnp.int32(0)})
+    template = jax.tree.map(
+        lambda x: jnp.zeros_like(x) if floating(x) else x, {**state, "key": jax.random.key(0), "step": jnp.int32(0)}
+    )
     template["mem"] = Inner(jax.device_put(jnp.zeros((n, 2)), NamedSharding(mesh, P("w"))))
     step, restored, meta = Checkpointer(str(tmp_path / "ck")).restore(template)
     assert step == 24 and meta["cum"] == [3.0, 4.0]

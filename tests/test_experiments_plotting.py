@@ -21,8 +21,9 @@ def test_a_user_registered_compressor_gets_its_label():
     from cconv.compressors import registry
 
     name = "test_plot_half"
-    C.register(name, C.Entry(lambda: C.get("fp16"), aggregation="allreduce", label="half precision",
-                             knob=C.Knob("bits", (8,))))
+    C.register(
+        name, C.Entry(lambda: C.get("fp16"), aggregation="allreduce", label="half precision", knob=C.Knob("bits", (8,)))
+    )
     try:
         assert plotting.family_label(name) == "half precision"
         assert plotting.knobs(name)[0] == "bits"

@@ -17,9 +17,18 @@ def make_run(root, name, cfg, losses, per_step_bytes, status="completed", seeds=
         for seed in seeds:
             for i, loss in enumerate(losses):
                 step = 10 * (i + 1)
-                w.write({"step": step, "seed": seed, "loss": loss + 0.01 * seed, "test_accuracy": 1 - loss / 3,
-                         "cum_bytes": step * per_step_bytes, "sim_time@10GbE": step * 1e-3, "sim_time": step * 1e-3,
-                         "wall_time": step * 0.01})
+                w.write(
+                    {
+                        "step": step,
+                        "seed": seed,
+                        "loss": loss + 0.01 * seed,
+                        "test_accuracy": 1 - loss / 3,
+                        "cum_bytes": step * per_step_bytes,
+                        "sim_time@10GbE": step * 1e-3,
+                        "sim_time": step * 1e-3,
+                        "wall_time": step * 0.01,
+                    }
+                )
     io.write_json(os.path.join(d, io.SUMMARY), {"status": status, "error": None})
     return d
 
@@ -32,22 +41,34 @@ def sweep(tmp_path):
     for r in (0.01, 0.1):
         for mem in ("none", "ef"):
             slow = 0.2 if mem == "none" else 0.0
-            make_run(root, f"topk{r}{mem}", {**base, "compressor": {"name": "topk", "ratio": r}, "memory": mem},
-                     [2.0, 1.2, 0.6 + slow, 0.45 + slow], 1000.0 * 2 * r, seeds=(0, 1))
-    make_run(root, "sign", {**base, "compressor": "signsgd", "memory": "ef"}, [2.0, 1.5, 1.2, 1.0], 1000 / 32.0,
-             status="diverged")
+            make_run(
+                root,
+                f"topk{r}{mem}",
+                {**base, "compressor": {"name": "topk", "ratio": r}, "memory": mem},
+                [2.0, 1.2, 0.6 + slow, 0.45 + slow],
+                1000.0 * 2 * r,
+                seeds=(0, 1),
+            )
+    make_run(
+        root,
+        "sign",
+        {**base, "compressor": "signsgd", "memory": "ef"},
+        [2.0, 1.5, 1.2, 1.0],
+        1000 / 32.0,
+        status="diverged",
+    )
     return root
 
 
 def test_load_runs_bytes_to_target(sweep):
     df = report.load_runs([sweep])
-    assert len(df) == 1 + 4 * 2 + 1   # one row per (run, seed)
+    assert len(df) == 1 + 4 * 2 + 1  # one row per (run, seed)
     dense = df[df["run"] == "dense"].iloc[0]
     assert dense["bytes_to_target"] == 30 * 1000.0 and dense["steps_to_target"] == 30
     assert dense["time_to_target"] == pytest.approx(0.03)
     ef = df[(df["run"] == "topk0.1ef") & (df["seed"] == 0)].iloc[0]
     assert ef["bytes_to_target"] == pytest.approx(40 * 200.0) and ef["compressor"] == "topk" and ef["ratio"] == 0.1
-    assert math.isnan(df[df["run"] == "topk0.1none"].iloc[0]["bytes_to_target"])   # never reached
+    assert math.isnan(df[df["run"] == "topk0.1none"].iloc[0]["bytes_to_target"])  # never reached
     assert df[df["run"] == "sign"].iloc[0]["status"] == "diverged"
     # an explicit target and an accuracy metric (reached when >= target)
     acc = report.load_runs([sweep], target=0.8, metric="test_accuracy")

@@ -13,9 +13,19 @@ from cconv.experiments import io
 from cconv.experiments.config import ConfigError, from_dict
 from cconv.experiments.runner import build_problem, execute
 
-TINY = {"model": {"name": "mlp", "hidden": [16]}, "data": "digits", "workers": 4, "batch_size": 32,
-        "steps": 30, "lr": 0.1, "compressor": {"name": "topk", "ratio": 0.1}, "memory": "ef",
-        "log_every": 5, "checkpoint_every": 10, "network": ["10GbE", "100GbIB"]}
+TINY = {
+    "model": {"name": "mlp", "hidden": [16]},
+    "data": "digits",
+    "workers": 4,
+    "batch_size": 32,
+    "steps": 30,
+    "lr": 0.1,
+    "compressor": {"name": "topk", "ratio": 0.1},
+    "memory": "ef",
+    "log_every": 5,
+    "checkpoint_every": 10,
+    "network": ["10GbE", "100GbIB"],
+}
 
 
 def lines(run_dir):
@@ -35,8 +45,21 @@ def test_run_directory_contents(reference):
     assert sorted(os.listdir(d)) == ["checkpoints", "config.yaml", "metrics.jsonl", "summary.json"]
     ls = lines(d)
     assert [l["step"] for l in ls] == [5, 10, 15, 20, 25, 30]
-    for key in ("loss", "accuracy", "test_loss", "test_accuracy", "bytes_sent", "bytes_received", "cum_bytes",
-                "sim_time", "sim_time@10GbE", "sim_time@100GbIB", "sim_step_time", "wall_time", "seed"):
+    for key in (
+        "loss",
+        "accuracy",
+        "test_loss",
+        "test_accuracy",
+        "bytes_sent",
+        "bytes_received",
+        "cum_bytes",
+        "sim_time",
+        "sim_time@10GbE",
+        "sim_time@100GbIB",
+        "sim_step_time",
+        "wall_time",
+        "seed",
+    ):
         assert key in ls[-1], key
     # cumulative traffic is the sum of the per-step traffic (one phase: constant per step)
     per_step = ls[0]["bytes_sent"] + ls[0]["bytes_received"]
@@ -59,15 +82,15 @@ def test_interrupted_run_resumes_exactly(reference, tmp_path):
     ref_dir, _ = reference
     d = str(tmp_path / "run")
     cfg = from_dict(TINY)
-    res = execute(cfg, d, stop_after=17)          # as if killed after step 17 (checkpoint: 10)
+    res = execute(cfg, d, stop_after=17)  # as if killed after step 17 (checkpoint: 10)
     assert res.status == "running"
     assert [l["step"] for l in lines(d)] == [5, 10, 15]
     with open(os.path.join(d, io.METRICS), "a") as fh:
-        fh.write('{"step": 20, "loss": 0.')      # a torn line, as a kill mid-write leaves
+        fh.write('{"step": 20, "loss": 0.')  # a torn line, as a kill mid-write leaves
     res = execute(cfg, d)
     assert res.status == "completed"
     got, want = lines(d), lines(ref_dir)
-    assert [l["step"] for l in got] == [l["step"] for l in want]   # nothing lost, nothing twice
+    assert [l["step"] for l in got] == [l["step"] for l in want]  # nothing lost, nothing twice
     for a, b in zip(got, want):
         for k in ("loss", "test_loss", "test_accuracy", "cum_bytes"):
             assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7), (a["step"], k)
@@ -92,7 +115,7 @@ def test_vmapped_seeds_equal_separate_runs(tmp_path):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
         assert a["test_accuracy"] == pytest.approx(b["test_accuracy"], abs=1e-6)
     m0 = [l["loss"] for l in lines(str(tmp_path / "multi")) if l["seed"] == 0]
-    assert m0 != [l["loss"] for l in m]   # the seeds really differ
+    assert m0 != [l["loss"] for l in m]  # the seeds really differ
     assert set(multi.summary["per_seed"]) == {"0", "1"}
 
 
@@ -111,8 +134,10 @@ def test_divergence_is_a_result(tmp_path):
 
 def test_other_config_in_run_dir_is_refused_untouched(reference):
     d, _ = reference
-    digest = {f: hashlib.sha256(open(os.path.join(d, f), "rb").read()).hexdigest()
-              for f in ("config.yaml", "metrics.jsonl", "summary.json")}
+    digest = {
+        f: hashlib.sha256(open(os.path.join(d, f), "rb").read()).hexdigest()
+        for f in ("config.yaml", "metrics.jsonl", "summary.json")
+    }
     other = from_dict({**TINY, "lr": 0.2})
     with pytest.raises(ConfigError, match="different config .*lr"):
         execute(other, d, problem=build_problem(other))
@@ -149,15 +174,15 @@ def wandb_records(path):
         if left < 7:
             pos += left
             continue
-        crc, length, kind = struct.unpack("<IHB", raw[pos:pos + 7])
+        crc, length, kind = struct.unpack("<IHB", raw[pos : pos + 7])
         if length == 0 and kind == 0:
             pos += left
             continue
-        data = raw[pos + 7:pos + 7 + length]
+        data = raw[pos + 7 : pos + 7 + length]
         assert zlib.crc32(bytes([kind]) + data) & 0xFFFFFFFF == crc
         pos += 7 + length
         parts.append(data)
-        if kind in (1, 4):   # FULL or LAST
+        if kind in (1, 4):  # FULL or LAST
             out.append(b"".join(parts))
             parts = []
     return out
@@ -165,7 +190,7 @@ def wandb_records(path):
 
 def test_wandb_offline_with_bytes_axis(tmp_path, monkeypatch):
     pytest.importorskip("wandb", reason="the wandb extra is not installed (pip install -e '.[wandb]')")
-    monkeypatch.delenv("WANDB_MODE", raising=False)   # offline must be the default
+    monkeypatch.delenv("WANDB_MODE", raising=False)  # offline must be the default
     monkeypatch.setenv("WANDB_SILENT", "true")
     d = str(tmp_path / "run")
     cfg = from_dict({**TINY, "steps": 10, "network": None, "wandb": {"project": "cconv-test"}})
@@ -175,8 +200,11 @@ def test_wandb_offline_with_bytes_axis(tmp_path, monkeypatch):
     # the run's records: a metric definition charting everything against cum_bytes
     from wandb.proto import wandb_internal_pb2
 
-    path = [os.path.join(d, "wandb", runs[0], f) for f in os.listdir(os.path.join(d, "wandb", runs[0]))
-            if f.endswith(".wandb")][0]
+    path = [
+        os.path.join(d, "wandb", runs[0], f)
+        for f in os.listdir(os.path.join(d, "wandb", runs[0]))
+        if f.endswith(".wandb")
+    ][0]
     metrics, history, config = [], [], {}
     for data in wandb_records(path):
         rec = wandb_internal_pb2.Record()
@@ -185,8 +213,9 @@ def test_wandb_offline_with_bytes_axis(tmp_path, monkeypatch):
         if kind == "metric":
             metrics.append((rec.metric.name, rec.metric.glob_name, rec.metric.step_metric))
         elif kind == "history":
-            history.append({item.key or ".".join(item.nested_key): json.loads(item.value_json)
-                            for item in rec.history.item})
+            history.append(
+                {item.key or ".".join(item.nested_key): json.loads(item.value_json) for item in rec.history.item}
+            )
         elif kind in ("config", "run"):
             items = rec.config.update if kind == "config" else rec.run.config.update
             config.update({item.key or ".".join(item.nested_key): json.loads(item.value_json) for item in items})
@@ -202,20 +231,28 @@ def test_engine_options_reach_the_engine(tmp_path):
     """gTop-k + DGC memory + density warm-up + clipping; then PS + local SGD: the config fields
     map onto the engine (bytes, density and simulated time follow the phases)."""
     base = {**TINY, "steps": 6, "log_every": 1, "checkpoint_every": 100, "network": None}
-    cfg = from_dict({**base, "architecture": "gtopk", "memory": "dgc", "clip": 1.0,
-                     "compressor": {"name": "topk", "ratio": 0.05},
-                     "warmup": {"densities": [0.5], "steps_per_stage": 3}})
+    cfg = from_dict(
+        {
+            **base,
+            "architecture": "gtopk",
+            "memory": "dgc",
+            "clip": 1.0,
+            "compressor": {"name": "topk", "ratio": 0.05},
+            "warmup": {"densities": [0.5], "steps_per_stage": 3},
+        }
+    )
     assert execute(cfg, str(tmp_path / "gtopk")).status == "completed"
     ls = lines(str(tmp_path / "gtopk"))
     dens = [l["density"] for l in ls]
-    assert dens[0] == dens[2] > dens[3] == dens[5]          # warm-up at 0.5, then the compressor's 0.05
+    assert dens[0] == dens[2] > dens[3] == dens[5]  # warm-up at 0.5, then the compressor's 0.05
     assert ls[0]["bytes_sent"] > ls[3]["bytes_sent"] > 0
-    cfg = from_dict({**base, "architecture": "ps", "memory": "none", "local_steps": 3, "compressor": "none",
-                     "network": "10GbE"})
+    cfg = from_dict(
+        {**base, "architecture": "ps", "memory": "none", "local_steps": 3, "compressor": "none", "network": "10GbE"}
+    )
     assert execute(cfg, str(tmp_path / "ps")).status == "completed"
     ls = lines(str(tmp_path / "ps"))
     sent = [l["bytes_sent"] + l["bytes_received"] for l in ls]
-    assert sent[0] == sent[1] == 0 and sent[2] > 0          # local steps communicate nothing
+    assert sent[0] == sent[1] == 0 and sent[2] > 0  # local steps communicate nothing
     assert ls[0]["sim_step_time"] < ls[2]["sim_step_time"]
 
 
@@ -223,23 +260,30 @@ def test_sweep_goes_on_after_divergence_and_failure(tmp_path, monkeypatch):
     from cconv.experiments import runner, sweep
 
     spec = tmp_path / "s.yaml"
-    spec.write_text("base: {model: {name: mlp, hidden: [16]}, workers: 2, batch_size: 16, steps: 12, log_every: 4}\n"
-                    "grid: {lr: [1.0e+30, 0.5, 0.1]}\n")
+    spec.write_text(
+        "base: {model: {name: mlp, hidden: [16]}, workers: 2, batch_size: 16, steps: 12, log_every: 4}\n"
+        "grid: {lr: [1.0e+30, 0.5, 0.1]}\n"
+    )
     real = runner.build_problem
 
-    def build(cfg):   # the lr=0.5 run breaks at its first step
+    def build(cfg):  # the lr=0.5 run breaks at its first step
         problem = real(cfg)
         if cfg.lr == 0.5:
+
             def broken(*a, **k):
                 raise RuntimeError("broken step")
+
             problem.trainer.step = broken
         return problem
 
     monkeypatch.setattr(runner, "build_problem", build)
     res = sweep.run_sweep(str(spec), str(tmp_path / "out"), figure=False, log=lambda *a, **k: None)
     assert (res["completed"], res["diverged"], res["failed"]) == (1, 1, 1)
-    status = {n: io.read_summary(str(tmp_path / "out" / n))["status"] for n in os.listdir(tmp_path / "out")
-              if n.startswith("lr=")}
+    status = {
+        n: io.read_summary(str(tmp_path / "out" / n))["status"]
+        for n in os.listdir(tmp_path / "out")
+        if n.startswith("lr=")
+    }
     assert status == {"lr=1e+30": "diverged", "lr=0.5": "failed", "lr=0.1": "completed"}
     assert "RuntimeError: broken step" in res["errors"][0]
     # run again: finished runs are skipped, the failed one is retried (and now works)

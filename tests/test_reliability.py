@@ -11,9 +11,18 @@ from cconv.experiments import io
 from cconv.experiments.config import from_dict
 from cconv.experiments.runner import execute
 
-TINY = {"model": {"name": "mlp", "hidden": [8]}, "data": "digits", "workers": 2, "batch_size": 16,
-        "steps": 12, "lr": 0.1, "compressor": {"name": "topk", "ratio": 0.1}, "memory": "ef",
-        "log_every": 4, "checkpoint_every": 4}
+TINY = {
+    "model": {"name": "mlp", "hidden": [8]},
+    "data": "digits",
+    "workers": 2,
+    "batch_size": 16,
+    "steps": 12,
+    "lr": 0.1,
+    "compressor": {"name": "topk", "ratio": 0.1},
+    "memory": "ef",
+    "log_every": 4,
+    "checkpoint_every": 4,
+}
 
 
 def _summary_path(d):
@@ -23,8 +32,10 @@ def _summary_path(d):
 # What a kill between the final checkpoint and the final summary leaves behind, and what a lost
 # or garbled summary looks like.
 def _kill_before_summary(d, s):
-    io.write_json(_summary_path(d), {k: s[k] for k in ("run", "config_digest", "seeds", "calibration")}
-                  | {"status": "running", "step": 0})
+    io.write_json(
+        _summary_path(d),
+        {k: s[k] for k in ("run", "config_digest", "seeds", "calibration")} | {"status": "running", "step": 0},
+    )
 
 
 def _lost(d, s):
@@ -61,8 +72,8 @@ def test_finished_run_without_completed_summary_recovers(finished, damage, tmp_p
     res = execute(from_dict(TINY), d)
     assert res.status == "completed"
     got = io.read_summary(d)
-    assert got == json.loads(json.dumps(want))          # the same summary, final metrics included
-    assert open(os.path.join(d, io.METRICS), "rb").read() == metrics   # nothing trained again
+    assert got == json.loads(json.dumps(want))  # the same summary, final metrics included
+    assert open(os.path.join(d, io.METRICS), "rb").read() == metrics  # nothing trained again
     assert execute(from_dict(TINY), d).status == "completed"
 
 
@@ -81,8 +92,10 @@ def test_all_seeds_diverged_then_killed_before_summary_recovers(tmp_path):
 # --------------------------------------------------------------------------- CLI, real SIGKILL
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY_YAML = ("model: {name: mlp, hidden: [8]}\ndata: digits\nworkers: 2\nbatch_size: 16\nsteps: 12\nlr: 0.1\n"
-             "compressor: {name: topk, ratio: 0.1}\nmemory: ef\nlog_every: 4\ncheckpoint_every: 4\n")
+TINY_YAML = (
+    "model: {name: mlp, hidden: [8]}\ndata: digits\nworkers: 2\nbatch_size: 16\nsteps: 12\nlr: 0.1\n"
+    "compressor: {name: topk, ratio: 0.1}\nmemory: ef\nlog_every: 4\ncheckpoint_every: 4\n"
+)
 # cconv's main with summary.json's final write replaced by SIGKILL: the process dies right
 # after the final checkpoint, before the summary says the run ended.
 KILL_BEFORE_FINAL_SUMMARY = """
@@ -163,6 +176,7 @@ def test_cli_sweep_sigkilled_before_final_summary_then_sweep_again(tmp_path):
 
 # --------------------------------------------------------------------------- one process per run directory
 
+
 def test_run_lock_is_exclusive_and_leaves_no_trace(tmp_path):
     d = str(tmp_path)
     with io.run_lock(d):
@@ -171,7 +185,7 @@ def test_run_lock_is_exclusive_and_leaves_no_trace(tmp_path):
             with io.run_lock(d):
                 pass
     assert os.listdir(d) == []
-    open(os.path.join(d, io.LOCK), "w").write("12345\n")   # stale, from a killed process
+    open(os.path.join(d, io.LOCK), "w").write("12345\n")  # stale, from a killed process
     with io.run_lock(d):
         pass
     assert os.listdir(d) == []
@@ -192,8 +206,14 @@ def _popen(*args):
     import subprocess
     import sys
 
-    return subprocess.Popen([sys.executable, "-m", "cconv", *args], cwd=ROOT, env=_env(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "cconv", *args],
+        cwd=ROOT,
+        env=_env(),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 @pytest.mark.slow
@@ -203,7 +223,7 @@ def test_cli_run_on_a_directory_another_process_trains_is_refused(tmp_path):
     cfg.write_text(TINY_YAML)
     out = tmp_path / "run"
     out.mkdir()
-    with io.run_lock(str(out)):   # this test process is "the other process"
+    with io.run_lock(str(out)):  # this test process is "the other process"
         r = cconv("run", str(cfg), "--out", str(out))
         assert r.returncode == 2, r.stderr
         err = r.stderr.strip()
@@ -230,13 +250,14 @@ def test_two_concurrent_sweeps_on_one_directory(tmp_path):
     import re
 
     completed = sum(int(re.search(r"(\d+) completed", stdout).group(1)) for stdout, _ in results)
-    assert completed == 3, results   # every run trained once, by one of the two
+    assert completed == 3, results  # every run trained once, by one of the two
     for name in ("lr=0.1", "lr=0.05", "lr=0.02"):
         _check_completed(str(out / name), steps=range(4, 41, 4))
         assert io.LOCK not in os.listdir(out / name)
 
 
 # --------------------------------------------------------------------------- damaged metrics lines
+
 
 def _write_lines(p, steps, garbage_after=None):
     with open(p, "w") as fh:
@@ -251,11 +272,11 @@ def test_damaged_middle_line_is_kept_reported_and_skipped(tmp_path):
     p = str(tmp_path / io.METRICS)
     _write_lines(p, [10, 20, 30, 40, 50], garbage_after=10)
     with open(p, "a") as fh:
-        fh.write('{"step": 60, "lo')                       # and a torn last line
+        fh.write('{"step": 60, "lo')  # and a torn last line
     with pytest.warns(io.MetricsWarning, match=r"metrics.jsonl: line 2 damaged .*skipped"):
         assert [l["step"] for l in io.read_jsonl(p)] == [10, 20, 30, 40, 50]
     with pytest.warns(io.MetricsWarning, match=r"metrics.jsonl: line 2 damaged .*kept in place"):
-        assert io.repair_jsonl(p, 30) == 3                  # resume from the checkpoint of step 30
+        assert io.repair_jsonl(p, 30) == 3  # resume from the checkpoint of step 30
     with pytest.warns(io.MetricsWarning):
         assert [l["step"] for l in io.read_jsonl(p)] == [10, 20, 30]
     assert open(p).read().count("garbage") == 1 and open(p).read().endswith("\n")
@@ -274,7 +295,7 @@ def test_resume_with_a_damaged_line_loses_nothing(finished, tmp_path):
     src, want, metrics = finished
     cfg = from_dict({**TINY, "log_every": 2, "checkpoint_every": 8})
     d = str(tmp_path / "run")
-    execute(cfg, d, stop_after=10)                     # as if killed at step 10 (checkpoint: 8)
+    execute(cfg, d, stop_after=10)  # as if killed at step 10 (checkpoint: 8)
     mpath = os.path.join(d, io.METRICS)
     raw = open(mpath, "rb").read().split(b"\n")
     assert [json.loads(l)["step"] for l in raw[:-1]] == [2, 4, 6, 8, 10]
@@ -285,7 +306,7 @@ def test_resume_with_a_damaged_line_loses_nothing(finished, tmp_path):
     assert res.status == "completed"
     with pytest.warns(io.MetricsWarning):
         got = io.read_jsonl(mpath)
-    assert [l["step"] for l in got] == [2, 4, 6, 8, 10, 12]   # nothing lost, nothing duplicated
+    assert [l["step"] for l in got] == [2, 4, 6, 8, 10, 12]  # nothing lost, nothing duplicated
     assert got[-1]["cum_bytes"] == json.loads(metrics.splitlines()[-1])["cum_bytes"]
     assert res.summary["final"]["step"] == 12
 
@@ -311,6 +332,7 @@ def test_report_of_a_finished_run_with_a_damaged_line_shows_the_final_step(finis
 
 # --------------------------------------------------------------------------- honest messages
 
+
 def _damage_checkpoint(path):
     for root, _, files in os.walk(path):
         for f in files:
@@ -325,7 +347,7 @@ def test_damaged_checkpoint_one_line_naming_it_and_the_way_out(tmp_path):
     from cconv.experiments.checkpoint import CheckpointError
 
     d = str(tmp_path / "run")
-    execute(from_dict(TINY), d, stop_after=10)          # checkpoint of step 8
+    execute(from_dict(TINY), d, stop_after=10)  # checkpoint of step 8
     ck = os.path.join(d, io.CHECKPOINTS, "8")
     _damage_checkpoint(ck)
     with pytest.raises(CheckpointError) as info:
@@ -336,7 +358,7 @@ def test_damaged_checkpoint_one_line_naming_it_and_the_way_out(tmp_path):
     assert io.read_summary(d)["status"] == "failed"
     import shutil
 
-    shutil.rmtree(ck)                                   # the advice, followed
+    shutil.rmtree(ck)  # the advice, followed
     assert execute(from_dict(TINY), d).status == "completed"
     _check_completed(d)
 
@@ -347,7 +369,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, monkeypa
     monkeypatch.setattr(runner, "KEEP_CHECKPOINTS", 2)
     cfg = from_dict({**TINY, "steps": 16})
     d = str(tmp_path / "run")
-    execute(cfg, d, stop_after=10)                      # checkpoints of steps 4 and 8
+    execute(cfg, d, stop_after=10)  # checkpoints of steps 4 and 8
     assert sorted(os.listdir(os.path.join(d, io.CHECKPOINTS))) == ["4", "8"]
     _damage_checkpoint(os.path.join(d, io.CHECKPOINTS, "8"))
     with pytest.warns(io.RecoveryWarning, match=r"checkpoints/8 cannot be restored .* resuming from step 4"):
@@ -376,31 +398,42 @@ def test_failure_message_says_whether_summary_was_written(tmp_path, monkeypatch)
 
     monkeypatch.setattr(io, "write_json", full)
     d = str(tmp_path / "full")
-    with pytest.raises(RuntimeError) as info:            # the run's own error, not the OSError
+    with pytest.raises(RuntimeError) as info:  # the run's own error, not the OSError
         execute(cfg, d, problem=problem)
     assert not runner.failure_recorded(d, info.value)
 
 
 # --------------------------------------------------------------------------- validation gaps (CLI, in-process)
 
-BOMB = ("wandb: {project: p, tags: [&a [x, x, x, x, x, x, x, x, x, x], &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a], "
-        "&c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b], &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c], "
-        "&e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d], &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]]}\n")
-INVALID = {   # before: exit 1 with a run directory marked failed, or an OverflowError
+BOMB = (
+    "wandb: {project: p, tags: [&a [x, x, x, x, x, x, x, x, x, x], &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a], "
+    "&c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b], &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c], "
+    "&e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d], &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]]}\n"
+)
+INVALID = {  # before: exit 1 with a run directory marked failed, or an OverflowError
     "optimizer_arg_not_a_number": ([], ["--set", "optimizer={name: sgd, momentum: abc}"], "optimizer {'name': 'sgd'"),
     "optimizer_arg_a_list": ([], ["--set", "optimizer={name: adam, b1: [1]}"], "optimizer {'name': 'adam'"),
     "model_hparam_not_a_number": ([], ["--set", "model.hidden=abc"], "model {'name': 'mlp'"),
     "seed_too_large": ([], ["--set", "seed=18446744073709551616"], "seed must be an integer in [0, 2**63 - 1]"),
     "seed_list_too_large": ([], ["--set", "seed=[0, 99999999999999999999999]"], "seed must be an integer in"),
     "alias_bomb": ([BOMB], [], "expands to more than 100000 values"),
-    "alias_bomb_in_set": ([], ["--set", "wandb={project: p, tags: [&a [x, x, x, x, x, x, x, x, x, x, x], "
-                                        "&b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a], "
-                                        "&c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b, *b], "
-                                        "&d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c, *c], "
-                                        "&e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d, *d]]}"],
-                          "expands to more than 100000 values"),
-    "missing_data_dir_deep_out": ([], ["--set", "data={name: mnist, root: /nonexistent/cconv}",
-                                       "--out", "{tmp}/a/b/run"], "/nonexistent/cconv"),
+    "alias_bomb_in_set": (
+        [],
+        [
+            "--set",
+            "wandb={project: p, tags: [&a [x, x, x, x, x, x, x, x, x, x, x], "
+            "&b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a], "
+            "&c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b, *b], "
+            "&d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c, *c], "
+            "&e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d, *d]]}",
+        ],
+        "expands to more than 100000 values",
+    ),
+    "missing_data_dir_deep_out": (
+        [],
+        ["--set", "data={name: mnist, root: /nonexistent/cconv}", "--out", "{tmp}/a/b/run"],
+        "/nonexistent/cconv",
+    ),
     "out_is_a_file": ([], ["--out", "{cfg}"], "is not a directory"),
 }
 
@@ -420,7 +453,7 @@ def test_invalid_input_exit_2_one_line_nothing_written(case, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert rc == 2, err
     assert len(err.splitlines()) == 1 and err.startswith("cconv: error: ") and fragment in err, err
-    assert sorted(os.listdir(tmp_path)) == before          # no run directory, no parents created
+    assert sorted(os.listdir(tmp_path)) == before  # no run directory, no parents created
     assert cfg.read_text().startswith("model:")
 
 

@@ -66,9 +66,9 @@ class Checkpointer:
 
         self._ocp = ocp
         self.directory = os.path.abspath(directory)
-        opts = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                            enable_async_checkpointing=False,
-                                            cleanup_tmp_directories=True)
+        opts = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=True, enable_async_checkpointing=False, cleanup_tmp_directories=True
+        )
         self._mngr = ocp.CheckpointManager(self.directory, options=opts)
 
     def latest_step(self) -> int | None:
@@ -97,8 +97,11 @@ class Checkpointer:
     def save(self, step: int, state: Any, meta: dict) -> None:
         ocp = self._ocp
         leaves = {str(i): _leaf_out(x) for i, x in enumerate(jax.tree.leaves(state))}
-        self._mngr.save(int(step), args=ocp.args.Composite(
-            state=ocp.args.StandardSave(leaves), meta=ocp.args.JsonSave(_jsonable(meta))), force=True)
+        self._mngr.save(
+            int(step),
+            args=ocp.args.Composite(state=ocp.args.StandardSave(leaves), meta=ocp.args.JsonSave(_jsonable(meta))),
+            force=True,
+        )
         self._mngr.wait_until_finished()
 
     def restore(self, template: Any, step: int | None = None) -> tuple[int, Any, dict]:
@@ -109,8 +112,9 @@ class Checkpointer:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
         t_leaves, treedef = jax.tree.flatten(template)
         abstract = {str(i): _abstract(x) for i, x in enumerate(t_leaves)}
-        out = self._mngr.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+        out = self._mngr.restore(
+            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore())
+        )
         leaves = [_leaf_in(out["state"][str(i)], t) for i, t in enumerate(t_leaves)]
         return int(step), jax.tree.unflatten(treedef, leaves), dict(out["meta"])
 

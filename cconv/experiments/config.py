@@ -37,8 +37,9 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -65,8 +66,25 @@ ARCHITECTURE_ALIASES: dict[str, dict[str, str]] = {
 WARMUP_KEYS = ("densities", "steps_per_stage", "dense_steps")
 LR_SCHEDULES = ("constant", "cosine")
 # optax optimizer aliases a config may name (each called as optax.<name>(learning_rate, **hp)).
-OPTIMIZERS = ("sgd", "adam", "adamw", "nadam", "lamb", "lars", "lion", "rmsprop", "adagrad",
-              "adafactor", "novograd", "yogi", "sm3", "radam", "fromage", "noisy_sgd", "adabelief")
+OPTIMIZERS = (
+    "sgd",
+    "adam",
+    "adamw",
+    "nadam",
+    "lamb",
+    "lars",
+    "lion",
+    "rmsprop",
+    "adagrad",
+    "adafactor",
+    "novograd",
+    "yogi",
+    "sm3",
+    "radam",
+    "fromage",
+    "noisy_sgd",
+    "adabelief",
+)
 
 
 @dataclass
@@ -74,47 +92,70 @@ class RunConfig:
     """One training run.  Field docs are the ``help`` metadata; defaults are the values shown."""
 
     name: str = field(default="", metadata={"help": "free-form label (shown in plots when set)"})
-    model: dict = field(default_factory=lambda: {"name": "mlp"},
-                        metadata={"help": "model name (cconv.models.names()) or {name, **hyper-parameters}"})
-    data: dict = field(default_factory=lambda: {"name": "digits"},
-                       metadata={"help": "dataset name or {name, root, partition: iid|dirichlet|shards, alpha, **hp}"})
+    model: dict = field(
+        default_factory=lambda: {"name": "mlp"},
+        metadata={"help": "model name (cconv.models.names()) or {name, **hyper-parameters}"},
+    )
+    data: dict = field(
+        default_factory=lambda: {"name": "digits"},
+        metadata={"help": "dataset name or {name, root, partition: iid|dirichlet|shards, alpha, **hp}"},
+    )
     workers: int = field(default=8, metadata={"help": "data-parallel workers (simulated CPU devices on CPU)"})
     steps: int = field(default=300, metadata={"help": "training steps"})
     batch_size: int = field(default=256, metadata={"help": "global batch size (divided evenly among workers)"})
-    optimizer: dict = field(default_factory=lambda: {"name": "sgd"},
-                            metadata={"help": "optax optimizer alias or {name, **kwargs}, e.g. {name: sgd, momentum: 0.9}"})
+    optimizer: dict = field(
+        default_factory=lambda: {"name": "sgd"},
+        metadata={"help": "optax optimizer alias or {name, **kwargs}, e.g. {name: sgd, momentum: 0.9}"},
+    )
     lr: float = field(default=0.1, metadata={"help": "learning rate"})
     lr_schedule: str = field(default="constant", metadata={"help": "constant | cosine (decay to 0 over steps)"})
     lr_warmup: int = field(default=0, metadata={"help": "steps of linear learning-rate warm-up from 0"})
     seed: Any = field(default=0, metadata={"help": "int, or a list of ints run as one vmapped program"})
-    compressor: dict = field(default_factory=lambda: {"name": "none"},
-                             metadata={"help": "compressor name or {name, **hparams} (cconv.compressors.names())"})
+    compressor: dict = field(
+        default_factory=lambda: {"name": "none"},
+        metadata={"help": "compressor name or {name, **hparams} (cconv.compressors.names())"},
+    )
     memory: str = field(default="none", metadata={"help": "none | ef (error feedback) | dgc (momentum correction)"})
     momentum: float = field(default=0.9, metadata={"help": "DGC momentum when memory is dgc"})
     masking: bool = field(default=True, metadata={"help": "DGC momentum-factor masking when memory is dgc"})
     clip: Any = field(default=None, metadata={"help": "local gradient-clipping threshold (scaled by N^-1/2), or null"})
-    warmup: Any = field(default=None,
-                        metadata={"help": "density warm-up {densities: [..] or dgc, steps_per_stage, dense_steps}, or null"})
+    warmup: Any = field(
+        default=None,
+        metadata={"help": "density warm-up {densities: [..] or dgc, steps_per_stage, dense_steps}, or null"},
+    )
     local_steps: int = field(default=1, metadata={"help": "local SGD steps between model averaging (1 = BSP)"})
-    post_local_switch: int = field(default=0, metadata={"help": "step at which BSP switches to local SGD (post-local SGD)"})
+    post_local_switch: int = field(
+        default=0, metadata={"help": "step at which BSP switches to local SGD (post-local SGD)"}
+    )
     compress_delta: bool = field(default=False, metadata={"help": "local SGD: compress the averaged model delta"})
     granularity: str = field(default="layerwise", metadata={"help": "layerwise | fused (one flat buffer)"})
     min_compress_size: int = field(default=0, metadata={"help": "tensors with fewer elements are sent dense"})
-    compress_vectors: bool = field(default=True, metadata={"help": "false: biases and other 1-D tensors are sent dense"})
-    architecture: str = field(default="all-to-all",
-                              metadata={"help": "all-to-all | parameter-server | ps (= parameter-server) | "
-                                                      "gtopk (= all-to-all with collective gtopk)"})
+    compress_vectors: bool = field(
+        default=True, metadata={"help": "false: biases and other 1-D tensors are sent dense"}
+    )
+    architecture: str = field(
+        default="all-to-all",
+        metadata={
+            "help": "all-to-all | parameter-server | ps (= parameter-server) | "
+            "gtopk (= all-to-all with collective gtopk)"
+        },
+    )
     collective: str = field(default="auto", metadata={"help": "auto (the compressor's) | allgather | gtopk"})
     vote: bool = field(default=False, metadata={"help": "signSGD majority vote"})
     ps_downlink: Any = field(default=None, metadata={"help": "PS downlink compressor (name or mapping) or null"})
-    launcher: str = field(default="shard_map", metadata={"help": " | ".join(
-        n for n, cls in LAUNCHERS.items() if not cls.one_process_per_worker)})
-    network: Any = field(default=None,
-                         metadata={"help": "network for simulated time: preset name, {name, alpha, beta}, or a list"})
+    launcher: str = field(
+        default="shard_map",
+        metadata={"help": " | ".join(n for n, cls in LAUNCHERS.items() if not cls.one_process_per_worker)},
+    )
+    network: Any = field(
+        default=None, metadata={"help": "network for simulated time: preset name, {name, alpha, beta}, or a list"}
+    )
     log_every: int = field(default=10, metadata={"help": "steps between metric lines (and test evaluations)"})
     checkpoint_every: int = field(default=100, metadata={"help": "steps between checkpoints (resume points)"})
     target_loss: Any = field(default=None, metadata={"help": "loss for bytes-to-target in reports, or null"})
-    wandb: Any = field(default=False, metadata={"help": "false, true, or {project, mode, entity, group}; offline by default"})
+    wandb: Any = field(
+        default=False, metadata={"help": "false, true, or {project, mode, entity, group}; offline by default"}
+    )
 
     # ------------------------------------------------------------------ helpers
     def to_dict(self) -> dict:
@@ -152,22 +193,22 @@ def field_help() -> str:
 
 # --------------------------------------------------------------------------- loading
 
+
 class _Loader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that also reads exponent floats without a dot (``1e-3``, YAML 1.2)."""
 
 
 _Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"))
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
 
 
 def _safe_load(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
-MAX_SEED = 2**63 - 1          # jax.random.key takes a signed 64-bit seed
-MAX_CONFIG_VALUES = 100_000   # values in a resolved config (YAML aliases can expand a small file)
+MAX_SEED = 2**63 - 1  # jax.random.key takes a signed 64-bit seed
+MAX_CONFIG_VALUES = 100_000  # values in a resolved config (YAML aliases can expand a small file)
 
 
 def check_size(obj: Any, where: str, limit: int = MAX_CONFIG_VALUES) -> Any:
@@ -179,8 +220,7 @@ def check_size(obj: Any, where: str, limit: int = MAX_CONFIG_VALUES) -> Any:
         x = stack.pop()
         count += 1
         if count > limit:
-            raise ConfigError(f"{where}: the config expands to more than {limit} values (YAML aliases?); "
-                              f"refusing it")
+            raise ConfigError(f"{where}: the config expands to more than {limit} values (YAML aliases?); refusing it")
         if isinstance(x, dict):
             stack.extend(x.keys())
             stack.extend(x.values())
@@ -299,8 +339,9 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
         raise ConfigError(f"{source}: expected a mapping of config keys, got {type(raw).__name__}")
     unknown = [k for k in raw if k not in FIELDS]
     if unknown:
-        raise ConfigError(f"{source}: unknown config key(s) {', '.join(map(str, unknown))}; "
-                          f"valid keys: {', '.join(FIELDS)}")
+        raise ConfigError(
+            f"{source}: unknown config key(s) {', '.join(map(str, unknown))}; valid keys: {', '.join(FIELDS)}"
+        )
     cfg = RunConfig(**copy.deepcopy(raw))
     for n in _NAMED:
         setattr(cfg, n, _named(getattr(cfg, n), n))
@@ -310,18 +351,21 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
     cfg.steps = _int("steps", cfg.steps)
     cfg.batch_size = _int("batch_size", cfg.batch_size)
     if cfg.batch_size % cfg.workers:
-        raise ConfigError(f"batch_size {cfg.batch_size} is not divisible by workers {cfg.workers} "
-                          f"(the global batch is split evenly)")
+        raise ConfigError(
+            f"batch_size {cfg.batch_size} is not divisible by workers {cfg.workers} (the global batch is split evenly)"
+        )
     cfg.lr = _num("lr", cfg.lr, 0.0, strict=True)
     cfg.lr_schedule = _choice("lr_schedule", cfg.lr_schedule, LR_SCHEDULES)
     cfg.lr_warmup = _int("lr_warmup", cfg.lr_warmup, 0)
     if cfg.optimizer["name"] not in OPTIMIZERS:
         raise ConfigError(f"optimizer {cfg.optimizer['name']!r} is not supported; valid: {', '.join(OPTIMIZERS)}")
     if isinstance(cfg.seed, list):
-        if not cfg.seed or any(isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= MAX_SEED
-                               for s in cfg.seed):
-            raise ConfigError(f"seed must be an integer in [0, 2**63 - 1] or a non-empty list of them, "
-                              f"got {str(cfg.seed)[:80]}")
+        if not cfg.seed or any(
+            isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= MAX_SEED for s in cfg.seed
+        ):
+            raise ConfigError(
+                f"seed must be an integer in [0, 2**63 - 1] or a non-empty list of them, got {str(cfg.seed)[:80]}"
+            )
         if len(set(cfg.seed)) != len(cfg.seed):
             raise ConfigError(f"seed list has duplicates: {cfg.seed!r}")
     else:
@@ -342,14 +386,17 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
             raise ConfigError(f"{flag} must be true or false, got {getattr(cfg, flag)!r}")
     if cfg.warmup is not None:
         if not isinstance(cfg.warmup, dict):
-            raise ConfigError(f"warmup must be null or a mapping {{densities, steps_per_stage, dense_steps}}, "
-                              f"got {cfg.warmup!r}")
+            raise ConfigError(
+                f"warmup must be null or a mapping {{densities, steps_per_stage, dense_steps}}, got {cfg.warmup!r}"
+            )
         bad = [k for k in cfg.warmup if k not in WARMUP_KEYS]
         if bad:
             raise ConfigError(f"warmup: unknown key(s) {', '.join(map(str, bad))}; valid: {', '.join(WARMUP_KEYS)}")
         d = cfg.warmup.get("densities", "dgc")
-        if d != "dgc" and (not isinstance(d, list) or not all(
-                isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x <= 1 for x in d)):
+        if d != "dgc" and (
+            not isinstance(d, list)
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x <= 1 for x in d)
+        ):
             raise ConfigError(f"warmup.densities must be 'dgc' or a list of numbers in (0, 1], got {d!r}")
     cfg.min_compress_size = _int("min_compress_size", cfg.min_compress_size, 0)
     cfg.architecture = _choice("architecture", cfg.architecture, (*ARCHITECTURES, *ARCHITECTURE_ALIASES))
@@ -359,8 +406,9 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
         cfg.ps_downlink = _named(cfg.ps_downlink, "ps_downlink")
     # the runner is one process: launchers that need one process per worker (mpirun) are for the
     # engine API (experiments/cluster/), not for `cconv run`
-    cfg.launcher = _choice("launcher", cfg.launcher,
-                           [n for n, cls in LAUNCHERS.items() if not cls.one_process_per_worker])
+    cfg.launcher = _choice(
+        "launcher", cfg.launcher, [n for n, cls in LAUNCHERS.items() if not cls.one_process_per_worker]
+    )
     cfg.log_every = _int("log_every", cfg.log_every)
     cfg.checkpoint_every = _int("checkpoint_every", cfg.checkpoint_every)
     cfg.target_loss = _num("target_loss", cfg.target_loss, allow_none=True)
@@ -369,12 +417,16 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
     if isinstance(cfg.wandb, dict):
         bad = set(cfg.wandb) - {"project", "mode", "entity", "group", "tags"}
         if bad:
-            raise ConfigError(f"wandb: unknown key(s) {', '.join(sorted(bad))}; valid: project, mode, entity, group, tags")
+            raise ConfigError(
+                f"wandb: unknown key(s) {', '.join(sorted(bad))}; valid: project, mode, entity, group, tags"
+            )
     nets = cfg.network
     if nets is not None:
-        for n in (nets if isinstance(nets, list) else [nets]):
+        for n in nets if isinstance(nets, list) else [nets]:
             if not isinstance(n, (str, dict)):
-                raise ConfigError(f"network entries must be a preset name or a mapping {{name, alpha, beta}}, got {n!r}")
+                raise ConfigError(
+                    f"network entries must be a preset name or a mapping {{name, alpha, beta}}, got {n!r}"
+                )
     return cfg
 
 
@@ -395,14 +447,15 @@ def check_names(cfg: RunConfig) -> None:
             make_compressor(cfg.ps_downlink)
     except ValueError as e:
         raise ConfigError(str(e).splitlines()[0]) from None
-    except TypeError as e:   # a plain user factory called with arguments it does not take
+    except TypeError as e:  # a plain user factory called with arguments it does not take
         raise ConfigError(f"compressor {cfg.compressor!r}: {e}") from None
     params = inspect.signature(getattr(optax, cfg.optimizer["name"])).parameters
     bad = [k for k in cfg.optimizer if k != "name" and k not in params]
     if bad:
         valid = [p for p in params if p != "learning_rate"]
-        raise ConfigError(f"optimizer {cfg.optimizer['name']!r}: unknown argument(s) {', '.join(bad)}; "
-                          f"valid: {', '.join(valid)}")
+        raise ConfigError(
+            f"optimizer {cfg.optimizer['name']!r}: unknown argument(s) {', '.join(bad)}; valid: {', '.join(valid)}"
+        )
     try:
         engine_config(cfg)
     except ValueError as e:
@@ -411,7 +464,7 @@ def check_names(cfg: RunConfig) -> None:
         raise ConfigError("memory: dgc keeps the momentum itself; use optimizer {name: sgd} without momentum")
     for registry, spec in ((models, cfg.model), (data, cfg.data)):
         try:
-            registry.hparams_of(spec["name"])   # a registered name or an importable "module:function"
+            registry.hparams_of(spec["name"])  # a registered name or an importable "module:function"
         except ValueError as e:
             raise ConfigError(str(e).splitlines()[0]) from None
     for n in cfg.networks():
@@ -435,18 +488,35 @@ def engine_config(cfg: RunConfig) -> EngineConfig:
     warm = None
     if cfg.warmup is not None:
         d = cfg.warmup.get("densities", "dgc")
-        warm = Warmup(DGC_WARMUP if d == "dgc" else tuple(d),
-                      steps_per_stage=int(cfg.warmup.get("steps_per_stage", 1)),
-                      dense_steps=int(cfg.warmup.get("dense_steps", 0)))
-    topology = {"architecture": cfg.architecture, "collective": cfg.collective,
-                **ARCHITECTURE_ALIASES.get(cfg.architecture, {})}
-    return EngineConfig(workers=cfg.workers, compressor=make_compressor(cfg.compressor), memory=cfg.memory,
-                        momentum=cfg.momentum, masking=cfg.masking, clip=cfg.clip, warmup=warm,
-                        local_steps=cfg.local_steps, post_local_switch=cfg.post_local_switch,
-                        compress_delta=cfg.compress_delta, granularity=cfg.granularity,
-                        min_compress_size=cfg.min_compress_size, compress_vectors=cfg.compress_vectors,
-                        vote=cfg.vote, launcher=cfg.launcher, **topology,
-                        ps_downlink=None if cfg.ps_downlink is None else make_compressor(cfg.ps_downlink))
+        warm = Warmup(
+            DGC_WARMUP if d == "dgc" else tuple(d),
+            steps_per_stage=int(cfg.warmup.get("steps_per_stage", 1)),
+            dense_steps=int(cfg.warmup.get("dense_steps", 0)),
+        )
+    topology = {
+        "architecture": cfg.architecture,
+        "collective": cfg.collective,
+        **ARCHITECTURE_ALIASES.get(cfg.architecture, {}),
+    }
+    return EngineConfig(
+        workers=cfg.workers,
+        compressor=make_compressor(cfg.compressor),
+        memory=cfg.memory,
+        momentum=cfg.momentum,
+        masking=cfg.masking,
+        clip=cfg.clip,
+        warmup=warm,
+        local_steps=cfg.local_steps,
+        post_local_switch=cfg.post_local_switch,
+        compress_delta=cfg.compress_delta,
+        granularity=cfg.granularity,
+        min_compress_size=cfg.min_compress_size,
+        compress_vectors=cfg.compress_vectors,
+        vote=cfg.vote,
+        launcher=cfg.launcher,
+        **topology,
+        ps_downlink=None if cfg.ps_downlink is None else make_compressor(cfg.ps_downlink),
+    )
 
 
 def resolve_network(spec: str | dict) -> Network:

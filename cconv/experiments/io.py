@@ -23,7 +23,8 @@ import json
 import math
 import os
 import tempfile
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -119,7 +120,7 @@ class JsonlWriter:
         if not self._fh.closed:
             self._fh.close()
 
-    def __enter__(self) -> "JsonlWriter":
+    def __enter__(self) -> JsonlWriter:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -283,8 +284,10 @@ def run_lock(run_dir: str) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise RunLocked(f"{run_dir} is in use by another cconv process{_lock_holder(path)}; "
-                            f"wait for it to finish or choose another --out") from None
+            raise RunLocked(
+                f"{run_dir} is in use by another cconv process{_lock_holder(path)}; "
+                f"wait for it to finish or choose another --out"
+            ) from None
         except BaseException:
             os.close(fd)
             raise
@@ -294,7 +297,7 @@ def run_lock(run_dir: str) -> Iterator[None]:
             same = False
         if same:
             break
-        os.close(fd)   # unlinked by its previous holder after we opened it: take the new file
+        os.close(fd)  # unlinked by its previous holder after we opened it: take the new file
     try:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())

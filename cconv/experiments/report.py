@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -128,17 +129,21 @@ def load_runs(paths: Iterable[str], target: float | None = None, metric: str = "
         cfg = read_config(rd)
         summary = io.read_summary(rd) or {}
         lines = io.read_jsonl(os.path.join(rd, io.METRICS))
-        seeds = sorted({l.get("seed") for l in lines}) or (cfg.get("seed") if isinstance(cfg.get("seed"), list)
-                                                           else [cfg.get("seed")])
+        seeds = sorted({l.get("seed") for l in lines}) or (
+            cfg.get("seed") if isinstance(cfg.get("seed"), list) else [cfg.get("seed")]
+        )
         status = summary.get("status", "not started")
         per_seed = summary.get("per_seed") or {}
         tgt = target if target is not None else cfg.get("target_loss")
         for s in seeds:
             sl = [l for l in lines if l.get("seed") == s]
             last = sl[-1] if sl else {}
-            row = {"run": _run_name(rd), "seed": s,
-                   "status": (per_seed.get(str(s)) or {}).get("status", status),
-                   "step": last.get("step", 0)}
+            row = {
+                "run": _run_name(rd),
+                "seed": s,
+                "status": (per_seed.get(str(s)) or {}).get("status", status),
+                "step": last.get("step", 0),
+            }
             for k in FINAL_COLUMNS:
                 if k in last:
                     row[k] = _num(last[k])
@@ -155,8 +160,21 @@ def load_runs(paths: Iterable[str], target: float | None = None, metric: str = "
     return pd.DataFrame(rows)
 
 
-SHOW = ("run", "seed", "status", "step", "loss", "test_loss", "test_accuracy", "cum_bytes", "sim_time",
-        "wall_time", "bytes_to_target", "steps_to_target", "time_to_target")
+SHOW = (
+    "run",
+    "seed",
+    "status",
+    "step",
+    "loss",
+    "test_loss",
+    "test_accuracy",
+    "cum_bytes",
+    "sim_time",
+    "wall_time",
+    "bytes_to_target",
+    "steps_to_target",
+    "time_to_target",
+)
 
 
 def table(paths: Iterable[str], target: float | None = None, metric: str = "loss") -> pd.DataFrame:

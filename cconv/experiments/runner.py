@@ -48,16 +48,16 @@ import math
 import os
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from cconv.experiments import io
-from cconv.experiments.checkpoint import CheckpointError, Checkpointer, decode_host_state, encode_host_state
-from cconv.experiments.config import (ConfigError, RunConfig, engine_config, network_label, resolve_network,
-                                      to_yaml)
+from cconv.experiments.checkpoint import Checkpointer, CheckpointError, decode_host_state, encode_host_state
+from cconv.experiments.config import ConfigError, RunConfig, engine_config, network_label, resolve_network, to_yaml
 
 if TYPE_CHECKING:
     import optax
@@ -68,21 +68,22 @@ if TYPE_CHECKING:
 MAX_INFLIGHT = 16
 PARTITION_KEYS = ("partition", "alpha", "min_size", "shards_per_worker")
 EVAL_CHUNK = 1024
-KEEP_CHECKPOINTS = 1   # checkpoints kept per run; with more, a damaged latest one falls back to the previous
+KEEP_CHECKPOINTS = 1  # checkpoints kept per run; with more, a damaged latest one falls back to the previous
 
 
 # --------------------------------------------------------------------------- building
 
+
 class Problem(NamedTuple):
     cfg: RunConfig
     ds: Any
-    specs: list            # one ModelSpec per seed
+    specs: list  # one ModelSpec per seed
     loss_fn: Any
     eval_fn: Any
     optimizer: Any
     engine_cfg: Any
-    trainer: Any           # one Trainer; with several seeds, built with seeds=S
-    batchers: list         # one Batcher per seed
+    trainer: Any  # one Trainer; with several seeds, built with seeds=S
+    batchers: list  # one Batcher per seed
     seeds: list
 
 
@@ -103,8 +104,7 @@ def make_optimizer(cfg: RunConfig) -> optax.GradientTransformation:
         main = optax.constant_schedule(cfg.lr)
     sched = main
     if cfg.lr_warmup:
-        sched = optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, cfg.lr_warmup), main],
-                                     [cfg.lr_warmup])
+        sched = optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, cfg.lr_warmup), main], [cfg.lr_warmup])
     kwargs = {k: v for k, v in cfg.optimizer.items() if k != "name"}
     return getattr(optax, cfg.optimizer["name"])(learning_rate=sched, **kwargs)
 
@@ -117,6 +117,7 @@ def check_optimizer(cfg: RunConfig, optimizer: optax.GradientTransformation, par
     """One abstract ``init`` + ``update`` on the model's parameter shapes (``jax.eval_shape``,
     nothing computed): an optimizer argument of the wrong type (``momentum: abc``, ``b1: [1]``)
     becomes a one-line ConfigError here, before anything is written, not a failed run."""
+
     def probe(p):
         return optimizer.update(p, optimizer.init(p), p)
 
@@ -164,8 +165,14 @@ def build_problem(cfg: RunConfig) -> Problem:
     loss_fn = models.make_loss(specs[0], ds.task)
     eval_fn = models.make_eval(specs[0], ds.task)
     # Several seeds: one program that carries a leading seed axis (engine's build(seeds=S)).
-    trainer = build(loss_fn, specs[0].params, optimizer, ecfg, model_state=specs[0].model_state,
-                    seeds=len(seeds) if len(seeds) > 1 else None)
+    trainer = build(
+        loss_fn,
+        specs[0].params,
+        optimizer,
+        ecfg,
+        model_state=specs[0].model_state,
+        seeds=len(seeds) if len(seeds) > 1 else None,
+    )
     return Problem(cfg, ds, specs, loss_fn, eval_fn, optimizer, ecfg, trainer, batchers, seeds)
 
 
@@ -174,13 +181,17 @@ def check_devices(workers: int) -> None:
     n = jax.device_count()
     if workers > n:
         plat = jax.default_backend()
-        hint = (" (the CLI sets XLA_FLAGS=--xla_force_host_platform_device_count before jax starts; "
-                "it must not be overridden with a smaller count)" if plat == "cpu" else
-                "; run with JAX_PLATFORMS=cpu to simulate workers as CPU devices")
+        hint = (
+            " (the CLI sets XLA_FLAGS=--xla_force_host_platform_device_count before jax starts; "
+            "it must not be overridden with a smaller count)"
+            if plat == "cpu"
+            else "; run with JAX_PLATFORMS=cpu to simulate workers as CPU devices"
+        )
         raise ConfigError(f"workers={workers} but only {n} {plat} device(s) are available{hint}")
 
 
 # --------------------------------------------------------------------------- simulated time
+
 
 def _min_time(fn, *args, repeats: int = 10) -> float:
     """Fastest of ``repeats`` timed calls after one warm-up call (which compiles).  The minimum,
@@ -206,15 +217,18 @@ class Calibration:
     communication itself is left out; it is modelled by ``cconv.theory.network``.
     """
 
-    _compute_cache: dict = {}   # compute time per (model, data, local batch, optimizer), per process
+    _compute_cache: dict = {}  # compute time per (model, data, local batch, optimizer), per process
 
-    def __init__(self, problem: "Problem", saved: dict | None = None):
+    def __init__(self, problem: Problem, saved: dict | None = None):
         self.problem = problem
         self.data = saved if saved is not None else {"compute_time": None, "exchange_time": {}}
         self._ready = False
         c = problem.cfg
-        self._compute_key = json.dumps([c.model, c.data, c.batch_size // c.workers, c.optimizer, c.lr_schedule,
-                                        c.seeds()[0]], sort_keys=True, default=str)
+        self._compute_key = json.dumps(
+            [c.model, c.data, c.batch_size // c.workers, c.optimizer, c.lr_schedule, c.seeds()[0]],
+            sort_keys=True,
+            default=str,
+        )
 
     def _setup(self):
         if self._ready:
@@ -247,8 +261,7 @@ class Calibration:
             cached = Calibration._compute_cache.get(self._compute_key)
             if cached is None:
                 self._setup()
-                cached = _min_time(self._compute, self._params, self._mstate, self._opt_state,
-                                      self._batch, self._key)
+                cached = _min_time(self._compute, self._params, self._mstate, self._opt_state, self._batch, self._key)
                 Calibration._compute_cache[self._compute_key] = cached
             self.data["compute_time"] = cached
         return self.data["compute_time"]
@@ -290,17 +303,17 @@ class SimClock:
         if phase not in self._cache:
             colls = [c for c in self.trainer.collectives(step) if not getattr(c, "control", False)]
             local = self.calib.compute_time + (self.calib.exchange_time(phase) if phase.kind != "local" else 0.0)
-            self._cache[phase] = [local + self._network.step_comm_time(colls, self.workers, net)
-                                  for net in self.nets]
+            self._cache[phase] = [local + self._network.step_comm_time(colls, self.workers, net) for net in self.nets]
         return self._cache[phase]
 
 
 # --------------------------------------------------------------------------- the loop
 
+
 class RunResult(NamedTuple):
     status: str
     summary: dict
-    trained: bool = True   # False: the run had already ended, nothing was done
+    trained: bool = True  # False: the run had already ended, nothing was done
 
 
 def _stack(trees: list) -> Any:
@@ -331,7 +344,7 @@ def evaluate(problem: Problem, evaluator, state) -> list[dict]:
     sums: list[dict] = [dict() for _ in range(S)]
     st = state.replace(step=0)
     for i in range(0, n, EVAL_CHUNK):
-        chunk = {k: v[i:i + EVAL_CHUNK] for k, v in test.items()}
+        chunk = {k: v[i : i + EVAL_CHUNK] for k, v in test.items()}
         m = jax.device_get(evaluator(st, chunk))
         w = len(chunk["y"])
         for k, v in m.items():
@@ -343,8 +356,11 @@ def evaluate(problem: Problem, evaluator, state) -> list[dict]:
 
 def _refuse_foreign(run_dir: str) -> None:
     """A ConfigError for an existing, non-empty directory that holds no cconv run."""
-    if (os.path.isdir(run_dir) and not os.path.exists(os.path.join(run_dir, io.CONFIG))
-            and [f for f in os.listdir(run_dir) if f != io.LOCK]):
+    if (
+        os.path.isdir(run_dir)
+        and not os.path.exists(os.path.join(run_dir, io.CONFIG))
+        and [f for f in os.listdir(run_dir) if f != io.LOCK]
+    ):
         raise ConfigError(f"{run_dir} is not empty and holds no cconv run; choose another --out")
 
 
@@ -365,8 +381,10 @@ def prepare_run_dir(run_dir: str, cfg: RunConfig) -> str:
             from cconv.experiments.config import diff
 
             d = diff(old if isinstance(old, dict) else {}, cfg.to_dict())
-            raise ConfigError(f"{run_dir} already holds a run with a different config ({'; '.join(d[:3])}"
-                              f"{'; ...' if len(d) > 3 else ''}); choose another --out")
+            raise ConfigError(
+                f"{run_dir} already holds a run with a different config ({'; '.join(d[:3])}"
+                f"{'; ...' if len(d) > 3 else ''}); choose another --out"
+            )
         return "finished" if io.is_finished(run_dir) else "resume"
     io.check_writable(run_dir)
     _refuse_foreign(run_dir)
@@ -374,8 +392,14 @@ def prepare_run_dir(run_dir: str, cfg: RunConfig) -> str:
     return "new"
 
 
-def execute(cfg: RunConfig, run_dir: str, problem: Problem | None = None, desc: str | None = None,
-            stop_after: int | None = None, nested: bool = False) -> RunResult:
+def execute(
+    cfg: RunConfig,
+    run_dir: str,
+    problem: Problem | None = None,
+    desc: str | None = None,
+    stop_after: int | None = None,
+    nested: bool = False,
+) -> RunResult:
     """Run (or resume, or skip when finished) one config into ``run_dir``.
 
     The run directory is locked for the whole call (``io.run_lock``): when another process holds
@@ -388,14 +412,15 @@ def execute(cfg: RunConfig, run_dir: str, problem: Problem | None = None, desc: 
     if problem is None:
         problem = build_problem(cfg)
     io.check_writable(os.path.dirname(os.path.abspath(run_dir)) or ".")
-    _refuse_foreign(run_dir)   # before a lock file is put there
+    _refuse_foreign(run_dir)  # before a lock file is put there
     io.check_writable(run_dir)
     with io.run_lock(run_dir):
         return _execute_locked(problem, cfg, run_dir, desc, stop_after, nested)
 
 
-def _execute_locked(problem: Problem, cfg: RunConfig, run_dir: str, desc: str | None, stop_after: int | None,
-                    nested: bool) -> RunResult:
+def _execute_locked(
+    problem: Problem, cfg: RunConfig, run_dir: str, desc: str | None, stop_after: int | None, nested: bool
+) -> RunResult:
     state_kind = prepare_run_dir(run_dir, cfg)
     if state_kind == "finished":
         s = io.read_summary(run_dir)
@@ -407,9 +432,11 @@ def _execute_locked(problem: Problem, cfg: RunConfig, run_dir: str, desc: str | 
     except Exception as e:  # recorded, then re-raised for the caller to report
         msg = error_line(e)
         prev = io.read_summary(run_dir) or {}
-        try:   # best effort (the disk may be full): the caller checks what was recorded
-            io.write_json(os.path.join(run_dir, io.SUMMARY),
-                          {**prev, "status": "failed", "error": msg, "traceback": traceback.format_exc()})
+        try:  # best effort (the disk may be full): the caller checks what was recorded
+            io.write_json(
+                os.path.join(run_dir, io.SUMMARY),
+                {**prev, "status": "failed", "error": msg, "traceback": traceback.format_exc()},
+            )
         except OSError:
             pass
         raise
@@ -450,11 +477,11 @@ class Counters:
     acc: list[dict]
 
     @classmethod
-    def fresh(cls, seeds: int) -> "Counters":
+    def fresh(cls, seeds: int) -> Counters:
         return cls([0.0] * seeds, [0.0] * seeds, None, 0.0, [None] * seeds, None, [dict() for _ in range(seeds)])
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Counters":
+    def from_dict(cls, d: dict) -> Counters:
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
 
     def to_dict(self) -> dict:
@@ -468,9 +495,9 @@ class Counters:
 class _Outputs(NamedTuple):
     """Where a run's results go while it trains."""
 
-    writer: io.JsonlWriter   # metrics.jsonl
-    bar: Any                 # progress bar
-    wandb: Any               # WandbLogger or None
+    writer: io.JsonlWriter  # metrics.jsonl
+    bar: Any  # progress bar
+    wandb: Any  # WandbLogger or None
     ckpt: Checkpointer
 
     def emit(self, lines: list[dict]) -> None:
@@ -485,8 +512,10 @@ def initial_state(problem: Problem) -> Any:
     (the engine's ``build(seeds=S)`` program, whose state, batch and keys carry a seed axis)."""
     trainer = problem.trainer
     if len(problem.seeds) > 1:
-        return trainer.init(params=_stack([sp.params for sp in problem.specs]),
-                            model_state=_stack([sp.model_state for sp in problem.specs]))
+        return trainer.init(
+            params=_stack([sp.params for sp in problem.specs]),
+            model_state=_stack([sp.model_state for sp in problem.specs]),
+        )
     return trainer.init()
 
 
@@ -509,15 +538,20 @@ def _restore(problem: Problem, ckpt: Checkpointer, state: Any, mpath: str) -> tu
             if not older:
                 raise CheckpointError(
                     f"checkpoint {ckpt.path(latest)} cannot be restored ({why}); remove that directory "
-                    f"to restart the run from step 0 (metrics.jsonl is cut back to match)") from e
+                    f"to restart the run from step 0 (metrics.jsonl is cut back to match)"
+                ) from e
             import warnings
 
             moved = ckpt.set_aside(latest)
-            warnings.warn(f"checkpoint {ckpt.path(latest)} cannot be restored ({why}); moved to {moved}, "
-                          f"resuming from step {older[-1]}", io.RecoveryWarning, stacklevel=2)
+            warnings.warn(
+                f"checkpoint {ckpt.path(latest)} cannot be restored ({why}); moved to {moved}, "
+                f"resuming from step {older[-1]}",
+                io.RecoveryWarning,
+                stacklevel=2,
+            )
             continue
         break
-    state = state.replace(step=start)   # the step counter is static metadata, not a leaf
+    state = state.replace(step=start)  # the step counter is static metadata, not a leaf
     for b, st in zip(problem.batchers, host):
         b.load_state_dict(st)
     io.repair_jsonl(mpath, start)
@@ -525,8 +559,11 @@ def _restore(problem: Problem, ckpt: Checkpointer, state: Any, mpath: str) -> tu
 
 
 def _save(problem: Problem, ckpt: Checkpointer, step: int, state: Any, counters: Counters) -> None:
-    ckpt.save(step, state, {"counters": counters.to_dict(),
-                            "batchers": [encode_host_state(b.state_dict()) for b in problem.batchers]})
+    ckpt.save(
+        step,
+        state,
+        {"counters": counters.to_dict(), "batchers": [encode_host_state(b.state_dict()) for b in problem.batchers]},
+    )
 
 
 def _make_clock(problem: Problem, counters: Counters, start: int) -> SimClock | None:
@@ -548,20 +585,28 @@ def _step_inputs(problem: Problem, step: int, step_keys: list) -> tuple[Any, Any
     """(batch, key) of one step; several seeds: stacked on a leading seed axis."""
     batch = [b.next() for b in problem.batchers]
     if len(problem.seeds) > 1:
-        return ({k: np.stack([bt[k] for bt in batch]) for k in batch[0]},
-                jnp.stack([jax.random.fold_in(k, step) for k in step_keys]))
+        return (
+            {k: np.stack([bt[k] for bt in batch]) for k in batch[0]},
+            jnp.stack([jax.random.fold_in(k, step) for k in step_keys]),
+        )
     return batch[0], jax.random.fold_in(step_keys[0], step)
 
 
 def _must_flush(cfg: RunConfig, step: int, pending: int, stop_after: int | None) -> bool:
     """Wait for the device here?  At most ``MAX_INFLIGHT`` steps in flight (the deadlock trap),
     and at every metric line, checkpoint, the last step and ``stop_after``."""
-    return (pending >= MAX_INFLIGHT or step % cfg.log_every == 0 or step == cfg.steps
-            or step % cfg.checkpoint_every == 0 or step == stop_after)
+    return (
+        pending >= MAX_INFLIGHT
+        or step % cfg.log_every == 0
+        or step == cfg.steps
+        or step % cfg.checkpoint_every == 0
+        or step == stop_after
+    )
 
 
-def _accumulate(problem: Problem, counters: Counters, clock: SimClock | None,
-                pending: list[tuple[int, dict]]) -> list[tuple[int, int, dict]]:
+def _accumulate(
+    problem: Problem, counters: Counters, clock: SimClock | None, pending: list[tuple[int, dict]]
+) -> list[tuple[int, int, dict]]:
     """Add the host metrics of finished steps to ``counters``; returns the metric lines due, as
     (seed index, step, accumulated sums).  A non-finite loss marks its seed diverged (that line
     is written, later steps of the seed are not counted)."""
@@ -594,8 +639,16 @@ def _accumulate(problem: Problem, counters: Counters, clock: SimClock | None,
     return records
 
 
-def _metric_line(problem: Problem, counters: Counters, clock: SimClock | None, i: int, done: int,
-                 a: dict, test: dict | None, elapsed: float) -> dict:
+def _metric_line(
+    problem: Problem,
+    counters: Counters,
+    clock: SimClock | None,
+    i: int,
+    done: int,
+    a: dict,
+    test: dict | None,
+    elapsed: float,
+) -> dict:
     """One metrics.jsonl line (module docstring) of seed index ``i`` at step ``done``."""
     line = {"step": done, "seed": problem.seeds[i]}
     n = a.pop("_n")
@@ -622,8 +675,17 @@ def _metric_line(problem: Problem, counters: Counters, clock: SimClock | None, i
     return line
 
 
-def _train_steps(problem: Problem, state: Any, step: int, counters: Counters, clock: SimClock | None,
-                 out: _Outputs, t0: float, last_lines: list, stop_after: int | None) -> tuple[int, Any]:
+def _train_steps(
+    problem: Problem,
+    state: Any,
+    step: int,
+    counters: Counters,
+    clock: SimClock | None,
+    out: _Outputs,
+    t0: float,
+    last_lines: list,
+    stop_after: int | None,
+) -> tuple[int, Any]:
     """The step loop from ``step`` to ``cfg.steps`` (or until every seed diverged): steps are
     dispatched without waiting; every ``_must_flush`` the finished steps' metrics are fetched,
     counted, written (with a test evaluation) and the run is checkpointed.  Returns (step, state);
@@ -669,14 +731,27 @@ def _final_summary(problem: Problem, base: dict, step: int, counters: Counters, 
     """summary.json of a run that ended: completed, or diverged (with the steps per seed)."""
     seeds, div = problem.seeds, counters.diverged
     status = "diverged" if any(d is not None for d in div) else "completed"
-    per_seed = {str(s): {"status": "diverged" if div[i] is not None else "completed",
-                         "diverged_at_step": div[i], "final": last_lines[i]} for i, s in enumerate(seeds)}
-    summary = {**base, "status": status, "error": None,
-               "step": step, "wall_time": counters.wall,
-               "final": last_lines[0] if len(seeds) == 1 else None, "per_seed": per_seed}
+    per_seed = {
+        str(s): {
+            "status": "diverged" if div[i] is not None else "completed",
+            "diverged_at_step": div[i],
+            "final": last_lines[i],
+        }
+        for i, s in enumerate(seeds)
+    }
+    summary = {
+        **base,
+        "status": status,
+        "error": None,
+        "step": step,
+        "wall_time": counters.wall,
+        "final": last_lines[0] if len(seeds) == 1 else None,
+        "per_seed": per_seed,
+    }
     if status == "diverged":
         summary["error"] = "non-finite loss at step " + ", ".join(
-            f"{d} (seed {s})" for s, d in zip(seeds, div) if d is not None)
+            f"{d} (seed {s})" for s, d in zip(seeds, div) if d is not None
+        )
     return summary
 
 
@@ -687,8 +762,12 @@ def _ended(cfg: RunConfig, step: int, counters: Counters) -> bool:
 
 
 def _summary_base(problem: Problem, desc: str, counters: Counters) -> dict:
-    return {"run": desc, "config_digest": problem.cfg.digest(), "seeds": problem.seeds,
-            "calibration": counters.calibration}
+    return {
+        "run": desc,
+        "config_digest": problem.cfg.digest(),
+        "seeds": problem.seeds,
+        "calibration": counters.calibration,
+    }
 
 
 def _recover_summary(problem: Problem, run_dir: str, desc: str, step: int, counters: Counters) -> RunResult:
@@ -714,21 +793,29 @@ def _train(problem: Problem, run_dir: str, desc: str, stop_after: int | None, ne
     ckpt = Checkpointer(os.path.join(run_dir, io.CHECKPOINTS), keep=KEEP_CHECKPOINTS)
     mpath = os.path.join(run_dir, io.METRICS)
     start, state, counters = _restore(problem, ckpt, initial_state(problem), mpath)
-    if _ended(cfg, start, counters):   # killed after the final checkpoint, before the summary
+    if _ended(cfg, start, counters):  # killed after the final checkpoint, before the summary
         ckpt.close()
         return _recover_summary(problem, run_dir, desc, start, counters)
-    clock = _make_clock(problem, counters, start)   # measured before the wall clock starts
+    clock = _make_clock(problem, counters, start)  # measured before the wall clock starts
 
     summary_base = _summary_base(problem, desc, counters)
     io.write_json(os.path.join(run_dir, io.SUMMARY), {**summary_base, "status": "running", "step": start})
 
     wb = None
     if cfg.wandb:
-        wb = WandbLogger(cfg.wandb, cfg.to_dict(), run_dir, desc,
-                         run_id=f"{desc[:40]}-{cfg.digest()}".replace(",", "_").replace("=", "-"))
-    out = _Outputs(io.JsonlWriter(mpath),
-                   progress(cfg.steps, desc, initial=start, position=1 if nested else None, leave=not nested),
-                   wb, ckpt)
+        wb = WandbLogger(
+            cfg.wandb,
+            cfg.to_dict(),
+            run_dir,
+            desc,
+            run_id=f"{desc[:40]}-{cfg.digest()}".replace(",", "_").replace("=", "-"),
+        )
+    out = _Outputs(
+        io.JsonlWriter(mpath),
+        progress(cfg.steps, desc, initial=start, position=1 if nested else None, leave=not nested),
+        wb,
+        ckpt,
+    )
     t0 = time.perf_counter() - counters.wall
     last_lines: list = [None] * len(problem.seeds)
     try:

@@ -50,23 +50,32 @@ import math
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from cconv.experiments import io
-from cconv.experiments.config import (FIELDS, ConfigError, RunConfig, check_names, check_size, from_dict, load_yaml,
-                                      set_path)
+from cconv.experiments.config import (
+    FIELDS,
+    ConfigError,
+    RunConfig,
+    check_names,
+    check_size,
+    from_dict,
+    load_yaml,
+    set_path,
+)
 
 SWEEP_KEYS = ("name", "base", "grid", "include", "rules")
-MAX_RUNS = 100_000   # points of one grid
+MAX_RUNS = 100_000  # points of one grid
 
 
 @dataclass
 class SweepRun:
     """One point of a sweep: its directory name, grid values and validated config."""
 
-    name: str           # directory name inside the sweep directory
-    point: dict         # the grid values of this run (dotted key -> value)
+    name: str  # directory name inside the sweep directory
+    point: dict  # the grid values of this run (dotted key -> value)
     config: RunConfig
 
 
@@ -131,8 +140,10 @@ def load_sweep(path: str) -> tuple[str, list[SweepRun]]:
         raise ConfigError(f"{path}: a sweep file needs 'grid' (use `cconv run` for a single config)")
     unknown = [k for k in raw if k not in SWEEP_KEYS]
     if unknown:
-        raise ConfigError(f"{path}: unknown sweep key(s) {', '.join(map(str, unknown))}; valid keys: "
-                          f"{', '.join(SWEEP_KEYS)} (run fields go under 'base')")
+        raise ConfigError(
+            f"{path}: unknown sweep key(s) {', '.join(map(str, unknown))}; valid keys: "
+            f"{', '.join(SWEEP_KEYS)} (run fields go under 'base')"
+        )
     base = raw.get("base") or {}
     if isinstance(base, str):
         base_path = base if os.path.isabs(base) else os.path.join(os.path.dirname(os.path.abspath(path)), base)
@@ -147,9 +158,10 @@ def load_sweep(path: str) -> tuple[str, list[SweepRun]]:
     for extra in include:
         points += expand_grid({k: (v if isinstance(v, list) else [v]) for k, v in extra.items()})
     rules = raw.get("rules") or []
-    if not isinstance(rules, list) or not all(isinstance(r, dict) and set(r) == {"when", "set"}
-                                              and isinstance(r["when"], dict) and isinstance(r["set"], dict)
-                                              for r in rules):
+    if not isinstance(rules, list) or not all(
+        isinstance(r, dict) and set(r) == {"when", "set"} and isinstance(r["when"], dict) and isinstance(r["set"], dict)
+        for r in rules
+    ):
         raise ConfigError(f"{path}: 'rules' must be a list of {{when: {{field: value}}, set: {{field: value}}}}")
     runs = []
     seen = set()
@@ -175,8 +187,12 @@ def _get_path(d: dict, dotted: str) -> Any:
     parts = dotted.split(".")
     if parts[0] not in FIELDS:
         raise ConfigError(f"unknown config key {parts[0]!r} in a rule; valid keys: {', '.join(FIELDS)}")
-    node = d.get(parts[0], FIELDS[parts[0]].default_factory() if FIELDS[parts[0]].default_factory
-                 is not dataclasses.MISSING else FIELDS[parts[0]].default)
+    node = d.get(
+        parts[0],
+        FIELDS[parts[0]].default_factory()
+        if FIELDS[parts[0]].default_factory is not dataclasses.MISSING
+        else FIELDS[parts[0]].default,
+    )
     for p in parts[1:]:
         if isinstance(node, str) and p == "name":
             return node
@@ -205,8 +221,11 @@ def validate(runs: list[SweepRun]) -> None:
             if dkey not in datasets:
                 datasets[dkey] = load_dataset(r.config)
             ds = datasets[dkey]
-            mkey = (dkey, json.dumps(r.config.model, sort_keys=True, default=str),
-                    json.dumps(r.config.optimizer, sort_keys=True, default=str))
+            mkey = (
+                dkey,
+                json.dumps(r.config.model, sort_keys=True, default=str),
+                json.dumps(r.config.optimizer, sort_keys=True, default=str),
+            )
             if mkey not in checked:
                 checked.add(mkey)
                 hp = {k: v for k, v in r.config.model.items() if k != "name"}
@@ -233,8 +252,7 @@ def _log(msg: str, file: Any = None) -> None:
     tqdm.write(msg, file=file or sys.stdout)
 
 
-def run_sweep(path: str, out: str | None = None, figure: bool = True,
-              log: Callable[..., None] = _log) -> dict:
+def run_sweep(path: str, out: str | None = None, figure: bool = True, log: Callable[..., None] = _log) -> dict:
     """Run a sweep file; returns counts {completed, diverged, failed, skipped, busy} and the outputs."""
     from cconv.experiments import runner
     from cconv.experiments.loggers import progress
@@ -260,7 +278,7 @@ def run_sweep(path: str, out: str | None = None, figure: bool = True,
             if res.trained:
                 counts[res.status] = counts.get(res.status, 0) + 1
                 log(f"[{i + 1}/{len(runs)}] {r.name}: {res.status}")
-            else:   # another process finished it meanwhile
+            else:  # another process finished it meanwhile
                 counts["skipped"] += 1
         except io.RunLocked:
             counts["busy"] += 1
@@ -268,8 +286,8 @@ def run_sweep(path: str, out: str | None = None, figure: bool = True,
         except Exception as e:  # recorded in the run's summary.json by runner.execute
             counts["failed"] += 1
             errors.append(f"{r.name}: {type(e).__name__}: {e}")
-            log(f"[{i + 1}/{len(runs)}] {r.name}: failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})",
-                file=sys.stderr)
+            first = str(e).splitlines()[0] if str(e) else ""
+            log(f"[{i + 1}/{len(runs)}] {r.name}: failed ({type(e).__name__}: {first})", file=sys.stderr)
         bar.update(1)
     bar.close()
     outputs = finish(out, runs, figure=figure)
@@ -298,6 +316,11 @@ def finish(out: str, runs: list[SweepRun], figure: bool = True) -> list[str]:
 
     df = report.load_metrics(dirs)
     if not df.empty:
-        outputs += plotting.family_grid(df, x="bytes", y="loss", out=os.path.join(out, "convergence_vs_traffic.png"),
-                                        title=f"{os.path.basename(os.path.normpath(out))}: training loss vs traffic")
+        outputs += plotting.family_grid(
+            df,
+            x="bytes",
+            y="loss",
+            out=os.path.join(out, "convergence_vs_traffic.png"),
+            title=f"{os.path.basename(os.path.normpath(out))}: training loss vs traffic",
+        )
     return outputs
