@@ -5,6 +5,7 @@ import hashlib
 import json
 import math
 import os
+import time
 
 import numpy as np
 import pytest
@@ -205,10 +206,24 @@ def test_wandb_offline_with_bytes_axis(tmp_path, monkeypatch):
         for f in os.listdir(os.path.join(d, "wandb", runs[0]))
         if f.endswith(".wandb")
     ][0]
+
+    def records():
+        out = []
+        for data in wandb_records(path):
+            rec = wandb_internal_pb2.Record()
+            rec.ParseFromString(data)
+            out.append(rec)
+        return out
+
+    # wandb's service process may still be writing the file when finish() returns on a loaded
+    # machine: read until the run's exit record is there (bounded)
+    deadline = time.monotonic() + 60
+    recs = records()
+    while not any(r.WhichOneof("record_type") == "exit" for r in recs) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        recs = records()
     metrics, history, config = [], [], {}
-    for data in wandb_records(path):
-        rec = wandb_internal_pb2.Record()
-        rec.ParseFromString(data)
+    for rec in recs:
         kind = rec.WhichOneof("record_type")
         if kind == "metric":
             metrics.append((rec.metric.name, rec.metric.glob_name, rec.metric.step_metric))
