@@ -100,7 +100,9 @@ def _reference(plan, trees, key):
 CASES = [
     ("allreduce", dict(), C.randomk(ratio=0.3)),
     ("allgather", dict(), C.qsgd(levels=4)),
-    ("allgather", dict(collective="allgather"), C.randomk(ratio=0.3)),
+    # a summable compressor forced to gather (randomk compiles for ~30 s under shard_map; its shared
+    # key under PS is covered by the allreduce case above)
+    ("allgather", dict(collective="allgather"), C.fp16()),
     ("vote", dict(vote=True), C.signsgd()),
 ]
 
