@@ -9,8 +9,12 @@ distinct phase is compiled once, so changing density under warm-up changes the p
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from collections.abc import Sequence
 from typing import NamedTuple
+
+import numpy as np
 
 from cconv import compressors as C
 from cconv import memory as M
@@ -27,6 +31,16 @@ COLLECTIVES = A.COLLECTIVES  # "auto" (the compressor's aggregation), "allgather
 DGC_WARMUP = (0.25, 0.0625, 0.015625, 0.004)
 
 
+def _real(v) -> bool:
+    """A finite real number (not a bool)."""
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) and math.isfinite(v)
+
+
+def _integer(v) -> bool:
+    """An integer (Python or numpy; not a bool)."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+
+
 @dataclasses.dataclass(frozen=True)
 class Warmup:
     """A density schedule: ``dense_steps`` uncompressed steps, then ``densities[i]`` for
@@ -41,11 +55,15 @@ class Warmup:
     dense_steps: int = 0
 
     def __post_init__(self):
-        object.__setattr__(self, "densities", tuple(float(d) for d in self.densities))
-        if any(not 0 < d <= 1 for d in self.densities):
-            raise ValueError(f"Warmup: densities must be in (0, 1], got {self.densities}")
-        if int(self.steps_per_stage) < 1 or int(self.dense_steps) < 0:
-            raise ValueError("Warmup: steps_per_stage must be >= 1 and dense_steps >= 0")
+        d = self.densities
+        if isinstance(d, (str, bytes)) or not isinstance(d, Sequence) or not all(_real(x) and 0 < x <= 1 for x in d):
+            raise ValueError(f"Warmup: densities must be a sequence of numbers in (0, 1], got {d!r}")
+        object.__setattr__(self, "densities", tuple(float(x) for x in d))
+        for name, lo in (("steps_per_stage", 1), ("dense_steps", 0)):
+            v = getattr(self, name)
+            if not _integer(v) or v < lo:
+                raise ValueError(f"Warmup: {name} must be an integer >= {lo}, got {v!r}")
+            object.__setattr__(self, name, int(v))
 
     def density(self, step: int) -> float | None:
         """Density at ``step`` (1.0 in the dense phase), or None for the compressor's own."""
@@ -114,7 +132,7 @@ class EngineConfig:
     def __post_init__(self):
         def choice(field, valid):
             v = getattr(self, field)
-            if v not in valid:
+            if not isinstance(v, str) or v not in valid:
                 raise ValueError(f"EngineConfig.{field}={v!r}; valid: {', '.join(valid)}")
 
         if self.architecture == "ps":
@@ -132,12 +150,21 @@ class EngineConfig:
         choice("architecture", ARCHITECTURES)
         choice("collective", COLLECTIVES)
         choice("launcher", LAUNCHERS)
+        for name in ("masking", "compress_delta", "compress_vectors", "vote"):
+            v = getattr(self, name)
+            if not isinstance(v, (bool, np.bool_)):
+                raise ValueError(f"EngineConfig.{name} must be True or False, got {v!r}")
+        m = self.momentum
+        if not _real(m) or not 0 <= m < 1:
+            raise ValueError(f"EngineConfig.momentum must be a number in [0, 1), got {m!r}")
+        if self.clip is not None and (not _real(self.clip) or not self.clip > 0):
+            raise ValueError(f"EngineConfig.clip must be a number > 0 or None, got {self.clip!r}")
+        if not isinstance(self.axis_name, str) or not self.axis_name:
+            raise ValueError(f"EngineConfig.axis_name must be a non-empty string, got {self.axis_name!r}")
         for name, lo in (("workers", 1), ("local_steps", 1), ("post_local_switch", 0), ("min_compress_size", 0)):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            if not _integer(v) or v < lo:
                 raise ValueError(f"EngineConfig.{name} must be an integer >= {lo}, got {v!r}")
-        if self.clip is not None and not self.clip > 0:
-            raise ValueError(f"EngineConfig.clip must be > 0 or None, got {self.clip!r}")
         if self.warmup is not None and not isinstance(self.warmup, Warmup):
             raise ValueError("EngineConfig.warmup must be a cconv.engine.Warmup (e.g. dgc_warmup(...)) or None")
         c = self.compressor

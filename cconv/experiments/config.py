@@ -490,8 +490,8 @@ def engine_config(cfg: RunConfig) -> EngineConfig:
         d = cfg.warmup.get("densities", "dgc")
         warm = Warmup(
             DGC_WARMUP if d == "dgc" else tuple(d),
-            steps_per_stage=int(cfg.warmup.get("steps_per_stage", 1)),
-            dense_steps=int(cfg.warmup.get("dense_steps", 0)),
+            steps_per_stage=cfg.warmup.get("steps_per_stage", 1),
+            dense_steps=cfg.warmup.get("dense_steps", 0),
         )
     topology = {
         "architecture": cfg.architecture,
