@@ -47,6 +47,7 @@ Conventions (documented once, used everywhere)
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -149,7 +150,17 @@ def check_float(name: str, x) -> None:
 
 
 def size_of(shape: Shape) -> int:
-    return int(np.prod(tuple(shape), dtype=np.int64))
+    """Number of entries of ``shape``; a ValueError unless every size is an integer >= 0.
+
+    Every compressor's ``wire_bytes``, ``k`` and density go through here, so a negative or
+    non-integer shape is refused in one line for all of them."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise ValueError(f"shape must be a sequence of integers >= 0, got {shape!r}") from None
+    if not all(isinstance(s, numbers.Integral) and not isinstance(s, (bool, np.bool_)) and s >= 0 for s in dims):
+        raise ValueError(f"shape must be a sequence of integers >= 0, got {shape!r}")
+    return int(np.prod(dims, dtype=np.int64))
 
 
 def itemsize(dtype) -> int:
