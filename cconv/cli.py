@@ -39,8 +39,7 @@ def configure_devices(workers: int) -> None:
     more devices than that; without the bound, XLA spends minutes creating them)."""
     if workers > MAX_SIMULATED_WORKERS:
         raise ValueError(
-            f"workers={workers}: one process runs at most {MAX_SIMULATED_WORKERS} workers "
-            f"(devices); use fewer workers"
+            f"workers={workers}: one process runs at most {MAX_SIMULATED_WORKERS} workers (devices); use fewer workers"
         )
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_force_host_platform_device_count" not in flags and workers > 1:

@@ -19,10 +19,12 @@ averages across workers); randomness is passed in explicitly.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import numbers
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 from flax import nnx
 
 Params = Any
@@ -80,3 +82,31 @@ def dropout_key(key: jax.Array | None, index: int, rate: float, train: bool):
     if key is None:
         raise ValueError(f"dropout rate {rate} in training mode needs a PRNG key (loss_fn's key)")
     return jax.random.fold_in(key, index)
+
+
+# --------------------------------------------------------------------------- hyper-parameter checks
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+
+
+def positive_int(model: str, name: str, v: Any) -> int:
+    """``v`` as an int, or a one-line ValueError unless it is an integer >= 1 (no silent 8.5 -> 8)."""
+    if not _is_int(v) or v < 1:
+        raise ValueError(f"{model} {name} must be a positive integer, got {v!r}")
+    return int(v)
+
+
+def positive_ints(model: str, name: str, v: Any) -> tuple[int, ...]:
+    """``v`` as a non-empty tuple of ints >= 1 (layer widths), or a one-line ValueError."""
+    if isinstance(v, (str, bytes)) or not isinstance(v, Sequence) or not v or not all(_is_int(h) and h >= 1 for h in v):
+        raise ValueError(f"{model} {name} must be a non-empty list of positive integers, got {v!r}")
+    return tuple(int(h) for h in v)
+
+
+def fraction(model: str, name: str, v: Any) -> float:
+    """``v`` as a float in [0, 1) (dropout rate, batch-norm momentum), or a one-line ValueError."""
+    if not isinstance(v, numbers.Real) or isinstance(v, (bool, np.bool_)) or not 0.0 <= v < 1.0:
+        raise ValueError(f"{model} {name} must be a number in [0, 1), got {v!r}")
+    return float(v)

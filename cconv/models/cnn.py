@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import jax
 from flax import nnx
 
+from cconv.models.base import positive_int, positive_ints
 from cconv.models.init import lecun_normal
 
 
@@ -27,9 +28,8 @@ class CNN(nnx.Module):
         self, input_shape, num_classes: int, *, rngs: nnx.Rngs, channels: Sequence[int] = (32, 64), hidden: int = 128
     ):
         h, w, c = image_shape("cnn", input_shape)
-        channels = tuple(int(ch) for ch in channels)
-        if not channels or min(channels) < 1 or int(hidden) < 1:
-            raise ValueError(f"cnn channels and hidden must be positive, got {channels}, {hidden}")
+        channels = positive_ints("cnn", "channels", channels)
+        hidden = positive_int("cnn", "hidden", hidden)
         self.depth, pools = len(channels), []
         for i, out in enumerate(channels):
             setattr(self, f"conv{i}", nnx.Conv(c, out, (3, 3), kernel_init=lecun_normal, rngs=rngs))

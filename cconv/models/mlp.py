@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import jax
 from flax import nnx
 
-from cconv.models.base import dropout_key
+from cconv.models.base import dropout_key, fraction, positive_ints
 from cconv.models.init import lecun_normal
 
 
@@ -20,12 +20,8 @@ class MLP(nnx.Module):
     def __init__(
         self, input_shape, num_classes: int, *, rngs: nnx.Rngs, hidden: Sequence[int] = (128, 128), dropout: float = 0.0
     ):
-        hidden = tuple(int(h) for h in hidden)
-        if not hidden or min(hidden) < 1:
-            raise ValueError(f"mlp hidden must be a non-empty list of positive widths, got {hidden}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        self.depth, self.rate = len(hidden), float(dropout)
+        hidden = positive_ints("mlp", "hidden", hidden)
+        self.depth, self.rate = len(hidden), fraction("mlp", "dropout", dropout)
         widths = (math.prod(input_shape),) + hidden
         for i in range(self.depth):
             setattr(self, f"layer{i}", nnx.Linear(widths[i], widths[i + 1], kernel_init=lecun_normal, rngs=rngs))

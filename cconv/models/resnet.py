@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from cconv.models.base import fraction, positive_int
 from cconv.models.cnn import image_shape
 from cconv.models.init import he_normal, lecun_normal
 
@@ -67,11 +68,8 @@ class ResNet(nnx.Module):
         _, _, c = image_shape("resnet", input_shape)
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 8 or (depth - 2) % 6:
             raise ValueError(f"resnet depth must be 6n + 2 with n >= 1 (8, 14, 20, 32, ...), got {depth!r}")
-        if int(width) < 1:
-            raise ValueError(f"resnet width must be positive, got {width}")
-        if not 0.0 <= bn_momentum < 1.0:
-            raise ValueError(f"bn_momentum must be in [0, 1), got {bn_momentum}")
-        n, w = (depth - 2) // 6, int(width)
+        bn_momentum = fraction("resnet", "bn_momentum", bn_momentum)
+        n, w = (depth - 2) // 6, positive_int("resnet", "width", width)
         self.stem = nnx.Conv(c, w, (3, 3), use_bias=False, kernel_init=_he, rngs=rngs)
         self.stem_bn = nnx.BatchNorm(w, momentum=bn_momentum, rngs=rngs)
         c_in, self.blocks = w, 3 * n

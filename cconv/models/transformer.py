@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from cconv.models.base import dropout_key
+from cconv.models.base import dropout_key, fraction, positive_int
 from cconv.models.init import lecun_normal, normal
 
 
@@ -72,13 +72,16 @@ class TransformerLM(nnx.Module):
             raise ValueError(
                 f"model 'transformer' needs token inputs of shape (T,), got input_shape {tuple(input_shape)}"
             )
-        if min(d_model, layers, heads, mlp_ratio) < 1 or d_model % heads:
+        d_model, layers, heads, mlp_ratio = (
+            positive_int("transformer", k, v)
+            for k, v in (("d_model", d_model), ("layers", layers), ("heads", heads), ("mlp_ratio", mlp_ratio))
+        )
+        if d_model % heads:
             raise ValueError(
                 f"transformer needs positive d_model, layers, heads, mlp_ratio with "
                 f"heads dividing d_model, got {d_model}, {layers}, {heads}, {mlp_ratio}"
             )
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        dropout = fraction("transformer", "dropout", dropout)
         self.context, self.layers = int(input_shape[0]), int(layers)
         self.embed = nnx.Embed(num_classes, d_model, embedding_init=normal(0.02), rngs=rngs)
         self.pos = nnx.Param(normal(0.02)(rngs.params(), (self.context, d_model)))
