@@ -26,6 +26,9 @@ from cconv.compressors.base import Compressor, DensePayload, EmptyState, itemsiz
 from cconv.engine import EngineConfig, build
 from cconv.engine.exchange import exchange, init_state, make_plan
 
+# compiles every aggregation method x architecture: not in the fast subset (-m 'not slow')
+pytestmark = pytest.mark.slow
+
 W = 4
 SHAPES = [(6, 16), (16,), (16, 1)]
 

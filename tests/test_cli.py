@@ -15,6 +15,8 @@ import pytest
 from cconv import cli
 from cconv.experiments import io
 
+pytestmark = pytest.mark.slow  # CLI end-to-end runs in subprocesses; not in the fast subset (-m 'not slow')
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SWEEP = """

@@ -8,11 +8,15 @@ import io
 import os
 import tempfile
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cconv import cli
+
+# generated configs through the CLI: not in the fast subset (-m 'not slow')
+pytestmark = pytest.mark.slow
 
 TINY = {
     "model": {"name": "mlp", "hidden": [8]},

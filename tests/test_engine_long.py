@@ -8,10 +8,14 @@ import time
 import jax
 import numpy as np
 import optax
+import pytest
 from engine_util import loss_fn, make_batch, make_model_state, make_params
 
 from cconv import compressors as C
 from cconv.engine import EngineConfig, build
+
+# long engine runs: not in the fast subset (-m 'not slow')
+pytestmark = pytest.mark.slow
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -4,6 +4,10 @@ import os
 import re
 
 import numpy as np
+import pytest
+
+# the README example, 64 steps: not in the fast subset (-m 'not slow')
+pytestmark = pytest.mark.slow
 
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 

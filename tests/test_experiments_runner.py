@@ -14,6 +14,9 @@ from cconv.experiments import io
 from cconv.experiments.config import ConfigError, from_dict
 from cconv.experiments.runner import build_problem, execute
 
+# full training runs: not in the fast subset (-m 'not slow')
+pytestmark = pytest.mark.slow
+
 TINY = {
     "model": {"name": "mlp", "hidden": [16]},
     "data": "digits",

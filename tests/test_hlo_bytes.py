@@ -18,6 +18,9 @@ from cconv import compressors as C
 from cconv.comm import hlo
 from cconv.engine import EngineConfig, Warmup, build
 
+# compiles every compressor x architecture step: not in the fast subset (-m 'not slow')
+pytestmark = pytest.mark.slow
+
 P = 4
 HP = {
     "topk": dict(ratio=0.1),

@@ -14,6 +14,9 @@ from cconv.comm.backend import MeshComm
 from cconv.engine import LAUNCHERS, EngineConfig, build
 from cconv.engine.launchers import Launcher
 
+# every launcher compiles a training step: not in the fast subset (-m 'not slow')
+pytestmark = pytest.mark.slow
+
 W = 4
 
 

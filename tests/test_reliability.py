@@ -11,6 +11,9 @@ from cconv.experiments import io
 from cconv.experiments.config import from_dict
 from cconv.experiments.runner import execute
 
+# real subprocesses, SIGKILL and concurrent processes: not in the fast subset (-m 'not slow')
+pytestmark = pytest.mark.slow
+
 TINY = {
     "model": {"name": "mlp", "hidden": [8]},
     "data": "digits",
