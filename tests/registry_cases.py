@@ -290,12 +290,16 @@ def _layout(payload) -> tuple:
 
 def cases(pred: Callable[[Subject], bool] | None = None) -> list:
     """pytest params (name, hp) of every registered case, optionally those whose subject
-    satisfies ``pred`` (evaluated at collection: only static, declared properties)."""
+    satisfies ``pred`` (evaluated at collection: only static, declared properties).  An entry's
+    first selected case runs in the fast subset; its further cases are marked ``slow``."""
     out = []
     for e in cc.entries():
+        first = True
         for hp in e.cases:
             if pred is None or pred(subject(e.name, hp)):
-                out.append(pytest.param(e.name, dict(hp), id=case_id(e.name, hp)))
+                marks = () if first else (pytest.mark.slow,)
+                out.append(pytest.param(e.name, dict(hp), id=case_id(e.name, hp), marks=marks))
+                first = False
     return out
 
 
