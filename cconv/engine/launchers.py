@@ -24,6 +24,7 @@ launcher is one class and one entry.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
 from typing import Any
 
@@ -38,8 +39,9 @@ from cconv.comm.backend import Comm, MeshComm
 Trace = Callable[[Comm, Any, Any, Any], tuple]
 
 
-class Launcher:
-    """Base class and protocol (see the module docstring)."""
+class Launcher(abc.ABC):
+    """Base class and protocol (see the module docstring): a launcher implements ``comm``,
+    ``init``, ``compile`` and ``view``; the rest have defaults."""
 
     name = ""
     supports_seeds = False
@@ -48,14 +50,17 @@ class Launcher:
     def __init__(self, cfg, devices=None, mpi_comm=None, seeds: int | None = None):
         self.cfg, self.workers, self.seeds = cfg, cfg.workers, seeds
 
+    @abc.abstractmethod
     def comm(self) -> Comm:
-        raise NotImplementedError
+        """A fresh Comm for one trace (its ledger records that trace's collectives)."""
 
+    @abc.abstractmethod
     def init(self, worker_init: Callable, params, mstate, like_params=None, like_mstate=None):
-        raise NotImplementedError
+        """The initial worker state(s), placed as this launcher runs them."""
 
+    @abc.abstractmethod
     def compile(self, trace: Trace) -> Callable:
-        raise NotImplementedError
+        """The compiled step: (worker state, batch, key) -> (new state, metrics)."""
 
     def inputs(self, batch, key):
         return batch, key
@@ -63,8 +68,9 @@ class Launcher:
     def lower(self, fn, ws, batch, key):
         return fn.lower(ws, batch, key)
 
+    @abc.abstractmethod
     def view(self, tree, average: bool):
-        raise NotImplementedError
+        """The tree to evaluate: worker 0's replica, or the workers' mean when ``average``."""
 
     def is_main(self) -> bool:
         return jax.process_index() == 0
