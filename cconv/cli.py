@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
@@ -328,6 +329,53 @@ def _one_line_warnings() -> None:
     warnings.showwarning = showwarning
 
 
+class _QuietStderr:
+    """``sys.stderr`` without one known piece of library noise: after a failed checkpoint write,
+    orbax's tensorstore callbacks print "RuntimeError: Event loop is closed" tracebacks from C
+    (not through ``sys.excepthook``).  Traceback blocks are held per thread until their last line
+    and dropped only when it is exactly that error; everything else passes through unchanged."""
+
+    NOISE = "RuntimeError: Event loop is closed"
+
+    def __init__(self, stream):
+        self._stream, self._local = stream, threading.local()
+
+    def write(self, text: str) -> int:
+        held = getattr(self._local, "held", None)
+        if held is None and not text.startswith("Traceback (most recent call last):"):
+            return self._stream.write(text)
+        held = (held or "") + text
+        lines = held.split("\n")
+        last = [ln for ln in lines[1:] if ln and not ln.startswith(" ")]
+        if not last or not held.endswith("\n"):
+            self._local.held = held
+            return len(text)
+        self._local.held = None
+        if last[-1].strip() != self.NOISE:
+            self._stream.write(held)
+        return len(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _quiet_library_logs() -> None:
+    """Without --debug, errors reach the user as cconv's one line: drop the libraries' own error
+    logs (orbax logs every failed write thread with its traceback through absl) and the noise
+    ``_QuietStderr`` removes."""
+    if not isinstance(sys.stderr, _QuietStderr):
+        sys.stderr = _QuietStderr(sys.stderr)
+    try:
+        from absl import logging as absl_logging
+    except ImportError:
+        return
+    logger = absl_logging.get_absl_logger()
+    if not any(getattr(f, "_cconv", False) for f in logger.filters):
+        quiet = lambda record: record.levelno >= absl_logging.converter.STANDARD_CRITICAL  # noqa: E731
+        quiet._cconv = True
+        logger.addFilter(quiet)
+
+
 def main(argv: list[str] | None = None) -> int:
     _one_line_warnings()
     parser = build_parser()
@@ -336,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_BAD_INPUT
     debug = bool(getattr(args, "debug", False))
+    if not debug:
+        _quiet_library_logs()
     try:
         if args.command == "plan":
             from cconv.theory import plan_cli

@@ -71,7 +71,7 @@ if TYPE_CHECKING:
 MAX_INFLIGHT = 16
 PARTITION_KEYS = ("partition", "alpha", "min_size", "shards_per_worker")
 EVAL_CHUNK = 1024
-KEEP_CHECKPOINTS = 1  # checkpoints kept per run; with more, a damaged latest one falls back to the previous
+KEEP_CHECKPOINTS = 2  # checkpoints kept per run: a damaged latest one falls back to the previous
 
 
 # --------------------------------------------------------------------------- building
