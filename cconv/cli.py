@@ -361,10 +361,7 @@ class _QuietStderr:
 
 def _quiet_library_logs() -> None:
     """Without --debug, errors reach the user as cconv's one line: drop the libraries' own error
-    logs (orbax logs every failed write thread with its traceback through absl) and the noise
-    ``_QuietStderr`` removes."""
-    if not isinstance(sys.stderr, _QuietStderr):
-        sys.stderr = _QuietStderr(sys.stderr)
+    logs (orbax logs every failed write thread with its traceback through absl)."""
     try:
         from absl import logging as absl_logging
     except ImportError:
@@ -386,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     debug = bool(getattr(args, "debug", False))
     if not debug:
         _quiet_library_logs()
+        if argv is None and not isinstance(sys.stderr, _QuietStderr):  # the process is the command
+            sys.stderr = _QuietStderr(sys.stderr)
     try:
         if args.command == "plan":
             from cconv.theory import plan_cli
