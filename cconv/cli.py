@@ -197,6 +197,7 @@ def cmd_report(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from cconv.experiments.config import field_help
+    from cconv.experiments.plotting import X_AXES
 
     # --debug works before or after the command; the sub-commands' copy has no default so that it
     # does not overwrite a --debug given before the command.
@@ -264,9 +265,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("results", nargs="+", help="run or sweep directories")
     pl.add_argument(
         "--x",
-        choices=("bytes", "steps", "time"),
+        choices=X_AXES,
         default="bytes",
-        help="x axis: cumulative bytes per worker (log), steps, or simulated time (default: bytes)",
+        help="x axis: cumulative bytes per worker moved by the collectives (log), the same for the encoded "
+        "messages (bytes_encoded), steps, or simulated time (default: bytes)",
     )
     pl.add_argument("--y", default="loss", help="metric on the y axis (loss, test_loss, test_accuracy, ...)")
     pl.add_argument("--network", help="network whose simulated time to use with --x time (e.g. 10GbE)")

@@ -18,6 +18,14 @@ broadcast (from 0)     (P-1) * D at rank 0             D (ranks 1..P-1)
 =====================  ==============================  =====================================
 
 The parameter server is co-located with worker 0 (its own push and pull are local copies).
+
+Variable-length (entropy-coded) payloads move a fixed-capacity buffer, but a transport that sends
+only the used bits would move less: ``encoded_traffic(kind, e, rank)`` gives rank ``rank``'s
+bytes for per-worker encoded sizes ``e[w]`` (known only at run time), under the same algorithms:
+allgather (ring: rank r forwards every block but its successor's) sends sum(e) - e[r+1] and
+receives sum(e) - e[r]; ps_push sends e[r] (workers) and receives sum over w != 0 of e[w] (the
+server); ps_pull / broadcast send (P-1) e[0] (rank 0) and receive e[0].  All-reduces and
+recursive doubling combine payloads on the way, so only fixed-size payloads take them.
 ``control=True`` marks traffic that is not part of the training algorithm (the all-reduce
 that averages logged metrics); it is counted separately (``bytes_control``) so that the
 compiled program's collectives are accounted for exactly (``cconv.comm.hlo``).
@@ -29,6 +37,7 @@ import math
 from collections.abc import Iterable
 from typing import NamedTuple
 
+import jax.numpy as jnp
 import numpy as np
 
 from cconv.compressors.base import payload_bytes
@@ -92,3 +101,24 @@ def merge(collectives: Iterable[Collective]) -> list[Collective]:
         key = (c.kind, float(c.bytes), c.control)
         out[key] = out.get(key, 0) + c.count
     return [Collective(k, b, n, ctl) for (k, b, ctl), n in out.items()]
+
+
+VARIABLE_KINDS = ("allgather", "ps_push", "ps_pull", "broadcast")
+
+
+def encoded_traffic(kind: str, e, rank: int):
+    """(sent, received) bytes of rank ``rank`` when worker w's payload encodes to ``e[w]`` bytes
+    (``e``: array of length P, traced or not; module docstring)."""
+    if kind not in VARIABLE_KINDS:
+        raise ValueError(f"encoded sizes apply to {', '.join(VARIABLE_KINDS)} collectives, not {kind!r}")
+    e = jnp.asarray(e, jnp.float32)
+    p = e.shape[0]
+    zero = jnp.zeros((), jnp.float32)
+    if p == 1:
+        return zero, zero
+    total = e.sum()
+    if kind == "allgather":
+        return total - e[(rank + 1) % p], total - e[rank]
+    if kind == "ps_push":
+        return (zero, total - e[0]) if rank == 0 else (e[rank], zero)
+    return ((p - 1) * e[0], zero) if rank == 0 else (zero, e[0])

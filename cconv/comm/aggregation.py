@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 
 from cconv import memory as M
+from cconv.comm.accounting import tree_bytes
 from cconv.comm.gtopk import gtopk
 from cconv.compressors.base import Compressor, DensePayload, payload_bytes
 from cconv.compressors.powersgd import PowerSGDState, compute_p, compute_q, is_compressed, matrix_shape, orthogonalize
@@ -65,6 +66,13 @@ def _gathered_sum(c: Compressor, stacked, like):
     if isinstance(stacked, SparsePayload):
         return scatter(stacked.values.reshape(-1), stacked.indices.reshape(-1), like)
     return jax.vmap(lambda p: c.decompress(p, like))(stacked).sum(0)
+
+
+def _note(comm, kind: str, c: Compressor, payloads) -> None:
+    """Record the encoded size of ``payloads`` (this worker's, or the one every worker received)
+    for a variable-length compressor; fixed formats move exactly what they encode."""
+    if c.variable_length:
+        comm.note_encoded(kind, tree_bytes(payloads), sum(c.encoded_bytes(p) for p in payloads))
 
 
 # ----------------------------------------------------------------------------- transports
@@ -98,7 +106,9 @@ class AllToAll:
 
     def gather(self, comm, c, payloads, units):
         """sum_w decompress(payload_w): allgather, then decompress each."""
-        return [_gathered_sum(c, s, u) for s, u in zip(comm.allgather(payloads), units)]
+        gathered = comm.allgather(payloads)
+        _note(comm, "allgather", c, payloads)
+        return [_gathered_sum(c, s, u) for s, u in zip(gathered, units)]
 
     def reply(self, comm, agg, units, server, downlink, key):
         return agg, server
@@ -133,7 +143,9 @@ class ParameterServer:
         return [_gathered_sum(c, s, u) for s, u in zip(stacked, units)]
 
     def gather(self, comm, c, payloads, units):
-        return [_gathered_sum(c, s, u) for s, u in zip(comm.push(payloads), units)]
+        pushed = comm.push(payloads)
+        _note(comm, "ps_push", c, payloads)
+        return [_gathered_sum(c, s, u) for s, u in zip(pushed, units)]
 
     def reply(self, comm, agg, units, server, downlink, key):
         """The server's reply: ``agg`` dense, or compressed by ``downlink`` (whose states are
@@ -143,6 +155,7 @@ class ParameterServer:
         skey = jax.random.fold_in(key, _SERVER_KEY)
         down = [downlink.compress(a, s, jax.random.fold_in(skey, j)) for j, (a, s) in enumerate(zip(agg, server))]
         pulled = comm.pull([p for p, _ in down])
+        _note(comm, "ps_pull", downlink, pulled)  # the server's reply, as every worker got it
         return [downlink.decompress(p, u) for p, u in zip(pulled, units)], tuple(s for _, s in down)
 
     def report_rank(self, workers: int) -> int:

@@ -52,6 +52,8 @@ class Comm:
     def __init__(self, size: int):
         self.size = int(size)
         self.ledger: list[Collective] = []
+        # variable-length payloads: (kind, moved bytes, this worker's encoded bytes (traced))
+        self.encoded: list[tuple[str, float, object]] = []
 
     # --- primitives (back-ends override) -------------------------------------------------
     def rank(self):
@@ -72,6 +74,11 @@ class Comm:
     # --- recorded operations ---------------------------------------------------------------
     def record(self, kind: str, nbytes: float, count: int = 1, control: bool = False) -> None:
         self.ledger.append(Collective(kind, float(nbytes), int(count), bool(control)))
+
+    def note_encoded(self, kind: str, moved: float, nbytes) -> None:
+        """The call of ``kind`` just recorded moved ``moved`` bytes per worker, of which this
+        worker's encoded message is ``nbytes`` (traced): ``cconv.comm.accounting.encoded_traffic``."""
+        self.encoded.append((kind, float(moved), nbytes))
 
     def allreduce(self, tree, control: bool = False, integers: bool = False):
         """Sum over workers of the floating leaves (integer leaves kept as they are); with

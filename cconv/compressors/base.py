@@ -6,7 +6,8 @@ A compressor is a NamedTuple of pure functions plus static properties::
     state = c.init(x)                                # pytree, may be empty
     payload, state = c.compress(x, state, key)       # payload: the message that travels
     y = c.decompress(payload, like)                  # like: array or ShapeDtypeStruct
-    payload_bytes(payload) == c.wire_bytes(x.shape, x.dtype)
+    payload_bytes(payload) == c.wire_bytes(x.shape, x.dtype)     # what a collective moves
+    c.encoded_bytes(payload) <= payload_bytes(payload)           # the encoded message (traced)
 
 ``payload`` is a pytree of arrays and *is* the message: sub-byte methods are bit-packed
 (``cconv.compressors.packing``), so the bytes the framework logs are the ``nbytes`` of these
@@ -28,6 +29,9 @@ Static properties
                                   moves fewer bytes than gathering them, else gathered.
 ``density``      fraction of coordinates a payload carries (k/d for sparsifiers, 1 otherwise).
 ``hparams``      the validated hyper-parameters, for logging.
+``encoded``      None for fixed-size formats; for variable-length ones (entropy-coded bit streams
+                 in a fixed-capacity buffer, ``cconv.compressors.bitstream``) a traced function
+                 ``payload -> float32 bytes of the encoded message``, which ``encoded_bytes`` calls.
 ``agree``        None, or an ``Agreement``: a per-tensor statistic every worker agrees on (one
                  reduction over the workers) before compressing, e.g. a shared max scaler.
 
@@ -81,7 +85,21 @@ class Compressor(NamedTuple):
     unbiased: bool
     aggregation: str = "allgather"  # set from the registry entry by ``Entry.build``
     hparams: Mapping[str, Any] = MappingProxyType({})  # the validated hyper-parameters (build)
+    encoded: Callable[[Payload], Array] | None = None  # variable-length formats: encoded bytes
     agree: Agreement | None = None  # a statistic the workers agree on before compressing
+
+    def encoded_bytes(self, payload: Payload) -> Array:
+        """Bytes of the message a variable-length transport would send (traced float32 scalar):
+        ``payload_bytes(payload)`` for fixed-size formats, the used part of the bit stream (with
+        its length and chunk index) for entropy-coded ones."""
+        if self.encoded is None:
+            return jnp.float32(payload_bytes(payload))
+        return jnp.asarray(self.encoded(payload), jnp.float32)
+
+    @property
+    def variable_length(self) -> bool:
+        """True when ``encoded_bytes`` depends on the data (an entropy-coded format)."""
+        return self.encoded is not None
 
     @property
     def summable(self) -> bool:

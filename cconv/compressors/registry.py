@@ -207,6 +207,10 @@ class Theory(NamedTuple):
     worst_case(c, shape) -> ndarray | None     an x attaining the bound (tight ones); None where
                                                there is none, or a ValueError saying why (e.g.
                                                the bound is a supremum, not attained)
+    encoded_bytes(c, shape, itemsize) -> float expected bytes of the encoded message, from the
+                                               paper (e.g. Golomb's expected code length for
+                                               Bernoulli(p) positions, QSGD's Theorem 3.2 bound);
+                                               None: the format is fixed, = wire_bytes
     ``c`` is the built Compressor (``c.hparams`` holds the validated hyper-parameters).
     """
 
@@ -215,6 +219,7 @@ class Theory(NamedTuple):
     error_sq: Callable[[Compressor, np.ndarray, Any], float]
     variance: Callable[[Compressor, np.ndarray], np.ndarray] | None = None
     worst_case: Callable[[Compressor, tuple], np.ndarray] | None = None
+    encoded_bytes: Callable[[Compressor, tuple, int], float] | None = None
 
 
 class Knob(NamedTuple):

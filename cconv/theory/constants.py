@@ -102,6 +102,16 @@ def wire_bytes(c: Compressor | str, shape, dtype="float32", **hparams) -> int:
     return int(_oracle(c, "wire_bytes")(c, _shape(shape), _itemsize(dtype)))
 
 
+def encoded_bytes(c: Compressor | str, shape, dtype="float32", **hparams) -> float:
+    """Expected bytes of the encoded message (the paper's expected code length); ``wire_bytes``
+    for fixed-size formats."""
+    c = resolve(c, **hparams)
+    fn = getattr(entry_of(c).theory, "encoded_bytes", None)
+    if fn is None:
+        return float(wire_bytes(c, shape, dtype))
+    return float(fn(c, _shape(shape), _itemsize(dtype)))
+
+
 def bits(c: Compressor | str, shape, dtype="float32", **hparams) -> float:
     """Bits per element on the wire: 8 * wire_bytes / d."""
     d = _d(shape)
