@@ -119,6 +119,8 @@ def test_a_dynamic_count_codes_only_the_first_entries():
         np.testing.assert_array_equal(np.asarray(got), np.where(np.arange(k) < n, idx, 0))
         used = -(-n // B.CHUNK)
         assert float(G.encoded_bytes(s)) == -(-int(s.nbits) // 8) + 4 + 4 * used
+        payload = G.GolombPayload(jnp.zeros((k,), jnp.float32), s)
+        assert float(G.payload_encoded_bytes(payload, count=int(valid.sum()))) == 4 * n + float(G.encoded_bytes(s))
 
 
 def test_mean_code_length_of_bernoulli_positions_is_the_papers():

@@ -200,12 +200,15 @@ def encoded_bytes(stream: BitStream, chunk: int = CHUNK) -> Array:
     return B.encoded_bytes(stream, used * chunk, chunk)
 
 
-def payload_encoded_bytes(payload, chunk: int = CHUNK) -> Array:
-    """Encoded bytes of a ``GolombPayload`` (traced float32): its k values and the encoded
-    position stream; any other payload (e.g. the dense one of k >= d): its ``payload_bytes``."""
+def payload_encoded_bytes(payload, count: Array | None = None, chunk: int = CHUNK) -> Array:
+    """Encoded bytes of a ``GolombPayload`` (traced float32): its values (all k, or the first
+    ``count`` for a payload encoded with a dynamic count; ``decode(...)[1].sum()`` recovers it
+    from the stream) and the encoded position stream; any other payload (e.g. the dense one of
+    k >= d): its ``payload_bytes``."""
     if not isinstance(payload, GolombPayload):
         return jnp.float32(payload_bytes(payload))
-    return payload.values.size * itemsize(payload.values.dtype) + encoded_bytes(payload.positions, chunk)
+    n = payload.values.size if count is None else jnp.asarray(count, jnp.float32)
+    return n * itemsize(payload.values.dtype) + encoded_bytes(payload.positions, chunk)
 
 
 def closed_form_stream_bytes(k: int, d: int) -> int:
