@@ -4,8 +4,9 @@
     .venv/bin/python experiments/benchmarks/run.py --parts a --sizes 1e6,1e7
 
 Parts
-  (a) compress and decompress time of every registered compressor (and of the selection
-      primitives) on fp32 vectors of 1e5, 1e6, 1e7, 2.5e7 elements, as ratios to the memory
+  (a) compress and decompress time of every registered compressor (also with
+      positions="golomb" where offered; and of the selection primitives and of Golomb-Rice
+      position coding alone, target <= 10x) on fp32 vectors of 1e5, 1e6, 1e7, 2.5e7 elements, as ratios to the memory
       floor measured in the same rounds: a jitted ``sum(abs(x))`` (one read of x).  Also the
       "write floor" (a jitted ``2 * x``: one read + one freshly allocated fp32 output), which
       bounds any decompression that materialises the dense gradient;
@@ -178,6 +179,66 @@ def bench_input(c: Compressor, x: jax.Array) -> jax.Array:
     return x
 
 
+def bench_cases(names, ratio) -> list[tuple[str, dict]]:
+    """(name, hparams) timed in (a): every compressor at its ``Bench`` settings and, where its
+    schema offers coded positions and the settings allow them, also with positions="golomb"."""
+    from cconv import compressors as C
+
+    out = []
+    for name in names:
+        hp = bench_hparams(name, ratio)
+        out.append((name, hp))
+        if "positions" in C.entry(name).schema.names and hp.get("positions", "int32") != "golomb":
+            try:
+                C.get(name, **{**hp, "positions": "golomb"})
+            except ValueError:  # e.g. random-k with a shared key: no positions travel
+                continue
+            out.append((name, {**hp, "positions": "golomb"}))
+    return out
+
+
+GOLOMB_TARGET_X = 10.0  # encode + decode of the positions, as a multiple of the read floor of x
+
+
+def golomb_row(d, k, key, floor, x, rep, log=print) -> dict:
+    """Golomb-Rice coding of k sorted positions in range(d) alone (``cconv.compressors.golomb``):
+    encode and decode time against the read floor of the d-element fp32 vector, and the bits
+    per position (encoded, and moved = the worst-case buffer)."""
+    import jax
+
+    from cconv.compressors import golomb, select
+
+    idx = jax.jit(lambda kk: select.sample_k_distinct(kk, d, k))(key)  # uniform, ascending
+    enc = jax.jit(lambda i: golomb.encode(i, d))
+    dec = jax.jit(lambda s: golomb.decode(s, k, d)[0])
+    stream = enc(idx)
+    me = measure(enc, (idx,), floor, (x,), rep)
+    md = measure(dec, (stream,), floor, (x,), rep)
+    total = me["ratio"] + md["ratio"]
+    row = {
+        "d": d,
+        "name": "golomb.encode + golomb.decode",
+        "hparams": {"k": k},
+        "compress_s": me["s"],
+        "decompress_s": md["s"],
+        "compress_x": me["ratio"],
+        "decompress_x": md["ratio"],
+        "total_x": total,
+        "target_x": GOLOMB_TARGET_X,
+        "meets_target": bool(total <= GOLOMB_TARGET_X),
+        "encoded_bits_per_position": 8 * float(golomb.encoded_bytes(stream)) / k,
+        "moved_bits_per_position": 8 * golomb.stream_bytes(k, d) / k,
+        "primitive": True,
+        "coding": True,
+    }
+    log(
+        f"[a] d={d:.1e} golomb positions (k={k}): encode {me['ratio']:.2f}x decode {md['ratio']:.2f}x "
+        f"total {total:.2f}x; {row['encoded_bits_per_position']:.2f} bits/position encoded, "
+        f"{row['moved_bits_per_position']:.2f} moved"
+    )
+    return row
+
+
 def part_a(sizes, repeats, ratio, names=None, log=print) -> dict:
     import jax
     import jax.numpy as jnp
@@ -197,8 +258,8 @@ def part_a(sizes, repeats, ratio, names=None, log=print) -> dict:
         w = measure(write, (x,), floor, (x,), rep)
         floors.append({"d": d, "read_floor_s": w["floor_s"], "write_floor_s": w["s"], "write_over_read": w["ratio"]})
         log(f"[a] d={d:.1e} read floor {w['floor_s'] * 1e3:.3f} ms, write floor {w['ratio']:.2f}x")
-        for name in names:
-            hp = bench_hparams(name, ratio)
+        for name, hp in bench_cases(names, ratio):
+            label = name if "positions" not in hp else f"{name} (positions={hp['positions']})"
             c = C.get(name, **hp)
             xin = bench_input(c, x)
             state = c.init(xin)
@@ -213,7 +274,8 @@ def part_a(sizes, repeats, ratio, names=None, log=print) -> dict:
             target = target_x(name)
             row = {
                 "d": d,
-                "name": name,
+                "name": label,
+                "compressor": name,
                 "hparams": hp,
                 "compress_s": mc["s"],
                 "decompress_s": md["s"],
@@ -227,7 +289,7 @@ def part_a(sizes, repeats, ratio, names=None, log=print) -> dict:
             }
             rows.append(row)
             log(
-                f"[a] d={d:.1e} {name:12s} compress {mc['ratio']:7.2f}x  decompress {md['ratio']:7.2f}x  "
+                f"[a] d={d:.1e} {label:12s} compress {mc['ratio']:7.2f}x  decompress {md['ratio']:7.2f}x  "
                 f"total {total:7.2f}x  (vs read+write floor {wr:5.2f}x)"
             )
         # selection primitives alone (the top-k family's and random-k's inner loops)
@@ -254,6 +316,7 @@ def part_a(sizes, repeats, ratio, names=None, log=print) -> dict:
                 }
             )
             log(f"[a] d={d:.1e} {pname:34s} {m['ratio']:8.2f}x")
+        rows.append(golomb_row(d, k, key, floor, x, rep, log))
         if d == 10**7:  # the exact top-k against lax.top_k across k
             for kk in (10, d // 1000, d // 10):
                 for pname, fn in (
@@ -578,8 +641,23 @@ def markdown(result: dict) -> str:
             "|---|---|---|",
         ]
         for r in a["rows"]:
-            if r.get("primitive"):
+            if r.get("primitive") and not r.get("coding"):
                 out.append(f"| {r['d']:.1e} | `{r['name']}` | {_fmt(r['compress_x'])} |")
+        out += [
+            "",
+            "Golomb-Rice coded positions alone (`cconv.compressors.golomb`; k = ratio * d sorted uniform "
+            "positions; bits per position: encoded message, and moved = the worst-case buffer):",
+            "",
+            "| d | k | encode | decode | total | target | meets | bits/position encoded | moved |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in a["rows"]:
+            if r.get("coding"):
+                out.append(
+                    f"| {r['d']:.1e} | {r['hparams']['k']} | {_fmt(r['compress_x'])} | {_fmt(r['decompress_x'])} | "
+                    f"{_fmt(r['total_x'])} | <= {r['target_x']:g} | {'yes' if r['meets_target'] else 'no'} | "
+                    f"{r['encoded_bits_per_position']:.2f} | {r['moved_bits_per_position']:.2f} |"
+                )
         out.append("")
     if "b" in result:
         b = result["b"]
