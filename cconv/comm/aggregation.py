@@ -248,11 +248,6 @@ class GTopK(_Method):
             raise ValueError(f"collective='gtopk' needs a top-k selection compressor ({', '.join(ok)}), got {c.name!r}")
         if cfg.architecture != AllToAll.name:
             raise ValueError("collective='gtopk' is an all-to-all algorithm; use architecture='all-to-all'")
-        if cfg.workers & (cfg.workers - 1):
-            raise ValueError(
-                f"collective='gtopk' needs a power-of-two number of workers "
-                f"(recursive doubling), got workers={cfg.workers}"
-            )
 
     def aggregate(self, comm, plan, units, state, key):
         payloads, states = self._compress(comm, plan, units, state, key)
