@@ -22,7 +22,7 @@ adapt_iters = 10 (the reference's compress_upper/lower_bound, max_adaptation_ite
 
 Computed as: one counting pass per adjustment (a bounded ``lax.while_loop``), then either the
 exact top-k (``cconv.compressors.select.topk_indices``) or the first k candidates in index order
-(``jnp.nonzero`` with a fixed size), chosen by ``lax.cond``.  Slots are in ascending index order.
+(a top-k of the score d - i over the candidates), chosen by ``lax.cond``.  Slots are in ascending index order.
 
 The message has a fixed capacity of k (value, int32 index) pairs: k * (itemsize + 4) bytes, at
 most k nonzeros.  Biased.  Guarantee: exact coordinates of x are sent, so ||x - C(x)|| <= ||x||
@@ -126,10 +126,18 @@ def _dgc(
         resample = (n > high) & (rounds < adapt_iters)
 
         def first_k(_):
-            return jnp.nonzero(mag >= thr, size=kk, fill_value=0)[0].astype(jnp.int32)
+            cand = mag >= thr
+            if d < 1 << 24:  # d - i is exact in float32: one top-k pass ranks candidates by index
+                idx = topk_indices(jnp.where(cand, jnp.arange(d, 0, -1, dtype=jnp.float32), 0.0), kk)
+                return idx, cand[idx]  # fewer than k candidates: the other slots are padding
+            idx = jnp.nonzero(cand, size=kk, fill_value=0)[0].astype(jnp.int32)
+            return idx, jnp.arange(kk) < n
 
-        idx = lax.cond(resample, lambda _: topk_indices(flat, kk).astype(jnp.int32), first_k, None)
-        valid = resample | (jnp.arange(kk) < n)
+        def top_k(_):
+            idx = topk_indices(flat, kk)
+            return idx, idx >= 0  # all valid (derived from idx: same shard_map variance as first_k)
+
+        idx, valid = lax.cond(resample, top_k, first_k, None)
         values = jnp.where(valid, flat[idx], jnp.zeros((), flat.dtype))
         return SparsePayload(values, jnp.where(valid, idx, 0)), state
 
