@@ -12,6 +12,9 @@ kind                   sent per rank                   received per rank
 allreduce (ring)       2 (P-1)/P * D                   2 (P-1)/P * D
 allgather (ring)       (P-1) * D                       (P-1) * D
 recursive_doubling     log2(P) * D   (one D per round)  log2(P) * D
+  P not a power of two  ranks j < r: (log2 p' + 1) D    the same; p' = 2^floor(log2 P),
+  (fold, double,        ranks r..p'-1: log2(p') D       r = P - p' (``cconv.comm.gtopk``)
+  unfold)               ranks >= p': D (fold)           D (unfold)
 ps_push                D (workers 1..P-1), 0 (server)  (P-1) * D at the server (rank 0)
 ps_pull                (P-1) * D at the server         D (workers 1..P-1)
 broadcast (from 0)     (P-1) * D at rank 0             D (ranks 1..P-1)
@@ -72,7 +75,12 @@ def traffic(c: Collective, workers: int) -> tuple[np.ndarray, np.ndarray]:
     elif c.kind == "allgather":
         sent[:] = recv[:] = (p - 1) * d
     elif c.kind == "recursive_doubling":
-        sent[:] = recv[:] = math.log2(p) * d
+        # fold ranks p'+j -> j, recursive doubling among the first p', unfold j -> p'+j
+        p2 = 1 << (p.bit_length() - 1)
+        sent[:p2] = recv[:p2] = math.log2(p2) * d
+        sent[: p - p2] += d  # unfold
+        recv[: p - p2] += d  # fold
+        sent[p2:] = recv[p2:] = d
     elif c.kind == "ps_push":
         sent[1:] = d
         recv[0] = (p - 1) * d

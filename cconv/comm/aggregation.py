@@ -316,10 +316,10 @@ class GTopK(_Method):
             raise ValueError(f"collective='gtopk' needs a top-k selection compressor ({', '.join(ok)}), got {c.name!r}")
         if cfg.architecture != AllToAll.name:
             raise ValueError("collective='gtopk' is an all-to-all algorithm; use architecture='all-to-all'")
-        if cfg.workers & (cfg.workers - 1):
+        if c.variable_length:
             raise ValueError(
-                f"collective='gtopk' needs a power-of-two number of workers "
-                f"(recursive doubling), got workers={cfg.workers}"
+                f"collective='gtopk' exchanges fixed (value, int32 index) pairs; {c.name} is configured with an "
+                "entropy-coded format (e.g. positions='golomb'): use its default format"
             )
 
     def aggregate(self, comm, plan, units, state, key):

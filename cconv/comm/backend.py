@@ -22,6 +22,8 @@ High-level operations (all record their traffic):
                       traffic by default: a statistic the workers agree on).
 ``allgather(tree)``   every leaf gains a leading axis of size P (worker w's payload at [w]).
 ``exchange(tree, r)`` recursive-doubling round r: swap with partner rank ^ 2**r.
+``permute(tree, perm)`` point-to-point transfers along (source, target) pairs; ranks that
+                      are no target receive zeros (gTop-k's rounds, fold and unfold).
 ``push(tree)``        parameter-server uplink: rank 0 (the server) receives every payload,
                       stacked on a leading axis (other ranks get zeros there).
 ``pull(tree)``        parameter-server downlink: every rank receives rank 0's tree.
@@ -118,6 +120,11 @@ class Comm:
         """Recursive doubling round: swap ``tree`` with rank ^ 2**round_ (caller records)."""
         bit = 1 << round_
         return self._ppermute(tree, [(i, i ^ bit) for i in range(self.size)])
+
+    def permute(self, tree, perm):
+        """Send ``tree`` along the (source, target) pairs ``perm`` (a partial permutation);
+        ranks that are no target get zeros (caller records)."""
+        return self._ppermute(tree, list(perm))
 
     def push(self, tree, control: bool = False):
         """PS uplink: on rank 0, every worker's tree stacked on a leading axis."""
