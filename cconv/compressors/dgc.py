@@ -22,7 +22,9 @@ adapt_iters = 10 (the reference's compress_upper/lower_bound, max_adaptation_ite
 
 Computed as: one counting pass per adjustment (a bounded ``lax.while_loop``), then either the
 exact top-k (``cconv.compressors.select.topk_indices``) or the first k candidates in index order
-(a top-k of the score d - i over the candidates), chosen by ``lax.cond``.  Slots are in ascending index order.
+(when n <= upper_bound * k, the usual case: the candidates are among the upper_bound * k largest
+magnitudes, so one top-k of that size and a prefix sum; otherwise a top-k of the score d - i over
+the candidates), chosen by ``lax.cond``.  Slots are in ascending index order.
 
 The message has a fixed capacity of k (value, int32 index) pairs: k * (itemsize + 4) bytes, at
 most k nonzeros.  Biased.  Guarantee: exact coordinates of x are sent, so ||x - C(x)|| <= ||x||
@@ -125,13 +127,24 @@ def _dgc(
         high = math.floor(upper_bound * kk)  # n > upper_bound * k  <=>  n > high
         resample = (n > high) & (rounds < adapt_iters)
 
-        def first_k(_):
+        def few(_):  # n <= high: the candidates are among the `high` largest magnitudes
+            top = topk_indices(mag, min(high, d))  # ascending indices
+            cand = mag[top] >= thr
+            rank = jnp.cumsum(cand, dtype=jnp.int32) - 1  # index order among the candidates
+            slot = jnp.where(cand & (rank < kk), rank, kk)
+            idx = jnp.zeros((kk,), jnp.int32).at[slot].set(top, mode="drop")
+            return idx, jnp.arange(kk) < n  # fewer than k candidates: the other slots are padding
+
+        def many(_):  # n > high after the last lowering (rare): rank every candidate by index
             cand = mag >= thr
             if d < 1 << 24:  # d - i is exact in float32: one top-k pass ranks candidates by index
                 idx = topk_indices(jnp.where(cand, jnp.arange(d, 0, -1, dtype=jnp.float32), 0.0), kk)
-                return idx, cand[idx]  # fewer than k candidates: the other slots are padding
+                return idx, cand[idx]
             idx = jnp.nonzero(cand, size=kk, fill_value=0)[0].astype(jnp.int32)
             return idx, jnp.arange(kk) < n
+
+        def first_k(_):
+            return lax.cond(n <= high, few, many, None)
 
         def top_k(_):
             idx = topk_indices(flat, kk)
