@@ -25,6 +25,8 @@ CODED = [
     ("topk", {"positions": "golomb"}),
     ("randomk", {"positions": "golomb", "shared": False}),
 ]
+# DGC sends a data-dependent number (<= k) of entries: the Theory estimate is an upper one
+CODED_ALL = CODED + [("dgc", {"positions": "golomb"})]
 
 
 def py_rice_bits(indices, d: int, k: int | None = None) -> list[int]:
@@ -172,7 +174,7 @@ def test_theory_encoded_bytes_predict_the_mean_message(name, hp):
     assert np.all(got <= c.wire_bytes((d,))) and T.wire_bytes(c, (d,)) == c.wire_bytes((d,))
 
 
-@pytest.mark.parametrize("name,hp", CODED, ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize("name,hp", CODED_ALL, ids=lambda v: v if isinstance(v, str) else "")
 @pytest.mark.parametrize(
     "shape,dtype", [((1,), "float32"), ((7,), "bfloat16"), ((33, 17), "float32"), ((5000,), "float32")]
 )
@@ -198,7 +200,7 @@ def test_golomb_and_int32_positions_decompress_bit_identically(name, hp, shape, 
 
 
 def test_defaults_are_the_int32_format():
-    for name, hp in CODED:
+    for name, hp in CODED_ALL:
         hp = {k: v for k, v in hp.items() if k != "positions"}
         c = cc.get(name, ratio=0.01, **hp)
         assert c.hparams["positions"] == "int32" and c.encoded is None
@@ -246,7 +248,7 @@ def test_randomk_refuses_golomb_where_no_index_travels():
 
 
 def test_k_at_least_d_sends_the_dense_format():
-    for name, hp in CODED:
+    for name, hp in CODED_ALL:
         c = cc.get(name, k=10, **hp)
         x = jnp.arange(4.0) - 1.5
         p, _ = c.compress(x, None, jax.random.PRNGKey(0))
@@ -256,3 +258,21 @@ def test_k_at_least_d_sends_the_dense_format():
             == cc.get(name, k=10, **{**hp, "positions": "int32"}).wire_bytes((4,))
         )
         assert float(c.encoded_bytes(p)) == cc.payload_bytes(p)
+
+
+def test_dgc_codes_only_the_entries_it_sends():
+    """DGC's coded payload carries its count; the encoded message is the count, the sent values
+    and the used stream, at most the Theory estimate for k entries."""
+    d, ratio = 20_000, 0.01
+    c = cc.dgc(ratio=ratio, positions="golomb")
+    ref = cc.dgc(ratio=ratio)
+    x = jax.random.normal(jax.random.PRNGKey(3), (d,))
+    p, _ = c.compress(x, c.init(x), None)
+    r, _ = ref.compress(x, ref.init(x), None)
+    n = int(p.count)
+    assert n == int(np.count_nonzero(np.asarray(r.values))) and 0 < n <= 200
+    idx, valid = G.decode(p.positions, 200, d)
+    np.testing.assert_array_equal(np.asarray(idx)[:n], np.asarray(r.indices)[:n])
+    assert int(np.asarray(valid).sum()) == n
+    want = 4 + 4 * n + float(G.encoded_bytes(p.positions))
+    assert float(c.encoded_bytes(p)) == want <= T.encoded_bytes(c, (d,)) + 1

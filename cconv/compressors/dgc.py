@@ -27,7 +27,10 @@ magnitudes, so one top-k of that size and a prefix sum; otherwise a top-k of the
 the candidates), chosen by ``lax.cond``.  Slots are in ascending index order.
 
 The message has a fixed capacity of k (value, int32 index) pairs: k * (itemsize + 4) bytes, at
-most k nonzeros.  Biased.  Guarantee: exact coordinates of x are sent, so ||x - C(x)|| <= ||x||
+most k nonzeros.  ``positions="golomb"``: the positions of the sent entries (a prefix of
+the k slots) travel Golomb-Rice coded (``cconv.compressors.golomb``) with their int32 count;
+the buffer keeps the capacity of k positions, the encoded message only the sent ones.
+Biased.  Guarantee: exact coordinates of x are sent, so ||x - C(x)|| <= ||x||
 (non-expansive); the exact top-k (delta = k/d) when the sample is the whole vector, otherwise no
 delta > 0 holds for every x (the index-order cut may skip the largest candidates: if they are at
 high indices, the sent mass can be an arbitrarily small fraction), although on gradients the
@@ -42,12 +45,14 @@ entries (and, after adjustment, no others: inf * 0.8 = inf) are the candidates.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from cconv.compressors.base import Compressor, SparsifierSize, check_float, size_of, stateless_init
+from cconv.compressors import golomb
+from cconv.compressors.base import Array, Compressor, SparsifierSize, check_float, size_of, stateless_init
 from cconv.compressors.oracle import flat64, sparsifier_k, top_idx
 from cconv.compressors.registry import RATIO, Bound, Entry, K, Knob, Param, Schema, Theory, ratio_or_k, register
 from cconv.compressors.select import topk_indices
@@ -59,6 +64,17 @@ from cconv.compressors.sparse import (
     decompress_sparse,
     sparse_bytes,
 )
+
+
+class CodedPayload(NamedTuple):
+    """``positions="golomb"``: at most k entries; the first ``count`` slots are the sent ones
+    (values, Golomb-Rice coded ascending positions, ``cconv.compressors.golomb``), the rest padding
+    that takes no bits.  The int32 count travels (4 bytes) so that the values' part of the
+    message is known without decoding the positions."""
+
+    values: Array
+    positions: golomb.BitStream
+    count: Array  # int32 scalar
 
 
 def sample_layout(d: int, k: int, sample_ratio: float) -> tuple[int, int, int]:
@@ -102,9 +118,20 @@ def _dgc(
     upper_bound: float = 1.3,
     lower_bound: float = 0.8,
     adapt_iters: int = 10,
+    positions: str = "int32",
 ) -> Compressor:
     size = SparsifierSize(ratio, k)
     kof = size.k
+    coded = positions == "golomb"
+
+    def payload(flat, idx, valid):
+        """The k slots (valid ones first, ascending; padding: value 0 at index 0)."""
+        values = jnp.where(valid, flat[idx], jnp.zeros((), flat.dtype))
+        idx = jnp.where(valid, idx, 0).astype(jnp.int32)
+        if coded:  # only the valid prefix is coded
+            n = jnp.sum(valid, dtype=jnp.int32)
+            return CodedPayload(values, golomb.encode(idx, flat.shape[0], n), n)
+        return SparsePayload(values, idx)
 
     def compress(x, state, key):
         check_float("dgc", x)
@@ -118,11 +145,7 @@ def _dgc(
         stride, n_s, _ = sample_layout(d, kk, sample_ratio)
         if stride == 1 and n_s == d:  # the sample is everything: thr is the k-th largest |x_i|
             idx = topk_indices(flat, kk)
-            sel = flat[idx]
-            sel_mag = jnp.abs(sel).astype(jnp.float32)
-            valid = jnp.where(jnp.isnan(sel_mag), jnp.inf, sel_mag) >= thr  # all of them (exact top-k)
-            values = jnp.where(valid, sel, jnp.zeros((), flat.dtype))
-            return SparsePayload(values, jnp.where(valid, idx, 0).astype(jnp.int32)), state
+            return payload(flat, idx, mag[idx] >= thr), state  # all of them (exact top-k)
         thr, n, rounds = adjust_threshold(mag, thr, kk, lower_bound, adapt_iters)
         high = math.floor(upper_bound * kk)  # n > upper_bound * k  <=>  n > high
         resample = (n > high) & (rounds < adapt_iters)
@@ -151,19 +174,52 @@ def _dgc(
             return idx, idx >= 0  # all valid (derived from idx: same shard_map variance as first_k)
 
         idx, valid = lax.cond(resample, top_k, first_k, None)
-        values = jnp.where(valid, flat[idx], jnp.zeros((), flat.dtype))
-        return SparsePayload(values, jnp.where(valid, idx, 0)), state
+        return payload(flat, idx, valid), state
+
+    def decompress(payload, like):
+        if isinstance(payload, CodedPayload):
+            return golomb.decompress(golomb.GolombPayload(payload.values, payload.positions), like)
+        return decompress_sparse(payload, like)
 
     def wire_bytes(shape, dtype="float32"):
-        return sparse_bytes(kof(shape), size_of(shape), dtype)
+        kk, d = kof(shape), size_of(shape)
+        return golomb.moved_bytes(kk, d, dtype) + 4 if coded and kk < d else sparse_bytes(kk, d, dtype)
 
-    return Compressor(stateless_init, compress, decompress_sparse, wire_bytes, size.density, name="dgc", unbiased=False)
+    def encoded(p):  # the count, the valid values and the used part of the position stream
+        if not isinstance(p, CodedPayload):
+            return golomb.payload_encoded_bytes(p)
+        return 4 + golomb.payload_encoded_bytes(golomb.GolombPayload(p.values, p.positions), count=p.count)
+
+    return Compressor(
+        stateless_init,
+        compress,
+        decompress,
+        wire_bytes,
+        size.density,
+        name="dgc",
+        unbiased=False,
+        encoded=encoded if coded else None,
+    )
 
 
 def _wire_bytes(c, shape, isz):
     d = size_of(shape)
     k = sparsifier_k(c, d)
-    return d * isz if k >= d else k * (isz + 4)
+    if k >= d:
+        return d * isz
+    return k * isz + (golomb.closed_form_stream_bytes(k, d) + 4 if c.hparams["positions"] == "golomb" else 4 * k)
+
+
+def _encoded_bytes(c, shape, isz):
+    """Expected encoded bytes with Golomb positions: about k entries are sent (between
+    lower_bound * k and k after the adjustment), counted as k values plus k positions at
+    b* + 1/(1 - (1-p)^(2^b*)) bits (Sattler et al. 2019; an upper estimate); the wire bytes
+    for int32 positions."""
+    d = size_of(shape)
+    k = sparsifier_k(c, d)
+    if k >= d or c.hparams["positions"] != "golomb":
+        return float(_wire_bytes(c, shape, isz))
+    return 4 + k * isz + golomb.expected_stream_bytes(k, d)
 
 
 def _bound(c, shape):
@@ -206,7 +262,7 @@ def _error_sq(c, x, state):
     return float(np.sum(x * x)) - float(np.sum(x[sent] ** 2))
 
 
-THEORY = Theory(wire_bytes=_wire_bytes, bound=_bound, error_sq=_error_sq)
+THEORY = Theory(wire_bytes=_wire_bytes, bound=_bound, error_sq=_error_sq, encoded_bytes=_encoded_bytes)
 
 dgc = register(
     "dgc",
@@ -220,6 +276,7 @@ dgc = register(
                 Param("upper_bound", "float", 1.3, low=1.0, help="resample above upper_bound * k candidates"),
                 Param("lower_bound", "float", 0.8, low=0.0, high=1.0, low_open=True, help="threshold factor"),
                 Param("adapt_iters", "int", 10, low=0, help="threshold adjustments at most"),
+                golomb.POSITIONS,
             ),
             rule=ratio_or_k,
         ),
@@ -227,7 +284,7 @@ dgc = register(
         theory=THEORY,
         knob=Knob("ratio", SPARSE_RATIOS),
         label="DGC",
-        cases=({"ratio": 0.2},),
+        cases=({"ratio": 0.2}, {"ratio": 0.05, "positions": "golomb"}),
         bench=SPARSE_BENCH,
     ),
 )
