@@ -48,6 +48,13 @@ CASES += [
         0,
     ),
     ("randomk-gathered", dict(compressor=C.randomk(ratio=0.1), collective="allgather"), 0),
+    # entropy-coded payloads (the moved buffers are their capacity; the encoded table rides in
+    # the control all-reduce) and TernGrad's shared scaler (a max all-reduce, control traffic)
+    ("stc-golomb", dict(compressor=C.stc(ratio=0.1, positions="golomb"), memory="ef"), 0),
+    ("dgc-golomb-ps", dict(compressor=C.dgc(ratio=0.1, positions="golomb"), architecture="parameter-server"), 0),
+    ("dgc-golomb", dict(compressor=C.dgc(ratio=0.1, positions="golomb"), memory="dgc"), 0),
+    ("terngrad-shared", dict(compressor=C.terngrad(shared_scale=True)), 0),
+    ("terngrad-shared-ps", dict(compressor=C.terngrad(shared_scale=True), architecture="parameter-server"), 0),
     ("fused-filter", dict(compressor=C.topk(ratio=0.1), memory="ef", granularity="fused", compress_vectors=False), 0),
     ("local-sync-delta", dict(compressor=C.topk(ratio=0.2), memory="ef", local_steps=2, compress_delta=True), 1),
     ("local-step", dict(local_steps=2), 0),

@@ -102,6 +102,11 @@ def test_collective_times_by_hand():
     assert N.allgather_time(n, 8, net, "recursive_doubling") == pytest.approx(3e-5 + 7e-3)
     assert N.collective_time("recursive_doubling", n, 8, net) == pytest.approx(3 * (1e-5 + 1e-3))
     assert N.recursive_doubling_rounds(6) == 4 and N.recursive_doubling_rounds(8) == 3
+    from cconv.comm.accounting import Collective, traffic
+
+    for p in range(2, 9):  # the planner's bytes are the busiest rank's of the engine's ledger
+        sent, _ = traffic(Collective("recursive_doubling", n), p)
+        assert N.bytes_sent("recursive_doubling", n, p) == pytest.approx(sent.max())
     assert N.collective_time("ps_push", n, 8, net) == pytest.approx(1e-5 + 7e-3)
     assert N.collective_time("ps_pull", n, 8, net, servers=8) == pytest.approx(1e-5 + 7 / 8 * 1e-3)
     assert N.collective_time("broadcast", n, 8, net) == pytest.approx(min(3 * (1e-5 + 1e-3), 10e-5 + 1.75e-3))

@@ -177,8 +177,10 @@ def _dgc(
         return payload(flat, idx, valid), state
 
     def decompress(payload, like):
-        if isinstance(payload, CodedPayload):
-            return golomb.decompress(golomb.GolombPayload(payload.values, payload.positions), like)
+        if isinstance(payload, CodedPayload):  # the count says how many values the message holds
+            sent = jnp.arange(payload.values.shape[0]) < payload.count
+            values = jnp.where(sent, payload.values, jnp.zeros((), payload.values.dtype))
+            return golomb.decompress(golomb.GolombPayload(values, payload.positions), like)
         return decompress_sparse(payload, like)
 
     def wire_bytes(shape, dtype="float32"):

@@ -216,7 +216,9 @@ def bytes_sent(kind: str, nbytes: float, workers: int, *, servers: int = 1) -> f
     """Bytes one worker puts on its link for one collective (the algorithms above).
 
     For a worker that is not a server or root (cconv.comm.accounting's convention): allreduce
-    2(P-1)/P n; allgather (P-1) n; recursive doubling r(P) n; ps_push (1 - 1/S) n with S
+    2(P-1)/P n; allgather (P-1) n; recursive doubling ceil(log2 P) n (the busiest rank: with P not
+    a power of two, a fold partner receives the folded rank's n, runs log2 of the rest rounds and
+    sends the result back; ``recursive_doubling_rounds`` counts the fold as a round for time); ps_push (1 - 1/S) n with S
     co-located servers (n for S = 1: the whole payload goes to the server); ps_pull and broadcast 0.
     """
     n, p = _check_args(nbytes, workers)
@@ -226,8 +228,8 @@ def bytes_sent(kind: str, nbytes: float, workers: int, *, servers: int = 1) -> f
         return 2 * (p - 1) / p * n
     if kind == "allgather":
         return (p - 1) * n
-    if kind == "recursive_doubling":
-        return recursive_doubling_rounds(p) * n
+    if kind == "recursive_doubling":  # the busiest rank (a fold partner): ceil(log2 P) messages
+        return (p - 1).bit_length() * n
     if kind == "ps_push":
         return n if servers < p else (1 - 1 / servers) * n
     if kind in ("ps_pull", "broadcast"):
