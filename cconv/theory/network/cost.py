@@ -218,7 +218,8 @@ def bytes_sent(kind: str, nbytes: float, workers: int, *, servers: int = 1) -> f
     For a worker that is not a server or root (cconv.comm.accounting's convention): allreduce
     2(P-1)/P n; allgather (P-1) n; recursive doubling ceil(log2 P) n (the busiest rank: with P not
     a power of two, a fold partner receives the folded rank's n, runs log2 of the rest rounds and
-    sends the result back; ``recursive_doubling_rounds`` counts the fold as a round for time); ps_push (1 - 1/S) n with S
+    sends the result back; ``recursive_doubling_rounds`` counts the fold as a round for time); ps_push
+    (1 - 1/S) n with S
     co-located servers (n for S = 1: the whole payload goes to the server); ps_pull and broadcast 0.
     """
     n, p = _check_args(nbytes, workers)
