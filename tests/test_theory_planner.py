@@ -360,3 +360,29 @@ def test_theory_names_no_compressor():
         if pattern.search(line)
     ]
     assert hits == []
+
+
+def test_encoded_bytes_and_fixed_hyper_parameters():
+    """``--hparam positions=golomb`` plans the coded formats; ``--bytes encoded`` counts their
+    expected encoded messages (Theory.encoded_bytes), ``moved`` their buffers; fixed formats
+    count the same either way."""
+    from cconv.theory import constants as K
+
+    w = W.custom(1_000_000, 1e9, 10)
+    net = N.Network("hand", 0.0, 1e-9)
+    kw = dict(methods=["stc", "qsgd"], sweep={"ratio": [0.01], "levels": [4]})
+    moved = _rows(PL.plan(w, 4, net, 1e12, fixed={"positions": "golomb"}, **kw))
+    enc = _rows(PL.plan(w, 4, net, 1e12, fixed={"positions": "golomb"}, nbytes="encoded", **kw))
+    plain = _rows(PL.plan(w, 4, net, 1e12, **kw))
+    stc = C.stc(ratio=0.01, positions="golomb")
+    key = ("stc", "positions=golomb, ratio=0.01")
+    assert moved[key].payload_bytes == stc.wire_bytes((1_000_000,))
+    assert enc[key].payload_bytes == pytest.approx(K.encoded_bytes(stc, (1_000_000,)))
+    assert enc[key].payload_bytes < moved[key].payload_bytes < plain[("stc", "ratio=0.01")].payload_bytes
+    assert moved[("qsgd", "levels=4")].payload_bytes == plain[("qsgd", "levels=4")].payload_bytes
+    with pytest.raises(ValueError, match="nbytes must be one of moved, encoded"):
+        PL.plan(w, 4, net, 1e12, nbytes="bits")
+    base = ("--params", "1e6", "--flops-per-sample", "1e9", "--batch", "10", "--workers", "4", "--network", "10GbE")
+    assert CLI.run(_args(*base, "--hparam", "positions=golomb", "--bytes", "encoded", "--methods", "stc")) == 0
+    assert CLI.run(_args(*base, "--hparam", "positions=gz")) == 2
+    assert CLI.run(_args(*base, "--hparam", "nope=1")) == 2

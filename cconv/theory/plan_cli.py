@@ -124,18 +124,21 @@ def _sweep_item(text: str) -> tuple[str, list[str]]:
     return name.strip(), items
 
 
-def knob_value(name: str, text: str) -> Any:
-    """``text`` as a value of knob ``name``, typed by the schema of an entry that sweeps it."""
+def knob_value(name: str, text: str, option: str = "--sweep", knobs_only: bool = True) -> Any:
+    """``text`` as a value of knob ``name``, typed by the schema of an entry that sweeps it (or,
+    with ``knobs_only=False``, of any entry that has a hyper-parameter of that name)."""
     param = next(
         (
             p
             for e in C.entries()
-            if e.knob is not None and e.knob.name == name
+            if not knobs_only or (e.knob is not None and e.knob.name == name)
             for p in e.schema.params
             if p.name == name
         ),
         None,
     )
+    if param is None and not knobs_only:
+        raise ValueError(f"{option} {name}: no registered compressor has a hyper-parameter {name!r}")
     kind = param.type if param is not None else "any"
     try:
         if kind == "bool":
@@ -154,7 +157,7 @@ def knob_value(name: str, text: str) -> Any:
         return v
     except ValueError:
         raise ValueError(
-            f"--sweep {name}: bad value {text!r} (expected {kind if kind != 'any' else 'a number'})"
+            f"{option} {name}: bad value {text!r} (expected {kind if kind != 'any' else 'a number'})"
         ) from None
 
 
@@ -165,6 +168,20 @@ def sweep_of(args: argparse.Namespace) -> dict[str, list]:
         if name in out:
             raise ValueError(f"--sweep {name} given twice")
         out[name] = [knob_value(name, t) for t in items]
+    return out
+
+
+def fixed_of(args: argparse.Namespace) -> dict[str, Any]:
+    """Hyper-parameter name -> value from ``--hparam NAME=VALUE``."""
+    out: dict[str, Any] = {}
+    for item in getattr(args, "hparam", None) or []:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--hparam expects NAME=VALUE, got {item!r}")
+        out[name] = knob_value(name, text, "--hparam", knobs_only=False)
+        choices = {c for e in C.entries() for p in e.schema.params if p.name == name for c in (p.choices or ())}
+        if choices and out[name] not in choices:
+            raise ValueError(f"--hparam {name}: {text!r} is not one of {', '.join(sorted(map(str, choices)))}")
     return out
 
 
@@ -216,6 +233,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=_pos_int,
         default=None,
         help="parameter servers for the -ps method (default: one per worker, as BytePS in the survey)",
+    )
+    p.add_argument(
+        "--hparam",
+        action="append",
+        metavar="NAME=VALUE",
+        help="a hyper-parameter for every compressor that has it (repeatable), e.g. positions=golomb",
+    )
+    p.add_argument(
+        "--bytes",
+        choices=PL.BYTES,
+        default="moved",
+        help="payload sizes: the buffers the collectives move (default), or the expected encoded messages "
+        "of entropy-coded formats (what a variable-length transport would send)",
     )
 
 
@@ -280,6 +310,8 @@ def run(args: argparse.Namespace) -> int:
                 overlap=args.overlap,
                 methods=args.methods,
                 servers=args.servers,
+                nbytes=args.bytes,
+                fixed=fixed_of(args),
             )
             out.append(format_plan(p, args.overlap, args.granularity))
     except ValueError as e:

@@ -12,7 +12,8 @@ FLOP/s, then exchange their (compressed) gradients:
                                                  in the survey's evaluation)
 
 t_comm is ``cconv.theory.network.step_comm_time`` of the collectives the method issues, with
-payload sizes from the compressors' own ``wire_bytes``.  Compression compute (selection,
+payload sizes from the compressors' own ``wire_bytes`` (``nbytes="encoded"``: the expected encoded
+message, ``cconv.theory.constants.encoded_bytes``, for entropy-coded formats).  Compression compute (selection,
 packing) is not modelled, and lossy methods may need more iterations to reach the same
 accuracy: the speedup is per iteration, not time-to-accuracy.
 
@@ -55,7 +56,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -176,13 +177,19 @@ def knob_names() -> list[str]:
     return sorted({e.knob.name for e in C.entries() if e.knob is not None})
 
 
-def settings(method: Method, sweep: Mapping[str, Sequence] | None = None) -> list[dict]:
+def settings(
+    method: Method, sweep: Mapping[str, Sequence] | None = None, fixed: Mapping[str, Any] | None = None
+) -> list[dict]:
     """The hyper-parameter sets a method is planned with: its knob's values (``sweep`` overrides
-    them by knob name); ``[{}]`` (the defaults) without a knob or without values."""
+    them by knob name); ``[{}]`` (the defaults) without a knob or without values.  ``fixed``
+    (name -> value, e.g. ``positions="golomb"``) is added to every set of a method whose
+    compressor has a hyper-parameter of that name."""
     knob, sweep = method.knob, sweep or {}
+    names = {p.name for p in C.entry(method.compressor).schema.params}
+    base = {k: v for k, v in (fixed or {}).items() if k in names}
     if knob is None or (knob.name not in sweep and not knob.values):
-        return [{}]
-    return [{knob.name: v} for v in (sweep[knob.name] if knob.name in sweep else knob.values)]
+        return [dict(base)]
+    return [{**base, knob.name: v} for v in (sweep[knob.name] if knob.name in sweep else knob.values)]
 
 
 def kind_of(method: Method, c: Compressor) -> str:
@@ -209,8 +216,16 @@ def payload_leaf_bytes(c: Compressor, shape: tuple[int, ...], dtype: str = "floa
     return [float(payload_bytes(leaf)) for leaf in jax.tree.leaves(payload) if jnp.issubdtype(leaf.dtype, jnp.floating)]
 
 
-def calls(method: Method, c: Compressor, workload: W.Workload, granularity: str) -> list[tuple[str, float, int]]:
-    """(kind, bytes, tensor index) of every call, in forward order of the tensors."""
+BYTES = ("moved", "encoded")  # what a payload counts: its buffer, or its expected encoded message
+
+
+def calls(
+    method: Method, c: Compressor, workload: W.Workload, granularity: str, nbytes: str = "moved"
+) -> list[tuple[str, float, int]]:
+    """(kind, bytes, tensor index) of every call, in forward order of the tensors.  ``nbytes``:
+    ``moved`` = the payload buffers (``wire_bytes``); ``encoded`` = the expected encoded message
+    (``cconv.theory.constants.encoded_bytes``, the papers' expected code lengths; equal for
+    fixed-size formats), what a transport sending only the used bits would move."""
     kind = kind_of(method, c)
     out: list[tuple[str, float, int]] = []
     if per_tensor(kind):
@@ -227,7 +242,7 @@ def calls(method: Method, c: Compressor, workload: W.Workload, granularity: str)
         return out if granularity == "layerwise" else [("allreduce", b, 0) for b in phases]
     shapes = workload.shapes if granularity == "layerwise" else ((workload.params,),)
     for i, s in enumerate(shapes):
-        b = float(c.wire_bytes(s, "float32"))
+        b = float(K.encoded_bytes(c, s) if nbytes == "encoded" else c.wire_bytes(s, "float32"))
         if kind == PS:
             out += [("ps_push", b, i), ("ps_pull", b, i)]
         else:
@@ -298,11 +313,15 @@ def plan(
     overlap: bool = False,
     methods: Sequence[str] | None = None,
     servers: int | None = None,
+    nbytes: str = "moved",
+    fixed: Mapping[str, Any] | None = None,
 ) -> Plan:
     """Predict every method's iteration time on ``net`` (see the module docstring for the model).
 
     ``sweep``: knob name -> values (overrides ``Entry.knob``'s); ``ratios``, ``ranks``,
     ``levels`` are aliases of ``sweep["ratio"]``, ``sweep["rank"]``, ``sweep["levels"]``.
+    ``nbytes``: ``moved`` (payload buffers) or ``encoded`` (expected encoded messages), see ``calls``.
+    ``fixed``: hyper-parameters set for every method that has them (``settings``).
     """
     if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
         raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
@@ -310,6 +329,8 @@ def plan(
         raise ValueError(f"device_flops must be a number > 0, got {device_flops!r}")
     if granularity not in ("fused", "layerwise"):
         raise ValueError(f"granularity must be one of fused, layerwise; got {granularity!r}")
+    if nbytes not in BYTES:
+        raise ValueError(f"nbytes must be one of {', '.join(BYTES)}; got {nbytes!r}")
     table = all_methods()
     sweep = _sweep(sweep, {"ratios": ratios, "ranks": ranks, "levels": levels})
     explicit = methods is not None
@@ -327,7 +348,7 @@ def plan(
     for m in chosen:
         method = table[m]
         try:
-            built = [(hp, C.get(method.compressor, **hp)) for hp in settings(method, sweep)]
+            built = [(hp, C.get(method.compressor, **hp)) for hp in settings(method, sweep, fixed)]
         except ValueError as e:
             if explicit:
                 raise
@@ -350,7 +371,7 @@ def plan(
     rows = []
     for method, built in planned:
         for hp, c in built:
-            cs = calls(method, c, workload, granularity)
+            cs = calls(method, c, workload, granularity, nbytes)
             colls = [(k, b) for k, b, _ in cs]
             payload = sum(b for k, b, _ in cs if k != "ps_pull")
             sent = sum(N.bytes_sent(k, b, workers, servers=servers) for k, b in colls)
