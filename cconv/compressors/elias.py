@@ -143,10 +143,11 @@ def _read_code(words: Array, pos: Array) -> tuple[tuple[Array, Array], Array]:
 def decode(stream: B.BitStream, count: Array, d: int, chunk: int = B.CHUNK, block: int = 64) -> Array:
     """The d int32 levels of an ``encode``d stream with ``count`` nonzeros (traced).
 
-    Chunk-parallel like ``bitstream.decode``, but only over the chunks that hold codes: blocks of
-    ``block`` chunks are decoded (``chunk`` sequential steps each, vectorized over the block)
-    while a block starts below ceil(count / chunk), so a sparse message costs O(count) decoding
-    steps plus one scatter into the d levels, not O(d)."""
+    Chunk-parallel like ``bitstream.decode``, but only over the chunks that hold codes (those
+    whose offset is below ``stream.nbits``): blocks of ``block`` chunks are decoded (``chunk``
+    sequential steps each, vectorized over the block) while a block starts below that number, so
+    a sparse message costs O(count) decoding steps plus one scatter into the d levels, not O(d).
+    Codes past ``count`` are masked."""
     if d == 0:
         return jnp.zeros((0,), jnp.int32)
     chunks = B.num_chunks(d, chunk)
@@ -154,8 +155,10 @@ def decode(stream: B.BitStream, count: Array, d: int, chunk: int = B.CHUNK, bloc
     n_blocks = -(-chunks // block)
     offsets = jnp.pad(stream.offsets, (0, n_blocks * block - chunks), constant_values=stream.nbits)
     count = jnp.asarray(count, jnp.int32)
-    used = (count + chunk - 1) // chunk
+    used = jnp.sum(stream.offsets < stream.nbits, dtype=jnp.int32)  # chunks that start a code
     words = stream.words
+    # an int32 zero that varies like the stream (loop carries must, inside shard_map)
+    zero = (words[0] & 0).astype(jnp.int32) | (offsets[0] & 0)
 
     def block_body(carry):
         b, gaps, levels = carry
@@ -166,7 +169,7 @@ def decode(stream: B.BitStream, count: Array, d: int, chunk: int = B.CHUNK, bloc
             (gap, level), pos = _read_code(words, pos)
             return pos, g.at[:, t].set(gap), lv.at[:, t].set(level)
 
-        zeros = jnp.zeros((block, chunk), jnp.int32)
+        zeros = jnp.zeros((block, chunk), jnp.int32) | zero
         _, g, lv = lax.fori_loop(0, chunk, step, (pos, zeros, zeros))
         gaps = lax.dynamic_update_slice(gaps, g, (b * block, 0))
         levels = lax.dynamic_update_slice(levels, lv, (b * block, 0))
@@ -174,8 +177,8 @@ def decode(stream: B.BitStream, count: Array, d: int, chunk: int = B.CHUNK, bloc
 
     init = (
         jnp.zeros((), jnp.int32),
-        jnp.zeros((n_blocks * block, chunk), jnp.int32),
-        jnp.zeros((n_blocks * block, chunk), jnp.int32),
+        jnp.zeros((n_blocks * block, chunk), jnp.int32) | zero,
+        jnp.zeros((n_blocks * block, chunk), jnp.int32) | zero,
     )
     _, gaps, levels = lax.while_loop(lambda c: c[0] * block < used, block_body, init)
     gaps, levels = gaps.reshape(-1)[:d], levels.reshape(-1)[:d]
