@@ -4,7 +4,8 @@
     .venv/bin/python experiments/benchmarks/run.py --parts a --sizes 1e6,1e7
 
 Parts
-  (a) compress and decompress time of every registered compressor (and of the selection
+  (a) compress and decompress time of every registered compressor (also with its entropy-coded
+      wire format where its schema offers one: qsgd's coding="elias"; and of the selection
       primitives) on fp32 vectors of 1e5, 1e6, 1e7, 2.5e7 elements, as ratios to the memory
       floor measured in the same rounds: a jitted ``sum(abs(x))`` (one read of x).  Also the
       "write floor" (a jitted ``2 * x``: one read + one freshly allocated fp32 output), which
@@ -178,6 +179,29 @@ def bench_input(c: Compressor, x: jax.Array) -> jax.Array:
     return x
 
 
+CODED = (("positions", "golomb"), ("coding", "elias"))  # (hyper-parameter, entropy-coded value)
+
+
+def bench_cases(names, ratio) -> list[tuple[str, dict, str]]:
+    """(name, hparams, label) timed in (a): every compressor at its ``Bench`` settings and, where
+    its schema offers an entropy-coded wire format (``CODED``) that the settings allow, also with
+    that format (same values, another message)."""
+    from cconv import compressors as C
+
+    out = []
+    for name in names:
+        hp = bench_hparams(name, ratio)
+        out.append((name, hp, name))
+        for param, value in CODED:
+            if param in C.entry(name).schema.names and hp.get(param) != value:
+                try:
+                    C.get(name, **{**hp, param: value})
+                except ValueError:  # not offered with these settings
+                    continue
+                out.append((name, {**hp, param: value}, f"{name} ({param}={value})"))
+    return out
+
+
 def part_a(sizes, repeats, ratio, names=None, log=print) -> dict:
     import jax
     import jax.numpy as jnp
@@ -197,8 +221,7 @@ def part_a(sizes, repeats, ratio, names=None, log=print) -> dict:
         w = measure(write, (x,), floor, (x,), rep)
         floors.append({"d": d, "read_floor_s": w["floor_s"], "write_floor_s": w["s"], "write_over_read": w["ratio"]})
         log(f"[a] d={d:.1e} read floor {w['floor_s'] * 1e3:.3f} ms, write floor {w['ratio']:.2f}x")
-        for name in names:
-            hp = bench_hparams(name, ratio)
+        for name, hp, label in bench_cases(names, ratio):
             c = C.get(name, **hp)
             xin = bench_input(c, x)
             state = c.init(xin)
@@ -210,10 +233,11 @@ def part_a(sizes, repeats, ratio, names=None, log=print) -> dict:
             md = measure(dec, (payload,), floor, (x,), rep)
             total = mc["ratio"] + md["ratio"]
             wr = (mc["s"] + md["s"]) / (mc["floor_s"] + md["floor_s"] * w["ratio"])  # vs read + write floor
-            target = target_x(name)
+            target = target_x(name) if label == name else None  # coded variants: report only
             row = {
                 "d": d,
-                "name": name,
+                "name": label,
+                "compressor": name,
                 "hparams": hp,
                 "compress_s": mc["s"],
                 "decompress_s": md["s"],
@@ -224,10 +248,11 @@ def part_a(sizes, repeats, ratio, names=None, log=print) -> dict:
                 "target_x": target,
                 "meets_target": None if target is None else bool(total <= target),
                 "payload_bytes": C.payload_bytes(payload),
+                "encoded_bytes": float(c.encoded_bytes(payload)),
             }
             rows.append(row)
             log(
-                f"[a] d={d:.1e} {name:12s} compress {mc['ratio']:7.2f}x  decompress {md['ratio']:7.2f}x  "
+                f"[a] d={d:.1e} {label:12s} compress {mc['ratio']:7.2f}x  decompress {md['ratio']:7.2f}x  "
                 f"total {total:7.2f}x  (vs read+write floor {wr:5.2f}x)"
             )
         # selection primitives alone (the top-k family's and random-k's inner loops)
