@@ -101,6 +101,29 @@ def test_stream_matches_the_python_encoder_and_decodes_exactly(chunk, block):
     np.testing.assert_array_equal(back, lv)
 
 
+@pytest.mark.parametrize("extra", [0, 1])
+def test_sparse_and_dense_paths_give_the_python_stream(extra):
+    d = 8192
+    k = E.sparse_rows(d)
+    assert k == 4096
+    rng = np.random.default_rng(extra)
+    lv = np.zeros(d, np.int32)
+    lv[np.sort(rng.choice(d, k + extra, replace=False))] = rng.choice([-3, -1, 1, 2, 5], k + extra)
+    stream, count, back = roundtrip(lv)
+    ref = py_encode(lv)
+    assert int(count) == k + extra and int(stream.nbits) == len(ref)
+    np.testing.assert_array_equal(np.asarray(stream.words), as_words(ref, len(stream.words)))
+    idx = np.flatnonzero(lv)
+    code_len = [
+        len(py_omega(int(g))) + 1 + len(py_omega(abs(int(v)))) for g, v in zip(np.diff(idx, prepend=-1), lv[idx])
+    ]
+    starts = np.concatenate([[0], np.cumsum(code_len)])
+    want = np.full(B.num_chunks(d), len(ref))
+    want[: -(-idx.size // B.CHUNK)] = starts[:-1][:: B.CHUNK]
+    np.testing.assert_array_equal(np.asarray(stream.offsets), want)
+    np.testing.assert_array_equal(back, lv)
+
+
 def test_decode_edge_cases():
     d = 70_000
     cases = {

@@ -96,27 +96,59 @@ def code_fields(gaps: Array, negative: Array, magnitudes: Array) -> tuple[Array,
     return jnp.stack([g_pre_v, g_v, tail_v], 1), jnp.stack([g_pre_l, g_l, tail_l], 1)
 
 
+SPARSE = 32  # the sparse path handles up to max(SPARSE_MIN, d // SPARSE) nonzeros
+SPARSE_MIN = 4096
+
+
+def sparse_rows(d: int) -> int:
+    """Static number of codes the sparse path of ``encode``/``decode`` handles (d: no sparse path)."""
+    return min(d, max(SPARSE_MIN, d // SPARSE))
+
+
 def encode(levels: Array, capacity_bits: int, chunk: int = B.CHUNK) -> tuple[B.BitStream, Array]:
     """Encode int levels (any shape, read flat; |level| <= 127) into a stream of at most
     ``capacity_bits`` bits; returns (stream, count of nonzeros as int32).  A message longer than
     the capacity is cut (bits past it are dropped) but ``stream.nbits`` is its true length, so
     ``stream.nbits > capacity_bits`` says it did not fit.  Needs 16 * size < 2^31 (bit counts are
-    int32)."""
+    int32).
+
+    Two paths give the same stream bit for bit: when count <= ``sparse_rows(d)`` (QSGD at small s
+    has about s sqrt(d) nonzeros) only that many codes are built, their positions found by
+    binary search in the running count of nonzeros; otherwise all d code slots are (a ``lax.cond``:
+    under ``vmap`` both run)."""
     flat = jnp.asarray(levels).reshape(-1).astype(jnp.int32)
     d = flat.shape[0]
     if 16 * d >= 2**31:
         raise ValueError(f"elias: a tensor of {d} elements is too large to code (at most {2**31 // 16 - 1})")
+    if d == 0:
+        return B.write(jnp.zeros((0, 3), _U32), jnp.zeros((0, 3), jnp.int32), capacity_bits, chunk), jnp.int32(0)
     nz = flat != 0
-    rank = jnp.cumsum(nz, dtype=jnp.int32) - 1
-    count = (rank[-1] + 1) if d else jnp.zeros((), jnp.int32)
-    pos = jnp.full((d,), d, jnp.int32).at[jnp.where(nz, rank, d)].set(jnp.arange(d, dtype=jnp.int32), mode="drop")
-    valid = jnp.arange(d, dtype=jnp.int32) < count
-    prev = jnp.concatenate([jnp.full((1,), -1, jnp.int32), pos[:-1]]) if d else pos
-    gaps = jnp.where(valid, pos - prev, 1)
-    lev = flat[jnp.minimum(pos, max(d - 1, 0))] if d else flat
-    values, lengths = code_fields(gaps, lev < 0, jnp.where(valid, jnp.abs(lev), 1))
-    lengths = jnp.where(valid[:, None], lengths, 0)
-    return B.write(values, lengths, capacity_bits, chunk), count.astype(jnp.int32)
+    csum = jnp.cumsum(nz, dtype=jnp.int32)
+    count = csum[-1]
+
+    def rows(n, pos):
+        """The stream of the first n code slots, nonzero j at flat position pos[j] (j < count)."""
+        valid = jnp.arange(n, dtype=jnp.int32) < count
+        pos = jnp.where(valid, pos, d)
+        prev = jnp.concatenate([jnp.full((1,), -1, jnp.int32), pos[:-1]])
+        lev = flat[jnp.minimum(pos, d - 1)]
+        values, lengths = code_fields(jnp.where(valid, pos - prev, 1), lev < 0, jnp.where(valid, jnp.abs(lev), 1))
+        st = B.write(values, jnp.where(valid[:, None], lengths, 0), capacity_bits, chunk)
+        pad = B.num_chunks(d, chunk) - st.offsets.shape[0]  # chunks of empty slots start at nbits
+        return st._replace(offsets=jnp.pad(st.offsets, (0, pad), constant_values=st.nbits))
+
+    def dense(_):
+        rank = jnp.where(nz, csum - 1, d)
+        return rows(d, jnp.full((d,), d, jnp.int32).at[rank].set(jnp.arange(d, dtype=jnp.int32), mode="drop"))
+
+    k = sparse_rows(d)
+    if k == d:
+        return dense(None), count
+
+    def sparse(_):
+        return rows(k, jnp.searchsorted(csum, jnp.arange(1, k + 1, dtype=jnp.int32), side="left").astype(jnp.int32))
+
+    return lax.cond(count <= k, sparse, dense, None), count
 
 
 def _read_omega(words: Array, pos: Array, groups: int) -> tuple[Array, Array]:
@@ -146,16 +178,31 @@ def decode(stream: B.BitStream, count: Array, d: int, chunk: int = B.CHUNK, bloc
     Chunk-parallel like ``bitstream.decode``, but only over the chunks that hold codes (those
     whose offset is below ``stream.nbits``): blocks of ``block`` chunks are decoded (``chunk``
     sequential steps each, vectorized over the block) while a block starts below that number, so
-    a sparse message costs O(count) decoding steps plus one scatter into the d levels, not O(d).
-    Codes past ``count`` are masked."""
+    a sparse message costs O(count) decoding steps plus one scatter into the d levels.  Codes
+    past ``count`` are masked.  As in ``encode``, count <= ``sparse_rows(d)`` takes a path that
+    only holds that many codes (same result)."""
     if d == 0:
         return jnp.zeros((0,), jnp.int32)
-    chunks = B.num_chunks(d, chunk)
+    count = jnp.asarray(count, jnp.int32)
+    k = sparse_rows(d)
+    if k == d:
+        return _decode_rows(stream, count, d, d, chunk, block)
+    return lax.cond(
+        count <= k,
+        lambda _: _decode_rows(stream, count, d, k, chunk, block),
+        lambda _: _decode_rows(stream, count, d, d, chunk, block),
+        None,
+    )
+
+
+def _decode_rows(stream: B.BitStream, count: Array, d: int, n: int, chunk: int, block: int) -> Array:
+    """``decode`` of at most n (static) codes."""
+    chunks = B.num_chunks(n, chunk)
     block = max(1, min(block, chunks))
     n_blocks = -(-chunks // block)
-    offsets = jnp.pad(stream.offsets, (0, n_blocks * block - chunks), constant_values=stream.nbits)
-    count = jnp.asarray(count, jnp.int32)
-    used = jnp.sum(stream.offsets < stream.nbits, dtype=jnp.int32)  # chunks that start a code
+    offsets = stream.offsets[:chunks]
+    used = jnp.sum(offsets < stream.nbits, dtype=jnp.int32)  # chunks that start a code
+    offsets = jnp.pad(offsets, (0, n_blocks * block - chunks), constant_values=stream.nbits)
     words = stream.words
     # an int32 zero that varies like the stream (loop carries must, inside shard_map)
     zero = (words[0] & 0).astype(jnp.int32) | (offsets[0] & 0)
@@ -181,8 +228,8 @@ def decode(stream: B.BitStream, count: Array, d: int, chunk: int = B.CHUNK, bloc
         jnp.zeros((n_blocks * block, chunk), jnp.int32) | zero,
     )
     _, gaps, levels = lax.while_loop(lambda c: c[0] * block < used, block_body, init)
-    gaps, levels = gaps.reshape(-1)[:d], levels.reshape(-1)[:d]
-    valid = jnp.arange(d, dtype=jnp.int32) < count
+    gaps, levels = gaps.reshape(-1)[:n], levels.reshape(-1)[:n]
+    valid = jnp.arange(n, dtype=jnp.int32) < count
     where = jnp.where(valid, jnp.cumsum(jnp.where(valid, gaps, 0), dtype=jnp.int32) - 1, d)
     return jnp.zeros((d,), jnp.int32).at[where].set(levels, mode="drop")
 
@@ -196,4 +243,13 @@ def expected_bound_bits(n: int, levels: int) -> float:
     return (3.0 + 1.5 * math.log2(2.0 * (s * s + n) / a)) * a + 32.0
 
 
-__all__ = ["MAX_VALUE", "code_fields", "decode", "encode", "expected_bound_bits", "omega_len", "worst_case_bits"]
+__all__ = [
+    "MAX_VALUE",
+    "code_fields",
+    "decode",
+    "encode",
+    "expected_bound_bits",
+    "omega_len",
+    "sparse_rows",
+    "worst_case_bits",
+]
