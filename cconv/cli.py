@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
@@ -197,6 +198,7 @@ def cmd_report(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from cconv.experiments.config import field_help
+    from cconv.experiments.plotting import X_AXES
 
     # --debug works before or after the command; the sub-commands' copy has no default so that it
     # does not overwrite a --debug given before the command.
@@ -264,9 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("results", nargs="+", help="run or sweep directories")
     pl.add_argument(
         "--x",
-        choices=("bytes", "steps", "time"),
+        choices=X_AXES,
         default="bytes",
-        help="x axis: cumulative bytes per worker (log), steps, or simulated time (default: bytes)",
+        help="x axis: cumulative bytes per worker moved by the collectives (log), the same for the encoded "
+        "messages (bytes_encoded), steps, or simulated time (default: bytes)",
     )
     pl.add_argument("--y", default="loss", help="metric on the y axis (loss, test_loss, test_accuracy, ...)")
     pl.add_argument("--network", help="network whose simulated time to use with --x time (e.g. 10GbE)")
@@ -326,6 +329,50 @@ def _one_line_warnings() -> None:
     warnings.showwarning = showwarning
 
 
+class _QuietStderr:
+    """``sys.stderr`` without one known piece of library noise: after a failed checkpoint write,
+    orbax's tensorstore callbacks print "RuntimeError: Event loop is closed" tracebacks from C
+    (not through ``sys.excepthook``).  Traceback blocks are held per thread until their last line
+    and dropped only when it is exactly that error; everything else passes through unchanged."""
+
+    NOISE = "RuntimeError: Event loop is closed"
+
+    def __init__(self, stream):
+        self._stream, self._local = stream, threading.local()
+
+    def write(self, text: str) -> int:
+        held = getattr(self._local, "held", None)
+        if held is None and not text.startswith("Traceback (most recent call last):"):
+            return self._stream.write(text)
+        held = (held or "") + text
+        lines = held.split("\n")
+        last = [ln for ln in lines[1:] if ln and not ln.startswith(" ")]
+        if not last or not held.endswith("\n"):
+            self._local.held = held
+            return len(text)
+        self._local.held = None
+        if last[-1].strip() != self.NOISE:
+            self._stream.write(held)
+        return len(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _quiet_library_logs() -> None:
+    """Without --debug, errors reach the user as cconv's one line: drop the libraries' own error
+    logs (orbax logs every failed write thread with its traceback through absl)."""
+    try:
+        from absl import logging as absl_logging
+    except ImportError:
+        return
+    logger = absl_logging.get_absl_logger()
+    if not any(getattr(f, "_cconv", False) for f in logger.filters):
+        quiet = lambda record: record.levelno >= absl_logging.converter.STANDARD_CRITICAL  # noqa: E731
+        quiet._cconv = True
+        logger.addFilter(quiet)
+
+
 def main(argv: list[str] | None = None) -> int:
     _one_line_warnings()
     parser = build_parser()
@@ -334,6 +381,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_BAD_INPUT
     debug = bool(getattr(args, "debug", False))
+    if not debug:
+        _quiet_library_logs()
+        if argv is None and not isinstance(sys.stderr, _QuietStderr):  # the process is the command
+            sys.stderr = _QuietStderr(sys.stderr)
     try:
         if args.command == "plan":
             from cconv.theory import plan_cli

@@ -34,7 +34,7 @@ SHAPES = [(6, 16), (16,), (16, 1)]
 
 
 def test_registries():
-    assert set(AGGREGATORS) == {"allreduce", "allgather", "vote", "gtopk", "powersgd"}
+    assert set(AGGREGATORS) == {"allreduce", "allgather", "vote", "gtopk", "powersgd", "intsum"}
     assert all(m.name == n for n, m in AGGREGATORS.items())
     assert set(TRANSPORTS) == {"all-to-all", "parameter-server"}
     assert COLLECTIVES == ("auto", "allgather", "gtopk")

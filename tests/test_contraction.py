@@ -5,6 +5,8 @@ their papers state them (spot checks).
 (Unscaled random-k's contraction holds in expectation: see also test_unbiased.py.)
 """
 
+import importlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -113,23 +115,82 @@ def test_dgc_equals_topk_when_the_sample_is_everything():
         np.testing.assert_array_equal(rt(cc.dgc(k=k), x), rt(cc.topk(k=k), x))
 
 
-@pytest.mark.parametrize("d,ratio,seed", [(5000, 0.01, 0), (5000, 0.003, 1), (3001, 0.05, 2)])
-def test_dgc_sends_a_subset_of_topk(d, ratio, seed):
+def _dgc_branch(x, c):
+    """(thr, n, rounds, branch) of DGC's threshold adjustment, from the module's own functions."""
+    dgc_mod = importlib.import_module("cconv.compressors.dgc")
+    hp, d = c.hparams, x.size
+    k = int(np.ceil(hp["ratio"] * d))
+    mag = jnp.abs(jnp.asarray(x))
+    thr = dgc_mod.sampled_threshold(mag, k, hp["sample_ratio"])
+    thr, n, rounds = (
+        np.asarray(v) for v in dgc_mod.adjust_threshold(mag, thr, k, hp["lower_bound"], hp["adapt_iters"])
+    )
+    if n > hp["upper_bound"] * k and rounds < hp["adapt_iters"]:
+        return thr, int(n), int(rounds), "resample"
+    return thr, int(n), int(rounds), "cut" if n > k else "all"
+
+
+@pytest.mark.parametrize(
+    "d,ratio,seed,scale,branch",
+    [
+        (5000, 0.01, 0, 1.0, None),
+        (3001, 0.05, 2, 1.0, None),
+        (5000, 0.01, 1, 100.0, "all"),  # sampled entries the largest: too few pass, lowered
+        (5000, 0.01, 3, 0.01, "resample"),  # sampled entries the smallest: too many pass
+        (3001, 0.05, 4, 1.0, "cut"),  # k < n <= 1.3 k: the k lowest-index candidates
+        (5000, 0.01, 5, 1.1, "cut"),
+    ],
+)
+def test_dgc_follows_the_reference_threshold_adjustment(d, ratio, seed, scale, branch):
+    """Resample (top-k) above 1.3k candidates, lower the threshold by 0.8 below 0.8k, else the
+    candidates in index order cut at k (Lin et al. 2018's reference implementation)."""
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal(d) * rng.exponential(1.0, d)).astype(np.float32)
+    stride = d // max(int(np.ceil(0.01 * d)), 256)
+    x[::stride] *= scale
     c = cc.dgc(ratio=ratio)
     k = int(np.ceil(ratio * d))
-    y = rt(c, x)
+    thr, n, rounds, got = _dgc_branch(x, c)
+    assert branch is None or got == branch, (got, n, k, rounds)
+    if branch == "all":
+        assert rounds >= 1 and n >= 0.8 * k
+    cand = np.flatnonzero(np.abs(x) >= thr)
+    assert cand.size == n
+    want = np.argsort(-np.abs(x), kind="stable")[:k] if got == "resample" else cand[:k]
     p = payload_of(c, x)
-    assert p.values.shape == (k,)
-    sent = np.flatnonzero(y)
-    topset = set(np.argsort(-np.abs(x))[:k].tolist())
-    assert 1 <= sent.size <= k and set(sent.tolist()) <= topset
-    assert int(np.argmax(np.abs(x))) in sent
-    np.testing.assert_array_equal(y[sent], x[sent])
-    # contraction: at least as strong as sending only the largest entry, at most top-k's
-    e = sq(x - y)
-    assert sq(x - rt(cc.topk(k=k), x)) <= e <= (1 - 1 / d) * sq(x) * (1 + 1e-6)
+    assert p.values.shape == (k,) and p.indices.dtype == jnp.int32  # fixed capacity: bytes unchanged
+    y = rt(c, x)
+    expected = np.zeros_like(x)
+    expected[want] = x[want]
+    np.testing.assert_array_equal(y, expected)
+    oracle = importlib.import_module("cconv.compressors.dgc").THEORY.error_sq
+    assert sq(x - y) == pytest.approx(oracle(c, x.astype(np.float64), None), rel=1e-6)
+
+
+def test_dgc_index_order_cut_is_only_non_expansive():
+    # d = 1000, k = 800: the sample (every 3rd entry) is all zeros, so thr = 0 and n = d <= 1.3 k:
+    # no resample, the first 800 indices are sent -- all zeros -- while the mass sits above.
+    d, k = 1000, 800
+    x = np.zeros(d, np.float32)
+    x[801::3] = 1.0
+    c = cc.dgc(k=k)
+    assert not rt(c, x).any()
+    b = importlib.import_module("cconv.compressors.dgc").THEORY.bound(c, (d,))
+    assert (b.kind, b.delta) == ("biased", 0.0)
+
+
+def test_dgc_adjustment_options():
+    rng = np.random.default_rng(5)
+    d = 5000
+    x = (rng.standard_normal(d) * rng.exponential(1.0, d)).astype(np.float32)
+    x[::19] *= 100.0  # too few pass the sampled threshold
+    lowered = rt(cc.dgc(ratio=0.01), x)
+    fixed = rt(cc.dgc(ratio=0.01, adapt_iters=0), x)  # no adjustment: what passes, cut at k
+    assert np.count_nonzero(fixed) < np.count_nonzero(lowered) <= 50
+    # upper_bound = 1: any excess over k is resampled to the exact top-k
+    x2 = (rng.standard_normal(d)).astype(np.float32)
+    x2[::19] *= 0.5
+    np.testing.assert_array_equal(rt(cc.dgc(ratio=0.01, upper_bound=1.0), x2), rt(cc.topk(ratio=0.01), x2))
 
 
 def test_threshold_under_capacity_and_overflow():
@@ -239,3 +300,24 @@ def test_terngrad_clip_scaler_is_c_sigma_and_constant_tensors_survive():
     assert set(np.unique(np.abs(rt(c, x)).round(4))) <= {0.0, round(2.5 * sigma, 4)}
     for const in (np.full((6,), 0.3, np.float32), np.array(-2.0, np.float32)):
         np.testing.assert_allclose(rt(c, const), const.reshape(-1) if const.ndim else const, rtol=1e-6)
+
+
+def test_dgc_adjustment_under_vmap_and_shard_map():
+    # d > 256: the bounded while_loop and the lax.cond run batched (vmap) and per device.
+    rng = np.random.default_rng(6)
+    d = 3001
+    xs = (rng.standard_normal((4, d)) * rng.exponential(1.0, (4, d))).astype(np.float32)
+    xs[1, ::11] *= 100.0  # lowered threshold
+    xs[2, ::11] *= 0.01  # resample
+    c = cc.dgc(ratio=0.05)
+    loop = np.stack([rt(c, x) for x in xs])
+
+    def one(x):
+        p, _ = c.compress(x, c.init(x), KEY)
+        return c.decompress(p, x)
+
+    np.testing.assert_array_equal(np.asarray(jax.jit(jax.vmap(one))(jnp.asarray(xs))), loop)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]), ("w",))
+    spec = jax.sharding.PartitionSpec("w")
+    sm = jax.jit(jax.shard_map(lambda x: one(x[0])[None], mesh=mesh, in_specs=spec, out_specs=spec))
+    np.testing.assert_array_equal(np.asarray(sm(jnp.asarray(xs))), loop)

@@ -249,7 +249,7 @@ def test_parameter_server_dense_equals_allreduce():
         (dict(architecture="ring"), "architecture"),
         (dict(compressor="nope"), "unknown compressor"),
         (dict(collective="gtopk", compressor="qsgd"), "top-k"),
-        (dict(collective="gtopk", compressor=C.topk(ratio=0.1), workers=6), "power-of-two"),
+        (dict(collective="gtopk", compressor=C.topk(ratio=0.1), architecture="ps"), "all-to-all"),
         (dict(vote=True, compressor="none"), "vote"),
         (dict(compressor="powersgd", granularity="fused"), "layerwise"),
         (dict(warmup=Warmup((0.5,), 2), compressor="signsgd"), "ratio"),

@@ -98,5 +98,5 @@ def test_figures_are_written(sweep, tmp_path):
         assert os.path.getsize(o) > 1000
     with pytest.raises(ValueError, match="available: 10GbE"):
         plotting.curves(df, x="time", network="100GbIB", out=str(tmp_path / "x.png"))
-    with pytest.raises(ValueError, match="valid: bytes, steps, time"):
+    with pytest.raises(ValueError, match="valid: bytes, bytes_encoded, steps, time"):
         plotting.curves(df, x="epochs", out=str(tmp_path / "x.png"))

@@ -345,10 +345,13 @@ def _damage_checkpoint(path):
                     fh.truncate(os.path.getsize(p) // 2)
 
 
-def test_damaged_checkpoint_one_line_naming_it_and_the_way_out(tmp_path):
-    """Before: a JSONDecodeError (a ValueError: `cconv: error:`, exit 2, as if the input were bad)."""
+def test_damaged_checkpoint_one_line_naming_it_and_the_way_out(tmp_path, monkeypatch):
+    """Before: a JSONDecodeError (a ValueError: `cconv: error:`, exit 2, as if the input were bad).
+    With only one checkpoint kept there is nothing to fall back to."""
+    from cconv.experiments import runner
     from cconv.experiments.checkpoint import CheckpointError
 
+    monkeypatch.setattr(runner, "KEEP_CHECKPOINTS", 1)
     d = str(tmp_path / "run")
     execute(from_dict(TINY), d, stop_after=10)  # checkpoint of step 8
     ck = os.path.join(d, io.CHECKPOINTS, "8")
@@ -366,10 +369,8 @@ def test_damaged_checkpoint_one_line_naming_it_and_the_way_out(tmp_path):
     _check_completed(d)
 
 
-def test_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, monkeypatch):
-    from cconv.experiments import runner
-
-    monkeypatch.setattr(runner, "KEEP_CHECKPOINTS", 2)
+def test_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path):
+    """Two checkpoints are kept (``runner.KEEP_CHECKPOINTS``)."""
     cfg = from_dict({**TINY, "steps": 16})
     d = str(tmp_path / "run")
     execute(cfg, d, stop_after=10)  # checkpoints of steps 4 and 8
@@ -478,3 +479,59 @@ def test_sweep_grid_size_is_bounded():
 
     with pytest.raises(ConfigError, match="100000000 runs"):
         sweep.expand_grid({f"k{i}": list(range(10)) for i in range(8)})
+
+
+# --------------------------------------------------------------------------- a full disk
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 3 MB tmpfs (needs root and mount; skipped where the sandbox forbids it)."""
+    import subprocess
+
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    yield str(mnt)
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_disk_full_ends_with_one_line_and_an_honest_summary(small_disk, tmp_path):
+    """Before: pages of orbax tracebacks (absl error logs, "Event loop is closed" from C threads)
+    and a 400-character tensorstore message; the partial checkpoint filled the disk."""
+    cfg = tmp_path / "big.yaml"  # a checkpoint of ~5 MB (two workers' replicas and residuals)
+    cfg.write_text(TINY_YAML.replace("hidden: [8]", "hidden: [512, 512]"))
+    d = os.path.join(small_disk, "run")
+    r = cconv("run", str(cfg), "--out", d)
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    want = f"cconv: run failed: CheckpointError: cannot write checkpoint {d}/checkpoints/4: no space left on device"
+    assert len(lines) == 1 and lines[0].startswith(want), r.stderr[-3000:]
+    s = io.read_summary(d)
+    assert s["status"] == "failed" and s["error"] == want.split("run failed: ")[1]
+    assert os.listdir(os.path.join(d, io.CHECKPOINTS)) == []  # the partial write is gone
+    assert "recorded in" in lines[0]
+
+
+def test_a_failed_checkpoint_write_names_the_checkpoint_and_keeps_the_previous(tmp_path, monkeypatch):
+    import jax.numpy as jnp
+
+    from cconv.experiments.checkpoint import Checkpointer, CheckpointError
+
+    ck = Checkpointer(str(tmp_path / "ck"), keep=2)
+    ck.save(1, {"a": jnp.ones(3)}, {"n": 1})
+    real = ck._mngr.save
+
+    def full(step, args, force):
+        os.makedirs(os.path.join(ck.directory, f"{step}.orbax-checkpoint-tmp-123", "x"))
+        raise ValueError("RESOURCE_EXHAUSTED: Error writing ...: No space left on device [os_error_code='28']")
+
+    monkeypatch.setattr(ck._mngr, "save", full)
+    with pytest.raises(CheckpointError, match=r"^cannot write checkpoint .*/ck/2: no space left on device$"):
+        ck.save(2, {"a": jnp.zeros(3)}, {"n": 2})
+    assert sorted(os.listdir(ck.directory)) == ["1"]
+    monkeypatch.setattr(ck._mngr, "save", real)
+    step, state, meta = ck.restore({"a": jnp.zeros(3)})
+    assert step == 1 and meta == {"n": 1} and float(state["a"].sum()) == 3.0

@@ -12,12 +12,23 @@ kind                   sent per rank                   received per rank
 allreduce (ring)       2 (P-1)/P * D                   2 (P-1)/P * D
 allgather (ring)       (P-1) * D                       (P-1) * D
 recursive_doubling     log2(P) * D   (one D per round)  log2(P) * D
+  P not a power of two  ranks j < r: (log2 p' + 1) D    the same; p' = 2^floor(log2 P),
+  (fold, double,        ranks r..p'-1: log2(p') D       r = P - p' (``cconv.comm.gtopk``)
+  unfold)               ranks >= p': D (fold)           D (unfold)
 ps_push                D (workers 1..P-1), 0 (server)  (P-1) * D at the server (rank 0)
 ps_pull                (P-1) * D at the server         D (workers 1..P-1)
 broadcast (from 0)     (P-1) * D at rank 0             D (ranks 1..P-1)
 =====================  ==============================  =====================================
 
 The parameter server is co-located with worker 0 (its own push and pull are local copies).
+
+Variable-length (entropy-coded) payloads move a fixed-capacity buffer, but a transport that sends
+only the used bits would move less: ``encoded_traffic(kind, e, rank)`` gives rank ``rank``'s
+bytes for per-worker encoded sizes ``e[w]`` (known only at run time), under the same algorithms:
+allgather (ring: rank r forwards every block but its successor's) sends sum(e) - e[r+1] and
+receives sum(e) - e[r]; ps_push sends e[r] (workers) and receives sum over w != 0 of e[w] (the
+server); ps_pull / broadcast send (P-1) e[0] (rank 0) and receive e[0].  All-reduces and
+recursive doubling combine payloads on the way, so only fixed-size payloads take them.
 ``control=True`` marks traffic that is not part of the training algorithm (the all-reduce
 that averages logged metrics); it is counted separately (``bytes_control``) so that the
 compiled program's collectives are accounted for exactly (``cconv.comm.hlo``).
@@ -29,6 +40,7 @@ import math
 from collections.abc import Iterable
 from typing import NamedTuple
 
+import jax.numpy as jnp
 import numpy as np
 
 from cconv.compressors.base import payload_bytes
@@ -63,7 +75,12 @@ def traffic(c: Collective, workers: int) -> tuple[np.ndarray, np.ndarray]:
     elif c.kind == "allgather":
         sent[:] = recv[:] = (p - 1) * d
     elif c.kind == "recursive_doubling":
-        sent[:] = recv[:] = math.log2(p) * d
+        # fold ranks p'+j -> j, recursive doubling among the first p', unfold j -> p'+j
+        p2 = 1 << (p.bit_length() - 1)
+        sent[:p2] = recv[:p2] = math.log2(p2) * d
+        sent[: p - p2] += d  # unfold
+        recv[: p - p2] += d  # fold
+        sent[p2:] = recv[p2:] = d
     elif c.kind == "ps_push":
         sent[1:] = d
         recv[0] = (p - 1) * d
@@ -92,3 +109,24 @@ def merge(collectives: Iterable[Collective]) -> list[Collective]:
         key = (c.kind, float(c.bytes), c.control)
         out[key] = out.get(key, 0) + c.count
     return [Collective(k, b, n, ctl) for (k, b, ctl), n in out.items()]
+
+
+VARIABLE_KINDS = ("allgather", "ps_push", "ps_pull", "broadcast")
+
+
+def encoded_traffic(kind: str, e, rank: int):
+    """(sent, received) bytes of rank ``rank`` when worker w's payload encodes to ``e[w]`` bytes
+    (``e``: array of length P, traced or not; module docstring)."""
+    if kind not in VARIABLE_KINDS:
+        raise ValueError(f"encoded sizes apply to {', '.join(VARIABLE_KINDS)} collectives, not {kind!r}")
+    e = jnp.asarray(e, jnp.float32)
+    p = e.shape[0]
+    zero = jnp.zeros((), jnp.float32)
+    if p == 1:
+        return zero, zero
+    total = e.sum()
+    if kind == "allgather":
+        return total - e[(rank + 1) % p], total - e[rank]
+    if kind == "ps_push":
+        return (zero, total - e[0]) if rank == 0 else (e[rank], zero)
+    return ((p - 1) * e[0], zero) if rank == 0 else (zero, e[0])

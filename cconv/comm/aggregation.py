@@ -22,6 +22,15 @@ Methods (``AGGREGATORS``):
   powersgd   P = M Q, mean P, orthogonalise, Q = M^T P, mean Q; the update is P Q^T, and the
              memory's ``absorb`` / ``settle`` run around the *aggregate* (error feedback keeps
              M - P Q^T; Vogels et al. 2019).
+  intsum     payloads are integer levels times a statistic the workers agreed on (e.g.
+             a shared max scaler): per tensor, the levels are summed as int8/int16 by a
+             ring all-reduce when that moves fewer bytes than gathering the payloads, else the
+             payloads are gathered (``IntSum.sum_dtype``).
+
+A compressor with an ``Agreement`` (``Compressor.agree``: a per-tensor statistic all workers
+agree on before compressing) is handled by every method in ``_Method._compress``: each worker's
+statistic of its (memory-absorbed) tensors, one reduction over the workers for all tensors
+(``Transport.agree``, control traffic), then the compressor bound to the agreed value.
 
 Transports (``TRANSPORTS``, one per architecture) move what a method hands them:
   all-to-all        collectives between the workers (ring allreduce / allgather).
@@ -34,14 +43,15 @@ Transports (``TRANSPORTS``, one per architecture) move what a method hands them:
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 
 from cconv import memory as M
+from cconv.comm.accounting import tree_bytes
 from cconv.comm.gtopk import gtopk
-from cconv.compressors.base import Compressor, DensePayload
+from cconv.compressors.base import Compressor, DensePayload, payload_bytes
 from cconv.compressors.powersgd import PowerSGDState, compute_p, compute_q, is_compressed, matrix_shape, orthogonalize
 from cconv.compressors.registry import entries, entry_of
 from cconv.compressors.sparse import SparsePayload, scatter
@@ -58,6 +68,13 @@ def _gathered_sum(c: Compressor, stacked, like):
     return jax.vmap(lambda p: c.decompress(p, like))(stacked).sum(0)
 
 
+def _note(comm, kind: str, c: Compressor, payloads) -> None:
+    """Record the encoded size of ``payloads`` (this worker's, or the one every worker received)
+    for a variable-length compressor; fixed formats move exactly what they encode."""
+    if c.variable_length:
+        comm.note_encoded(kind, tree_bytes(payloads), sum(c.encoded_bytes(p) for p in payloads))
+
+
 # ----------------------------------------------------------------------------- transports
 
 
@@ -71,6 +88,7 @@ class Transport(Protocol):
     def gather(self, comm, c: Compressor, payloads, units) -> list: ...
     def reply(self, comm, agg, units, server, downlink, key) -> tuple[list, tuple]: ...
     def report_rank(self, workers: int) -> int: ...
+    def agree(self, comm, stats, reduce: str): ...
 
 
 class AllToAll:
@@ -88,13 +106,19 @@ class AllToAll:
 
     def gather(self, comm, c, payloads, units):
         """sum_w decompress(payload_w): allgather, then decompress each."""
-        return [_gathered_sum(c, s, u) for s, u in zip(comm.allgather(payloads), units)]
+        gathered = comm.allgather(payloads)
+        _note(comm, "allgather", c, payloads)
+        return [_gathered_sum(c, s, u) for s, u in zip(gathered, units)]
 
     def reply(self, comm, agg, units, server, downlink, key):
         return agg, server
 
     def report_rank(self, workers: int) -> int:
         return 0
+
+    def agree(self, comm, stats, reduce):
+        """The workers' statistics combined by ``reduce`` ("max"): one all-reduce (control)."""
+        return comm.allmax(stats, control=True)
 
 
 class ParameterServer:
@@ -119,7 +143,9 @@ class ParameterServer:
         return [_gathered_sum(c, s, u) for s, u in zip(stacked, units)]
 
     def gather(self, comm, c, payloads, units):
-        return [_gathered_sum(c, s, u) for s, u in zip(comm.push(payloads), units)]
+        pushed = comm.push(payloads)
+        _note(comm, "ps_push", c, payloads)
+        return [_gathered_sum(c, s, u) for s, u in zip(pushed, units)]
 
     def reply(self, comm, agg, units, server, downlink, key):
         """The server's reply: ``agg`` dense, or compressed by ``downlink`` (whose states are
@@ -129,11 +155,17 @@ class ParameterServer:
         skey = jax.random.fold_in(key, _SERVER_KEY)
         down = [downlink.compress(a, s, jax.random.fold_in(skey, j)) for j, (a, s) in enumerate(zip(agg, server))]
         pulled = comm.pull([p for p, _ in down])
+        _note(comm, "ps_pull", downlink, pulled)  # the server's reply, as every worker got it
         return [downlink.decompress(p, u) for p, u in zip(pulled, units)], tuple(s for _, s in down)
 
     def report_rank(self, workers: int) -> int:
         """A non-server worker's bytes are the ones to report."""
         return 1 if workers > 1 else 0
+
+    def agree(self, comm, stats, reduce):
+        """The workers' statistics pushed to the server, combined by ``reduce`` ("max") there
+        and pulled back (control traffic)."""
+        return comm.pull(jnp.max(comm.push(stats, control=True), axis=0), control=True)
 
 
 TRANSPORTS: dict[str, Transport] = {t.name: t for t in (AllToAll(), ParameterServer())}
@@ -167,11 +199,39 @@ class Aggregator(Protocol):
     def aggregate(self, comm, plan, units, state: dict, key) -> tuple[list, dict]: ...
 
 
+def _agreed(comm, plan, units, states):
+    """The statistic every worker agrees on per unit (``Compressor.agree``), or None: each
+    worker's own on the input the compressor sees (after the memory), one reduction for all."""
+    agree = plan.comp.agree
+    if agree is None:
+        return None
+    if agree.reduce != "max":
+        raise ValueError(f"{plan.comp.name}: an Agreement's reduce must be 'max', got {agree.reduce!r}")
+    local = [agree.statistic(plan.memory.absorb(u, s)[0]) for u, s in zip(units, states)]
+    return plan.transport.agree(comm, jnp.stack([jnp.asarray(v, jnp.float32) for v in local]), agree.reduce)
+
+
+def _per_coder(fn, comm, coders, payloads, units):
+    """``fn(comm, c, payloads, units)`` (a transport's reduce or gather) once when every unit
+    has the same compressor, else once per unit with its own (bound to its agreed statistic)."""
+    if all(c is coders[0] for c in coders):
+        return fn(comm, coders[0], payloads, units)
+    return [fn(comm, c, [p], [u])[0] for c, p, u in zip(coders, payloads, units)]
+
+
+class Compressed(NamedTuple):
+    payloads: list
+    states: list
+    coders: list  # per unit: the compressor that decompresses its payload
+    agreed: object  # float32[units] agreed statistics, or None
+
+
 class _Method:
     name = ""
     fusable = True
     selectable = False  # a configuration may ask for it (``collective=<name>``)
     shared_key = False  # every worker compresses with the same key (summable payloads)
+    gatherable = False  # ``collective="allgather"`` may gather its payloads instead
 
     def compresses(self, c: Compressor, shape: tuple) -> bool:
         """Whether a tensor of ``shape`` is compressed (else it travels in the dense buffer)."""
@@ -181,13 +241,20 @@ class _Method:
         """One-line ValueError when ``cfg`` (EngineConfig fields) asks this method of ``c``
         something it cannot do."""
 
-    def _compress(self, comm, plan, units, state, key):
+    def _compress(self, comm, plan, units, state, key) -> Compressed:
+        """Every unit compressed by ``plan.comp``, or, with an ``Agreement``, by ``plan.comp``
+        bound to the agreed statistic (wrapped in the plan's memory)."""
         if self.shared_key:
             keys = [jax.random.fold_in(key, j) for j in range(len(units))]
         else:
             keys = [jax.random.fold_in(jax.random.fold_in(key, comm.rank()), j) for j in range(len(units))]
-        pairs = [plan.comp.compress(u, s, k) for u, s, k in zip(units, state["units"], keys)]
-        return [p for p, _ in pairs], [s for _, s in pairs]
+        agreed = _agreed(comm, plan, units, state["units"])
+        if agreed is None:
+            coders = [plan.comp] * len(units)
+        else:
+            coders = [M.wrap(plan.comp.agree.bind(agreed[j]), plan.memory) for j in range(len(units))]
+        pairs = [c.compress(u, s, k) for c, u, s, k in zip(coders, units, state["units"], keys)]
+        return Compressed([p for p, _ in pairs], [s for _, s in pairs], coders, agreed)
 
     def _finish(self, comm, totals):
         return [t / comm.size for t in totals]
@@ -200,10 +267,11 @@ class _Method:
 class AllReduce(_Method):
     name = "allreduce"
     shared_key = True
+    gatherable = True
 
     def aggregate(self, comm, plan, units, state, key):
-        payloads, states = self._compress(comm, plan, units, state, key)
-        totals = plan.transport.reduce(comm, plan.comp, payloads, units)
+        payloads, states, coders, _ = self._compress(comm, plan, units, state, key)
+        totals = _per_coder(plan.transport.reduce, comm, coders, payloads, units)
         return self._reply(comm, plan, self._finish(comm, totals), units, states, state, key)
 
 
@@ -212,12 +280,12 @@ class AllGather(_Method):
     selectable = True
 
     def check(self, cfg, c):
-        if cfg.collective == self.name and c.aggregation not in ("allreduce", self.name):
+        if cfg.collective == self.name and c.aggregation != self.name and not AGGREGATORS[c.aggregation].gatherable:
             raise ValueError(f"{c.name}'s aggregation is {c.aggregation!r}; collective='allgather' does not apply")
 
     def aggregate(self, comm, plan, units, state, key):
-        payloads, states = self._compress(comm, plan, units, state, key)
-        totals = plan.transport.gather(comm, plan.comp, payloads, units)
+        payloads, states, coders, _ = self._compress(comm, plan, units, state, key)
+        totals = _per_coder(plan.transport.gather, comm, coders, payloads, units)
         return self._reply(comm, plan, self._finish(comm, totals), units, states, state, key)
 
 
@@ -248,14 +316,14 @@ class GTopK(_Method):
             raise ValueError(f"collective='gtopk' needs a top-k selection compressor ({', '.join(ok)}), got {c.name!r}")
         if cfg.architecture != AllToAll.name:
             raise ValueError("collective='gtopk' is an all-to-all algorithm; use architecture='all-to-all'")
-        if cfg.workers & (cfg.workers - 1):
+        if c.variable_length:
             raise ValueError(
-                f"collective='gtopk' needs a power-of-two number of workers "
-                f"(recursive doubling), got workers={cfg.workers}"
+                f"collective='gtopk' exchanges fixed (value, int32 index) pairs; {c.name} is configured with an "
+                "entropy-coded format (e.g. positions='golomb'): use its default format"
             )
 
     def aggregate(self, comm, plan, units, state, key):
-        payloads, states = self._compress(comm, plan, units, state, key)
+        payloads, states, _, _ = self._compress(comm, plan, units, state, key)
         out = []
         for j, (u, p) in enumerate(zip(units, payloads)):
             if isinstance(p, DensePayload):  # k >= d: nothing to select
@@ -304,7 +372,67 @@ class PowerSGD(_Method):
         return out, {**state, "units": tuple(new)}
 
 
-AGGREGATORS: dict[str, Aggregator] = {m.name: m for m in (AllReduce(), AllGather(), Vote(), GTopK(), PowerSGD())}
+class IntSum(_Method):
+    """Payloads that are integer levels times an agreed statistic s (``Compressor.agree``; e.g.
+    ternary codes times a shared max scaler):
+
+        sum_w decompress(payload_w) = level_value(s) * sum_w levels(payload_w)
+
+    Per unit, the levels are summed exactly as small integers by one ring all-reduce (all
+    such units in one call) when that moves fewer bytes than gathering the payloads
+    (``sum_dtype``, decided statically from P, d and the payload size), else the payloads are
+    gathered and decompressed with the bound compressor.  A parameter server always gathers
+    (pushing d integers costs more than the packed payload)."""
+
+    name = "intsum"
+    gatherable = True
+
+    @staticmethod
+    def sum_dtype(workers: int, d: int, level_max: int, payload_nbytes: int):
+        """int8 when P * level_max <= 127, int16 when <= 32767 (never wider) -- if a ring
+        all-reduce of d of them, 2(P-1)/P * d * itemsize bytes, moves fewer bytes than an
+        allgather of the payloads, (P-1) * payload_nbytes; else None (gather).  Ternary codes
+        (ceil(d/4) bytes): int8 wins for P > 8."""
+        reach = workers * level_max
+        dtype = jnp.int8 if reach <= 127 else jnp.int16 if reach <= 32767 else None
+        if dtype is None or workers < 2:
+            return None
+        ring = 2.0 * (workers - 1) / workers * d * jnp.dtype(dtype).itemsize
+        return dtype if ring < (workers - 1) * payload_nbytes else None
+
+    def check(self, cfg, c):
+        a = c.agree
+        if a is None or a.levels is None or a.level_value is None or a.level_max < 1:
+            raise ValueError(
+                f"{c.name}'s aggregation 'intsum' needs Compressor.agree with integer levels (levels, level_max >= 1)"
+            )
+
+    def aggregate(self, comm, plan, units, state, key):
+        payloads, states, coders, agreed = self._compress(comm, plan, units, state, key)
+        agree = plan.comp.agree
+        ring = plan.transport.name == AllToAll.name
+        dts = [
+            self.sum_dtype(comm.size, u.size, agree.level_max, payload_bytes(p)) if ring else None
+            for p, u in zip(payloads, units)
+        ]
+        levels = [agree.levels(p, u).astype(dt) for p, u, dt in zip(payloads, units, dts) if dt is not None]
+        summed = iter(comm.allreduce(levels, integers=True))
+        rest = [j for j, dt in enumerate(dts) if dt is None]
+        pick = lambda xs: [xs[j] for j in rest]
+        gathered = _per_coder(plan.transport.gather, comm, pick(coders), pick(payloads), pick(units)) if rest else []
+        gathered = iter(gathered)
+        totals = [
+            next(gathered)
+            if dt is None
+            else (next(summed).astype(jnp.float32) * agree.level_value(agreed[j])).reshape(u.shape).astype(u.dtype)
+            for j, (u, dt) in enumerate(zip(units, dts))
+        ]
+        return self._reply(comm, plan, self._finish(comm, totals), units, states, state, key)
+
+
+AGGREGATORS: dict[str, Aggregator] = {
+    m.name: m for m in (AllReduce(), AllGather(), Vote(), GTopK(), PowerSGD(), IntSum())
+}
 
 
 COLLECTIVES = ("auto", *(n for n, m in AGGREGATORS.items() if m.selectable))
@@ -313,12 +441,12 @@ COLLECTIVES = ("auto", *(n for n, m in AGGREGATORS.items() if m.selectable))
 def method_of(c: Compressor, collective: str = "auto", vote: bool = False) -> str:
     """The aggregation method for compressor ``c`` (unwrapped or memory-wrapped):
 
-    its own ``aggregation``; ``collective="allgather"`` gathers summable payloads instead of
-    summing them; a collective the compressor's registry entry lists (``collectives``) replaces
+    its own ``aggregation``; ``collective="allgather"`` gathers summable payloads (allreduce,
+    intsum) instead of summing them; a collective the compressor's registry entry lists (``collectives``) replaces
     it; ``vote`` turns gathering into a majority vote.
     """
     method = c.aggregation
-    if collective == AllGather.name and method == AllReduce.name:
+    if collective == AllGather.name and AGGREGATORS[method].gatherable:
         method = AllGather.name
     if collective not in ("auto", AllGather.name) and collective in _collectives(c):
         method = collective
@@ -349,6 +477,7 @@ __all__ = [
     "Vote",
     "GTopK",
     "PowerSGD",
+    "IntSum",
     "method_of",
     "check",
     "supporting",

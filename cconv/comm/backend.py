@@ -4,7 +4,8 @@ A ``Comm`` is created per trace of the step; its high-level operations record wh
 in ``comm.ledger`` (a list of ``Collective``) from the payloads' static shapes, so the logged
 bytes are exactly the bytes of the arrays handed to the collectives.
 
-Back-ends implement four primitives (``rank``, ``_psum``, ``_all_gather``, ``_ppermute``):
+Back-ends implement five primitives (``rank``, ``_psum``, ``_pmax``, ``_all_gather``,
+``_ppermute``):
 
 * ``MeshComm(axis, P)``: ``jax.lax`` collectives over a named axis -- used under
   ``jax.shard_map`` (the main launcher) and ``jax.pmap``.
@@ -15,12 +16,19 @@ Back-ends implement four primitives (``rank``, ``_psum``, ``_all_gather``, ``_pp
 High-level operations (all record their traffic):
 
 ``allreduce(tree)``   sum over workers of the floating leaves; integer leaves (e.g. a PRNG key
-                      shared by all workers) are identical everywhere and do not travel.
+                      shared by all workers) are identical everywhere and do not travel
+                      (``integers=True``: integer leaves are summed too, in their own dtype).
+``allmax(tree)``      maximum over workers of every leaf (a max-reduction all-reduce; control
+                      traffic by default: a statistic the workers agree on).
 ``allgather(tree)``   every leaf gains a leading axis of size P (worker w's payload at [w]).
 ``exchange(tree, r)`` recursive-doubling round r: swap with partner rank ^ 2**r.
+``permute(tree, perm)`` point-to-point transfers along (source, target) pairs; ranks that
+                      are no target receive zeros (gTop-k's rounds, fold and unfold).
 ``push(tree)``        parameter-server uplink: rank 0 (the server) receives every payload,
                       stacked on a leading axis (other ranks get zeros there).
 ``pull(tree)``        parameter-server downlink: every rank receives rank 0's tree.
+
+``control=True`` records an operation as control traffic (``Collective.control``).
 """
 
 from __future__ import annotations
@@ -36,12 +44,18 @@ def _is_float(x) -> bool:
     return jnp.issubdtype(x.dtype, jnp.floating)
 
 
+def _is_int(x) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.integer)
+
+
 class Comm:
-    """Base class: recorded high-level operations on top of four primitives."""
+    """Base class: recorded high-level operations on top of five primitives."""
 
     def __init__(self, size: int):
         self.size = int(size)
         self.ledger: list[Collective] = []
+        # variable-length payloads: (kind, moved bytes, this worker's encoded bytes (traced))
+        self.encoded: list[tuple[str, float, object]] = []
 
     # --- primitives (back-ends override) -------------------------------------------------
     def rank(self):
@@ -49,6 +63,9 @@ class Comm:
 
     def _psum(self, tree):
         raise TypeError(f"{type(self).__name__} does not implement _psum()")
+
+    def _pmax(self, tree):
+        raise TypeError(f"{type(self).__name__} does not implement _pmax()")
 
     def _all_gather(self, tree):
         raise TypeError(f"{type(self).__name__} does not implement _all_gather()")
@@ -60,16 +77,32 @@ class Comm:
     def record(self, kind: str, nbytes: float, count: int = 1, control: bool = False) -> None:
         self.ledger.append(Collective(kind, float(nbytes), int(count), bool(control)))
 
-    def allreduce(self, tree, control: bool = False):
-        """Sum over workers of the floating leaves (integer leaves kept as they are)."""
+    def note_encoded(self, kind: str, moved: float, nbytes) -> None:
+        """The call of ``kind`` just recorded moved ``moved`` bytes per worker, of which this
+        worker's encoded message is ``nbytes`` (traced): ``cconv.comm.accounting.encoded_traffic``."""
+        self.encoded.append((kind, float(moved), nbytes))
+
+    def allreduce(self, tree, control: bool = False, integers: bool = False):
+        """Sum over workers of the floating leaves (integer leaves kept as they are); with
+        ``integers`` the integer leaves are summed too, in their own dtype (the caller picks one
+        wide enough: an int8 sum of P values in [-1, 1] is exact for P <= 127)."""
         leaves, treedef = jax.tree.flatten(tree)
-        floats = [x for x in leaves if _is_float(x)]
+        summed_leaf = (lambda x: _is_float(x) or _is_int(x)) if integers else _is_float
+        floats = [x for x in leaves if summed_leaf(x)]
         if not floats:
             return tree
         wide = [x.astype(self.sum_dtype(x.dtype)) for x in floats]
         self.record("allreduce", tree_bytes(wide), control=control)
         summed = iter(s.astype(x.dtype) for s, x in zip(self._psum(wide), floats))
-        return jax.tree.unflatten(treedef, [next(summed) if _is_float(x) else x for x in leaves])
+        return jax.tree.unflatten(treedef, [next(summed) if summed_leaf(x) else x for x in leaves])
+
+    def allmax(self, tree, control: bool = True):
+        """Maximum over workers of every leaf: one max-reduction all-reduce (ring: 2(P-1)/P * D
+        bytes, like a sum), recorded as control traffic unless ``control=False``."""
+        if not jax.tree.leaves(tree):
+            return tree
+        self.record("allreduce", tree_bytes(tree), control=control)
+        return self._pmax(tree)
 
     def sum_dtype(self, dtype):
         """The dtype a sum of ``dtype`` travels in (back-ends without a native one widen it)."""
@@ -88,15 +121,20 @@ class Comm:
         bit = 1 << round_
         return self._ppermute(tree, [(i, i ^ bit) for i in range(self.size)])
 
-    def push(self, tree):
+    def permute(self, tree, perm):
+        """Send ``tree`` along the (source, target) pairs ``perm`` (a partial permutation);
+        ranks that are no target get zeros (caller records)."""
+        return self._ppermute(tree, list(perm))
+
+    def push(self, tree, control: bool = False):
         """PS uplink: on rank 0, every worker's tree stacked on a leading axis."""
-        self.record("ps_push", tree_bytes(tree))
+        self.record("ps_push", tree_bytes(tree), control=control)
         parts = [tree] + [self._ppermute(tree, [(w, 0)]) for w in range(1, self.size)]
         return jax.tree.map(lambda *xs: jnp.stack(xs), *parts)
 
-    def pull(self, tree):
+    def pull(self, tree, control: bool = False):
         """PS downlink: rank 0's tree on every rank."""
-        self.record("ps_pull", tree_bytes(tree))
+        self.record("ps_pull", tree_bytes(tree), control=control)
         rank = self.rank()
         out = tree
         for w in range(1, self.size):
@@ -139,6 +177,9 @@ class MeshComm(Comm):
     def _psum(self, tree):
         return lax.psum(tree, self.axis_name)
 
+    def _pmax(self, tree):
+        return lax.pmax(tree, self.axis_name)
+
     def _all_gather(self, tree):
         return _from_bits(lax.all_gather(_as_bits(tree), self.axis_name), tree)
 
@@ -164,6 +205,9 @@ class DryComm(Comm):
 
     def _psum(self, tree):
         return jax.tree.map(lambda x: x * self.size, tree)
+
+    def _pmax(self, tree):
+        return tree
 
     def _all_gather(self, tree):
         return jax.tree.map(lambda x: jnp.broadcast_to(x, (self.size, *x.shape)), tree)

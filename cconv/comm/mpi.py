@@ -1,8 +1,8 @@
 """MPI back-end: the same ``Comm`` interface over mpi4jax, for clusters launched by ``mpirun``.
 
 One process per worker, each with its own (single) device; the step is ``jax.jit``-compiled
-per process and its collectives are mpi4jax calls (``allreduce``, ``allgather``, ``sendrecv``,
-``send``/``recv``) that run inside the compiled program.  Because the rank is a Python int
+per process and its collectives are mpi4jax calls (``allreduce`` with ``MPI.SUM`` or ``MPI.MAX``,
+``allgather``, ``sendrecv``, ``send``/``recv``) that run inside the compiled program.  Because the rank is a Python int
 here, ``ppermute`` resolves statically which peer this rank sends to and receives from.
 
     mpirun -np 4 python -m my_training_script        # cconv.engine launcher="mpi"
@@ -44,6 +44,12 @@ class MPIComm(Comm):
         from mpi4py import MPI
 
         return jax.tree.map(lambda x: mpi4jax.allreduce(x, op=MPI.SUM, comm=self.mpi_comm), tree)
+
+    def _pmax(self, tree):
+        import mpi4jax
+        from mpi4py import MPI
+
+        return jax.tree.map(lambda x: mpi4jax.allreduce(x, op=MPI.MAX, comm=self.mpi_comm), tree)
 
     def _all_gather(self, tree):
         import mpi4jax

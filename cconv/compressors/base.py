@@ -24,11 +24,16 @@ Static properties
                  ``"allgather"``  payloads must be gathered and decompressed by every worker.
                  ``"powersgd"``   two all-reduces (P, then Q) with orthogonalisation between;
                                   see ``cconv.compressors.powersgd``.
+                 ``"intsum"``     payloads are integer levels times a statistic the workers
+                                  agreed on (``agree``): summed as small integers when that
+                                  moves fewer bytes than gathering them, else gathered.
 ``density``      fraction of coordinates a payload carries (k/d for sparsifiers, 1 otherwise).
 ``hparams``      the validated hyper-parameters, for logging.
 ``encoded``      None for fixed-size formats; for variable-length ones (entropy-coded bit streams
                  in a fixed-capacity buffer, ``cconv.compressors.bitstream``) a traced function
                  ``payload -> float32 bytes of the encoded message``, which ``encoded_bytes`` calls.
+``agree``        None, or an ``Agreement``: a per-tensor statistic every worker agrees on (one
+                 reduction over the workers) before compressing, e.g. a shared max scaler.
 
 ``aggregation`` and ``hparams`` are filled in from the compressor's registry entry when it is
 built (``cconv.compressors.registry.Entry.build``), so a raw factory need not repeat them.
@@ -65,7 +70,7 @@ Shape = Sequence[int]
 State = Any
 Payload = Any
 
-AGGREGATIONS = ("allreduce", "allgather", "powersgd")
+AGGREGATIONS = ("allreduce", "allgather", "powersgd", "intsum")
 
 
 class Compressor(NamedTuple):
@@ -81,6 +86,7 @@ class Compressor(NamedTuple):
     aggregation: str = "allgather"  # set from the registry entry by ``Entry.build``
     hparams: Mapping[str, Any] = MappingProxyType({})  # the validated hyper-parameters (build)
     encoded: Callable[[Payload], Array] | None = None  # variable-length formats: encoded bytes
+    agree: Agreement | None = None  # a statistic the workers agree on before compressing
 
     def encoded_bytes(self, payload: Payload) -> Array:
         """Bytes of the message a variable-length transport would send (traced float32 scalar):
@@ -104,6 +110,34 @@ class Compressor(NamedTuple):
         """decompress(compress(x)) with the new state; a convenience for tests and memory."""
         payload, state = self.compress(x, state, key)
         return self.decompress(payload, x), state
+
+
+class Agreement(NamedTuple):
+    """A per-tensor statistic all workers agree on before compressing (the ``agree`` hook).
+
+    With P workers holding x_1..x_P, the aggregation computes ``statistic(x_w)`` on each worker
+    (on the input the compressor sees, after its memory), combines them with one ``reduce``
+    collective over the workers (all tensors' statistics in one small vector; logged as control
+    traffic) and compresses with ``bind(agreed)``: a compressor that uses the agreed value and
+    whose payload omits it (every worker already knows it).  Without an aggregation (one
+    worker, plain ``compress``) the compressor uses its own statistic, the P = 1 agreement.
+
+    statistic    x -> float32 scalar, this worker's statistic (e.g. max_i |x_i|)
+    reduce       how the workers' statistics combine: "max"
+    bind         agreed float32 scalar -> the bound Compressor (same state, init and density)
+    levels       bound payload, like -> int8[d] integer levels with |level| <= ``level_max``
+                 (None: payloads are not integer levels), so that
+                 sum_w decompress(payload_w) = level_value(agreed) * sum_w levels(payload_w)
+    level_max    the largest |level| (1 for ternary codes)
+    level_value  agreed statistic -> the value of level 1 (float32)
+    """
+
+    statistic: Callable[[Array], Array]
+    reduce: str
+    bind: Callable[[Array], Compressor]
+    levels: Callable[[Payload, Any], Array] | None = None
+    level_max: int = 0
+    level_value: Callable[[Array], Array] | None = None
 
 
 class EmptyState(NamedTuple):

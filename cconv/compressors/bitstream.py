@@ -181,8 +181,11 @@ def decode(stream: BitStream, n: int, step: Step, chunk: int = CHUNK) -> tuple[A
         outs = tuple(o.at[:, t].set(v) for o, v in zip(outs, vals))
         return pos, outs
 
-    init = tuple(jnp.zeros((chunks, steps, *s.shape[1:]), s.dtype) for s in out_shapes)
-    _, outs = lax.fori_loop(0, steps, body, (stream.offsets, init))
+    # The first step is peeled so that the loop carry is built from step outputs: inside
+    # shard_map (check_vma) it then has the same varying axes as the body's outputs.
+    first, pos = step(stream.words, table, stream.offsets)
+    init = tuple(jnp.zeros((chunks, steps, *s.shape[1:]), s.dtype).at[:, 0].set(v) for s, v in zip(out_shapes, first))
+    _, outs = lax.fori_loop(1, steps, body, (pos, init))
     return tuple(o.reshape(chunks * steps, *o.shape[2:])[:n] for o in outs)
 
 

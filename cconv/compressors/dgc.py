@@ -1,38 +1,58 @@
-"""DGC's sampled-threshold top-k selection (Lin et al., ICLR 2018).
+"""DGC's sampled-threshold top-k selection with its threshold adjustment (Lin et al., ICLR 2018).
 
 DGC avoids a full top-k over d entries: it estimates the k-th largest magnitude from a sample,
-then keeps the entries above that threshold.  Here:
+keeps the entries above that threshold, and adjusts the threshold when it selects too many or
+too few (the reference implementation, github.com/synxlin/deep-gradient-compression,
+``dgc/compression.py``, ``_sparsify``).  Here, with defaults upper_bound = 1.3, lower_bound = 0.8,
+adapt_iters = 10 (the reference's compress_upper/lower_bound, max_adaptation_iters):
 
 1. threshold: from a strided sample of n_s = max(ceil(sample_ratio * d), min(d, 256)) entries,
-   thr = the ceil(k * n_s / d)-th largest sampled |x_i|;
-2. candidates: entries with |x_i| >= thr;
-3. selection: if there are at least k candidates, the k largest of them (DGC's hierarchical
-   top-k on the candidates: this equals the exact top-k); if fewer, all candidates are sent and
-   the remaining slots are padding (value 0 at index 0), as DGC sends what passes its threshold.
+   thr = the ceil(k * n_s / d)-th largest sampled |x_i|; n = #{i : |x_i| >= thr};
+2. adjustment (only when the sample is not the whole vector), at most adapt_iters times: if
+   n < lower_bound * k, thr <- lower_bound * thr (float32) and n is recounted; otherwise stop;
+3. selection:
+   - n > upper_bound * k (and the loop stopped before running out): the k largest candidates
+     ("resample": a top-k over the selected entries; equals the exact top-k);
+   - otherwise the candidates in index order, cut at k (the reference's ``indices[:k]``): all of
+     them when n <= k (the remaining slots are padding, value 0 at index 0), the k with the
+     lowest indices when k < n (k < n <= upper_bound * k, or n > k after the last lowering).
+   When the sample is the whole vector (d <= 256), thr is the exact k-th largest magnitude and
+   the k largest entries are sent (the exact top-k; the reference's index-order cut differs from
+   it only on ties at the threshold).
 
-Computed as: the exact top-k (``cconv.compressors.select.topk_indices``: one streaming pass on
-CPU), of which the entries with |x_i| >= thr are kept.  Candidates rank above non-candidates, so
-this is the set of steps 2-3 in both cases, without materialising a d-sized score array.  Slots
-are in ascending index order; padding slots sit among them (value 0 at index 0).
+Computed as: one counting pass per adjustment (a bounded ``lax.while_loop``), then either the
+exact top-k (``cconv.compressors.select.topk_indices``) or the first k candidates in index order
+(when n <= upper_bound * k, the usual case: the candidates are among the upper_bound * k largest
+magnitudes, so one top-k of that size and a prefix sum; otherwise a top-k of the score d - i over
+the candidates), chosen by ``lax.cond``.  Slots are in ascending index order.
 
-The message therefore has a fixed capacity of k (value, int32 index) pairs: k * (itemsize + 4)
-bytes, at most k nonzeros.  Biased; contraction at least as weak as top-k's (the sent set is a
-subset of the top-k set that always contains the largest entry).  Momentum correction and
-momentum-factor masking are in ``cconv.memory.dgc``.
+The message has a fixed capacity of k (value, int32 index) pairs: k * (itemsize + 4) bytes, at
+most k nonzeros.  ``positions="golomb"``: the positions of the sent entries (a prefix of
+the k slots) travel Golomb-Rice coded (``cconv.compressors.golomb``) with their int32 count;
+the buffer keeps the capacity of k positions, the encoded message only the sent ones.
+Biased.  Guarantee: exact coordinates of x are sent, so ||x - C(x)|| <= ||x||
+(non-expansive); the exact top-k (delta = k/d) when the sample is the whole vector, otherwise no
+delta > 0 holds for every x (the index-order cut may skip the largest candidates: if they are at
+high indices, the sent mass can be an arbitrarily small fraction), although on gradients the
+sent set is close to the top-k.  Momentum correction and momentum-factor masking are in
+``cconv.memory.dgc``.
 
 Non-finite input: NaN counts as an infinite magnitude, so NaN and +-inf entries are selected
-first and propagate; if the sample contains one, the threshold is inf and only the non-finite
-entries are sent.
+first and propagate; if the sample contains one, the threshold is inf and the non-finite
+entries (and, after adjustment, no others: inf * 0.8 = inf) are the candidates.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
-from cconv.compressors.base import Compressor, SparsifierSize, check_float, size_of, stateless_init
+from cconv.compressors import golomb
+from cconv.compressors.base import Array, Compressor, SparsifierSize, check_float, size_of, stateless_init
 from cconv.compressors.oracle import flat64, sparsifier_k, top_idx
 from cconv.compressors.registry import RATIO, Bound, Entry, K, Knob, Param, Schema, Theory, ratio_or_k, register
 from cconv.compressors.select import topk_indices
@@ -46,20 +66,72 @@ from cconv.compressors.sparse import (
 )
 
 
-def sampled_threshold(mag, k: int, sample_ratio: float):
-    """DGC's estimate of the k-th largest magnitude from a strided sample (mag: flat |x|)."""
-    d = mag.shape[0]
+class CodedPayload(NamedTuple):
+    """``positions="golomb"``: at most k entries; the first ``count`` slots are the sent ones
+    (values, Golomb-Rice coded ascending positions, ``cconv.compressors.golomb``), the rest padding
+    that takes no bits.  The int32 count travels (4 bytes) so that the values' part of the
+    message is known without decoding the positions."""
+
+    values: Array
+    positions: golomb.BitStream
+    count: Array  # int32 scalar
+
+
+def sample_layout(d: int, k: int, sample_ratio: float) -> tuple[int, int, int]:
+    """(stride, n_s, k_s) of DGC's strided sample of a d-vector: n_s = len(range(0, d, stride))
+    sampled entries, the threshold is the k_s-th largest of them."""
     n_s = max(math.ceil(sample_ratio * d), min(d, 256))
     stride = max(d // n_s, 1)
+    n_s = len(range(0, d, stride))
+    return stride, n_s, max(1, min(n_s, math.ceil(k * n_s / d)))
+
+
+def sampled_threshold(mag, k: int, sample_ratio: float):
+    """DGC's estimate of the k-th largest magnitude from a strided sample (mag: flat |x|)."""
+    stride, _, k_s = sample_layout(mag.shape[0], k, sample_ratio)
     sample = mag[::stride]
-    n_s = sample.shape[0]
-    k_s = max(1, min(n_s, math.ceil(k * n_s / d)))
     return jnp.min(sample[topk_indices(sample, k_s)])
 
 
-def _dgc(ratio: float | None = None, k: int | None = None, sample_ratio: float = 0.01) -> Compressor:
+def adjust_threshold(mag, thr, k: int, lower_bound: float, iters: int):
+    """DGC's threshold adjustment: while n = #{|x_i| >= thr} < lower_bound * k, at most ``iters``
+    times, thr <- lower_bound * thr.  Returns (thr, n, rounds run); a bounded ``lax.while_loop``."""
+    low = math.ceil(lower_bound * k)  # n < lower_bound * k  <=>  n < low (n an integer)
+    count = lambda t: jnp.sum(mag >= t, dtype=jnp.int32)  # noqa: E731
+
+    def cond(c):
+        _, n, i = c
+        return (i < iters) & (n < low)
+
+    def body(c):
+        t, _, i = c
+        t = t * jnp.float32(lower_bound)
+        return t, count(t), i + 1
+
+    return lax.while_loop(cond, body, (thr, count(thr), jnp.zeros((), jnp.int32)))
+
+
+def _dgc(
+    ratio: float | None = None,
+    k: int | None = None,
+    sample_ratio: float = 0.01,
+    upper_bound: float = 1.3,
+    lower_bound: float = 0.8,
+    adapt_iters: int = 10,
+    positions: str = "int32",
+) -> Compressor:
     size = SparsifierSize(ratio, k)
     kof = size.k
+    coded = positions == "golomb"
+
+    def payload(flat, idx, valid):
+        """The k slots (valid ones first, ascending; padding: value 0 at index 0)."""
+        values = jnp.where(valid, flat[idx], jnp.zeros((), flat.dtype))
+        idx = jnp.where(valid, idx, 0).astype(jnp.int32)
+        if coded:  # only the valid prefix is coded
+            n = jnp.sum(valid, dtype=jnp.int32)
+            return CodedPayload(values, golomb.encode(idx, flat.shape[0], n), n)
+        return SparsePayload(values, idx)
 
     def compress(x, state, key):
         check_float("dgc", x)
@@ -70,72 +142,149 @@ def _dgc(ratio: float | None = None, k: int | None = None, sample_ratio: float =
         mag = jnp.abs(flat).astype(jnp.float32)
         mag = jnp.where(jnp.isnan(mag), jnp.inf, mag)
         thr = sampled_threshold(mag, kk, sample_ratio)
-        idx = topk_indices(flat, kk)
-        sel = flat[idx]
-        sel_mag = jnp.abs(sel).astype(jnp.float32)
-        valid = jnp.where(jnp.isnan(sel_mag), jnp.inf, sel_mag) >= thr
-        values = jnp.where(valid, sel, jnp.zeros((), flat.dtype))
-        return SparsePayload(values, jnp.where(valid, idx, 0).astype(jnp.int32)), state
+        stride, n_s, _ = sample_layout(d, kk, sample_ratio)
+        if stride == 1 and n_s == d:  # the sample is everything: thr is the k-th largest |x_i|
+            idx = topk_indices(flat, kk)
+            return payload(flat, idx, mag[idx] >= thr), state  # all of them (exact top-k)
+        thr, n, rounds = adjust_threshold(mag, thr, kk, lower_bound, adapt_iters)
+        high = math.floor(upper_bound * kk)  # n > upper_bound * k  <=>  n > high
+        resample = (n > high) & (rounds < adapt_iters)
+
+        def few(_):  # n <= high: the candidates are among the `high` largest magnitudes
+            top = topk_indices(mag, min(high, d))  # ascending indices
+            cand = mag[top] >= thr
+            rank = jnp.cumsum(cand, dtype=jnp.int32) - 1  # index order among the candidates
+            slot = jnp.where(cand & (rank < kk), rank, kk)
+            idx = jnp.zeros((kk,), jnp.int32).at[slot].set(top, mode="drop")
+            return idx, jnp.arange(kk) < n  # fewer than k candidates: the other slots are padding
+
+        def many(_):  # n > high after the last lowering (rare): rank every candidate by index
+            cand = mag >= thr
+            if d < 1 << 24:  # d - i is exact in float32: one top-k pass ranks candidates by index
+                idx = topk_indices(jnp.where(cand, jnp.arange(d, 0, -1, dtype=jnp.float32), 0.0), kk)
+                return idx, cand[idx]
+            idx = jnp.nonzero(cand, size=kk, fill_value=0)[0].astype(jnp.int32)
+            return idx, jnp.arange(kk) < n
+
+        def first_k(_):
+            return lax.cond(n <= high, few, many, None)
+
+        def top_k(_):
+            idx = topk_indices(flat, kk)
+            return idx, idx >= 0  # all valid (derived from idx: same shard_map variance as first_k)
+
+        idx, valid = lax.cond(resample, top_k, first_k, None)
+        return payload(flat, idx, valid), state
+
+    def decompress(payload, like):
+        if isinstance(payload, CodedPayload):
+            return golomb.decompress(golomb.GolombPayload(payload.values, payload.positions), like)
+        return decompress_sparse(payload, like)
 
     def wire_bytes(shape, dtype="float32"):
-        return sparse_bytes(kof(shape), size_of(shape), dtype)
+        kk, d = kof(shape), size_of(shape)
+        return golomb.moved_bytes(kk, d, dtype) + 4 if coded and kk < d else sparse_bytes(kk, d, dtype)
 
-    return Compressor(stateless_init, compress, decompress_sparse, wire_bytes, size.density, name="dgc", unbiased=False)
+    def encoded(p):  # the count, the valid values and the used part of the position stream
+        if not isinstance(p, CodedPayload):
+            return golomb.payload_encoded_bytes(p)
+        return 4 + golomb.payload_encoded_bytes(golomb.GolombPayload(p.values, p.positions), count=p.count)
+
+    return Compressor(
+        stateless_init,
+        compress,
+        decompress,
+        wire_bytes,
+        size.density,
+        name="dgc",
+        unbiased=False,
+        encoded=encoded if coded else None,
+    )
 
 
 def _wire_bytes(c, shape, isz):
     d = size_of(shape)
     k = sparsifier_k(c, d)
-    return d * isz if k >= d else k * (isz + 4)
+    if k >= d:
+        return d * isz
+    return k * isz + (golomb.closed_form_stream_bytes(k, d) + 4 if c.hparams["positions"] == "golomb" else 4 * k)
 
 
-def _sample_k(d: int, k: int, sample_ratio: float) -> int:
-    """k_s: how many sampled magnitudes are >= DGC's threshold (the oracle's own count)."""
-    n_s = max(math.ceil(sample_ratio * d), min(d, 256))
-    stride = max(d // n_s, 1)
-    n_s = len(range(0, d, stride))
-    return max(1, min(n_s, math.ceil(k * n_s / d)))
+def _encoded_bytes(c, shape, isz):
+    """Expected encoded bytes with Golomb positions: about k entries are sent (between
+    lower_bound * k and k after the adjustment), counted as k values plus k positions at
+    b* + 1/(1 - (1-p)^(2^b*)) bits (Sattler et al. 2019; an upper estimate); the wire bytes
+    for int32 positions."""
+    d = size_of(shape)
+    k = sparsifier_k(c, d)
+    if k >= d or c.hparams["positions"] != "golomb":
+        return float(_wire_bytes(c, shape, isz))
+    return 4 + k * isz + golomb.expected_stream_bytes(k, d)
 
 
 def _bound(c, shape):
-    """At least the k_s sampled entries above the threshold are sent: delta >= k_s / d (a valid
-    bound, not tight); k >= d is the identity."""
+    """Identity for k >= d; the exact top-k (delta = k/d) when the sample is the whole vector;
+    otherwise only non-expansive (delta = 0, module doc: the index-order cut)."""
     d = size_of(shape)
     k = sparsifier_k(c, d)
     if k >= d:
         return Bound("contractive", delta=1.0)
-    return Bound("contractive", delta=_sample_k(d, k, c.hparams["sample_ratio"]) / d, tight=False)
+    stride, n_s, _ = sample_layout(d, k, c.hparams["sample_ratio"])
+    if stride == 1 and n_s == d:
+        return Bound("contractive", delta=k / d, tight=False)
+    return Bound("biased", delta=0.0, tight=False)
 
 
 def _error_sq(c, x, state):
-    """The entries of the top-k set at or above the sampled threshold are sent (module doc)."""
+    """||x - C(x)||^2 of the set DGC sends (module doc), replayed in NumPy (float32 threshold)."""
     x = flat64(x)
     d = x.size
+    hp = c.hparams
     k = sparsifier_k(c, d)
     if k >= d:
         return 0.0
-    mag = np.abs(x.astype(np.float32)).astype(np.float64)
-    n_s = max(math.ceil(c.hparams["sample_ratio"] * d), min(d, 256))
-    sample = mag[:: max(d // n_s, 1)]
-    k_s = max(1, min(sample.size, math.ceil(k * sample.size / d)))
-    thr = np.sort(sample)[::-1][k_s - 1]
-    cand = np.flatnonzero(mag >= thr)
-    sent = cand[top_idx(mag[cand], k)] if cand.size > k else cand
+    mag = np.abs(x.astype(np.float32))
+    mag = np.where(np.isnan(mag), np.float32(np.inf), mag)
+    stride, n_s, k_s = sample_layout(d, k, hp["sample_ratio"])
+    if stride == 1 and n_s == d:
+        sent = top_idx(mag, k)
+    else:
+        thr = np.sort(mag[::stride])[::-1][k_s - 1]
+        n, rounds = int(np.sum(mag >= thr)), 0
+        while rounds < hp["adapt_iters"] and n < hp["lower_bound"] * k:
+            thr = np.float32(thr * np.float32(hp["lower_bound"]))
+            n, rounds = int(np.sum(mag >= thr)), rounds + 1
+        cand = np.flatnonzero(mag >= thr)  # ascending index
+        if n > hp["upper_bound"] * k and rounds < hp["adapt_iters"]:
+            sent = cand[top_idx(mag[cand], k)]
+        else:
+            sent = cand[:k]
     return float(np.sum(x * x)) - float(np.sum(x[sent] ** 2))
 
 
-THEORY = Theory(wire_bytes=_wire_bytes, bound=_bound, error_sq=_error_sq)
+THEORY = Theory(wire_bytes=_wire_bytes, bound=_bound, error_sq=_error_sq, encoded_bytes=_encoded_bytes)
 
 dgc = register(
     "dgc",
     Entry(
         _dgc,
-        Schema((RATIO, K, Param("sample_ratio", "float", 0.01, low=0.0, high=1.0, low_open=True)), rule=ratio_or_k),
+        Schema(
+            (
+                RATIO,
+                K,
+                Param("sample_ratio", "float", 0.01, low=0.0, high=1.0, low_open=True),
+                Param("upper_bound", "float", 1.3, low=1.0, help="resample above upper_bound * k candidates"),
+                Param("lower_bound", "float", 0.8, low=0.0, high=1.0, low_open=True, help="threshold factor"),
+                Param("adapt_iters", "int", 10, low=0, help="threshold adjustments at most"),
+                golomb.POSITIONS,
+            ),
+            rule=ratio_or_k,
+        ),
         collectives=("gtopk",),
         theory=THEORY,
         knob=Knob("ratio", SPARSE_RATIOS),
         label="DGC",
-        cases=({"ratio": 0.2},),
+        cases=({"ratio": 0.2}, {"ratio": 0.05, "positions": "golomb"}),
         bench=SPARSE_BENCH,
     ),
 )

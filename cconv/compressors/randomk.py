@@ -13,6 +13,12 @@ Wire format:
   S).  Payloads are summable (all-reduce of the values); the engine must give all workers the
   same key.  Bytes: k * itemsize + 8.
 * ``shared=False``: independent keys per worker; payload k values + k int32 indices, all-gathered.
+  With ``positions="golomb"`` the (ascending) indices travel as Golomb-Rice coded gaps
+  (``cconv.compressors.golomb``, Sattler et al. 2019): k values + a worst-case buffer of
+  k (1 + b*) + ((d - k) >> b*) bits with its bit count and chunk index moved; the encoded
+  message (``c.encoded_bytes``) averages b* + 1/(1 - (1-p)^(2^b*)) bits per position, p = k/d.
+  Same sample, bit-identical output.  Only where indices travel: ``shared=True`` with
+  ``positions="golomb"`` is refused (there is nothing to code).
 
 Non-finite input: only the sampled entries travel; NaN/inf there propagate.
 """
@@ -25,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cconv.compressors import golomb
 from cconv.compressors.base import (
     Array,
     Compressor,
@@ -59,9 +66,12 @@ def sample_indices(key: Array, d: int, k: int) -> Array:
     return sample_k_distinct(jax.random.wrap_key_data(_raw(key)), d, k)
 
 
-def _randomk(ratio: float | None = None, k: int | None = None, scaled: bool = True, shared: bool = True) -> Compressor:
+def _randomk(
+    ratio: float | None = None, k: int | None = None, scaled: bool = True, shared: bool = True, positions: str = "int32"
+) -> Compressor:
     size = SparsifierSize(ratio, k)
     kof = size.k
+    coded = positions == "golomb"
 
     def compress(x, state, key):
         check_float("randomk", x)
@@ -76,6 +86,8 @@ def _randomk(ratio: float | None = None, k: int | None = None, scaled: bool = Tr
             values = values * jnp.asarray(d / kk, x.dtype)
         if shared:
             return SharedKeyPayload(values, _raw(key)), state
+        if coded:  # idx is ascending (sample_k_distinct), as gap coding needs
+            return golomb.GolombPayload(values, golomb.encode(idx, d)), state
         return SparsePayload(values, idx), state
 
     def decompress(payload, like):
@@ -84,6 +96,8 @@ def _randomk(ratio: float | None = None, k: int | None = None, scaled: bool = Tr
             d = size_of(shape)
             idx = sample_indices(payload.key, d, payload.values.shape[0])
             return scatter(payload.values, idx, like)
+        if isinstance(payload, golomb.GolombPayload):
+            return golomb.decompress(payload, like)
         return decompress_sparse(payload, like)
 
     def wire_bytes(shape, dtype="float32"):
@@ -92,10 +106,19 @@ def _randomk(ratio: float | None = None, k: int | None = None, scaled: bool = Tr
             return d * itemsize(dtype)
         if shared:
             return kk * itemsize(dtype) + 8
+        if coded:
+            return golomb.moved_bytes(kk, d, dtype)
         return sparse_bytes(kk, d, dtype)
 
     return Compressor(
-        stateless_init, compress, decompress, wire_bytes, size.density, name="randomk", unbiased=bool(scaled)
+        stateless_init,
+        compress,
+        decompress,
+        wire_bytes,
+        size.density,
+        name="randomk",
+        unbiased=bool(scaled),
+        encoded=golomb.payload_encoded_bytes if coded else None,
     )
 
 
@@ -104,7 +127,20 @@ def _wire_bytes(c, shape, isz):
     k = sparsifier_k(c, d)
     if k >= d:
         return d * isz
-    return k * isz + 8 if c.hparams["shared"] else k * (isz + 4)
+    if c.hparams["shared"]:
+        return k * isz + 8
+    return k * isz + (golomb.closed_form_stream_bytes(k, d) if c.hparams["positions"] == "golomb" else 4 * k)
+
+
+def _encoded_bytes(c, shape, isz):
+    """Expected encoded bytes: k values plus Golomb positions of a uniform k-subset at
+    b* + 1/(1 - (1-p)^(2^b*)) bits each (Sattler et al. 2019's Bernoulli(p = k/d) model), the bit
+    count and chunk index; the wire bytes for fixed formats."""
+    d = size_of(shape)
+    k = sparsifier_k(c, d)
+    if k >= d or c.hparams["positions"] != "golomb":
+        return float(_wire_bytes(c, shape, isz))
+    return k * isz + golomb.expected_stream_bytes(k, d)
 
 
 def _bound(c, shape):
@@ -139,18 +175,35 @@ THEORY = Theory(
     error_sq=_error_sq,
     variance=_variance,
     worst_case=lambda c, shape: alternating(shape),
+    encoded_bytes=_encoded_bytes,
 )
+
+
+def _rule(owner: str, values: dict) -> dict:
+    """ratio or k (``ratio_or_k``); Golomb positions only where the indices travel (shared=False)."""
+    values = ratio_or_k(owner, values)
+    if values["positions"] == "golomb" and values["shared"]:
+        raise ValueError(
+            f"{owner}: positions='golomb' needs shared=False (with a shared key the indices do not travel)"
+        )
+    return values
+
 
 randomk = register(
     "randomk",
     Entry(
         _randomk,
-        Schema((RATIO, K, Param("scaled", "bool", True), Param("shared", "bool", True)), rule=ratio_or_k),
+        Schema((RATIO, K, Param("scaled", "bool", True), Param("shared", "bool", True), golomb.POSITIONS), rule=_rule),
         aggregation=lambda hp: "allreduce" if hp["shared"] else "allgather",
         theory=THEORY,
         knob=Knob("ratio", SPARSE_RATIOS),
         label="random-k",
-        cases=({"ratio": 0.2}, {"ratio": 0.2, "scaled": False, "shared": False}, {"k": 3, "scaled": False}),
+        cases=(
+            {"ratio": 0.2},
+            {"ratio": 0.2, "scaled": False, "shared": False},
+            {"k": 3, "scaled": False},
+            {"ratio": 0.2, "shared": False, "positions": "golomb"},
+        ),
         bench=Bench(lambda r: {"ratio": r}, 4.0),
     ),
 )

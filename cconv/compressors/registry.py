@@ -245,7 +245,8 @@ class Entry(NamedTuple):
 
     factory      validated hyper-parameters -> Compressor
     schema       hyper-parameter types, ranges, defaults (``Schema``)
-    aggregation  "allreduce" | "allgather" | "powersgd", or a function of the hyper-parameters
+    aggregation  "allreduce" | "allgather" | "powersgd" | "intsum", or a function of the
+                 hyper-parameters
     collectives  other exchange algorithms it supports besides its aggregation ("gtopk" for
                  top-k selections)
     theory       ``Theory`` oracle, or None ("no constant": theory functions raise ValueError)

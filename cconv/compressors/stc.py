@@ -2,10 +2,20 @@
 
 C(x)_i = mu * sign(x_i) on the top-k entries, 0 elsewhere; mu = mean of the top-k |x_i|.
 Biased (combine with error feedback, as the paper does).
-Wire format (uncoded positions, as counted here): k int32 indices + k sign bits packed 8 per
-byte + one float32 mu: 4k + ceil(k/8) + 4 bytes.  The paper Golomb-codes the positions, which
-is smaller; cconv counts the positions it actually sends.  With k >= d every entry is sent and
-the positions are omitted (an empty index array): ceil(d/8) + 4 bytes.  A zero vector gives
+Wire format: k sign bits packed 8 per byte + one float32 mu, plus the positions:
+
+* ``positions="int32"`` (default): k int32 indices: 4k + ceil(k/8) + 4 bytes.
+* ``positions="golomb"``: the paper's format, Golomb-Rice coded gaps between the sorted
+  positions with b* = 1 + floor(log2(ln(phi - 1) / ln(1 - p))), p = k/d
+  (``cconv.compressors.golomb``).  A collective moves the fixed worst-case buffer
+  (``golomb.stream_bytes``: k (1 + b*) + ((d - k) >> b*) bits, a bit count and a chunk index),
+  ceil(k/8) + 4 + golomb.stream_bytes(k, d) bytes; the encoded message
+  (``c.encoded_bytes(payload)``) is ceil(nbits/8) + 4 + 4 * chunks of it, on average
+  b* + 1/(1 - (1-p)^(2^b*)) bits per position (Sattler et al. 2019) plus 1/8 bit of chunk
+  index.  The decompressed array is bit-identical to the int32 format's.
+
+With k >= d every entry is sent and the positions are omitted (an empty index array; no stream
+with "golomb"): ceil(d/8) + 4 bytes.  A zero vector gives
 mu = 0.  Non-finite input: NaN is selected first and mu becomes NaN.  The top-k set is
 ``cconv.compressors.select.topk_indices``'s (exactly lax.top_k's set; indices ascending).
 """
@@ -17,10 +27,21 @@ from typing import NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
-from cconv.compressors.base import Array, Compressor, SparsifierSize, check_float, like_info, size_of, stateless_init
+from cconv.compressors import golomb
+from cconv.compressors.base import (
+    Array,
+    Compressor,
+    SparsifierSize,
+    check_float,
+    like_info,
+    payload_bytes,
+    size_of,
+    stateless_init,
+)
+from cconv.compressors.bitstream import BitStream
 from cconv.compressors.oracle import flat64, sparsifier_k, top_idx
 from cconv.compressors.packing import pack_signs, packed_size, unpack_signs
-from cconv.compressors.registry import Bound, Entry, Knob, Theory, register
+from cconv.compressors.registry import Bound, Entry, Knob, Schema, Theory, register
 from cconv.compressors.select import topk_indices
 from cconv.compressors.sparse import SIZE, SPARSE_BENCH, SPARSE_RATIOS
 
@@ -31,9 +52,18 @@ class STCPayload(NamedTuple):
     mu: Array  # float32 scalar
 
 
-def _stc(ratio: float | None = None, k: int | None = None) -> Compressor:
+class STCGolombPayload(NamedTuple):
+    """``positions="golomb"`` (k < d): the positions are a Golomb-Rice coded stream."""
+
+    positions: BitStream  # gaps of the k ascending indices (``cconv.compressors.golomb``)
+    signs: Array  # uint8[ceil(k/8)]
+    mu: Array  # float32 scalar
+
+
+def _stc(ratio: float | None = None, k: int | None = None, positions: str = "int32") -> Compressor:
     size = SparsifierSize(ratio, k)
     kof = size.k
+    coded = positions == "golomb"
 
     def compress(x, state, key):
         check_float("stc", x)
@@ -47,11 +77,18 @@ def _stc(ratio: float | None = None, k: int | None = None) -> Compressor:
             sel = flat[idx]
         top = jnp.abs(sel).astype(jnp.float32)
         mu = jnp.mean(top) if top.size else jnp.zeros((), jnp.float32)
+        if coded and kk < d:
+            return STCGolombPayload(golomb.encode(idx, d), pack_signs(sel), mu), state
         return STCPayload(idx, pack_signs(sel), mu), state
 
     def decompress(payload, like):
         shape, dtype = like_info(like)
         d = size_of(shape)
+        if isinstance(payload, STCGolombPayload):
+            kk = kof(shape)
+            idx, _ = golomb.decode(payload.positions, kk, d)
+            vals = payload.mu * unpack_signs(payload.signs, kk, jnp.float32)
+            return jnp.zeros((d,), jnp.float32).at[idx].add(vals).astype(dtype).reshape(shape)
         n = payload.indices.shape[0] or d
         vals = payload.mu * unpack_signs(payload.signs, n, jnp.float32)
         if payload.indices.shape[0] == 0:
@@ -63,15 +100,45 @@ def _stc(ratio: float | None = None, k: int | None = None) -> Compressor:
         d, kk = size_of(shape), kof(shape)
         if kk >= d:
             return packed_size(d, 1) + 4
+        if coded:
+            return golomb.stream_bytes(kk, d) + packed_size(kk, 1) + 4
         return 4 * kk + packed_size(kk, 1) + 4
 
-    return Compressor(stateless_init, compress, decompress, wire_bytes, size.density, name="stc", unbiased=False)
+    def encoded(payload):
+        if isinstance(payload, STCGolombPayload):
+            return golomb.encoded_bytes(payload.positions) + payload.signs.size + 4
+        return jnp.float32(payload_bytes(payload))
+
+    return Compressor(
+        stateless_init,
+        compress,
+        decompress,
+        wire_bytes,
+        size.density,
+        name="stc",
+        unbiased=False,
+        encoded=encoded if coded else None,
+    )
 
 
 def _wire_bytes(c, shape, isz):
     d = size_of(shape)
     k = sparsifier_k(c, d)
-    return packed_size(d, 1) + 4 if k >= d else 4 * k + packed_size(k, 1) + 4
+    if k >= d:
+        return packed_size(d, 1) + 4
+    pos = golomb.closed_form_stream_bytes(k, d) if c.hparams["positions"] == "golomb" else 4 * k
+    return pos + packed_size(k, 1) + 4
+
+
+def _encoded_bytes(c, shape, isz):
+    """Expected encoded bytes: Golomb positions at b* + 1/(1 - (1-p)^(2^b*)) bits each for
+    Bernoulli(p = k/d) positions (Sattler et al. 2019), the bit count and chunk index words,
+    the sign bits and mu; int32 positions (a fixed format): the wire bytes."""
+    d = size_of(shape)
+    k = sparsifier_k(c, d)
+    if k >= d or c.hparams["positions"] != "golomb":
+        return float(_wire_bytes(c, shape, isz))
+    return golomb.expected_stream_bytes(k, d) + packed_size(k, 1) + 4
 
 
 def _bound(c, shape):
@@ -97,17 +164,19 @@ def _worst_case(c, shape):
     return np.ones(shape)
 
 
-THEORY = Theory(wire_bytes=_wire_bytes, bound=_bound, error_sq=_error_sq, worst_case=_worst_case)
+THEORY = Theory(
+    wire_bytes=_wire_bytes, bound=_bound, error_sq=_error_sq, worst_case=_worst_case, encoded_bytes=_encoded_bytes
+)
 
 stc = register(
     "stc",
     Entry(
         _stc,
-        SIZE,
+        Schema((*SIZE.params, golomb.POSITIONS), rule=SIZE.rule),
         theory=THEORY,
         knob=Knob("ratio", SPARSE_RATIOS),
         label="STC",
-        cases=({"ratio": 0.2}, {"k": 3}),
+        cases=({"ratio": 0.2}, {"k": 3}, {"ratio": 0.2, "positions": "golomb"}),
         bench=SPARSE_BENCH,
     ),
 )

@@ -12,9 +12,22 @@ clipping is active).  The result is unbiased for clip(x), biased for x.  A const
 (sigma = 0, e.g. a single element) is not clipped, as c*sigma = 0 would zero it.
 
 Wire format: 2 bits per element packed 4 per byte (code 0 -> 0, 1 -> +1, 2 -> -1) plus one
-float32 scaler: ceil(d/4) + 4 bytes.  The paper shares the max scaler across workers; here each
-worker sends its own (so payloads are gathered, not summed).  A zero vector gives s = 0 and an
-all-zero output.  Non-finite input: s becomes NaN/inf and the whole output is non-finite.
+float32 scaler: ceil(d/4) + 4 bytes.  By default each worker sends its own scaler (payloads are
+gathered, not summed).  A zero vector gives s = 0 and an all-zero output.  Non-finite input: s
+becomes NaN/inf and the whole output is non-finite.
+
+Shared scaler (``shared_scale=True``, the paper's "scaler sharing", Wen et al. 2017 Sec. 3.2):
+the workers first agree on ONE scaler per tensor, s = max_w max_i |x_{w,i}| (after each
+worker's own clipping), by one max-allreduce of all tensors' local maxima (the ``Agreement``
+hook, ``cconv.compressors.base``; control traffic).  Each worker then ternarises with the shared
+s: b_i ~ Bernoulli(|x_i| / s) is valid because s >= |x_i|, so C(x) is still unbiased and
+Var[C(x)_i] = s |x_i| - x_i^2 with the *shared* s (larger than the local max: more variance).
+Every payload is s * {-1, 0, +1}: the scaler is known to all and does not travel (the bound
+payload is the ceil(d/4) bytes of codes), and the payloads can be summed as small integers
+(aggregation "intsum": int8 sums in [-P, P] for P <= 127, int16 up to 32767, then one multiply
+by s) when a ring all-reduce of d integers moves fewer bytes than gathering the packed codes
+(P > 8 for int8), else the codes are gathered.  Standalone (one worker, no aggregation) the
+agreed scaler is the local one and the payload carries it: ceil(d/4) + 4 bytes, as by default.
 """
 
 from __future__ import annotations
@@ -26,7 +39,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from cconv.compressors import fastrng
-from cconv.compressors.base import Array, Compressor, check_float, like_info, safe_div, size_of, stateless_init
+from cconv.compressors.base import (
+    Agreement,
+    Array,
+    Compressor,
+    check_float,
+    like_info,
+    safe_div,
+    size_of,
+    stateless_init,
+)
 from cconv.compressors.oracle import flat64
 from cconv.compressors.packing import pack_bits, packed_size, unpack_bits
 from cconv.compressors.registry import Bench, Bound, Entry, Knob, Param, Schema, Theory, register
@@ -37,35 +59,92 @@ class TernPayload(NamedTuple):
     scale: Array  # float32 scalar s
 
 
-def _terngrad(clip: float | None = None) -> Compressor:
+class TernCodes(NamedTuple):
+    """The payload of a worker whose scaler is shared (known to all): codes only."""
+
+    codes: Array  # uint8[ceil(d/4)], 2-bit codes
+
+
+def _clipped(x: Array, clip: float | None) -> Array:
+    """x flattened to float32, clipped to [-clip*sigma, clip*sigma] when ``clip`` is given."""
+    check_float("terngrad", x)
+    flat = x.reshape(-1).astype(jnp.float32)
+    if clip is not None:
+        sigma = jnp.std(flat)
+        # sigma = 0 (a constant tensor, e.g. one element) would clip everything to 0: skip.
+        bound = jnp.where(sigma > 0, clip * sigma, jnp.inf)
+        flat = jnp.clip(flat, -bound, bound)
+    return flat
+
+
+def _max_abs(flat: Array) -> Array:
+    return jnp.max(jnp.abs(flat)) if flat.size else jnp.zeros((), jnp.float32)
+
+
+def _codes(flat: Array, s: Array, key: Array) -> Array:
+    """Packed 2-bit codes of s * sign(x) * b, b_i ~ Bernoulli(|x_i| / s) (needs s >= |x_i|)."""
+    p = safe_div(jnp.abs(flat), s)
+    b = fastrng.uniform(key, flat.shape) < p  # = jax.random.uniform, bit for bit
+    # sign(0) = +1 never matters: b = 0 when x_i = 0.
+    return pack_bits(jnp.where(b, jnp.where(flat >= 0, 1, 2), 0).astype(jnp.uint8), 2)
+
+
+def _ternary(codes: Array, d: int, dtype) -> Array:
+    """Unpacked codes as {-1, 0, +1} in ``dtype``."""
+    c = unpack_bits(codes, 2, d)
+    return jnp.where(c == 1, 1, jnp.where(c == 2, -1, 0)).astype(dtype)
+
+
+def _terngrad(clip: float | None = None, shared_scale: bool = False) -> Compressor:
+    hparams = {"clip": clip, "shared_scale": shared_scale}
+
     def compress(x, state, key):
-        check_float("terngrad", x)
-        flat = x.reshape(-1).astype(jnp.float32)
-        if clip is not None:
-            sigma = jnp.std(flat)
-            # sigma = 0 (a constant tensor, e.g. one element) would clip everything to 0: skip.
-            bound = jnp.where(sigma > 0, clip * sigma, jnp.inf)
-            flat = jnp.clip(flat, -bound, bound)
-        mag = jnp.abs(flat)
-        s = jnp.max(mag) if flat.size else jnp.zeros((), jnp.float32)
-        p = safe_div(mag, s)
-        b = fastrng.uniform(key, flat.shape) < p  # = jax.random.uniform, bit for bit
-        # sign(0) = +1 never matters: b = 0 when x_i = 0.
-        codes = jnp.where(b, jnp.where(flat >= 0, 1, 2), 0).astype(jnp.uint8)
-        return TernPayload(pack_bits(codes, 2), s.astype(jnp.float32)), state
+        flat = _clipped(x, clip)
+        s = _max_abs(flat)
+        return TernPayload(_codes(flat, s, key), s.astype(jnp.float32)), state
 
     def decompress(payload, like):
         shape, dtype = like_info(like)
-        codes = unpack_bits(payload.codes, 2, size_of(shape))
-        tern = jnp.where(codes == 1, 1.0, jnp.where(codes == 2, -1.0, 0.0))
-        return (payload.scale * tern).astype(dtype).reshape(shape)
+        return (payload.scale * _ternary(payload.codes, size_of(shape), jnp.float32)).astype(dtype).reshape(shape)
 
     def wire_bytes(shape, dtype="float32"):
         return packed_size(size_of(shape), 2) + 4
 
-    return Compressor(
+    c = Compressor(
         stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0, name="terngrad", unbiased=clip is None
     )
+    if not shared_scale:
+        return c
+    return c._replace(
+        aggregation="intsum",
+        hparams=hparams,
+        agree=Agreement(
+            statistic=lambda x: _max_abs(_clipped(x, clip)),
+            reduce="max",
+            bind=lambda s: _shared(c._replace(aggregation="intsum", hparams=hparams), clip, s),
+            levels=lambda payload, like: _ternary(payload.codes, size_of(like_info(like)[0]), jnp.int8),
+            level_max=1,
+            level_value=lambda s: jnp.asarray(s, jnp.float32),
+        ),
+    )
+
+
+def _shared(c: Compressor, clip: float | None, s: Array) -> Compressor:
+    """``c`` bound to the agreed scaler ``s`` (>= every worker's max |clip(x)|): its payload is
+    the codes only (``TernCodes``, ceil(d/4) bytes); decompress multiplies by ``s``."""
+    s = jnp.asarray(s, jnp.float32)
+
+    def compress(x, state, key):
+        return TernCodes(_codes(_clipped(x, clip), s, key)), state
+
+    def decompress(payload, like):
+        shape, dtype = like_info(like)
+        return (s * _ternary(payload.codes, size_of(shape), jnp.float32)).astype(dtype).reshape(shape)
+
+    def wire_bytes(shape, dtype="float32"):
+        return packed_size(size_of(shape), 2)
+
+    return c._replace(compress=compress, decompress=decompress, wire_bytes=wire_bytes, agree=None)
 
 
 def _bound(c, shape):
@@ -100,8 +179,23 @@ def _worst_case(c, shape):
     return x.reshape(shape)
 
 
+def _wire_bytes(c, shape, isz):
+    """ceil(d/4) bytes of 2-bit codes, plus the float32 scaler unless the compressor is bound to
+    a shared scaler the workers agreed on (``shared_scale`` with its agreement done: the scaler
+    is known to all and does not travel with the payload)."""
+    bound = c.hparams.get("shared_scale", False) and c.agree is None
+    return packed_size(size_of(shape), 2) + (0 if bound else 4)
+
+
+def shared_variance(xs: np.ndarray) -> np.ndarray:
+    """Var[C(x_w)_i] = s |x_{w,i}| - x_{w,i}^2 for every worker w, with the shared scaler
+    s = max over workers and entries of |x_{w,i}| (``xs``: one row per worker; unclipped)."""
+    xs = np.asarray(xs, np.float64).reshape(len(xs), -1)
+    return float(np.max(np.abs(xs), initial=0.0)) * np.abs(xs) - xs * xs
+
+
 THEORY = Theory(
-    wire_bytes=lambda c, shape, isz: packed_size(size_of(shape), 2) + 4,
+    wire_bytes=_wire_bytes,
     bound=_bound,
     error_sq=_error_sq,
     variance=_variance,
@@ -123,12 +217,19 @@ terngrad = register(
                     optional=True,
                     help="clip at clip * std(x); the paper uses 2.5",
                 ),
+                Param(
+                    "shared_scale",
+                    "bool",
+                    False,
+                    help="one max-allreduced scaler per tensor shared by all workers (the paper's)",
+                ),
             )
         ),
+        aggregation=lambda hp: "intsum" if hp["shared_scale"] else "allgather",
         theory=THEORY,
         knob=Knob("clip"),
         label="TernGrad",
-        cases=({}, {"clip": 2.5}),
+        cases=({}, {"clip": 2.5}, {"shared_scale": True}),
         bench=Bench(target_x=4.0),
     ),
 )

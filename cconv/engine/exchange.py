@@ -6,7 +6,7 @@ worker and returns the averaged update (identical on every worker) and the new c
 
 The compressed tensors ("units": one per tensor, or one flat buffer when fused) go through the
 plan's aggregation method (``cconv.comm.aggregation.AGGREGATORS``: allreduce, allgather, vote,
-gtopk, powersgd) over the plan's transport (``TRANSPORTS``: all-to-all collectives or a
+gtopk, powersgd, intsum) over the plan's transport (``TRANSPORTS``: all-to-all collectives or a
 parameter server); memory effects go through the plan's ``Memory`` hooks.  Tensors left dense
 by the filter (and all of them at density 1) travel in one flat buffer by the transport's mean
 (allreduce, or push + pull).

@@ -8,7 +8,7 @@ training needed).
 Rows come from the compressor registry: each entry's first test case (its ``ratio``, if it has
 one, replaced by ``--ratio``), with error feedback where the compressor is biased, plus one row
 per extra collective its entry lists (``collectives``, e.g. gTop-k), for each architecture asked
-for.  A configuration the engine rejects (gTop-k on a worker count that is not a power of two)
+for.  A configuration the engine rejects (e.g. gTop-k on the parameter-server architecture)
 is "n/a".  Each cell comes from ``trainer.traffic(step)``: the engine's own trace-time ledger of
 the payload arrays handed to the collectives (the same numbers the HLO test checks against the
 compiled program), gradient exchange and model-state averaging included, metric logging not.

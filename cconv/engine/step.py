@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from cconv.comm.accounting import total_traffic
+from cconv.comm.accounting import Collective, encoded_traffic, total_traffic, traffic
 from cconv.engine.config import Phase
 from cconv.engine.exchange import Plan, average, exchange
 
@@ -67,17 +67,39 @@ def worker_step(comm, ctx: StepContext, phase: Phase, s: WorkerState, batch, key
     if phase.kind != "local":
         model_state = average(comm, plan, model_state)  # e.g. BatchNorm running statistics
     names, values = zip(*{"loss": loss, **aux}.items())  # one buffer: one control all-reduce
-    values = comm.allmean(jnp.stack([jnp.asarray(v, jnp.float32) for v in values]), control=True)
-    metrics = dict(zip(names, values))
-    metrics.update(traffic_metrics(comm, ctx.report_rank), density=jnp.float32(plan.density))
+    kinds, own = encoded_sizes(comm)  # + every worker's encoded bytes (variable-length payloads)
+    summed = comm.allreduce(jnp.concatenate([jnp.stack([jnp.asarray(v, jnp.float32) for v in values]), own]), True)
+    metrics = dict(zip(names, summed[: len(names)] / comm.size))
+    table = summed[len(names) :].reshape(comm.size, len(kinds))
+    metrics.update(traffic_metrics(comm, ctx.report_rank, kinds, table), density=jnp.float32(plan.density))
     return WorkerState(params, model_state, opt_state, comp_state, anchor), metrics
 
 
-def traffic_metrics(comm, rank: int) -> dict:
-    """This step's bytes (from the trace's ledger) as metrics, for worker ``rank``."""
+def encoded_sizes(comm) -> tuple[tuple[str, ...], jax.Array]:
+    """The kinds of the variable-length collectives noted in this trace, and this worker's
+    encoded bytes per kind placed in its row of a (P, kinds) table, flattened (summed over
+    workers, every worker learns the whole table); empty when every payload is fixed-size."""
+    kinds = tuple(dict.fromkeys(k for k, _, _ in comm.encoded))
+    own = jnp.stack([sum(e for k, _, e in comm.encoded if k == kind) for kind in kinds]) if kinds else jnp.zeros(0)
+    rows = jnp.arange(comm.size) == comm.rank()
+    return kinds, (rows[:, None] * own[None, :].astype(jnp.float32)).reshape(-1)
+
+
+def traffic_metrics(comm, rank: int, kinds=(), table=None) -> dict:
+    """This step's bytes as metrics, for worker ``rank``: moved (from the trace's ledger) and
+    encoded (the moved bytes of variable-length calls replaced by their encoded sizes, ``table``:
+    workers x ``kinds``; ``cconv.comm.accounting.encoded_traffic``)."""
     sent, recv = total_traffic(comm.ledger, comm.size, control=False)
     ctl, _ = total_traffic(comm.ledger, comm.size, control=True)
     out = {"bytes_sent": sent[rank], "bytes_received": recv[rank], "bytes_control": ctl[rank]}
-    if any(c.kind.startswith("ps_") for c in comm.ledger):
-        out.update(server_bytes_sent=sent[0], server_bytes_received=recv[0])
+    ranks = {"": rank, "server_": 0} if any(c.kind.startswith("ps_") for c in comm.ledger) else {"": rank}
+    for prefix, r in ranks.items():
+        out.update({f"{prefix}bytes_sent": sent[r], f"{prefix}bytes_received": recv[r]})
+        enc_s, enc_r = jnp.float32(sent[r]), jnp.float32(recv[r])
+        for j, kind in enumerate(kinds):
+            moved = sum(m for k, m, _ in comm.encoded if k == kind)
+            ms, mr = traffic(Collective(kind, moved), comm.size)
+            es, er = encoded_traffic(kind, table[:, j], r)
+            enc_s, enc_r = enc_s - ms[r] + es, enc_r - mr[r] + er
+        out.update({f"{prefix}bytes_encoded_sent": enc_s, f"{prefix}bytes_encoded_received": enc_r})
     return {k: jnp.float32(v) for k, v in out.items()}

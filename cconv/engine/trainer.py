@@ -147,7 +147,8 @@ class Trainer:
 
     def _trace_step(self, comm, phase, ws, batch, key):
         new, metrics = worker_step(comm, self._ctx(phase), phase, ws, batch, key)
-        self._metric_bytes = sum(c.bytes for c in comm.ledger if c.control)
+        # the metrics' all-reduce is the step's last control record (an exchange may add others)
+        self._metric_bytes = next(c.bytes for c in reversed(comm.ledger) if c.control)
         return new, metrics
 
     def _fn(self, phase: Phase) -> Callable:

@@ -11,7 +11,10 @@ the data iterator's position) travels as JSON next to the arrays, in the same at
 
 from __future__ import annotations
 
+import errno
 import os
+import re
+import shutil
 from typing import Any
 
 import jax
@@ -55,6 +58,20 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be restored (damaged or truncated files)."""
 
 
+def write_error_reason(e: BaseException) -> str:
+    """A short reason for a failed write: the OS error's description when there is one (orbax and
+    tensorstore wrap ENOSPC in long messages), else the first line of the message."""
+    for err in (e, e.__cause__, e.__context__):
+        if isinstance(err, OSError) and err.strerror:
+            return err.strerror.lower()
+    text = str(e)
+    code = re.search(r"os_error_code='?(\d+)", text)
+    if code and int(code.group(1)) in errno.errorcode:
+        return os.strerror(int(code.group(1))).lower()
+    first = text.splitlines()[0] if text else type(e).__name__
+    return first if len(first) <= 200 else first[:197] + "..."
+
+
 class Checkpointer:
     """``save(step, state, meta)`` / ``restore(template) -> (step, state, meta)`` over orbax.
 
@@ -95,14 +112,28 @@ class Checkpointer:
         return dest
 
     def save(self, step: int, state: Any, meta: dict) -> None:
+        """Write the checkpoint of ``step`` atomically.  A failed write (e.g. a full disk) removes
+        its partial temporary directory (the previous checkpoint stays the latest) and raises a
+        one-line ``CheckpointError`` naming the checkpoint and the reason."""
         ocp = self._ocp
         leaves = {str(i): _leaf_out(x) for i, x in enumerate(jax.tree.leaves(state))}
-        self._mngr.save(
-            int(step),
-            args=ocp.args.Composite(state=ocp.args.StandardSave(leaves), meta=ocp.args.JsonSave(_jsonable(meta))),
-            force=True,
-        )
-        self._mngr.wait_until_finished()
+        try:
+            self._mngr.save(
+                int(step),
+                args=ocp.args.Composite(state=ocp.args.StandardSave(leaves), meta=ocp.args.JsonSave(_jsonable(meta))),
+                force=True,
+            )
+            self._mngr.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 - orbax raises many types; the reason is kept as the cause
+            self._discard_partial(step)
+            raise CheckpointError(f"cannot write checkpoint {self.path(step)}: {write_error_reason(e)}") from e
+
+    def _discard_partial(self, step: int) -> None:
+        """Remove the temporary directories of an unfinished save of ``step`` (frees the space)."""
+        prefix = f"{int(step)}.orbax-checkpoint-tmp"
+        for name in os.listdir(self.directory) if os.path.isdir(self.directory) else ():
+            if name.startswith(prefix):
+                shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
 
     def restore(self, template: Any, step: int | None = None) -> tuple[int, Any, dict]:
         """Restore the latest (or the given) step into the structure and shardings of template."""

@@ -9,8 +9,10 @@
   error feedback, one line per sparsifier family; methods without a ratio (signSGD, TernGrad, ...)
   and the dense baseline are horizontal reference lines.
 
-x axes: ``bytes`` = ``cum_bytes`` (cumulative bytes sent + received per worker, log scale),
-``steps``, ``time`` = simulated time on a network (``sim_time@<net>``; ``sim_time`` for the run's
+x axes: ``bytes`` = ``cum_bytes`` (cumulative bytes sent + received per worker, log scale: what
+the collectives moved), ``bytes_encoded`` = ``cum_bytes_encoded`` (the same for the encoded
+messages: smaller for entropy-coded payloads, whose buffers have a fixed capacity), ``steps``,
+``time`` = simulated time on a network (``sim_time@<net>``; ``sim_time`` for the run's
 first network; wall-clock time when no network was simulated).  Loss axes are shared and capped at
 1.5 x the median initial value: a diverging run leaves through the top edge, marked with an x.
 """
@@ -23,6 +25,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
+# x axes on a byte scale (log): name -> (column, what it counts)
+BYTE_AXES = {"bytes": ("cum_bytes", "traffic"), "bytes_encoded": ("cum_bytes_encoded", "encoded traffic")}
+X_AXES = (*BYTE_AXES, "steps", "time")
 MEMORY_STYLE = {"ef": "-", "none": "--", "dgc": ":"}
 MEMORY_LABEL = {"ef": "EF", "none": "no EF", "dgc": "DGC memory"}
 Y_LABELS = {
@@ -86,8 +91,11 @@ def _plt():
 
 def x_column(df, x: str, network: str | None = None) -> tuple[str, str]:
     """(column, axis label) for an x choice."""
-    if x == "bytes":
-        return "cum_bytes", "cumulative traffic per worker, sent + received [bytes]"
+    if x in BYTE_AXES:
+        col, what = BYTE_AXES[x]
+        if col not in df.columns:
+            raise ValueError(f"no {col} in these results (written by cconv runs since encoded sizes are logged)")
+        return col, f"cumulative {what} per worker, sent + received [bytes]"
     if x == "steps":
         return "step", "training step"
     if x == "time":
@@ -103,7 +111,7 @@ def x_column(df, x: str, network: str | None = None) -> tuple[str, str]:
         if "sim_time" in df.columns and df["sim_time"].notna().any():
             return "sim_time", "simulated time [s]"
         return "wall_time", "wall-clock time [s]"
-    raise ValueError(f"unknown x axis {x!r}; valid: bytes, steps, time")
+    raise ValueError(f"unknown x axis {x!r}; valid: {', '.join(X_AXES)}")
 
 
 def y_label(y: str) -> str:
@@ -146,7 +154,7 @@ def y_range(df, ycol: str) -> tuple[float, float] | None:
 
 
 def _scales(ax, ys: list, x: str, y: str, limits=None) -> None:
-    if x == "bytes":
+    if x in BYTE_AXES:
         ax.set_xscale("log")
     if limits is not None:
         lo, hi = limits
@@ -237,7 +245,7 @@ def curves(
     ]
     varying = _varying(df, cand)
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    if x == "bytes":
+    if x in BYTE_AXES:
         ax.set_xscale("log")
     limits = y_range(df, y)
     top = limits[1] if limits else None
@@ -296,7 +304,7 @@ def family_grid(
     cmap = plt.get_cmap("viridis")
     for idx, fam in enumerate(fams):
         ax = axes[idx // ncols][idx % ncols]
-        if x == "bytes":
+        if x in BYTE_AXES:
             ax.set_xscale("log")
         g = df[df["compressor"] == fam]
         knob = _knob(g, fam)

@@ -7,7 +7,8 @@
 
 Both frames carry the run's config flattened into columns (``compressor``, ``ratio``, ``memory``,
 ``workers``, ..., and every other field as ``cfg.<dotted key>``), so grouping by any swept field is
-one ``groupby``.  ``bytes_to_target`` is the cumulative traffic per worker (``cum_bytes``) at the
+one ``groupby``.  ``bytes_to_target`` is the cumulative traffic per worker (``cum_bytes``; and
+``encoded_bytes_to_target`` from ``cum_bytes_encoded``, the encoded messages) at the
 first metric line whose ``loss`` (or the chosen metric) is at or below the target; ``NaN`` when
 the run never reaches it.  ``steps_to_target`` and ``time_to_target`` (simulated, first network)
 are read off the same line.
@@ -27,7 +28,16 @@ from cconv.experiments import io
 if TYPE_CHECKING:
     import pandas as pd
 
-FINAL_COLUMNS = ("loss", "accuracy", "test_loss", "test_accuracy", "cum_bytes", "sim_time", "wall_time")
+FINAL_COLUMNS = (
+    "loss",
+    "accuracy",
+    "test_loss",
+    "test_accuracy",
+    "cum_bytes",
+    "cum_bytes_encoded",
+    "sim_time",
+    "wall_time",
+)
 
 
 def find_runs(paths: Iterable[str]) -> list[str]:
@@ -151,6 +161,7 @@ def load_runs(paths: Iterable[str], target: float | None = None, metric: str = "
                 hit = _first_reaching(sl, metric, float(tgt), higher)
                 row["target"] = float(tgt)
                 row["bytes_to_target"] = _num(hit["cum_bytes"]) if hit else math.nan
+                row["encoded_bytes_to_target"] = _num(hit.get("cum_bytes_encoded")) if hit else math.nan
                 row["steps_to_target"] = hit["step"] if hit else math.nan
                 row["time_to_target"] = _num(hit.get("sim_time")) if hit else math.nan
             row["error"] = summary.get("error")
@@ -169,9 +180,11 @@ SHOW = (
     "test_loss",
     "test_accuracy",
     "cum_bytes",
+    "cum_bytes_encoded",
     "sim_time",
     "wall_time",
     "bytes_to_target",
+    "encoded_bytes_to_target",
     "steps_to_target",
     "time_to_target",
 )
@@ -184,12 +197,15 @@ def table(paths: Iterable[str], target: float | None = None, metric: str = "loss
 
 def format_table(df: pd.DataFrame) -> str:
     cols = [c for c in SHOW if c in df.columns and (c.endswith("_to_target") or not df[c].isna().all())]
+    for enc, moved in (("cum_bytes_encoded", "cum_bytes"), ("encoded_bytes_to_target", "bytes_to_target")):
+        if enc in cols and (moved not in df.columns or df[enc].fillna(-1).equals(df[moved].fillna(-1))):
+            cols.remove(enc)  # fixed-size formats only: the encoded bytes are the moved bytes
     view = df[cols].copy()
     fmt = {}
     for c in ("loss", "test_loss"):
         fmt[c] = lambda v: f"{v:.4f}"
     fmt["test_accuracy"] = lambda v: f"{v:.3f}"
-    for c in ("cum_bytes", "bytes_to_target"):
+    for c in ("cum_bytes", "cum_bytes_encoded", "bytes_to_target", "encoded_bytes_to_target"):
         fmt[c] = _human_bytes
     for c in ("sim_time", "wall_time", "time_to_target"):
         fmt[c] = lambda v: f"{v:.3g}s"

@@ -27,7 +27,10 @@ Metric lines (one per seed every ``log_every`` steps)::
     step, seed, loss (mean training loss since the previous line), <aux> (e.g. accuracy, same
     mean), test_loss, test_<metric> (full test set), bytes_sent, bytes_received (per worker, at
     this step), cum_bytes_sent, cum_bytes_received, cum_bytes (= sent + received, per worker, since
-    step 0), density, wall_time (s since the start, resumes included), and when a network is set
+    step 0): the bytes the collectives moved; bytes_encoded_sent, bytes_encoded_received,
+    cum_bytes_encoded: the same for the encoded messages (smaller than the moved bytes only for
+    entropy-coded payloads, whose buffers have a fixed capacity), density, wall_time (s since the
+    start, resumes included), and when a network is set
     sim_time / sim_step_time (first network) and sim_time@<net> / sim_step_time@<net> for each.
 
 Simulated time (issue 5 §4): ``sim_step_time = t_compute + t_compress + t_comm(step)``, where
@@ -68,7 +71,7 @@ if TYPE_CHECKING:
 MAX_INFLIGHT = 16
 PARTITION_KEYS = ("partition", "alpha", "min_size", "shards_per_worker")
 EVAL_CHUNK = 1024
-KEEP_CHECKPOINTS = 1  # checkpoints kept per run; with more, a damaged latest one falls back to the previous
+KEEP_CHECKPOINTS = 2  # checkpoints kept per run: a damaged latest one falls back to the previous
 
 
 # --------------------------------------------------------------------------- building
@@ -458,7 +461,8 @@ class Counters:
     """Running totals of a run, per seed; checkpointed with the state (``to_dict`` / ``from_dict``,
     a JSON mapping with these keys).
 
-    cum_sent, cum_recv  bytes sent / received per worker since step 0
+    cum_sent, cum_recv  bytes sent / received per worker since step 0 (moved by the collectives)
+    cum_enc_sent, cum_enc_recv   the same for the encoded messages (= moved for fixed formats)
     sim                 simulated time since step 0, per seed and network (None: no network)
     wall                wall-clock seconds spent training, resumes included
     diverged            the step whose loss was non-finite, per seed (None: still finite)
@@ -475,13 +479,18 @@ class Counters:
     diverged: list[int | None]
     calibration: dict | None
     acc: list[dict]
+    cum_enc_sent: list[float] = dataclasses.field(default_factory=list)
+    cum_enc_recv: list[float] = dataclasses.field(default_factory=list)
 
     @classmethod
     def fresh(cls, seeds: int) -> Counters:
-        return cls([0.0] * seeds, [0.0] * seeds, None, 0.0, [None] * seeds, None, [dict() for _ in range(seeds)])
+        z = lambda: [0.0] * seeds
+        return cls(z(), z(), None, 0.0, [None] * seeds, None, [dict() for _ in range(seeds)], z(), z())
 
     @classmethod
     def from_dict(cls, d: dict) -> Counters:
+        # checkpoints written before encoded sizes were logged: every format was fixed (encoded = moved)
+        d = {"cum_enc_sent": list(d["cum_sent"]), "cum_enc_recv": list(d["cum_recv"]), **d}
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
 
     def to_dict(self) -> dict:
@@ -620,6 +629,8 @@ def _accumulate(
             mi = {k: float(np.asarray(v)[i]) if multi else float(np.asarray(v)) for k, v in hm.items()}
             counters.cum_sent[i] += mi.get("bytes_sent", 0.0)
             counters.cum_recv[i] += mi.get("bytes_received", 0.0)
+            counters.cum_enc_sent[i] += mi.get("bytes_encoded_sent", 0.0)
+            counters.cum_enc_recv[i] += mi.get("bytes_encoded_received", 0.0)
             for j, t in enumerate(times):
                 counters.sim[i][j] += t
             a = counters.acc[i]
@@ -660,11 +671,14 @@ def _metric_line(
         line.update(test)
     line["bytes_sent"] = last.get("bytes_sent", 0.0)
     line["bytes_received"] = last.get("bytes_received", 0.0)
+    line["bytes_encoded_sent"] = last.get("bytes_encoded_sent", 0.0)
+    line["bytes_encoded_received"] = last.get("bytes_encoded_received", 0.0)
     if "density" in last:
         line["density"] = last["density"]
     line["cum_bytes_sent"] = counters.cum_sent[i]
     line["cum_bytes_received"] = counters.cum_recv[i]
     line["cum_bytes"] = counters.cum_sent[i] + counters.cum_recv[i]
+    line["cum_bytes_encoded"] = counters.cum_enc_sent[i] + counters.cum_enc_recv[i]
     if clock:
         for j, lab in enumerate(clock.labels):
             line[f"sim_time@{lab}"] = counters.sim[i][j]
