@@ -40,8 +40,8 @@ def test_registry():
     for name in REQUIRED:
         assert callable(getattr(cc, name))  # each built-in also has a factory
     assert cc.none is cc.identity
-    assert cc.hparams_of("randomk") == ["ratio", "k", "scaled", "shared"]
-    assert cc.hparams_of("qsgd") == ["levels", "bucket"]
+    assert cc.hparams_of("randomk") == ["ratio", "k", "scaled", "shared", "positions"]
+    assert cc.hparams_of("qsgd") == ["levels", "bucket", "coding"]
     assert cc.randomk(ratio=0.1).hparams["scaled"] is True  # scaled (unbiased) by default
     # helpers named in the cross-layer contract, reachable by import from their modules
     import cconv

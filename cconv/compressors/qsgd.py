@@ -6,11 +6,33 @@ xi_i = l + 1 with probability p_i = s|v_i|/||v|| - l, else l.
 Unbiased, with exact variance E||C(v) - v||^2 = sum_i (||v||/s)^2 p_i (1 - p_i), bounded by
 min(d/s^2, sqrt(d)/s) ||v||^2 (d = bucket size).
 
-Wire format: each signed level sign*xi in [-s, s] is stored as the code sign*xi + s in
-ceil(log2(2s + 1)) bits, bit-packed (no Elias coding), plus one float32 norm per bucket:
-ceil(d * bits / 8) + 4 * ceil(d / bucket) bytes.  ``levels`` in [1, 127] (8-bit codes at most).
-A zero bucket has norm 0 and decompresses to zero.  Non-finite input: the bucket's norm is
-NaN/inf and the bucket decompresses to non-finite values.
+Wire formats (``coding``; the values are the same, bit for bit, whichever is chosen):
+
+``"fixed"`` (default): each signed level sign*xi in [-s, s] is stored as the code sign*xi + s in
+ceil(log2(2s + 1)) bits, bit-packed, plus one float32 norm per bucket:
+ceil(d * bits / 8) + 4 * ceil(d / bucket) bytes.
+
+``"elias"``: the paper's Section 3.2 code (``cconv.compressors.elias``): the float32 norms, then
+for every nonzero level of the tensor in order Elias-omega(gap to the previous nonzero position),
+a sign bit and Elias-omega(|level|), in a ``bitstream.BitStream``, plus the count of nonzeros
+(int32).  Capacity policy: the buffer has the fixed format's size, ceil(d * bits / 8) bytes
+(rounded up to 32-bit words), and the encoder picks the shorter message: the Elias stream when
+its encoded size (ceil(nbits / 8), its 4-byte bit count and 4 bytes per 256 nonzeros of chunk
+index) is at most the fixed format's ceil(d * bits / 8) bytes, else the fixed-format codes,
+stored in the same words (little-endian bytes), with count = -1 as the flag.  So
+
+    moved    4 * ceil(d / bucket) + 4 + 4 * (ceil(ceil(d * bits / 8) / 4) + 2 + ceil(d / 256))
+             (~ fixed + 1/8 bit per element for the chunk index)
+    encoded  4 * ceil(d / bucket) + 4 + min(elias stream, ceil(d * bits / 8))  (<= fixed + 4)
+
+A worst-case capacity that always holds the Elias message would move
+d * (3 + max_{l <= s} omega_len(l)) bits (9 per element at s = 8 against 5), for messages that
+Gaussian gradients at small s keep far below the fixed size; hence the fixed-size buffer with
+a fallback.  Theory.encoded_bytes is Theorem 3.2's bound per bucket of n entries,
+(3 + (3/2) log2(2 (s^2 + n) / (s (s + sqrt n)))) s (s + sqrt n) + 32 bits, o(1) taken as 0.
+
+``levels`` in [1, 127] (8-bit codes at most).  A zero bucket has norm 0 and decompresses to zero.
+Non-finite input: the bucket's norm is NaN/inf and the bucket decompresses to non-finite values.
 """
 
 from __future__ import annotations
@@ -20,16 +42,30 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
-from cconv.compressors import fastrng
+from cconv.compressors import bitstream, elias, fastrng
 from cconv.compressors.base import Array, Compressor, check_float, like_info, safe_div, size_of, stateless_init
 from cconv.compressors.oracle import alternating, flat64
 from cconv.compressors.packing import pack_bits, packed_size, unpack_bits
 from cconv.compressors.registry import Bench, Bound, Entry, Knob, Param, Schema, Theory, register
 
+CODINGS = ("fixed", "elias")
+
 
 class QSGDPayload(NamedTuple):
+    """coding="fixed": bit-packed codes sign*xi + s and the bucket norms."""
+
     codes: Array  # uint8[ceil(d*bits/8)]
+    norms: Array  # float32 (n_buckets,)
+
+
+class QSGDEliasPayload(NamedTuple):
+    """coding="elias": the Elias-omega stream of the nonzero levels (count >= 0), or the
+    fixed-format codes in the same words (count = -1), and the bucket norms."""
+
+    stream: bitstream.BitStream  # capacity: 8 * ceil(d*bits/8) bits
+    count: Array  # int32 scalar: nonzero levels coded, or -1 (the words hold the fixed codes)
     norms: Array  # float32 (n_buckets,)
 
 
@@ -38,14 +74,31 @@ def code_bits(levels: int) -> int:
     return max(1, math.ceil(math.log2(2 * levels + 1)))
 
 
-def _qsgd(levels: int = 8, bucket: int | None = None) -> Compressor:
+def _words_of_bytes(b: Array, n_words: int) -> Array:
+    """uint8 bytes into n_words little-endian uint32 words (zero padded)."""
+    b = jnp.pad(b, (0, 4 * n_words - b.shape[0])).reshape(n_words, 4).astype(jnp.uint32)
+    return b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16) | (b[:, 3] << 24)
+
+
+def _bytes_of_words(w: Array, n_bytes: int) -> Array:
+    """The first n_bytes bytes of little-endian uint32 words."""
+    b = jnp.stack([(w >> sh) & 0xFF for sh in (0, 8, 16, 24)], 1).astype(jnp.uint8)
+    return b.reshape(-1)[:n_bytes]
+
+
+def _qsgd(levels: int = 8, bucket: int | None = None, coding: str = "fixed") -> Compressor:
     s = levels
     nbits = code_bits(s)
+    chunk = bitstream.CHUNK
 
     def layout(d):
         b = d if bucket is None else min(bucket, d)
         b = max(b, 1)
         return b, -(-d // b)
+
+    def capacity(d):
+        """Bits of the Elias buffer: the fixed format's bytes (see the module docstring)."""
+        return 8 * packed_size(d, nbits)
 
     def compress(x, state, key):
         check_float("qsgd", x)
@@ -60,22 +113,63 @@ def _qsgd(levels: int = 8, bucket: int | None = None) -> Compressor:
         xi = jnp.minimum(l + (fastrng.uniform(key, v.shape) < p), s)  # = jax.random.uniform, bit for bit
         level = jnp.where(v >= 0, xi, -xi)
         codes = (level + s).astype(jnp.uint8).reshape(-1)[:d]
-        return QSGDPayload(pack_bits(codes, nbits), norms), state
+        packed = pack_bits(codes, nbits)
+        if coding == "fixed":
+            return QSGDPayload(packed, norms), state
+        cap = capacity(d)
+        stream, count = elias.encode(codes.astype(jnp.int32) - s, cap, chunk)
+        use = bitstream.encoded_bytes(stream, count, chunk) <= packed_size(d, nbits)
+        fixed_words = _words_of_bytes(packed, bitstream.capacity_words(cap))
+        stream = bitstream.BitStream(
+            jnp.where(use, stream.words, fixed_words),
+            jnp.where(use, stream.nbits, cap).astype(jnp.int32),
+            jnp.where(use, stream.offsets, 0),
+        )
+        return QSGDEliasPayload(stream, jnp.where(use, count, -1).astype(jnp.int32), norms), state
 
     def decompress(payload, like):
         shape, dtype = like_info(like)
         d = size_of(shape)
         b, nb = layout(d)
-        level = unpack_bits(payload.codes, nbits, d).astype(jnp.float32) - s
+        if coding == "fixed":
+            level = unpack_bits(payload.codes, nbits, d).astype(jnp.float32) - s
+        else:
+            words = payload.stream.words
+
+            def fixed(_):
+                return unpack_bits(_bytes_of_words(words, packed_size(d, nbits)), nbits, d).astype(jnp.int32) - s
+
+            def coded(_):
+                return elias.decode(payload.stream, payload.count, d, chunk)
+
+            level = lax.cond(payload.count >= 0, coded, fixed, None).astype(jnp.float32)
         level = jnp.pad(level, (0, nb * b - d)).reshape(nb, b)
         out = payload.norms[:, None] * level / s
         return out.reshape(-1)[:d].astype(dtype).reshape(shape)
 
     def wire_bytes(shape, dtype="float32"):
         d = size_of(shape)
-        return packed_size(d, nbits) + 4 * layout(d)[1]
+        if coding == "fixed":
+            return packed_size(d, nbits) + 4 * layout(d)[1]
+        return bitstream.stream_bytes(capacity(d), d, chunk) + 4 + 4 * layout(d)[1]
 
-    return Compressor(stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0, name="qsgd", unbiased=True)
+    def encoded(payload):
+        """Norms, the count word, then the Elias stream or (count = -1) the fixed codes, whose
+        bytes the stream's nbits holds (8 * ceil(d * bits / 8))."""
+        fixed = (payload.stream.nbits // 8).astype(jnp.float32)
+        body = jnp.where(payload.count >= 0, bitstream.encoded_bytes(payload.stream, payload.count, chunk), fixed)
+        return 4.0 * payload.norms.shape[0] + 4.0 + body
+
+    return Compressor(
+        stateless_init,
+        compress,
+        decompress,
+        wire_bytes,
+        lambda shape: 1.0,
+        name="qsgd",
+        unbiased=True,
+        encoded=None if coding == "fixed" else encoded,
+    )
 
 
 # ---------------------------------------------------------------- theory (float64 NumPy)
@@ -88,9 +182,27 @@ def _buckets(d: int, bucket: int | None) -> tuple[int, int]:
 
 
 def _wire_bytes(c, shape, isz):
+    """fixed: packed codes + norms; elias: norms + count word + the fixed-size buffer (its words
+    rounded up, a spare word, the bit count) + one int32 chunk offset per 256 entries."""
     d, s = size_of(shape), c.hparams["levels"]
     nbits = max(1, math.ceil(math.log2(2 * s + 1)))
-    return -(-d * nbits // 8) + 4 * _buckets(d, c.hparams["bucket"])[1]
+    fixed = -(-d * nbits // 8)
+    norms = 4 * _buckets(d, c.hparams["bucket"])[1]
+    if c.hparams["coding"] == "fixed":
+        return fixed + norms
+    return norms + 4 + 4 * (-(-fixed // 4) + 1 + 1 + max(1, -(-d // 256)))
+
+
+def _encoded_bytes(c, shape, isz):
+    """coding="elias": Theorem 3.2's bound (o(1) = 0) summed over the buckets of n entries,
+    (3 + (3/2) log2(2 (s^2 + n) / (s (s + sqrt n)))) s (s + sqrt n) + 32 bits each, in bytes;
+    "fixed": the wire bytes."""
+    if c.hparams["coding"] == "fixed":
+        return float(_wire_bytes(c, shape, isz))
+    d, s = size_of(shape), c.hparams["levels"]
+    b, nb = _buckets(d, c.hparams["bucket"])
+    sizes = [b] * (nb - 1) + [d - (nb - 1) * b] if d else []
+    return sum(elias.expected_bound_bits(n, s) for n in sizes) / 8.0
 
 
 def _bound(c, shape):
@@ -135,7 +247,14 @@ def _worst_case(c, shape):
     return alternating(shape)
 
 
-THEORY = Theory(wire_bytes=_wire_bytes, bound=_bound, error_sq=_error_sq, variance=_variance, worst_case=_worst_case)
+THEORY = Theory(
+    wire_bytes=_wire_bytes,
+    bound=_bound,
+    error_sq=_error_sq,
+    variance=_variance,
+    worst_case=_worst_case,
+    encoded_bytes=_encoded_bytes,
+)
 
 qsgd = register(
     "qsgd",
@@ -145,12 +264,13 @@ qsgd = register(
             (
                 Param("levels", "int", 8, low=1, high=127, help="s, quantisation levels"),
                 Param("bucket", "int", None, low=1, optional=True),
+                Param("coding", "str", "fixed", choices=CODINGS, help="wire format: fixed-width codes or Elias-omega"),
             )
         ),
         theory=THEORY,
         knob=Knob("levels", (4, 16)),
         label="QSGD",
-        cases=({"levels": 4}, {"levels": 2, "bucket": 6}),
+        cases=({"levels": 4}, {"levels": 2, "bucket": 6}, {"levels": 2, "bucket": 6, "coding": "elias"}),
         bench=Bench(lambda r: {"levels": 2}, 4.0),
     ),
 )  # 3-bit codes: the generic bit-stream packing path

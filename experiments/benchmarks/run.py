@@ -4,9 +4,10 @@
     .venv/bin/python experiments/benchmarks/run.py --parts a --sizes 1e6,1e7
 
 Parts
-  (a) compress and decompress time of every registered compressor (also with
-      positions="golomb" where offered; and of the selection primitives and of Golomb-Rice
-      position coding alone, target <= 10x) on fp32 vectors of 1e5, 1e6, 1e7, 2.5e7 elements, as ratios to the memory
+  (a) compress and decompress time of every registered compressor (also with its entropy-coded
+      wire format where its schema offers one: positions="golomb", qsgd's coding="elias"; and of
+      the selection primitives and of Golomb-Rice position coding alone, target <= 10x) on fp32
+      vectors of 1e5, 1e6, 1e7, 2.5e7 elements, as ratios to the memory
       floor measured in the same rounds: a jitted ``sum(abs(x))`` (one read of x).  Also the
       "write floor" (a jitted ``2 * x``: one read + one freshly allocated fp32 output), which
       bounds any decompression that materialises the dense gradient;
@@ -179,21 +180,27 @@ def bench_input(c: Compressor, x: jax.Array) -> jax.Array:
     return x
 
 
-def bench_cases(names, ratio) -> list[tuple[str, dict]]:
-    """(name, hparams) timed in (a): every compressor at its ``Bench`` settings and, where its
-    schema offers coded positions and the settings allow them, also with positions="golomb"."""
+CODED = (("positions", "golomb"), ("coding", "elias"))  # (hyper-parameter, entropy-coded value)
+REPORT_ONLY = (("coding", "elias"),)  # coded variants timed without the compressor's target
+
+
+def bench_cases(names, ratio) -> list[tuple[str, dict, str]]:
+    """(name, hparams, label) timed in (a): every compressor at its ``Bench`` settings and, where
+    its schema offers an entropy-coded wire format (``CODED``) that the settings allow, also with
+    that format (same values, another message)."""
     from cconv import compressors as C
 
     out = []
     for name in names:
         hp = bench_hparams(name, ratio)
-        out.append((name, hp))
-        if "positions" in C.entry(name).schema.names and hp.get("positions", "int32") != "golomb":
-            try:
-                C.get(name, **{**hp, "positions": "golomb"})
-            except ValueError:  # e.g. random-k with a shared key: no positions travel
-                continue
-            out.append((name, {**hp, "positions": "golomb"}))
+        out.append((name, hp, name))
+        for param, value in CODED:
+            if param in C.entry(name).schema.names and hp.get(param) != value:
+                try:
+                    C.get(name, **{**hp, param: value})
+                except ValueError:  # not offered with these settings
+                    continue
+                out.append((name, {**hp, param: value}, f"{name} ({param}={value})"))
     return out
 
 
@@ -258,8 +265,7 @@ def part_a(sizes, repeats, ratio, names=None, log=print) -> dict:
         w = measure(write, (x,), floor, (x,), rep)
         floors.append({"d": d, "read_floor_s": w["floor_s"], "write_floor_s": w["s"], "write_over_read": w["ratio"]})
         log(f"[a] d={d:.1e} read floor {w['floor_s'] * 1e3:.3f} ms, write floor {w['ratio']:.2f}x")
-        for name, hp in bench_cases(names, ratio):
-            label = name if "positions" not in hp else f"{name} (positions={hp['positions']})"
+        for name, hp, label in bench_cases(names, ratio):
             c = C.get(name, **hp)
             xin = bench_input(c, x)
             state = c.init(xin)
@@ -271,7 +277,7 @@ def part_a(sizes, repeats, ratio, names=None, log=print) -> dict:
             md = measure(dec, (payload,), floor, (x,), rep)
             total = mc["ratio"] + md["ratio"]
             wr = (mc["s"] + md["s"]) / (mc["floor_s"] + md["floor_s"] * w["ratio"])  # vs read + write floor
-            target = target_x(name)
+            target = None if any(hp.get(p) == v for p, v in REPORT_ONLY) else target_x(name)
             row = {
                 "d": d,
                 "name": label,
@@ -286,6 +292,7 @@ def part_a(sizes, repeats, ratio, names=None, log=print) -> dict:
                 "target_x": target,
                 "meets_target": None if target is None else bool(total <= target),
                 "payload_bytes": C.payload_bytes(payload),
+                "encoded_bytes": float(c.encoded_bytes(payload)),
             }
             rows.append(row)
             log(
