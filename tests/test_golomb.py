@@ -276,3 +276,27 @@ def test_dgc_codes_only_the_entries_it_sends():
     assert int(np.asarray(valid).sum()) == n
     want = 4 + 4 * n + float(G.encoded_bytes(p.positions))
     assert float(c.encoded_bytes(p)) == want <= T.encoded_bytes(c, (d,)) + 1
+
+
+@pytest.mark.parametrize("name", ["topk", "dgc", "randomk"])
+def test_the_engine_trains_bit_identically_with_coded_positions(name):
+    """Gathered coded payloads are summed in the int32 format's one scatter of all P*k pairs
+    (``Compressor.sparse``), so the training trajectory does not depend on the coding."""
+    import optax
+    from engine_util import loss_fn, make_batch, make_model_state, make_params
+
+    from cconv.engine import EngineConfig, build
+
+    extra = {"shared": False} if name == "randomk" else {}
+    out = []
+    for positions in ("int32", "golomb"):
+        c = cc.get(name, ratio=0.2, positions=positions, **extra)
+        cfg = EngineConfig(workers=4, compressor=c, memory="ef", compress_vectors=True, min_compress_size=0)
+        tr = build(loss_fn, make_params(), optax.sgd(0.1), cfg, model_state=make_model_state())
+        s = tr.init()
+        for t in range(3):
+            s, m = tr.step(s, make_batch(t), jax.random.PRNGKey(t))
+        out.append((jax.tree.leaves(tr.params(s)), float(m["loss"]), float(m["bytes_encoded_sent"])))
+    for a, b in zip(out[0][0], out[1][0]):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert out[0][1] == out[1][1] and out[1][2] < out[0][2]

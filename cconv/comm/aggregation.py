@@ -65,6 +65,9 @@ def _gathered_sum(c: Compressor, stacked, like):
     (decompressing each into its own dense array and summing costs P dense passes)."""
     if isinstance(stacked, SparsePayload):
         return scatter(stacked.values.reshape(-1), stacked.indices.reshape(-1), like)
+    if c.sparse is not None and not isinstance(stacked, DensePayload):  # coded positions
+        pairs = jax.vmap(lambda p: c.sparse(p, like))(stacked)
+        return scatter(pairs.values.reshape(-1), pairs.indices.reshape(-1), like)
     return jax.vmap(lambda p: c.decompress(p, like))(stacked).sum(0)
 
 

@@ -32,6 +32,9 @@ Static properties
 ``encoded``      None for fixed-size formats; for variable-length ones (entropy-coded bit streams
                  in a fixed-capacity buffer, ``cconv.compressors.bitstream``) a traced function
                  ``payload -> float32 bytes of the encoded message``, which ``encoded_bytes`` calls.
+``sparse``       None, or ``(payload, like) -> SparsePayload``: the (value, index) pairs of a
+                 coded sparse payload, so that gathered payloads are summed in one scatter-add
+                 of all P*k pairs, in the same order as the int32 format (same sums, bit for bit).
 ``agree``        None, or an ``Agreement``: a per-tensor statistic every worker agrees on (one
                  reduction over the workers) before compressing, e.g. a shared max scaler.
 
@@ -87,6 +90,7 @@ class Compressor(NamedTuple):
     hparams: Mapping[str, Any] = MappingProxyType({})  # the validated hyper-parameters (build)
     encoded: Callable[[Payload], Array] | None = None  # variable-length formats: encoded bytes
     agree: Agreement | None = None  # a statistic the workers agree on before compressing
+    sparse: Callable[[Payload, Any], Any] | None = None  # coded payload -> its (values, indices)
 
     def encoded_bytes(self, payload: Payload) -> Array:
         """Bytes of the message a variable-length transport would send (traced float32 scalar):

@@ -177,15 +177,16 @@ def _dgc(
         return payload(flat, idx, valid), state
 
     def decompress(payload, like):
-        if isinstance(payload, CodedPayload):  # the count says how many values the message holds
-            sent = jnp.arange(payload.values.shape[0]) < payload.count
-            values = jnp.where(sent, payload.values, jnp.zeros((), payload.values.dtype))
-            return golomb.decompress(golomb.GolombPayload(values, payload.positions), like)
-        return decompress_sparse(payload, like)
+        return decompress_sparse(sparse(payload, like) if isinstance(payload, CodedPayload) else payload, like)
 
     def wire_bytes(shape, dtype="float32"):
         kk, d = kof(shape), size_of(shape)
         return golomb.moved_bytes(kk, d, dtype) + 4 if coded and kk < d else sparse_bytes(kk, d, dtype)
+
+    def sparse(p, like):  # the count says how many values the message holds
+        sent = jnp.arange(p.values.shape[0]) < p.count
+        values = jnp.where(sent, p.values, jnp.zeros((), p.values.dtype))
+        return golomb.to_sparse(golomb.GolombPayload(values, p.positions), like)
 
     def encoded(p):  # the count, the valid values and the used part of the position stream
         if not isinstance(p, CodedPayload):
@@ -201,6 +202,7 @@ def _dgc(
         name="dgc",
         unbiased=False,
         encoded=encoded if coded else None,
+        sparse=sparse if coded else None,
     )
 
 

@@ -52,7 +52,7 @@ from cconv.compressors import bitstream as B
 from cconv.compressors.base import Array, itemsize, payload_bytes
 from cconv.compressors.bitstream import CHUNK, BitStream
 from cconv.compressors.registry import Param
-from cconv.compressors.sparse import scatter
+from cconv.compressors.sparse import SparsePayload, scatter
 
 __all__ = [
     "POSITIONS",
@@ -70,6 +70,7 @@ __all__ = [
     "moved_bytes",
     "payload_encoded_bytes",
     "stream_bytes",
+    "to_sparse",
 ]
 
 POSITIONS = Param(
@@ -190,6 +191,14 @@ def decompress(payload: GolombPayload, like, chunk: int = CHUNK) -> Array:
     k = payload.values.shape[0]
     idx, valid = decode(payload.positions, k, d, chunk)
     return scatter(jnp.where(valid, payload.values, jnp.zeros((), payload.values.dtype)), idx, like)
+
+
+def to_sparse(payload: GolombPayload, like, chunk: int = CHUNK) -> SparsePayload:
+    """The (value, int32 index) pairs of ``payload`` (padding slots: value 0 at index 0, as the
+    int32 format's), for the engine's one-scatter sum of gathered payloads (``Compressor.sparse``)."""
+    d = math.prod(like.shape)
+    idx, valid = decode(payload.positions, payload.values.shape[0], d, chunk)
+    return SparsePayload(jnp.where(valid, payload.values, jnp.zeros((), payload.values.dtype)), idx)
 
 
 def encoded_bytes(stream: BitStream, chunk: int = CHUNK) -> Array:

@@ -119,6 +119,7 @@ def _randomk(
         name="randomk",
         unbiased=bool(scaled),
         encoded=golomb.payload_encoded_bytes if coded else None,
+        sparse=golomb.to_sparse if coded else None,
     )
 
 

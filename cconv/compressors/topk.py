@@ -73,6 +73,7 @@ def _topk(ratio: float | None = None, k: int | None = None, positions: str = "in
         name="topk",
         unbiased=False,
         encoded=golomb.payload_encoded_bytes if coded else None,
+        sparse=golomb.to_sparse if coded else None,
     )
 
 
