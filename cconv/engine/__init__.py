@@ -6,8 +6,10 @@
     state = trainer.init()
     state, metrics = trainer.step(state, batch, key)
 
-Inside your own ``jax.shard_map`` / ``pmap`` loop, ``Exchange`` and ``as_optax`` (``cconv.engine.dropin``)
-give the same compressed exchange.  See ``EngineConfig`` for every option and README section "Python API".  Aggregation methods and
+Inside your own ``jax.shard_map`` / ``pmap`` loop, ``Exchange`` and ``as_optax``
+(``cconv.engine.dropin``) give the same compressed exchange.
+
+See ``EngineConfig`` for every option and README section "Python API".  Aggregation methods and
 transports are objects in ``cconv.comm.aggregation``, memories in ``cconv.memory``, launchers in
 ``cconv.engine.launchers``; each kind has a name -> object registry.
 """
