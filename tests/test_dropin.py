@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 import cconv
 from cconv import compressors as C
+from cconv.comm import hlo
 from cconv.engine import EngineConfig, build
 
 W = 4
@@ -104,6 +105,26 @@ def test_exchange_equals_the_engine(name):
         assert dropin[1]["bytes_control"] == 0  # fixed-size payloads: no extra collective
     if name == "topk-ps":
         assert dropin[1]["server_bytes_received"] == pytest.approx((W - 1) * dropin[1]["bytes_sent"])
+
+
+@pytest.mark.parametrize("name", ["stc-golomb", "topk-ps"])
+def test_the_compiled_dropin_moves_what_traffic_says(name):
+    ex, m = cconv.Exchange(axis_name="data", **CASES[name]), mesh()
+    batch = jax.device_put(make_batch(0), NamedSharding(m, P("data")))
+
+    @jax.jit
+    @partial(jax.shard_map, mesh=m, in_specs=(P(), P("data"), P()), out_specs=(P(), P()), check_vma=False)
+    def step(params, batch, key):
+        grads = jax.grad(loss)(params, batch)
+        avg, _, traffic = ex(grads, ex.init(grads), key)
+        return avg, traffic
+
+    args = (make_params(), batch, comm_key())
+    sent, recv = hlo.per_device_traffic(step.lower(*args).compile().as_text(), W)
+    t = {k: float(v) for k, v in step(*args)[1].items()}
+    r = ex.report_rank(W)  # every collective, control included, as the compiled program moves them
+    assert sent[r] == pytest.approx(t["bytes_sent"] + t["bytes_control"])
+    assert recv[r] == pytest.approx(t["bytes_received"] + t["bytes_control"])
 
 
 @pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])

@@ -99,7 +99,7 @@ class Exchange:
     compressor's registry entry (all-reduce of summable payloads, all-gather, vote, gTop-k,
     PowerSGD) over all-to-all collectives or a parameter server.
 
-    compressor         a ``Compressor`` or a registered name (None: dense fp32 all-reduce)
+    compressor         a ``Compressor`` or a registered name (None: no compression)
     memory             "none" | "ef" | "dgc" (``cconv.memory.MEMORIES``); ``momentum``, ``masking``
     axis_name          the worker axis of the surrounding shard_map / pmap
     workers            P; None: the bound axis size (checked against it when given)
