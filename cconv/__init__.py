@@ -7,7 +7,18 @@ compressors -> memory -> comm (collectives, byte accounting) -> engine -> experi
 from cconv import compressors, memory
 
 __version__ = "0.1.0"
-__all__ = ["compressors", "memory", "data", "models", "comm", "engine", "distributed", "__version__"]
+__all__ = [
+    "compressors",
+    "memory",
+    "data",
+    "models",
+    "comm",
+    "engine",
+    "distributed",
+    "Exchange",
+    "as_optax",
+    "__version__",
+]
 
 _LAZY = (
     "data",
@@ -16,6 +27,7 @@ _LAZY = (
     "engine",
     "distributed",
 )  # imported on first use: `import cconv` stays free of flax/sklearn
+_DROPIN = ("Exchange", "as_optax")
 
 
 def __getattr__(name):
@@ -23,4 +35,8 @@ def __getattr__(name):
         import importlib
 
         return importlib.import_module(f"cconv.{name}")
+    if name in _DROPIN:  # the drop-in API (cconv.engine.dropin)
+        from cconv.engine import dropin
+
+        return getattr(dropin, name)
     raise AttributeError(f"module 'cconv' has no attribute {name!r}")

@@ -6,6 +6,9 @@
     state = trainer.init()
     state, metrics = trainer.step(state, batch, key)
 
+Inside your own ``jax.shard_map`` / ``pmap`` loop, ``Exchange`` and ``as_optax``
+(``cconv.engine.dropin``) give the same compressed exchange.
+
 See ``EngineConfig`` for every option and README section "Python API".  Aggregation methods and
 transports are objects in ``cconv.comm.aggregation``, memories in ``cconv.memory``, launchers in
 ``cconv.engine.launchers``; each kind has a name -> object registry.
@@ -24,6 +27,7 @@ from cconv.engine.config import (
     dgc_warmup,
     phase_of,
 )
+from cconv.engine.dropin import Exchange, as_optax
 from cconv.engine.launchers import Launcher
 from cconv.engine.step import WorkerState, worker_step
 from cconv.engine.trainer import EngineState, Trainer, build
@@ -46,4 +50,6 @@ __all__ = [
     "LAUNCHERS",
     "DGC_WARMUP",
     "Launcher",
+    "Exchange",
+    "as_optax",
 ]

@@ -3,7 +3,8 @@
 It sees one worker's replica of the state and that worker's rows of the global batch.  The
 gradient is this worker's own (parameters are per-worker, "varying" along the mesh axis, so
 ``jax.grad`` does not sum it over workers -- the shard_map trap of DEVELOPERS.md); compression,
-memory and aggregation happen in ``exchange``.
+memory and aggregation happen in the phase's ``Exchange`` (``cconv.engine.dropin``: the same
+object a user calls inside their own shard_map).
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from cconv.comm.accounting import Collective, encoded_traffic, total_traffic, traffic
 from cconv.engine.config import Phase
-from cconv.engine.exchange import Plan, average, exchange
+from cconv.engine.dropin import Exchange, encoded_sizes, traffic_metrics
 
 
 class WorkerState(NamedTuple):
@@ -31,7 +31,7 @@ class WorkerState(NamedTuple):
 class StepContext(NamedTuple):
     loss_fn: Callable
     optimizer: optax.GradientTransformation
-    plans: dict  # Phase -> Plan used by that phase's exchange
+    exchanges: dict  # Phase -> that phase's Exchange (cconv.engine.dropin)
     clip: float | None  # per-worker threshold, already scaled by P^(-1/2)
     report_rank: int  # whose bytes the metrics report (a non-server worker under PS)
 
@@ -54,52 +54,22 @@ def worker_step(comm, ctx: StepContext, phase: Phase, s: WorkerState, batch, key
     grad_fn = jax.value_and_grad(ctx.loss_fn, has_aux=True)
     (loss, (model_state, aux)), grads = grad_fn(s.params, s.model_state, batch, jax.random.fold_in(k_loss, comm.rank()))
     grads = clip_local(grads, ctx.clip)
-    plan: Plan = ctx.plans[phase]
+    ex: Exchange = ctx.exchanges[phase]
     comp_state, anchor = s.comp_state, s.anchor
     if phase.kind == "bsp":  # average gradients, then update
-        grads, comp_state = exchange(comm, plan, grads, comp_state, k_comm)
+        grads, comp_state = ex.exchange(comm, grads, comp_state, k_comm)
     updates, opt_state = ctx.optimizer.update(grads, s.opt_state, s.params)
     params = optax.apply_updates(s.params, updates)
     if phase.kind == "sync":  # local SGD: average the models
         delta = jax.tree.map(jnp.subtract, params, anchor)
-        delta, comp_state = exchange(comm, plan, delta, comp_state, k_comm)
+        delta, comp_state = ex.exchange(comm, delta, comp_state, k_comm)
         params = anchor = jax.tree.map(jnp.add, anchor, delta)
     if phase.kind != "local":
-        model_state = average(comm, plan, model_state)  # e.g. BatchNorm running statistics
+        model_state = ex.average(comm, model_state)  # e.g. BatchNorm running statistics
     names, values = zip(*{"loss": loss, **aux}.items())  # one buffer: one control all-reduce
     kinds, own = encoded_sizes(comm)  # + every worker's encoded bytes (variable-length payloads)
     summed = comm.allreduce(jnp.concatenate([jnp.stack([jnp.asarray(v, jnp.float32) for v in values]), own]), True)
     metrics = dict(zip(names, summed[: len(names)] / comm.size))
     table = summed[len(names) :].reshape(comm.size, len(kinds))
-    metrics.update(traffic_metrics(comm, ctx.report_rank, kinds, table), density=jnp.float32(plan.density))
+    metrics.update(traffic_metrics(comm, ctx.report_rank, kinds, table), density=jnp.float32(ex.plan_of(grads).density))
     return WorkerState(params, model_state, opt_state, comp_state, anchor), metrics
-
-
-def encoded_sizes(comm) -> tuple[tuple[str, ...], jax.Array]:
-    """The kinds of the variable-length collectives noted in this trace, and this worker's
-    encoded bytes per kind placed in its row of a (P, kinds) table, flattened (summed over
-    workers, every worker learns the whole table); empty when every payload is fixed-size."""
-    kinds = tuple(dict.fromkeys(k for k, _, _ in comm.encoded))
-    own = jnp.stack([sum(e for k, _, e in comm.encoded if k == kind) for kind in kinds]) if kinds else jnp.zeros(0)
-    rows = jnp.arange(comm.size) == comm.rank()
-    return kinds, (rows[:, None] * own[None, :].astype(jnp.float32)).reshape(-1)
-
-
-def traffic_metrics(comm, rank: int, kinds=(), table=None) -> dict:
-    """This step's bytes as metrics, for worker ``rank``: moved (from the trace's ledger) and
-    encoded (the moved bytes of variable-length calls replaced by their encoded sizes, ``table``:
-    workers x ``kinds``; ``cconv.comm.accounting.encoded_traffic``)."""
-    sent, recv = total_traffic(comm.ledger, comm.size, control=False)
-    ctl, _ = total_traffic(comm.ledger, comm.size, control=True)
-    out = {"bytes_sent": sent[rank], "bytes_received": recv[rank], "bytes_control": ctl[rank]}
-    ranks = {"": rank, "server_": 0} if any(c.kind.startswith("ps_") for c in comm.ledger) else {"": rank}
-    for prefix, r in ranks.items():
-        out.update({f"{prefix}bytes_sent": sent[r], f"{prefix}bytes_received": recv[r]})
-        enc_s, enc_r = jnp.float32(sent[r]), jnp.float32(recv[r])
-        for j, kind in enumerate(kinds):
-            moved = sum(m for k, m, _ in comm.encoded if k == kind)
-            ms, mr = traffic(Collective(kind, moved), comm.size)
-            es, er = encoded_traffic(kind, table[:, j], r)
-            enc_s, enc_r = enc_s - ms[r] + es, enc_r - mr[r] + er
-        out.update({f"{prefix}bytes_encoded_sent": enc_s, f"{prefix}bytes_encoded_received": enc_r})
-    return {k: jnp.float32(v) for k, v in out.items()}

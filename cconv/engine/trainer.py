@@ -25,7 +25,7 @@ from cconv.comm.accounting import Collective, merge, total_traffic
 from cconv.comm.aggregation import TRANSPORTS
 from cconv.comm.backend import DryComm
 from cconv.engine.config import EngineConfig, Phase, compressor_at, phase_of
-from cconv.engine.exchange import average, exchange, init_state, make_plan
+from cconv.engine.dropin import Exchange
 from cconv.engine.launchers import LAUNCHERS, Launcher
 from cconv.engine.step import StepContext, WorkerState, worker_step
 
@@ -78,7 +78,7 @@ class Trainer:
         self._model_state0 = {} if model_state is None else model_state
         self.workers = cfg.workers
         self._shapes = [tuple(x.shape) for x in jax.tree.leaves(params)]
-        self._plans: dict[Phase, Any] = {}
+        self._exchanges: dict[Phase, Exchange] = {}
         self._fns: dict[Phase, Callable] = {}
         self._metric_bytes: float | None = None
         self.launcher: Launcher = launcher(cfg, devices=devices, mpi_comm=mpi_comm, seeds=seeds)
@@ -89,37 +89,41 @@ class Trainer:
     def phase(self, step: int) -> Phase:
         return phase_of(self.cfg, step)
 
-    def plan(self, phase: Phase):
-        if phase not in self._plans:
+    def exchange(self, phase: Phase) -> Exchange:
+        """The ``Exchange`` phase ``phase`` averages gradients (or model deltas) with."""
+        if phase not in self._exchanges:
             cfg = self.cfg
             if phase.kind == "bsp" or cfg.compress_delta:
                 base, memory = compressor_at(cfg, phase.density), cfg.memory
             else:
                 base, memory = None, M.NONE
-            self._plans[phase] = make_plan(cfg, base, self._shapes, memory=memory)
-        return self._plans[phase]
+            self._exchanges[phase] = Exchange.from_config(cfg, base, memory)
+        return self._exchanges[phase]
 
-    def _comp_plan(self):
-        """The plan whose compressor state the engine state carries."""
-        return make_plan(self.cfg, self.cfg.compressor, self._shapes, memory=self.cfg.memory)
+    def plan(self, phase: Phase):
+        """The static plan of phase ``phase`` (``cconv.engine.exchange.Plan``)."""
+        return self.exchange(phase).plan(self._shapes)
+
+    def _comp_exchange(self) -> Exchange:
+        """The exchange whose compressor state the engine state carries."""
+        return Exchange.from_config(self.cfg, self.cfg.compressor, self.cfg.memory)
 
     def _check_warmup_states(self):
         if self.cfg.warmup is None:
             return
         leaves = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in jax.tree.leaves(self._params0)]
-        want = jax.tree.structure(jax.eval_shape(lambda: init_state(self._comp_plan(), leaves)))
+        want = jax.tree.structure(jax.eval_shape(lambda: self._comp_exchange().init_worker(leaves)))
         for d in set(self.cfg.warmup.densities) | {1.0}:
-            plan = make_plan(self.cfg, compressor_at(self.cfg, d), self._shapes, memory=self.cfg.memory)
-            if plan.comp is None:
+            ex = Exchange.from_config(self.cfg, compressor_at(self.cfg, d), self.cfg.memory)
+            if ex.plan(self._shapes).comp is None:
                 continue
-            got = jax.tree.structure(jax.eval_shape(lambda p=plan: init_state(p, leaves)))
+            got = jax.tree.structure(jax.eval_shape(lambda ex=ex: ex.init_worker(leaves)))
             if got != want:
                 raise ValueError(f"warmup: the compressor state at density {d} differs from the final one")
 
     # ------------------------------------------------------------------ state
     def _worker_init(self, params, model_state) -> WorkerState:
-        leaves = jax.tree.leaves(params)
-        comp = init_state(self._comp_plan(), leaves)
+        comp = self._comp_exchange().init_worker(jax.tree.leaves(params))
         anchor = params if self.cfg.model_averaging else None
         return WorkerState(params, model_state, self.optimizer.init(params), comp, anchor)
 
@@ -139,7 +143,7 @@ class Trainer:
     # ------------------------------------------------------------------ step
     def _ctx(self, phase: Phase) -> StepContext:
         clip = None if self.cfg.clip is None else self.cfg.clip / math.sqrt(self.workers)
-        return StepContext(self.loss_fn, self.optimizer, {phase: self.plan(phase)}, clip, self._report_rank)
+        return StepContext(self.loss_fn, self.optimizer, {phase: self.exchange(phase)}, clip, self._report_rank)
 
     def _comm(self):
         """A fresh comm (its ledger records one trace)."""
@@ -198,13 +202,13 @@ class Trainer:
         worker.  ``control=True`` adds the all-reduce of the logged metrics (known after the
         first step has been traced)."""
         phase = self.phase(step)
-        comm, plan = DryComm(self.workers, like=self._comm()), self.plan(phase)
+        comm, ex = DryComm(self.workers, like=self._comm()), self.exchange(phase)
         ws = jax.eval_shape(self._worker_init, self._params0, self._model_state0)
 
         def communicate(ws):  # what worker_step communicates, on shapes only
             if phase.kind != "local":
-                exchange(comm, plan, ws.params, ws.comp_state, jax.random.PRNGKey(0))
-                average(comm, plan, ws.model_state)
+                ex.exchange(comm, ws.params, ws.comp_state, jax.random.PRNGKey(0))
+                ex.average(comm, ws.model_state)
 
         jax.eval_shape(communicate, ws)
         out = list(comm.ledger)

@@ -1,0 +1,230 @@
+"""The drop-in API: ``cconv.Exchange`` / ``cconv.as_optax`` inside a user's own shard_map or pmap
+give the engine's averages and bytes for the same configuration; the README loop runs as printed;
+the shard_map traps are handled or reported."""
+
+import os
+import re
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from engine_util import make_batch, make_params
+from jax import lax
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import cconv
+from cconv import compressors as C
+from cconv.comm import hlo
+from cconv.engine import EngineConfig, build
+
+W = 4
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+
+
+def loss(params, batch):
+    h = jnp.tanh(batch["x"] @ params["w1"] + params["b1"])
+    return jnp.mean(((h @ params["w2"])[:, 0] - batch["y"]) ** 2)
+
+
+def engine_loss(params, model_state, batch, key):
+    return loss(params, batch), (model_state, {})  # no model state: only the exchange moves bytes
+
+
+def mesh(axis_type=AxisType.Auto, workers=W):
+    return Mesh(np.array(jax.devices()[:workers]), ("data",), axis_types=(axis_type,))
+
+
+def engine_step(kw, step_key=0):
+    """One engine step with plain SGD(1): (new params (worker 0), metrics)."""
+    tr = build(engine_loss, make_params(), optax.sgd(1.0), EngineConfig(workers=W, axis_name="data", **kw), {})
+    state, m = tr.step(tr.init(), make_batch(0), jax.random.PRNGKey(step_key))
+    return tr.params(state), {k: float(v) for k, v in m.items()}
+
+
+def comm_key(step_key=0):
+    return jax.random.split(jax.random.PRNGKey(step_key))[1]  # the engine's exchange key
+
+
+def sgd1(params, avg):
+    tx = optax.sgd(1.0)
+    return optax.apply_updates(params, tx.update(avg, tx.init(params))[0])
+
+
+def dropin_step(ex, m, check_vma=False):
+    """One drop-in SGD(1) step in a user's shard_map: (new params, traffic)."""
+    params, batch = make_params(), jax.device_put(make_batch(0), NamedSharding(m, P("data")))
+    out_p = P() if not check_vma else P("data")
+
+    @jax.jit
+    @partial(jax.shard_map, mesh=m, in_specs=(P(), P("data"), P()), out_specs=(out_p, P()), check_vma=check_vma)
+    def step(params, batch, key):
+        p = lax.pcast(params, "data", to="varying") if check_vma else params
+        grads = jax.grad(loss)(p, batch)
+        avg, state, traffic = ex(grads, ex.init(grads), key)
+        new = sgd1(p, avg)
+        return (jax.tree.map(lambda x: x[None], new) if check_vma else new), traffic
+
+    new, traffic = step(params, batch, comm_key())
+    if check_vma:
+        new = jax.tree.map(lambda x: np.asarray(x)[0], new)  # worker 0's (host-side: Explicit meshes)
+    return new, {k: float(v) for k, v in traffic.items()}
+
+
+def assert_same(engine, dropin):
+    (p_e, m_e), (p_d, t_d) = engine, dropin
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7), p_e, p_d)
+    for k, v in t_d.items():
+        if k != "bytes_control":
+            assert m_e[k] == pytest.approx(v), k
+    # the engine's control all-reduce also carries its one logged metric (the loss): 4 bytes more
+    assert m_e["bytes_control"] - t_d["bytes_control"] == pytest.approx(2 * (W - 1) / W * 4)
+
+
+CASES = {
+    "topk-ef": dict(compressor=C.topk(ratio=0.1), memory="ef"),
+    "qsgd": dict(compressor=C.qsgd(levels=4)),
+    "stc-golomb": dict(compressor=C.stc(ratio=0.1, positions="golomb"), memory="ef"),
+    "topk-ps": dict(compressor=C.topk(ratio=0.1), memory="ef", architecture="parameter-server"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_exchange_equals_the_engine(name):
+    kw = CASES[name]
+    engine = engine_step(kw)
+    dropin = dropin_step(cconv.Exchange(axis_name="data", **kw), mesh())
+    assert_same(engine, dropin)
+    if name == "stc-golomb":  # entropy-coded positions: encoded < moved, from the workers' own sizes
+        assert dropin[1]["bytes_encoded_sent"] < dropin[1]["bytes_sent"]
+        assert dropin[1]["bytes_control"] > 0  # the table of encoded sizes: one control all-reduce
+    else:
+        assert dropin[1]["bytes_control"] == 0  # fixed-size payloads: no extra collective
+    if name == "topk-ps":
+        assert dropin[1]["server_bytes_received"] == pytest.approx((W - 1) * dropin[1]["bytes_sent"])
+
+
+@pytest.mark.parametrize("name", ["stc-golomb", "topk-ps"])
+def test_the_compiled_dropin_moves_what_traffic_says(name):
+    ex, m = cconv.Exchange(axis_name="data", **CASES[name]), mesh()
+    batch = jax.device_put(make_batch(0), NamedSharding(m, P("data")))
+
+    @jax.jit
+    @partial(jax.shard_map, mesh=m, in_specs=(P(), P("data"), P()), out_specs=(P(), P()), check_vma=False)
+    def step(params, batch, key):
+        grads = jax.grad(loss)(params, batch)
+        avg, _, traffic = ex(grads, ex.init(grads), key)
+        return avg, traffic
+
+    args = (make_params(), batch, comm_key())
+    sent, recv = hlo.per_device_traffic(step.lower(*args).compile().as_text(), W)
+    t = {k: float(v) for k, v in step(*args)[1].items()}
+    r = ex.report_rank(W)  # every collective, control included, as the compiled program moves them
+    assert sent[r] == pytest.approx(t["bytes_sent"] + t["bytes_control"])
+    assert recv[r] == pytest.approx(t["bytes_received"] + t["bytes_control"])
+
+
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
+def test_auto_and_explicit_meshes_with_and_without_check_vma(axis_type):
+    kw = CASES["topk-ef"]
+    engine = engine_step(kw)
+    ex = cconv.Exchange(axis_name="data", **kw)
+    assert_same(engine, dropin_step(ex, mesh(axis_type)))
+    assert_same(engine, dropin_step(ex, mesh(axis_type), check_vma=True))  # pcast params, per-worker out
+
+
+def test_pmap():
+    kw = CASES["topk-ef"]
+    p_e, m_e = engine_step(kw)
+    ex, params, b = cconv.Exchange(axis_name="data", **kw), make_params(), make_batch(0)
+    batch = jax.tree.map(lambda x: x.reshape(W, -1, *x.shape[1:]), b)
+
+    def step(batch, key):
+        grads = jax.grad(loss)(params, batch)
+        avg, state, traffic = ex(grads, ex.init(grads), key)
+        return sgd1(params, avg), state, traffic
+
+    new, state, traffic = jax.pmap(step, axis_name="data", in_axes=(0, None), devices=jax.devices()[:W])(
+        batch, comm_key()
+    )
+    assert all(x.shape[:2] == (W, 1) for x in jax.tree.leaves(state))  # leading worker axis of 1 inside
+    assert_same((p_e, m_e), (jax.tree.map(lambda x: x[0], new), {k: float(v[0]) for k, v in traffic.items()}))
+
+
+def test_replicated_gradients_under_check_vma_raise_one_line():
+    ex, m = cconv.Exchange(C.topk(ratio=0.1), memory="ef", axis_name="data"), mesh()
+
+    @partial(jax.shard_map, mesh=m, in_specs=(P(), P("data")), out_specs=P())
+    def step(params, batch):
+        grads = jax.grad(loss)(params, batch)  # summed over 'data' by jax.grad already
+        return ex(grads, ex.init(grads), jax.random.PRNGKey(0))[0]
+
+    with pytest.raises(ValueError, match=r"pcast\(params, 'data', to=\"varying\"\)") as e:
+        step(make_params(), jax.device_put(make_batch(0), NamedSharding(m, P("data"))))
+    assert "\n" not in str(e.value)
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="EngineConfig.memory"):
+        cconv.Exchange(C.topk(ratio=0.1), memory="nope")
+    with pytest.raises(ValueError, match="not bound"):
+        ex = cconv.Exchange(axis_name="batch")
+        jax.pmap(lambda g: ex(g, ex.init(g), jax.random.PRNGKey(0))[0], axis_name="data")(jnp.ones((2, 3)))
+    with pytest.raises(ValueError, match="workers=3 but axis 'data' has size 2"):
+        ex = cconv.Exchange(axis_name="data", workers=3)
+        jax.pmap(lambda g: ex(g, ex.init(g), jax.random.PRNGKey(0))[0], axis_name="data")(jnp.ones((2, 3)))
+    with pytest.raises(ValueError, match="seed"):
+        cconv.as_optax(C.topk(ratio=0.1), seed="0")
+
+
+def test_as_optax_averages_with_its_own_key_and_counts_steps():
+    ex = cconv.Exchange(C.randomk(ratio=0.25), axis_name="data")  # the key picks the coordinates
+    tx = cconv.as_optax(C.randomk(ratio=0.25), axis_name="data", seed=7)
+    m = mesh()
+    batch = jax.device_put(make_batch(0), NamedSharding(m, P("data")))
+
+    @jax.jit
+    @partial(jax.shard_map, mesh=m, in_specs=(P(), P("data")), out_specs=(P(), P(), P("data")), check_vma=False)
+    def two_steps(params, batch):
+        grads = jax.grad(loss)(params, batch)
+        state = tx.init(params)
+        outs = []
+        for t in range(2):
+            upd, state = tx.update(grads, state, params)
+            want, _, traffic = ex(grads, ex.init(grads), jax.random.fold_in(jax.random.PRNGKey(7), t))
+            outs.append((upd, want))
+        return outs, traffic, state
+
+    outs, traffic, state = two_steps(make_params(), batch)
+    for upd, want in outs:
+        jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), upd, want)
+    assert not np.array_equal(np.asarray(outs[0][0]["w1"]), np.asarray(outs[1][0]["w1"]))  # a fresh key per step
+    assert state.count.shape == (W,) and (np.asarray(state.count) == 2).all()
+    assert all(x.ndim >= 1 and x.shape[0] == W for x in jax.tree.leaves(state))  # shards as P("data")
+    assert float(state.traffic["bytes_sent"][0]) == float(traffic["bytes_sent"]) > 0
+
+
+def test_readme_dropin_example_runs_and_moves_the_engines_bytes(capsys):
+    text = open(README).read()
+    section = text[text.index("<!-- BEGIN dropin -->") : text.index("<!-- END dropin -->")]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 2 and "range(200)" in blocks[0]
+    ns = {"__name__": "readme"}
+    exec(compile("\n".join(blocks).replace("range(200)", "range(64)"), "README.md", "exec"), ns)
+    out = capsys.readouterr().out
+    losses = [float(v) for v in re.findall(r"loss (\d+\.\d+)", out)]
+    assert len(losses) == 4 and np.isfinite(losses).all() and losses[-1] < losses[0] / 2
+    # the engine, same model and configuration: same bytes per worker
+    params = jax.tree.map(jnp.zeros_like, ns["params"])
+    cfg = EngineConfig(workers=8, compressor=C.topk(ratio=0.01), memory="ef", axis_name="data")
+    tr = build(lambda p, s, b, k: (ns["loss_fn"](p, b["x"], b["y"]), (s, {})), params, optax.sgd(0.1), cfg, {})
+    x = jax.random.normal(jax.random.PRNGKey(0), (256, 32))
+    _, m = tr.step(tr.init(), {"x": x, "y": x[:, :1]}, jax.random.PRNGKey(0))
+    sent = jax.device_get(ns["opt_state"][0].traffic["bytes_sent"])
+    assert (sent == float(m["bytes_sent"])).all()
+    for k, v in ns["traffic"].items():
+        if k != "bytes_control":
+            assert float(v) == float(m[k]), k
