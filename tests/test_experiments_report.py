@@ -201,3 +201,41 @@ def test_family_grid_and_ratio_summary_variants(tmp_path, monkeypatch):
         plotting.ratio_summary(runs, x="bytes_encoded", out=str(tmp_path / "e.png"))
     with pytest.raises(ValueError, match="unknown x axis 'loss' for a ratio summary"):
         plotting.ratio_summary(runs, x="loss", out=str(tmp_path / "e.png"))
+
+
+@pytest.mark.slow  # trains a tiny sweep (3 runs x 2 seeds)
+def test_real_sweep_through_the_cli(tmp_path, capsys):
+    import pandas as pd
+
+    from cconv import cli
+    from cconv.experiments import sweep as sweeps
+
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(
+        "name: tiny\n"
+        "base: {model: {name: mlp, hidden: [8]}, data: digits, workers: 2, batch_size: 16, steps: 16, lr: 0.1,\n"
+        "       seed: [0, 1], log_every: 4, checkpoint_every: 16, network: 10GbE, name: same}\n"
+        "grid:\n"
+        "  compressor: [{name: topk, ratio: 0.1}, {name: qsgd, levels: 16}]\n"
+        "  memory: [none]\n"
+        "include:\n"
+        "  - {compressor: none, memory: none}\n"
+    )
+    out = tmp_path / "out"
+    res = sweeps.run_sweep(str(spec), str(out), figure=False, log=lambda *a, **k: None)
+    assert res["completed"] == 3, res
+    target = float(report.load_runs([str(out)])["loss"].max()) + 0.05  # every seed reaches it
+    csv = tmp_path / "agg.csv"
+    assert cli.main(["report", str(out), "--aggregate", "--target", str(target), "--csv", str(csv)]) == 0
+    printed = capsys.readouterr().out
+    agg = pd.read_csv(csv)
+    assert len(agg) == 3 and (agg["seeds"] == 2).all() and (agg["reached"] == 2).all()
+    assert agg["label"].tolist() == ["dense (no compression)", "QSGD", "top-k"]  # name: same is ignored
+    assert (agg["loss_std"] > 0).all() and "±" in printed and "nan" not in printed
+    for kind, extra in (("curves", ["--band", "ci95"]), ("ratio-summary", ["--target", str(target)])):
+        png = tmp_path / f"{kind}.png"
+        assert cli.main(["plot", str(out), "--kind", kind, *extra, "--out", str(png)]) == 0
+        assert png.stat().st_size > 1000 and png.with_suffix(".pdf").stat().st_size > 1000
+    capsys.readouterr()
+    assert cli.main(["plot", str(out), "--kind", "ratio-summary", "--panels", "family"]) == 2
+    assert "--panels applies to --kind curves" in capsys.readouterr().err

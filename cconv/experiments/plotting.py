@@ -694,6 +694,10 @@ def ratio_summary(
         if f != ident and "ratio" in runs.columns and runs.loc[runs["compressor"] == f, "ratio"].notna().all()
     ]
     flat_fams = [f for f in family_order(dict.fromkeys(runs["compressor"])) if f != ident and f not in ratio_fams]
+    ratios = sorted({float(r) for r in runs.loc[runs["compressor"].isin(ratio_fams), "ratio"]})
+    if len(ratios) < 2:  # one ratio (or none): a decade around it, not a singular axis
+        r = ratios[0] if ratios else 0.1
+        ax.set_xlim(r / 3, r * 3)
     ci = 0
     for fam in ratio_fams + flat_fams:
         g = runs[runs["compressor"] == fam]
