@@ -2,8 +2,10 @@
 
     cconv run CONFIG [--set key=value ...] [--out DIR]
     cconv sweep SWEEP [--out DIR]
-    cconv plot RESULTS... [--x bytes|steps|time] [--y loss] [--network NAME] [--panels single|family] [--out FILE]
-    cconv report RESULTS... [--target LOSS] [--metric loss] [--csv FILE]
+    cconv plot RESULTS... [--kind curves|ratio-summary] [--x bytes|bytes_encoded|steps|time] [--y loss]
+               [--network NAME] [--panels single|family] [--band minmax|std|sem|ci95|none]
+               [--legend auto|outside|inside|none] [--target VALUE] [--metric loss] [--out FILE]
+    cconv report RESULTS... [--target LOSS] [--metric loss] [--aggregate] [--csv FILE]
     cconv plan --params D --flops-per-sample C --batch M --workers P --network NAME
 
 Bad input (malformed YAML, unknown key/compressor, out-of-range value, missing data, unwritable
@@ -154,21 +156,35 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from cconv.experiments import plotting, report
+    from cconv.experiments import io, plotting, report
 
-    df = report.load_metrics(args.results)
+    summary = args.kind == "ratio-summary"
+    if summary and args.panels != "single":
+        raise ValueError("--panels applies to --kind curves, not to the ratio summary")
+    if summary and args.network:
+        raise ValueError("--network applies to --kind curves (the ratio summary's time is the first network's)")
     if args.out:
         out = args.out
     else:
         base = args.results[0] if len(args.results) == 1 and os.path.isdir(args.results[0]) else "."
-        out = os.path.join(base, f"{args.y}_vs_{args.x}{'_' + args.network if args.network else ''}.png")
-    from cconv.experiments import io
-
+        name = (
+            f"ratio_summary_{args.x}"
+            if summary
+            else f"{args.y}_vs_{args.x}{'_' + args.network if args.network else ''}"
+        )
+        out = os.path.join(base, name + ".png")
     io.check_writable(os.path.dirname(os.path.abspath(out)))
-    if args.panels == "family":
-        outs = plotting.family_grid(df, x=args.x, y=args.y, network=args.network, title=args.title, out=out)
+    opts = {"band": args.band, "legend": args.legend, "title": args.title, "out": out}
+    if summary:
+        runs = report.load_runs(args.results, target=args.target, metric=args.metric)
+        outs = plotting.ratio_summary(runs, x=args.x, **opts)
     else:
-        outs = plotting.curves(df, x=args.x, y=args.y, network=args.network, title=args.title, out=out)
+        df = report.load_metrics(args.results)
+        if args.panels == "family":
+            outs = plotting.family_grid(df, x=args.x, y=args.y, network=args.network, **opts)
+        else:
+            tgt = args.target if args.metric == args.y else None
+            outs = plotting.curves(df, x=args.x, y=args.y, network=args.network, target=tgt, **opts)
     for o in outs:
         print(f"wrote {o}")
     return 0
@@ -178,11 +194,15 @@ def cmd_report(args) -> int:
     from cconv.experiments import report
 
     df = report.table(args.results, target=args.target, metric=args.metric)
+    show = report.format_table
+    if args.aggregate:
+        df = report.aggregate(df)
+        show = report.format_aggregate
     if args.csv == "-":
         sys.stdout.write(df.to_csv(index=False))
         return 0
-    print(report.format_table(df))
-    if "bytes_to_target" not in df.columns:
+    print(show(df))
+    if not any(c.startswith("bytes_to_target") for c in df.columns):
         print("(no target: pass --target LOSS or set target_loss in the config for bytes-to-target)")
     if args.csv:
         from cconv.experiments import io
@@ -198,7 +218,7 @@ def cmd_report(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from cconv.experiments.config import field_help
-    from cconv.experiments.plotting import X_AXES
+    from cconv.experiments.plotting import BANDS, LEGEND, X_AXES
 
     # --debug works before or after the command; the sub-commands' copy has no default so that it
     # does not overwrite a --debug given before the command.
@@ -259,11 +279,20 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser(
         "plot",
         parents=[common],
-        help="plot metrics of runs/sweeps against bytes, steps or time",
+        help="plot metrics of runs/sweeps against bytes, steps or time; or the ratio summary",
         description="Plot a metric of every run under RESULTS against cumulative traffic, steps "
-        "or (simulated) time. Writes the PNG and a PDF next to it.",
+        "or (simulated) time, seeds averaged with a band; or (--kind ratio-summary) the traffic, "
+        "steps or time to reach a target against the compression ratio. Legends name each run by "
+        "the settings that vary between the runs. Writes the PNG and a PDF next to it.",
     )
     pl.add_argument("results", nargs="+", help="run or sweep directories")
+    pl.add_argument(
+        "--kind",
+        choices=("curves", "ratio-summary"),
+        default="curves",
+        help="curves: the metric against --x (default); ratio-summary: what --x counts until the "
+        "target (--target, default: the configs' target_loss) against the compression ratio, EF vs none",
+    )
     pl.add_argument(
         "--x",
         choices=X_AXES,
@@ -279,8 +308,32 @@ def build_parser() -> argparse.ArgumentParser:
         default="single",
         help="one panel, or one panel per compressor family (default: single)",
     )
+    pl.add_argument(
+        "--band",
+        choices=BANDS,
+        default="minmax",
+        help="band over seeds around their mean: min-max (default: every seed's range, no distribution "
+        "assumed, right for the few seeds of a sweep), +-1 std, +-1 standard error, 95%% confidence "
+        "interval (Student's t, n-1 dof), or none",
+    )
+    pl.add_argument(
+        "--legend",
+        choices=LEGEND,
+        default="auto",
+        help="legend placement: auto (inside at the best spot; outside the axes for more than 5 runs), "
+        "outside, inside, none (default: auto)",
+    )
+    pl.add_argument(
+        "--target",
+        type=float,
+        help="target value of --metric: the ratio summary's target (default: the configs' target_loss); "
+        "with curves of that metric, a dotted line",
+    )
+    pl.add_argument("--metric", default="loss", help="metric --target refers to (default: loss)")
     pl.add_argument("--title", help="figure title")
-    pl.add_argument("--out", help="output file (.png or .pdf; default: RESULTS/<y>_vs_<x>.png)")
+    pl.add_argument(
+        "--out", help="output file (.png or .pdf; default: RESULTS/<y>_vs_<x>.png, RESULTS/ratio_summary_<x>.png)"
+    )
     pl.set_defaults(func=cmd_plot)
 
     rp = sub.add_parser(
@@ -288,7 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="table of final metrics and bytes-to-target",
         description="One row per run and seed: status, final metrics, and the traffic (and "
-        "steps, simulated time) needed to reach a target loss.",
+        "steps, simulated time) needed to reach a target loss. --aggregate: one row per run, "
+        "mean +- std over its seeds.",
     )
     rp.add_argument("results", nargs="+", help="run or sweep directories")
     rp.add_argument("--target", type=float, help="target value of --metric (default: the configs' target_loss)")
@@ -296,6 +350,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--metric",
         default="loss",
         help="metric the target refers to (default: loss; accuracy metrics count as reached when >= target)",
+    )
+    rp.add_argument(
+        "--aggregate",
+        action="store_true",
+        help="one row per run: mean +- sample std over seeds of the final metrics and of bytes/steps/time "
+        "to target (over the seeds that reached it; 'reached' counts them); the CSV has <col>_mean, <col>_std",
     )
     rp.add_argument("--csv", metavar="FILE", help="also write the full table as CSV ('-' prints CSV only)")
     rp.set_defaults(func=cmd_report)

@@ -1,4 +1,11 @@
-"""Plot labels, knobs and the baseline family come from the compressor registry."""
+"""Plot labels, knobs and the baseline family come from the compressor registry; legend labels name
+the settings that vary between runs; seed bands."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
 
 from cconv import compressors as C
 from cconv.experiments import plotting
@@ -29,3 +36,101 @@ def test_a_user_registered_compressor_gets_its_label():
         assert plotting.knobs(name)[0] == "bits"
     finally:
         registry._REGISTRY.pop(name)
+
+
+# ------------------------------------------------------------------ labels, bands (synthetic frames)
+
+
+def frame(runs: dict[str, dict]) -> pd.DataFrame:
+    """One metric line per run, with the config columns ``report.config_columns`` makes."""
+    from cconv.experiments import report
+
+    rows = []
+    for run, cfg in runs.items():
+        rows.append({"run": run, "step": 1, "seed": 0, "loss": 1.0, **report.config_columns(cfg)})
+    return pd.DataFrame(rows)
+
+
+SWEEP = {
+    "dense": {"compressor": {"name": "none"}, "memory": "none", "lr": 0.1},
+    "q4": {"compressor": {"name": "qsgd", "levels": 4}, "memory": "ef", "lr": 0.1},
+    "q16": {"compressor": {"name": "qsgd", "levels": 16}, "memory": "ef", "lr": 0.1},
+    "t1g": {"compressor": {"name": "topk", "ratio": 0.01, "positions": "golomb"}, "memory": "ef", "lr": 0.1},
+    "t1": {"compressor": {"name": "topk", "ratio": 0.01}, "memory": "ef", "lr": 0.1},  # positions: default int32
+    "t10": {"compressor": {"name": "topk", "ratio": 0.1}, "memory": "none", "lr": 0.1},
+}
+
+
+def test_labels_name_what_varies_and_nothing_absent():
+    labels = plotting.run_labels(frame(SWEEP))
+    assert labels == {
+        "dense": "dense (no compression), no EF",
+        "q4": "QSGD (levels=4), EF",
+        "q16": "QSGD (levels=16), EF",
+        "t1g": "top-k (ratio=0.01, positions=golomb), EF",
+        "t1": "top-k (ratio=0.01, positions=int32), EF",
+        "t10": "top-k (ratio=0.1, positions=int32), no EF",
+    }
+    assert not any("nan" in v for v in labels.values())
+    assert plotting.run_order(frame(SWEEP)) == ["dense", "q4", "q16", "t1g", "t1", "t10"]
+    # a setting outside the compressor appears when it varies
+    two = {"a": {**SWEEP["t1"], "lr": 0.1}, "b": {**SWEEP["t1"], "lr": 0.05}}
+    assert plotting.run_labels(frame(two)) == {"a": "lr=0.1", "b": "lr=0.05"}
+    # nothing varies: the compressor and memory
+    assert plotting.run_labels(frame({"only": SWEEP["q4"]})) == {"only": "QSGD, EF"}
+
+
+def test_labels_and_config_names():
+    same = {r: {**cfg, "name": "exp"} for r, cfg in SWEEP.items()}  # one name for all: ignored
+    assert plotting.run_labels(frame(same)) == plotting.run_labels(frame(SWEEP))
+    distinct = {r: {**cfg, "name": f"method {r}"} for r, cfg in SWEEP.items()}  # tells all apart: used
+    assert plotting.run_labels(frame(distinct))["q4"] == "method q4"
+    some = {"a": {**SWEEP["t1"], "name": "x"}, "b": {**SWEEP["t10"], "name": "x"}, "c": {**SWEEP["q4"], "name": "y"}}
+    assert plotting.run_labels(frame(some)) == {
+        "a": "x, top-k (ratio=0.01), EF",
+        "b": "x, top-k (ratio=0.1), no EF",
+        "c": "y, QSGD, EF",  # one QSGD run: its levels do not vary
+    }
+    twins = {"r1": SWEEP["q4"], "r2": SWEEP["q4"]}  # the same config twice: the directory tells them apart
+    assert plotting.run_labels(frame(twins)) == {"r1": "QSGD, EF [r1]", "r2": "QSGD, EF [r2]"}
+
+
+def test_t_quantiles(monkeypatch):
+    stats = pytest.importorskip("scipy.stats")
+    for dof in range(1, 30):
+        assert plotting.T975[dof - 1] == pytest.approx(stats.t.ppf(0.975, dof), abs=1e-3)
+    assert plotting.t975(2) == pytest.approx(4.3027, abs=1e-4)
+    import builtins
+
+    real = builtins.__import__
+
+    def no_scipy(name, *a, **k):
+        if name.startswith("scipy"):
+            raise ImportError(name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_scipy)
+    assert plotting.t975(2) == 4.303 and plotting.t975(29) == 2.045 and plotting.t975(30) == 1.96
+    assert math.isnan(plotting.t975(0))
+
+
+def test_bands():
+    # 3 seeds with values 1, 2, 6 at one step: mean 3, sample std sqrt(7)
+    g = pd.DataFrame({"step": [1, 1, 1], "x": [5.0, 5.0, 5.0], "y": [1.0, 2.0, 6.0]})
+    sd = math.sqrt(7.0)
+    want = {
+        "minmax": (1.0, 6.0),
+        "std": (3 - sd, 3 + sd),
+        "sem": (3 - sd / math.sqrt(3), 3 + sd / math.sqrt(3)),
+        "ci95": (3 - plotting.t975(2) * sd / math.sqrt(3), 3 + plotting.t975(2) * sd / math.sqrt(3)),
+    }
+    for band, (lo, hi) in want.items():
+        x, y, blo, bhi, n = plotting.mean_curve(g, "x", "y", band)
+        assert (x[0], y[0], n) == (5.0, 3.0, 3)
+        assert (blo[0], bhi[0]) == pytest.approx((lo, hi)), band
+    _, _, blo, bhi, _ = plotting.mean_curve(g, "x", "y", "none")
+    assert np.isnan(blo).all() and np.isnan(bhi).all()
+    _, _, blo, _, _ = plotting.mean_curve(g.iloc[:1], "x", "y", "std")  # one seed: no band
+    assert np.isnan(blo).all()
+    with pytest.raises(ValueError, match="unknown band 'iqr'; valid: minmax, std, sem, ci95, none"):
+        plotting.mean_curve(g, "x", "y", "iqr")

@@ -100,3 +100,142 @@ def test_figures_are_written(sweep, tmp_path):
         plotting.curves(df, x="time", network="100GbIB", out=str(tmp_path / "x.png"))
     with pytest.raises(ValueError, match="valid: bytes, bytes_encoded, steps, time"):
         plotting.curves(df, x="epochs", out=str(tmp_path / "x.png"))
+
+
+def test_aggregate_over_seeds(sweep):
+    runs = report.load_runs([sweep])
+    agg = report.aggregate(runs)
+    assert len(agg) == 6 and agg["run"].is_unique and agg["label"].is_unique
+    assert agg["run"].tolist()[0] == "dense"  # legend order: the baseline first
+    ef = agg[agg["run"] == "topk0.1ef"].iloc[0]
+    seeds = runs[runs["run"] == "topk0.1ef"]
+    assert ef["seeds"] == 2 and ef["reached"] == 2 and ef["status"] == "completed"
+    assert ef["label"] == "top-k (ratio=0.1), EF"
+    assert ef["loss_mean"] == pytest.approx(seeds["loss"].mean())  # 0.45 and 0.46
+    assert ef["loss_std"] == pytest.approx(seeds["loss"].std(ddof=1))
+    assert ef["bytes_to_target_mean"] == pytest.approx(40 * 200.0) and ef["bytes_to_target_std"] == 0.0
+    assert agg[agg["run"] == "topk0.1none"].iloc[0]["reached"] == 0
+    dense = agg[agg["run"] == "dense"].iloc[0]
+    assert dense["seeds"] == 1 and math.isnan(dense["loss_std"]) and dense["label"] == "dense (no compression), no EF"
+    assert agg[agg["run"] == "sign"].iloc[0]["status"] == "diverged"
+    text = report.format_aggregate(agg)
+    lines = text.splitlines()
+    assert "reached" in lines[0] and "bytes_to_target" in lines[0] and "nan" not in text
+    row = next(line for line in lines if line.lstrip().startswith("top-k (ratio=0.1), EF"))
+    assert "0.4550 ± 0.0071" in row and " 2/2 " in row  # loss over the two seeds; bytes equal: no ±
+    assert "8kB ±" not in row and " 0/2 " in next(line for line in lines if "ratio=0.1), no EF" in line)
+    mixed = runs.copy()
+    mixed.loc[(mixed["run"] == "topk0.1ef") & (mixed["seed"] == 1), "status"] = "diverged"
+    assert report.aggregate(mixed).set_index("run").loc["topk0.1ef", "status"] == "1 completed, 1 diverged"
+
+
+def _capture(monkeypatch):
+    """Keep the figures plotting would save (their legends are what a reader sees)."""
+    figs = []
+
+    def save(fig, out):
+        figs.append(fig)
+        return [out]
+
+    monkeypatch.setattr(plotting, "save", save)
+    return figs
+
+
+def _legend(ax):
+    leg = ax.get_legend()
+    return [t.get_text() for t in leg.get_texts()], leg.get_title().get_text(), leg
+
+
+def test_curves_labels_bands_and_legend(sweep, tmp_path, monkeypatch):
+    figs = _capture(monkeypatch)
+    df = report.load_metrics([sweep])
+    plotting.curves(df, band="ci95", target=0.5, out=str(tmp_path / "c.png"))
+    texts, title, leg = _legend(figs[-1].axes[0])
+    assert texts == [
+        "dense (no compression), no EF (1 seed)",
+        "signSGD, EF (1 seed)",
+        "top-k (ratio=0.01), EF",
+        "top-k (ratio=0.01), no EF",
+        "top-k (ratio=0.1), EF",
+        "top-k (ratio=0.1), no EF",
+        "target training loss 0.5",
+    ]
+    assert title == "mean of 1-2 seeds, band: 95% CI (t, n-1 dof)"
+    assert leg.get_bbox_to_anchor().x0 > figs[-1].axes[0].get_window_extent().x1 - 1  # outside: > 5 entries
+    plotting.curves(df[df["run"].isin(["dense", "sign"])], band="none", legend="auto", out=str(tmp_path / "d.png"))
+    texts, title, leg = _legend(figs[-1].axes[0])
+    assert texts == ["dense (no compression), no EF", "signSGD, EF"] and title == ""  # one seed each: no note
+    assert leg._loc == 0  # 'best'
+    ax = figs[0].axes[0]
+    assert len(ax.collections) == 4  # a band for each two-seed run, none for one seed
+    with pytest.raises(ValueError, match="unknown legend placement 'left'"):
+        plotting.curves(df, legend="left", out=str(tmp_path / "x.png"))
+
+
+def test_family_grid_and_ratio_summary_variants(tmp_path, monkeypatch):
+    root = str(tmp_path / "wire")
+    base = {"workers": 2, "batch_size": 8, "target_loss": 0.5}
+    make_run(root, "dense", base, [2.0, 1.0, 0.4, 0.3], 1000.0)
+    for r in (0.01, 0.1):
+        for pos, scale in (("int32", 1.0), ("golomb", 0.5)):
+            cfg = {**base, "compressor": {"name": "topk", "ratio": r, "positions": pos}, "memory": "ef"}
+            make_run(root, f"t{r}{pos}", cfg, [2.0, 1.2, 0.45, 0.4], 1000.0 * 2 * r * scale, seeds=(0, 1, 2))
+    figs = _capture(monkeypatch)
+    df = report.load_metrics([root])
+    plotting.family_grid(df, band="std", out=str(tmp_path / "g.png"))
+    texts, title, _ = _legend(figs[-1].axes[0])
+    assert texts == ["ratio = 0.01", "ratio = 0.1", "positions=golomb", "positions=int32", "dense baseline", "EF"]
+    assert title == "mean of 1-3 seeds, band: +-1 std"
+    markers = {line.get_marker() for line in figs[-1].axes[0].get_lines() if line.get_color() != "black"}
+    assert len(markers - {"None", "x"}) == 2  # one marker per positions
+    runs = report.load_runs([root])
+    plotting.ratio_summary(runs, x="bytes", band="sem", out=str(tmp_path / "r.png"))
+    ax = figs[-1].axes[0]
+    texts, title, _ = _legend(ax)
+    assert texts == ["top-k (positions=golomb)", "top-k (positions=int32)", "dense baseline", "EF"]
+    ys = sorted(tuple(line.get_ydata()) for line in ax.get_lines() if len(line.get_xdata()) == 2)
+    assert ys == [(300.0, 3000.0), (600.0, 6000.0), (30000.0, 30000.0)]  # golomb, int32, dense (axhline)
+    plotting.ratio_summary(runs, x="steps", out=str(tmp_path / "s.png"))
+    assert figs[-1].axes[0].get_ylabel() == "steps to reach target"
+    with pytest.raises(ValueError, match="no cum_bytes_encoded in these results"):
+        plotting.ratio_summary(runs, x="bytes_encoded", out=str(tmp_path / "e.png"))
+    with pytest.raises(ValueError, match="unknown x axis 'loss' for a ratio summary"):
+        plotting.ratio_summary(runs, x="loss", out=str(tmp_path / "e.png"))
+
+
+@pytest.mark.slow  # trains a tiny sweep (3 runs x 2 seeds)
+def test_real_sweep_through_the_cli(tmp_path, capsys):
+    import pandas as pd
+
+    from cconv import cli
+    from cconv.experiments import sweep as sweeps
+
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(
+        "name: tiny\n"
+        "base: {model: {name: mlp, hidden: [8]}, data: digits, workers: 2, batch_size: 16, steps: 16, lr: 0.1,\n"
+        "       seed: [0, 1], log_every: 4, checkpoint_every: 16, network: 10GbE, name: same}\n"
+        "grid:\n"
+        "  compressor: [{name: topk, ratio: 0.1}, {name: qsgd, levels: 16}]\n"
+        "  memory: [none]\n"
+        "include:\n"
+        "  - {compressor: none, memory: none}\n"
+    )
+    out = tmp_path / "out"
+    res = sweeps.run_sweep(str(spec), str(out), figure=False, log=lambda *a, **k: None)
+    assert res["completed"] == 3, res
+    target = float(report.load_runs([str(out)])["loss"].max()) + 0.05  # every seed reaches it
+    csv = tmp_path / "agg.csv"
+    assert cli.main(["report", str(out), "--aggregate", "--target", str(target), "--csv", str(csv)]) == 0
+    printed = capsys.readouterr().out
+    agg = pd.read_csv(csv)
+    assert len(agg) == 3 and (agg["seeds"] == 2).all() and (agg["reached"] == 2).all()
+    assert agg["label"].tolist() == ["dense (no compression)", "QSGD", "top-k"]  # name: same is ignored
+    assert (agg["loss_std"] > 0).all() and "±" in printed and "nan" not in printed
+    for kind, extra in (("curves", ["--band", "ci95"]), ("ratio-summary", ["--target", str(target)])):
+        png = tmp_path / f"{kind}.png"
+        assert cli.main(["plot", str(out), "--kind", kind, *extra, "--out", str(png)]) == 0
+        assert png.stat().st_size > 1000 and png.with_suffix(".pdf").stat().st_size > 1000
+    capsys.readouterr()
+    assert cli.main(["plot", str(out), "--kind", "ratio-summary", "--panels", "family"]) == 2
+    assert "--panels applies to --kind curves" in capsys.readouterr().err

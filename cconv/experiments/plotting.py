@@ -1,13 +1,20 @@
 """Figures from run/sweep results (matplotlib, Agg): convergence against traffic, steps or time.
 
-* ``curves``: one panel, one line per run (seeds averaged, min-max band when several).
+* ``curves``: one panel, one line per run (seeds averaged, a band over the seeds when several),
+  labelled by the settings that vary between the runs (``run_labels``).
 * ``family_grid``: one panel per compressor family; within a panel, colour = the family's swept
   hyper-parameter (ratio, levels, rank, ...), line style = memory (solid EF, dashed none, dotted
-  DGC); the uncompressed baseline (the identity compressor) is drawn in black in every panel.
+  DGC), marker = any other setting that varies within the family (e.g. ``positions``); the
+  uncompressed baseline (the identity compressor) is drawn in black in every panel.
   Labels and knobs come from the compressor registry (``Entry.label``, ``Entry.knob``).
 * ``ratio_summary``: bytes to reach a target loss against the compression ratio, with and without
   error feedback, one line per sparsifier family; methods without a ratio (signSGD, TernGrad, ...)
   and the dense baseline are horizontal reference lines.
+
+Seed bands (``band=``): the mean over seeds at each step with ``minmax`` (the default: with the
+2-5 seeds of a typical sweep it shows every seed's range and assumes no distribution), ``std``
+(mean +- sample standard deviation, ddof=1), ``sem`` (std / sqrt(n)), ``ci95`` (mean +-
+t_{0.975, n-1} sem, Student's t with n - 1 degrees of freedom) or ``none``.
 
 x axes: ``bytes`` = ``cum_bytes`` (cumulative bytes sent + received per worker, log scale: what
 the collectives moved), ``bytes_encoded`` = ``cum_bytes_encoded`` (the same for the encoded
@@ -118,20 +125,77 @@ def y_label(y: str) -> str:
     return Y_LABELS.get(y, y.replace("_", " "))
 
 
-def mean_curve(g, xcol: str, ycol: str):
-    """Seeds averaged at equal steps: (x mean, y mean, y min, y max) arrays."""
+BANDS = ("minmax", "std", "sem", "ci95", "none")
+BAND_LABEL = {
+    "minmax": "band: min-max",
+    "std": "band: +-1 std",
+    "sem": "band: +-1 s.e.m.",
+    "ci95": "band: 95% CI (t, n-1 dof)",
+    "none": "no band",
+}
+# Student's t 0.975 quantiles for 1..29 degrees of freedom (n = 2..30 seeds); 1.96 beyond
+T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045,
+)  # fmt: skip
+
+
+def t975(dof: int) -> float:
+    """t_{0.975, dof}, the two-sided 95% quantile of Student's t: from scipy when installed, else
+    the table above (exact to 3 decimals for dof <= 29) and the normal 1.96 beyond."""
+    if dof < 1:
+        return math.nan
+    try:
+        from scipy import stats
+    except ImportError:
+        return T975[dof - 1] if dof <= len(T975) else 1.96
+    return float(stats.t.ppf(0.975, dof))
+
+
+def check_band(band: str) -> str:
+    if band not in BANDS:
+        raise ValueError(f"unknown band {band!r}; valid: {', '.join(BANDS)}")
+    return band
+
+
+def spread(mean, std, n, lo, hi, band: str = "minmax"):
+    """(lower, upper) of a seed band from per-point statistics (arrays): see the module doc.
+    NaN where it is undefined (one seed, or ``band='none'``)."""
+    check_band(band)
+    mean, std, n = np.asarray(mean, float), np.asarray(std, float), np.asarray(n, float)
+    if band == "minmax":
+        ok = n > 1
+        return np.where(ok, lo, np.nan), np.where(ok, hi, np.nan)
+    if band == "none":
+        return np.full_like(mean, np.nan), np.full_like(mean, np.nan)
+    half = std
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if band in ("sem", "ci95"):
+            half = std / np.sqrt(n)
+        if band == "ci95":
+            half = half * np.array([t975(int(k) - 1) if k > 1 else np.nan for k in n.ravel()]).reshape(n.shape)
+    half = np.where(n > 1, half, np.nan)
+    return mean - half, mean + half
+
+
+def mean_curve(g, xcol: str, ycol: str, band: str = "minmax"):
+    """Seeds averaged at equal steps: (x mean, y mean, band lower, band upper, number of seeds)."""
     agg = (
         g.groupby("step")
-        .agg(x=(xcol, "mean"), y=(ycol, "mean"), lo=(ycol, "min"), hi=(ycol, "max"), n=(ycol, "size"))
+        .agg(
+            x=(xcol, "mean"),
+            y=(ycol, "mean"),
+            sd=(ycol, "std"),
+            lo=(ycol, "min"),
+            hi=(ycol, "max"),
+            n=(ycol, "count"),
+        )
         .sort_index()
     )
-    return (
-        agg["x"].to_numpy(float),
-        agg["y"].to_numpy(float),
-        agg["lo"].to_numpy(float),
-        agg["hi"].to_numpy(float),
-        int(agg["n"].max()) if len(agg) else 0,
-    )
+    y = agg["y"].to_numpy(float)
+    lo, hi = spread(y, agg["sd"].to_numpy(float), agg["n"].to_numpy(float), agg["lo"], agg["hi"], band)
+    return agg["x"].to_numpy(float), y, lo, hi, int(agg["n"].max()) if len(agg) else 0
 
 
 def y_range(df, ycol: str) -> tuple[float, float] | None:
@@ -164,8 +228,8 @@ def _scales(ax, ys: list, x: str, y: str, limits=None) -> None:
     ax.grid(True, which="major", alpha=0.3)
 
 
-def _draw(ax, g, xcol, ycol, top=None, **kw):
-    xv, yv, lo, hi, n = mean_curve(g, xcol, ycol)
+def _draw(ax, g, xcol, ycol, top=None, band: str = "minmax", **kw):
+    xv, yv, lo, hi, n = mean_curve(g, xcol, ycol, band)
     ok = np.isfinite(xv)
     if x_is_log(ax):
         ok &= xv > 0
@@ -179,7 +243,7 @@ def _draw(ax, g, xcol, ycol, top=None, **kw):
             xv, yv, lo, hi = xv[:cut], yv[:cut], lo[:cut], hi[:cut]
     fin = np.isfinite(yv)
     (line,) = ax.plot(xv[fin], yv[fin], **kw)
-    if n > 1:
+    if n > 1 and np.isfinite(lo[fin]).any():
         ax.fill_between(xv[fin], lo[fin], hi[fin], color=line.get_color(), alpha=0.15, linewidth=0)
     if blew_up and fin.any():
         ax.plot(xv[fin][-1:], yv[fin][-1:], marker="x", color=line.get_color(), markersize=7, clip_on=False)
@@ -190,22 +254,156 @@ def x_is_log(ax) -> bool:
     return ax.get_xscale() == "log"
 
 
-def _varying(df, cols) -> list[str]:
-    return [c for c in cols if c in df.columns and df[c].astype(str).nunique() > 1]
+# config keys that never tell runs apart in a legend: bookkeeping, not the experiment
+NOT_SETTINGS = frozenset({"seed", "name", "checkpoint_every", "wandb", "tensorboard", "target_loss"})
 
 
-def run_label(row, varying: list[str]) -> str:
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v)) or (isinstance(v, str) and v in ("", "nan"))
+
+
+def format_value(v) -> str:
+    """A setting's value as a legend shows it: floats in ``%g`` (``4.0`` -> ``4``), else ``str``."""
+    if isinstance(v, (float, np.floating)):
+        return f"{float(v):g}"
+    if isinstance(v, np.integer):
+        return str(int(v))
+    return str(v)
+
+
+def run_settings(row) -> dict[str, str]:
+    """A run's settings from its config columns, as ``{key: formatted value}`` in config order:
+    ``compressor`` (its name), ``compressor.<hparam>`` (the schema's defaults filled in for a
+    registered compressor, so an omitted ``positions`` reads as ``int32``), ``memory`` and every
+    other ``cfg.*`` key but bookkeeping (``seed``, ``name``, ``checkpoint_every``, ...).  Absent
+    and NaN values are left out (a dense run has no ``ratio``)."""
+    from cconv import compressors as C
+
+    comp = row.get("cfg.compressor.name", row.get("compressor"))
+    if _missing(comp):
+        comp = row.get("compressor")
+    hparams: dict[str, str] = {}
+    rest: dict[str, str] = {}
+    for col, v in row.items():
+        if not str(col).startswith("cfg.") or col == "cfg.compressor.name" or _missing(v):
+            continue
+        key = col[4:]
+        if key.startswith("compressor."):
+            hparams[key] = format_value(v)
+        elif key.split(".")[0] not in NOT_SETTINGS and key != "compressor":
+            rest[key] = format_value(v)
+    if _missing(comp):
+        return {**hparams, **rest}
+    if comp in C.names():  # the given hyper-parameters, then the schema's defaults of the others
+        for k, v in C.entry(comp).schema.defaults().items():
+            if not _missing(v):
+                hparams.setdefault(f"compressor.{k}", format_value(v))
+    return {"compressor": str(comp), **hparams, **rest}
+
+
+def settings_of(df) -> dict[str, dict[str, str]]:
+    """``run_settings`` of every run of ``df`` (from its first row), keyed by run."""
+    firsts = df.drop_duplicates("run")
+    return {row["run"]: run_settings(row) for _, row in firsts.iterrows()}
+
+
+def _short(key: str) -> str:
+    """Legend name of a setting: ``compressor.ratio`` -> ``ratio``, ``optimizer.name`` -> ``optimizer``."""
+    if key.startswith("compressor."):
+        return key.split(".", 1)[1]
+    return key[: -len(".name")] if key.endswith(".name") else key
+
+
+def varying_keys(settings: dict[str, dict[str, str]]) -> list[str]:
+    """Keys that take at least two different (present) values over the runs, in first-seen order."""
+    values: dict[str, set] = {}
+    for st in settings.values():
+        for k, v in st.items():
+            values.setdefault(k, set()).add(v)
+    return [k for k, vs in values.items() if len(vs) > 1]
+
+
+def _describe(st: dict[str, str], keys: list[str], family: bool = True) -> list[str]:
+    """The label parts of one run for the given varying keys (compressor first, with its
+    hyper-parameters in brackets, then memory, then the rest); a key the run lacks is left out.
+    ``family=False``: the hyper-parameters without the compressor's name (a family's own panel)."""
+    hp = [f"{_short(k)}={st[k]}" for k in keys if k.startswith("compressor.") and k in st]
     parts = []
-    for c in varying:
-        v = row[c]
-        key = c.split(".")[-1] if c.startswith("cfg.") else c
-        if c == "compressor":
-            parts.append(family_label(v))
-        elif c == "memory":
-            parts.append(MEMORY_LABEL.get(v, str(v)))
-        else:
-            parts.append(f"{key}={v:g}" if isinstance(v, float) else f"{key}={v}")
-    return ", ".join(parts) if parts else str(row["run"])
+    if family and "compressor" in st and ("compressor" in keys or hp):
+        fam = family_label(st["compressor"])
+        parts.append(f"{fam} ({', '.join(hp)})" if hp else fam)
+    elif hp:
+        parts.append(", ".join(hp))
+    if "memory" in keys and "memory" in st:
+        parts.append(MEMORY_LABEL.get(st["memory"], f"memory={st['memory']}"))
+    parts += [
+        f"{_short(k)}={st[k]}"
+        for k in keys
+        if k not in ("compressor", "memory") and not k.startswith("compressor.") and k in st
+    ]
+    return parts
+
+
+def run_labels(df) -> dict[str, str]:
+    """One unique, informative legend label per run of ``df`` (``load_metrics`` or ``load_runs``).
+
+    Built from the settings that vary between the runs (``run_settings``; e.g. ``top-k (ratio=0.01,
+    positions=golomb), EF`` or ``QSGD (levels=4)``), never from one they lack (no ``ratio=nan`` on
+    the dense baseline).  Config ``name:`` values are used when they tell all runs apart, put in
+    front when they differ only between some, and ignored when equal.  When nothing varies the label
+    is the compressor and memory; runs that still share a label get their directory name appended."""
+    if df.empty:
+        return {}
+    settings = settings_of(df)
+    names = {}
+    for _, row in df.drop_duplicates("run").iterrows():
+        name = row.get("cfg.name", row.get("label"))
+        names[row["run"]] = "" if _missing(name) else str(name)
+    keys = varying_keys(settings)
+    labels = {}
+    distinct_names = all(names.values()) and len(set(names.values())) == len(names)
+    for run, st in settings.items():
+        if distinct_names and len(names) > 1:
+            labels[run] = names[run]
+            continue
+        parts = _describe(st, keys)
+        if not parts:
+            parts = _describe(st, ["compressor", "memory"]) or [str(run)]
+        if names[run] and len(set(names.values())) > 1:
+            parts.insert(0, names[run])
+        labels[run] = ", ".join(parts)
+    counts: dict[str, int] = {}
+    for lab in labels.values():
+        counts[lab] = counts.get(lab, 0) + 1
+    return {run: (f"{lab} [{run}]" if counts[lab] > 1 else lab) for run, lab in labels.items()}
+
+
+def run_order(df) -> list[str]:
+    """Runs in legend order: compressor family (registry order), then its settings (numbers by
+    value), memory, then the run name."""
+    if df.empty:
+        return []
+    settings = settings_of(df)
+    keys = varying_keys(settings)
+    fams = family_order({st.get("compressor", "") for st in settings.values()})
+
+    def num(v: str):
+        try:
+            return (0, float(v), "")
+        except ValueError:
+            return (1, 0.0, v)
+
+    def key(run):
+        st = settings[run]
+        return (
+            fams.index(st.get("compressor", "")),
+            [num(st.get(k, "")) for k in keys if k.startswith("compressor.")],
+            list(MEMORY_LABEL).index(st["memory"]) if st.get("memory") in MEMORY_LABEL else len(MEMORY_LABEL),
+            [num(st.get(k, "")) for k in keys if not k.startswith("compressor") and k != "memory"],
+            str(run),
+        )
+
+    return sorted(settings, key=key)
 
 
 def save(fig, out: str) -> list[str]:
@@ -222,11 +420,53 @@ def save(fig, out: str) -> list[str]:
     return outs
 
 
+LEGEND = ("auto", "outside", "inside", "none")
+LINESTYLES = ("-", "--", ":", "-.")
+
+
+def _legend(ax, handles=None, title: str | None = None, where: str = "auto", entries: int = 0, **kw) -> None:
+    """A legend inside (matplotlib's ``best`` spot, away from the curves where it can) or, for many
+    entries (``auto``: more than 5) or ``outside``, to the right of the axes, where it covers none."""
+    if where not in LEGEND:
+        raise ValueError(f"unknown legend placement {where!r}; valid: {', '.join(LEGEND)}")
+    if where == "none":
+        return
+    kw = {"fontsize": 7, "title": title, "title_fontsize": 7, **kw}
+    if handles is not None:
+        kw["handles"] = handles
+    if where == "outside" or (where == "auto" and entries > 5):
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False, **kw)
+    else:
+        ax.legend(loc="best", **kw)
+
+
+def _seeds_note(df, band: str) -> str | None:
+    """``mean of 3 seeds, band: ...`` when some run has several seeds (None otherwise)."""
+    if "seed" not in df.columns:
+        return None
+    n = df.groupby("run")["seed"].nunique()
+    if n.max() <= 1:
+        return None
+    many = f"{int(n.max())}" if n.min() == n.max() else f"{int(n.min())}-{int(n.max())}"
+    return f"mean of {many} seeds, {BAND_LABEL[band]}"
+
+
 def curves(
-    df, x: str = "bytes", y: str = "loss", network: str | None = None, title: str | None = None, out: str = "curves.png"
+    df,
+    x: str = "bytes",
+    y: str = "loss",
+    network: str | None = None,
+    title: str | None = None,
+    out: str = "curves.png",
+    band: str = "minmax",
+    legend: str = "auto",
+    target: float | None = None,
 ) -> list[str]:
-    """All runs in one panel (``cconv plot``)."""
+    """All runs in one panel (``cconv plot``): one line per run, seeds averaged with a ``band``
+    (module doc), labelled by ``run_labels``, in ``run_order``; the legend goes outside the axes
+    for more than five runs (``legend``).  ``target``: a dotted horizontal line at that value."""
     plt = _plt()
+    check_band(band)
     if df.empty:
         raise ValueError("no metric lines to plot (have the runs started?)")
     if y not in df.columns:
@@ -235,33 +475,43 @@ def curves(
             f"{', '.join(c for c in df.columns if df[c].dtype.kind == 'f' and not c.startswith('cfg.'))}"
         )
     xcol, xlabel = x_column(df, x, network)
-    skip = {"run", "run_dir", "label", "cfg.seed", "cfg.name"}
-    cand = ["compressor", "ratio", "memory"] + [
-        c
-        for c in df.columns
-        if c.startswith("cfg.")
-        and c not in skip
-        and c not in ("cfg.compressor.name", "cfg.compressor.ratio", "cfg.memory")
-    ]
-    varying = _varying(df, cand)
+    labels = run_labels(df)
+    order = run_order(df)
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     if x in BYTE_AXES:
         ax.set_xscale("log")
     limits = y_range(df, y)
     top = limits[1] if limits else None
+    colors = plt.get_cmap("tab10")
     ys = []
-    for _run, g in df.groupby("run", sort=True):
-        label = g["label"].iloc[0] if "label" in g and g["label"].iloc[0] else run_label(g.iloc[0], varying)
-        if "seed" in g and g["seed"].nunique() > 1:
-            label += f" (mean of {g['seed'].nunique()} seeds, min-max band)"
-        _, yv = _draw(ax, g, xcol, y, top=top, label=label, linewidth=1.4)
+    seeds = df.groupby("run")["seed"].nunique() if "seed" in df.columns else None
+    common = int(seeds.mode().iloc[0]) if seeds is not None and len(seeds) else 1
+    for i, run in enumerate(order):
+        g = df[df["run"] == run]
+        label = labels[run]
+        if seeds is not None and seeds[run] != common:
+            label += f" ({int(seeds[run])} seed{'s' if seeds[run] != 1 else ''})"
+        _, yv = _draw(
+            ax,
+            g,
+            xcol,
+            y,
+            top=top,
+            band=band,
+            label=label,
+            linewidth=1.4,
+            color=colors(i % 10),
+            linestyle=LINESTYLES[(i // 10) % len(LINESTYLES)],
+        )
         ys.append(yv)
+    if target is not None:
+        ax.axhline(target, color="grey", linestyle=":", linewidth=1.0, label=f"target {y_label(y)} {target:g}")
     _scales(ax, ys, x, y, limits)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(y_label(y))
     if title:
         ax.set_title(title)
-    ax.legend(fontsize=7, loc="best", ncol=2 if df["run"].nunique() > 12 else 1)
+    _legend(ax, title=_seeds_note(df, band), where=legend, entries=len(order) + (target is not None))
     return save(fig, out)
 
 
@@ -273,6 +523,9 @@ def _knob(g, family: str | None = None) -> str | None:
     return None
 
 
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
 def family_grid(
     df,
     x: str = "bytes",
@@ -282,11 +535,19 @@ def family_grid(
     out: str = "convergence.png",
     families: list[str] | None = None,
     ncols: int = 3,
+    band: str = "minmax",
+    legend: str = "auto",
 ) -> list[str]:
-    """One panel per compressor family across its swept hyper-parameter, memory as line style."""
+    """One panel per compressor family across its swept hyper-parameter (colour), memory as line
+    style, any other setting that varies within the family as marker; seeds averaged with a
+    ``band`` (module doc).  ``legend``: ``auto``/``inside`` (best spot in each panel), ``outside``
+    (right of each panel), ``none``."""
     plt = _plt()
     from matplotlib.lines import Line2D
 
+    check_band(band)
+    if legend not in LEGEND:
+        raise ValueError(f"unknown legend placement {legend!r}; valid: {', '.join(LEGEND)}")
     if df.empty:
         raise ValueError("no metric lines to plot (have the runs started?)")
     xcol, xlabel = x_column(df, x, network)
@@ -300,8 +561,10 @@ def family_grid(
     n = len(fams)
     ncols = min(ncols, n)
     nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.6 * nrows), sharey=True, squeeze=False)
+    wide = 6.2 if legend == "outside" else 4.6
+    fig, axes = plt.subplots(nrows, ncols, figsize=(wide * ncols, 3.6 * nrows), sharey=True, squeeze=False)
     cmap = plt.get_cmap("viridis")
+    note = _seeds_note(df, band)
     for idx, fam in enumerate(fams):
         ax = axes[idx // ncols][idx % ncols]
         if x in BYTE_AXES:
@@ -309,29 +572,55 @@ def family_grid(
         g = df[df["compressor"] == fam]
         knob = _knob(g, fam)
         levels = sorted(g[knob].dropna().unique(), key=float) if knob else [None]
+        settings = settings_of(g)
+        knob_key = f"compressor.{knob.split('.')[-1]}" if knob else None
+        other = [k for k in varying_keys(settings) if k not in ("compressor", "memory", knob_key)]
+        kinds = list(dict.fromkeys(", ".join(_describe(st, other, family=False)) for st in settings.values()))
+        marker = {kind: (MARKERS[i % len(MARKERS)] if len(kinds) > 1 else None) for i, kind in enumerate(kinds)}
         ys = []
         handles = []
         for li, lev in enumerate(levels):
             color = cmap(0.85 * li / max(len(levels) - 1, 1)) if len(levels) > 1 else cmap(0.35)
             sub = g if lev is None else g[g[knob] == lev]
             for mem, gm in sub.groupby("memory", sort=True):
-                for _, gr in gm.groupby("run"):
+                for run, gr in gm.groupby("run"):
+                    m = marker[", ".join(_describe(settings[run], other, family=False))]
                     _, yv = _draw(
-                        ax, gr, xcol, y, top=top, color=color, linestyle=MEMORY_STYLE.get(mem, "-."), linewidth=1.4
+                        ax,
+                        gr,
+                        xcol,
+                        y,
+                        top=top,
+                        band=band,
+                        color=color,
+                        linestyle=MEMORY_STYLE.get(mem, "-."),
+                        linewidth=1.4,
+                        marker=m,
+                        markersize=3.5,
+                        markevery=max(1, gr["step"].nunique() // 8),
                     )
                     ys.append(yv)
             if lev is not None:
                 handles.append(Line2D([], [], color=color, label=f"{knob.split('.')[-1]} = {float(lev):g}"))
+        for kind, m in marker.items():
+            if m is not None:
+                handles.append(Line2D([], [], color="grey", marker=m, linestyle="none", label=kind))
         if not base.empty and fam != ident:
             for _, gb in base.groupby("run"):
-                _, yv = _draw(ax, gb, xcol, y, top=top, color="black", linewidth=1.0, alpha=0.8)
+                _, yv = _draw(ax, gb, xcol, y, top=top, band=band, color="black", linewidth=1.0, alpha=0.8)
                 ys.append(yv)
             handles.append(Line2D([], [], color="black", label="dense baseline"))
         for mem in [m for m in ("ef", "none", "dgc") if m in set(g["memory"])]:
             handles.append(Line2D([], [], color="grey", linestyle=MEMORY_STYLE[mem], label=MEMORY_LABEL[mem]))
         _scales(ax, ys, x, y, limits)
         ax.set_title(family_label(fam))
-        ax.legend(handles=handles, fontsize=7, loc="best")
+        _legend(
+            ax,
+            handles,
+            title=note if idx == 0 else None,
+            where="inside" if legend == "auto" else legend,
+            entries=len(handles),
+        )
         if idx // ncols == nrows - 1 or idx + ncols >= n:
             ax.set_xlabel(xlabel)
         if idx % ncols == 0:
@@ -344,65 +633,124 @@ def family_grid(
     return save(fig, out)
 
 
-def ratio_summary(runs, title: str | None = None, out: str = "ratio_summary.png") -> list[str]:
-    """Bytes to reach the target loss against the compression ratio, EF vs none (see module doc).
+# what a ratio summary counts until the target: x choice -> (load_runs column, axis label, log scale)
+TO_TARGET = {
+    "bytes": ("bytes_to_target", "traffic per worker to reach target [bytes]", True),
+    "bytes_encoded": ("encoded_bytes_to_target", "encoded traffic per worker to reach target [bytes]", True),
+    "steps": ("steps_to_target", "steps to reach target", False),
+    "time": ("time_to_target", "simulated time to reach target [s]", True),
+}
 
-    ``runs`` is ``report.load_runs(..., target=...)``; seeds are averaged (runs where some seed did
-    not reach the target count as not reached)."""
+
+def _point(v, band: str):
+    """Mean and band of one ratio point's seeds; NaN when some seed did not reach the target."""
+    v = v.to_numpy(float)
+    if not len(v) or not np.isfinite(v).all():
+        return math.nan, math.nan, math.nan
+    sd = float(np.std(v, ddof=1)) if len(v) > 1 else math.nan
+    lo, hi = spread([v.mean()], [sd], [len(v)], [v.min()], [v.max()], band)
+    return float(v.mean()), float(lo[0]), float(hi[0])
+
+
+def ratio_summary(
+    runs,
+    title: str | None = None,
+    out: str = "ratio_summary.png",
+    x: str = "bytes",
+    band: str = "minmax",
+    legend: str = "auto",
+) -> list[str]:
+    """Bytes (or encoded bytes, steps, simulated time: ``x``) to reach the target against the
+    compression ratio, EF vs none (see module doc); ``cconv plot --kind ratio-summary``.
+
+    ``runs`` is ``report.load_runs(..., target=...)``.  Seeds are averaged, with the ``band`` as
+    error bars (a ratio where some seed did not reach the target counts as not reached).  Runs of
+    one family that differ in another setting (e.g. ``positions``) are separate lines."""
     plt = _plt()
     from matplotlib.lines import Line2D
 
+    check_band(band)
+    if x not in TO_TARGET:
+        raise ValueError(f"unknown x axis {x!r} for a ratio summary; valid: {', '.join(TO_TARGET)}")
+    col, ylabel, ylog = TO_TARGET[x]
     if "bytes_to_target" not in runs.columns:
         raise ValueError("no target loss: pass target= (or set target_loss in the config)")
+    need = {
+        "time": ("sim_time", "simulated time: set network: in the config"),
+        "bytes_encoded": ("cum_bytes_encoded", ""),
+    }
+    if x in need and (need[x][0] not in runs.columns or not runs[need[x][0]].notna().any()):
+        raise ValueError(f"no {need[x][0]} in these results{' (' + need[x][1] + ')' if need[x][1] else ''}")
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     ax.set_xscale("log")
-    ax.set_yscale("log")
+    if ylog:
+        ax.set_yscale("log")
     colors = plt.get_cmap("tab10")
     handles = []
     ident = identity_name()
     ratio_fams = [
         f
-        for f in dict.fromkeys(runs["compressor"])
+        for f in family_order(dict.fromkeys(runs["compressor"]))
         if f != ident and "ratio" in runs.columns and runs.loc[runs["compressor"] == f, "ratio"].notna().all()
     ]
-    flat_fams = [f for f in dict.fromkeys(runs["compressor"]) if f != ident and f not in ratio_fams]
+    flat_fams = [f for f in family_order(dict.fromkeys(runs["compressor"])) if f != ident and f not in ratio_fams]
+    ratios = sorted({float(r) for r in runs.loc[runs["compressor"].isin(ratio_fams), "ratio"]})
+    if len(ratios) < 2:  # one ratio (or none): a decade around it, not a singular axis
+        r = ratios[0] if ratios else 0.1
+        ax.set_xlim(r / 3, r * 3)
     ci = 0
-    for fam in ratio_fams:
-        color = colors(ci % 10)
-        ci += 1
+    for fam in ratio_fams + flat_fams:
         g = runs[runs["compressor"] == fam]
-        for mem, gm in g.groupby("memory", sort=True):
-            agg = gm.groupby("ratio")["bytes_to_target"].agg(lambda v: v.mean() if v.notna().all() else np.nan)
-            r = agg.index.to_numpy(float)
-            b = agg.to_numpy(float)
-            ax.plot(r, b, color=color, linestyle=MEMORY_STYLE.get(mem, "-."), marker="o", markersize=4)
-        handles.append(Line2D([], [], color=color, marker="o", label=family_label(fam)))
-    for fam in flat_fams:
-        color = colors(ci % 10)
-        ci += 1
-        g = runs[runs["compressor"] == fam]
-        for mem, gm in g.groupby("memory", sort=True):
-            v = gm["bytes_to_target"]
-            if v.notna().all():
-                ax.axhline(v.mean(), color=color, linestyle=MEMORY_STYLE.get(mem, "-."), linewidth=1.2)
-        handles.append(Line2D([], [], color=color, label=f"{family_label(fam)} (no ratio)"))
-    base = runs[runs["compressor"] == ident]["bytes_to_target"]
+        settings = settings_of(g)
+        other = [
+            k for k in varying_keys(settings) if k not in ("compressor", "memory", "compressor.ratio", "compressor.k")
+        ]
+        kind = {r: ", ".join(_describe(st, other, family=False)) for r, st in settings.items()}
+        for variant in dict.fromkeys(kind[r] for r in run_order(g)):
+            color = colors(ci % 10)
+            ci += 1
+            gv = g[g["run"].map(kind) == variant]
+            drawn = False
+            for mem, gm in gv.groupby("memory", sort=True):
+                style = MEMORY_STYLE.get(mem, "-.")
+                if fam in ratio_fams:
+                    pts = sorted((float(r), *_point(v, band)) for r, v in gm.groupby("ratio")[col])
+                    r, b, lo, hi = (np.array(c, float) for c in zip(*pts))
+                    ax.plot(r, b, color=color, linestyle=style, marker="o", markersize=4)
+                    drawn |= bool(np.isfinite(b).any())
+                    ok = np.isfinite(lo) & np.isfinite(b)
+                    if ok.any():
+                        ax.errorbar(
+                            r[ok], b[ok], yerr=[b[ok] - lo[ok], hi[ok] - b[ok]], fmt="none", ecolor=color, elinewidth=1
+                        )
+                else:
+                    b, lo, hi = _point(gm[col], band)
+                    if math.isfinite(b):
+                        ax.axhline(b, color=color, linestyle=style, linewidth=1.2)
+                        drawn = True
+            name = family_label(fam) + (f" ({variant})" if variant else "")
+            name += ", no ratio" if fam not in ratio_fams else ""
+            name += "" if drawn else ", target not reached"
+            handles.append(Line2D([], [], color=color, marker="o" if fam in ratio_fams else None, label=name))
+    base = runs[runs["compressor"] == ident][col]
     if len(base) and base.notna().all():
         ax.axhline(base.mean(), color="black", linewidth=1.0)
         handles.append(Line2D([], [], color="black", label="dense baseline"))
-    for mem in [m for m in ("ef", "none", "dgc") if m in set(runs["memory"])]:
+    mems = set(runs.loc[runs["compressor"] != ident, "memory"])
+    for mem in [m for m in ("ef", "none", "dgc") if m in mems]:
         handles.append(Line2D([], [], color="grey", linestyle=MEMORY_STYLE[mem], label=MEMORY_LABEL[mem]))
     tgt = runs["target"].dropna().iloc[0] if "target" in runs and runs["target"].notna().any() else None
     ax.set_xlabel("compression ratio k/d (fraction of gradient entries sent)")
-    ax.set_ylabel("traffic per worker to reach target [bytes]")
+    ax.set_ylabel(ylabel)
     ax.grid(True, which="major", alpha=0.3)
+    what = ylabel.split(" to reach")[0]
     ax.set_title(
         title
         or (
-            f"bytes to reach training loss {tgt:g} (missing point: not reached)"
+            f"{what} to reach target {tgt:g} (missing point: not reached)"
             if tgt is not None
-            else "bytes to reach the target loss"
+            else f"{what} to reach the target"
         )
     )
-    ax.legend(handles=handles, fontsize=7, loc="best")
+    _legend(ax, handles, title=_seeds_note(runs, band), where=legend, entries=len(handles))
     return save(fig, out)

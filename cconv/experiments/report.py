@@ -12,6 +12,11 @@ one ``groupby``.  ``bytes_to_target`` is the cumulative traffic per worker (``cu
 first metric line whose ``loss`` (or the chosen metric) is at or below the target; ``NaN`` when
 the run never reaches it.  ``steps_to_target`` and ``time_to_target`` (simulated, first network)
 are read off the same line.
+
+``aggregate`` folds the seeds of each run into one row (``cconv report --aggregate``): the mean
+and sample standard deviation (ddof=1; NaN for one seed) of every final metric and of the
+to-target columns, the latter over the seeds that reached the target (``reached`` counts them),
+with the run's legend label (``plotting.run_labels``: the settings that vary between the runs).
 """
 
 from __future__ import annotations
@@ -224,3 +229,105 @@ def _human_bytes(v: float) -> str:
             return f"{v:.3g}{unit}"
         v /= 1000.0
     return f"{v:.3g}TB"
+
+
+# per-seed columns that aggregate folds into <col>_mean and <col>_std
+AGG_COLUMNS = (
+    *FINAL_COLUMNS,
+    "bytes_to_target",
+    "encoded_bytes_to_target",
+    "steps_to_target",
+    "time_to_target",
+)
+
+
+def _statuses(v: pd.Series) -> str:
+    counts = v.astype(str).value_counts()
+    return next(iter(counts.index)) if len(counts) == 1 else ", ".join(f"{n} {s}" for s, n in counts.items())
+
+
+def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per run of ``load_runs``'s table: ``label``, ``seeds`` (how many), ``status`` (one
+    word, or counts such as ``2 completed, 1 diverged``), ``<col>_mean`` and ``<col>_std`` over the
+    seeds for the final metrics and the to-target columns (these over the seeds that reached the
+    target; ``reached`` = how many did), then the run's config columns.  Rows in legend order."""
+    import pandas as pd
+
+    from cconv.experiments.plotting import run_labels, run_order
+
+    if runs.empty:
+        raise ValueError("no runs to aggregate")
+    labels = run_labels(runs)
+    stats = [c for c in AGG_COLUMNS if c in runs.columns]
+    config = [c for c in runs.columns if c not in (*stats, "seed", "status", "step", "error", "target")]
+    rows = []
+    for run in run_order(runs):
+        g = runs[runs["run"] == run]
+        row = {
+            "run": run,
+            "label": labels[run],
+            "seeds": len(g),
+            "status": _statuses(g["status"]),
+            "step": g["step"].max(),
+        }
+        if "target" in g.columns:
+            row["target"] = g["target"].iloc[0]
+            row["reached"] = int(g["bytes_to_target"].notna().sum())
+        for c in stats:
+            v = pd.to_numeric(g[c], errors="coerce").astype(float)
+            v = v[v.notna()]
+            row[f"{c}_mean"] = float(v.mean()) if len(v) else math.nan
+            row[f"{c}_std"] = float(v.std(ddof=1)) if len(v) > 1 else math.nan
+        errors = [e for e in g["error"] if isinstance(e, str) and e] if "error" in g.columns else []
+        row["error"] = errors[0] if errors else None
+        for c in config:
+            if c not in row:
+                row[c] = g[c].iloc[0]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def format_aggregate(df: pd.DataFrame) -> str:
+    """``aggregate``'s table as ``cconv report --aggregate`` prints it: ``mean ± std`` per cell, the
+    mean alone where the seeds agree (or there is one), ``-`` where no seed has a value."""
+    shown = [c for c in SHOW if c in AGG_COLUMNS and f"{c}_mean" in df.columns]
+    if "target" not in df.columns:
+        shown = [c for c in shown if not c.endswith("_to_target")]
+    for enc, moved in (("cum_bytes_encoded", "cum_bytes"), ("encoded_bytes_to_target", "bytes_to_target")):
+        if enc in shown and df[f"{enc}_mean"].fillna(-1).equals(df[f"{moved}_mean"].fillna(-1)):
+            shown.remove(enc)  # fixed-size formats only: the encoded bytes are the moved bytes
+    shown = [c for c in shown if c.endswith("_to_target") or df[f"{c}_mean"].notna().any()]
+    view = df[["label", "seeds", "status"]].rename(columns={"label": "run"}).copy()
+    for c in shown:
+        f = _FORMATS.get(c, lambda v: f"{v:.4g}")
+        cells = []
+        for m, s in zip(df[f"{c}_mean"], df[f"{c}_std"]):
+            if math.isnan(m):
+                cells.append("-")
+            else:
+                same = math.isnan(s) or s <= 1e-9 * abs(m)  # one seed, or equal over seeds
+                cells.append(f(m) if same else f"{f(m)} ± {f(s)}")
+        view[c] = cells
+        if c == "bytes_to_target" and "reached" in df.columns:
+            view["reached"] = [f"{r}/{n}" for r, n in zip(df["reached"], df["seeds"])]
+    return view.to_string(index=False)
+
+
+def _loss(v: float) -> str:
+    return f"{v:.4f}" if abs(v) < 1e4 else f"{v:.3g}"
+
+
+_FORMATS = {
+    "loss": _loss,
+    "test_loss": _loss,
+    "test_accuracy": lambda v: f"{v:.3f}",
+    "accuracy": lambda v: f"{v:.3f}",
+    "cum_bytes": lambda v: _human_bytes(v),
+    "cum_bytes_encoded": lambda v: _human_bytes(v),
+    "bytes_to_target": lambda v: _human_bytes(v),
+    "encoded_bytes_to_target": lambda v: _human_bytes(v),
+    "steps_to_target": lambda v: f"{v:.3g}",
+    "sim_time": lambda v: f"{v:.3g}s",
+    "wall_time": lambda v: f"{v:.3g}s",
+    "time_to_target": lambda v: f"{v:.3g}s",
+}
