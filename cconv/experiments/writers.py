@@ -109,10 +109,10 @@ class TensorBoardWriter:
 
     One event directory per value of ``split`` (default ``"seed"``: ``<logdir>/seed_<s>/``), so
     that the seeds of a multi-seed run are separate TensorBoard runs; every other numeric scalar
-    is one tag, at global step ``step``.  ``start``: the step the run starts or resumes at;
-    events at steps >= ``start`` left by an interrupted process are purged (TensorBoard's
-    ``purge_step``: a session start at that step hides them), as metrics.jsonl is cut back to
-    the checkpoint.
+    is one tag, at global step ``step``.  ``start``: the step the run starts or resumes at
+    (its checkpoint); events at steps > ``start`` left by an interrupted process are purged
+    (TensorBoard's ``purge_step``: a session start at that step hides them), as metrics.jsonl
+    is cut back to the lines with step <= ``start``.
     """
 
     def __init__(self, logdir: str, split: str = "seed", start: int = 0):
@@ -127,7 +127,10 @@ class TensorBoardWriter:
     def _writer(self, group: Any) -> Any:
         if group not in self._writers:
             sub = os.path.join(self.logdir, f"{self.split}_{group}") if group is not None else self.logdir
-            self._writers[group] = self._cls(sub, purge_step=self.start, flush_secs=30)
+            # event files are named by the second they were opened; the suffix keeps a resumed
+            # process (even within the same second) from overwriting them and orders it after them
+            suffix = f".from_step_{self.start:012d}"
+            self._writers[group] = self._cls(sub, purge_step=self.start + 1, flush_secs=30, filename_suffix=suffix)
         return self._writers[group]
 
     def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
