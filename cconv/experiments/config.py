@@ -27,16 +27,17 @@ Option lists (memories, architectures, collectives, granularities, launchers) ar
 only config-level spellings are the architecture aliases of ``ARCHITECTURE_ALIASES``
 (``architecture: ps`` and ``architecture: gtopk``), mapped before the engine sees them.
 
-Optimizers and schedules are optax's own, not a list of ours (``OptaxRef``, validated with
-``inspect.signature``): ``optimizer.name`` is any optax function that takes a ``learning_rate``
-(``adamw``, ``lion``, ``contrib.muon``, ...), called as ``optax.<name>(learning_rate=schedule,
-**arguments)``; ``lr_schedule`` is ``constant`` (= ``constant_schedule``), ``cosine``
-(= ``cosine_decay_schedule``) or any optax schedule (a function of ``optax.schedules`` whose name
-ends in ``_schedule`` or ``_decay``) as ``{name, **arguments}``, e.g. ``{name:
-warmup_cosine_decay_schedule, init_value: 0.0, warmup_steps: 50}``.  Required arguments a schedule
-leaves out are taken from the run: its value (``peak_value``, else ``init_value``, else ``value``)
-is ``lr`` and its length (``decay_steps``, else ``transition_steps``) is ``steps - lr_warmup``;
-``lr_warmup`` (linear from 0) comes before any schedule.
+Optimizers and schedules are optax's own, not a list of ours (``optimizer_function``,
+``schedule_function``; arguments validated with ``inspect.signature``): ``optimizer.name`` is any
+optax function that takes a ``learning_rate`` (``adamw``, ``lion``, ``contrib.muon``, ...), called
+as ``optax.<name>(learning_rate=schedule, **arguments)``; ``lr_schedule`` is ``constant``
+(= ``constant_schedule``), ``cosine`` (= ``cosine_decay_schedule``) or any optax schedule (a
+function of ``optax.schedules`` whose name ends in ``_schedule`` or ``_decay``) as ``{name,
+**arguments}``, e.g. ``{name: warmup_cosine_decay_schedule, init_value: 0.0, warmup_steps: 50}``.
+Required arguments a schedule leaves out are taken from the run: its value (``peak_value``, else
+``init_value``, else ``value``) is ``lr`` and its length (``decay_steps``, else
+``transition_steps``) is ``steps - lr_warmup``; ``lr_warmup`` (linear from 0) comes before any
+schedule.
 
 Error feedback needs a delta-contraction; around an unbiased compressor whose variance factor
 omega (``cconv.theory.constants``) is >= 1 it can diverge: the run warns once (naming omega) and
@@ -848,9 +849,12 @@ _MOVED_TO_SWEEP = ("SweepRun", "SWEEP_KEYS", "expand_grid", "point_name", "load_
 
 
 def __getattr__(name: str) -> Any:
-    """Grid expansion lives in ``cconv.experiments.sweep``; its names stay importable from here."""
+    """Grid expansion lives in ``cconv.experiments.sweep``; its names stay importable from here
+    (and ``OPTIMIZERS``, once a whitelist, is every optax optimizer alias)."""
     if name in _MOVED_TO_SWEEP:
         from cconv.experiments import sweep
 
         return getattr(sweep, name)
+    if name == "OPTIMIZERS":  # was a whitelist; now every optax optimizer alias
+        return tuple(optimizer_names())
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
