@@ -469,6 +469,22 @@ def test_invalid_input_exit_2_one_line_nothing_written(case, tmp_path, capsys):
     assert cfg.read_text().startswith("model:")
 
 
+def test_error_feedback_warning_is_one_line_in_the_cli(tmp_path):
+    """EF around QSGD s=2 (omega >= 1): the run goes on, stderr carries one warning line naming
+    omega and the fix."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(
+        TINY_YAML.replace("steps: 12", "steps: 2").replace("{name: topk, ratio: 0.1}", "{name: qsgd, levels: 2}")
+    )
+    r = cconv("run", str(cfg), "--out", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    warned = [line for line in r.stderr.splitlines() if "omega" in line]
+    assert len(warned) == 1 and warned[0].startswith("cconv: warning: memory ef around unbiased qsgd (omega = "), (
+        r.stderr
+    )
+    assert "ef_scale: auto" in warned[0] and "warn_error_feedback" not in r.stderr  # no source line
+
+
 @pytest.mark.parametrize("backend", ["wandb", "tensorboard"])
 def test_unavailable_metric_writer_exit_2_before_the_run_directory(backend, tmp_path, capsys, monkeypatch):
     """Before: the run directory was created, the run marked failed (exit 1).  Now: one line, exit

@@ -659,7 +659,10 @@ def check_schedule(cfg: RunConfig) -> None:
 
 
 class ErrorFeedbackWarning(UserWarning):
-    """Error feedback around a compressor it is not guaranteed to converge with."""
+    """Error feedback around a compressor it is not guaranteed to converge with (the CLI prints
+    it as one line, ``cconv: warning: ...``)."""
+
+    one_line = True
 
 
 _WARNED: set = set()  # (compressor, omega) pairs already warned about in this process
