@@ -370,7 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _one_line_warnings() -> None:
-    """Show cconv's recovery warnings (a damaged metrics line or checkpoint) as one line each."""
+    """Show cconv's recovery warnings (a damaged metrics line or checkpoint) and warnings whose
+    category sets ``one_line = True`` (e.g. ``ErrorFeedbackWarning``) as one line each."""
     import warnings
 
     from cconv.experiments.io import RecoveryWarning
@@ -380,7 +381,7 @@ def _one_line_warnings() -> None:
         return
 
     def showwarning(message, category, filename, lineno, file=None, line=None):
-        if issubclass(category, RecoveryWarning):
+        if issubclass(category, RecoveryWarning) or getattr(category, "one_line", False):
             print(f"cconv: warning: {message}", file=file or sys.stderr)
         else:
             show(message, category, filename, lineno, file, line)

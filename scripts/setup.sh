@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-time, idempotent set-up on a fresh machine: OpenMPI (system), a virtual environment in
-# .venv with cconv and every extra (dev, plots, wandb, mpi).  Safe to run again: it only does
+# .venv with cconv and every extra (dev, plots, wandb, tensorboard, mpi).  Safe to run again: it only does
 # what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +23,7 @@ PY=${PYTHON:-python3}
 stamp=.venv/.cconv-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
-  extras="dev,plots,wandb"
+  extras="dev,plots,wandb,tensorboard"
   command -v mpicc >/dev/null 2>&1 && extras="$extras,mpi"
   # mpi4jax's build looks for CUDA when the image carries a partial one; point it at it.
   if [ -d /usr/local/cuda ]; then export CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}; fi

@@ -249,3 +249,171 @@ def test_sweep_names_still_importable_from_config():
 
     assert C.load_sweep is sweep.load_sweep and C.expand_grid is sweep.expand_grid
     assert C.expand_grid({"memory": ["none", "ef"]}) == [{"memory": "none"}, {"memory": "ef"}]
+
+
+# --------------------------------------------------------------------------- optax optimizers and schedules
+
+
+def test_any_optax_optimizer_with_its_arguments():
+    """Not a whitelist: every optax function taking learning_rate, checked by its signature."""
+    import optax
+
+    names = C.optimizer_names()
+    assert {"sgd", "adamw", "lion", "adan", "signum", "rprop"} <= set(names)
+    assert all("learning_rate" in C._parameters(getattr(optax, n)) for n in names)
+    for spec in ({"name": "adan", "b1": 0.9}, {"name": "signum", "beta": 0.8}, {"name": "contrib.prodigy"}):
+        cfg = C.from_dict({"optimizer": spec})
+        C.check_names(cfg)
+        assert isinstance(C.make_optimizer(cfg), optax.GradientTransformation)
+    for spec, fragment in [
+        ({"name": "adamww"}, "not an optax optimizer .* valid: adamw, "),  # closest names first
+        ({"name": "clip_by_global_norm"}, "taking learning_rate"),  # an optax function, not an optimizer
+        ({"name": "contrib._private"}, "not an optax optimizer"),
+    ]:
+        with pytest.raises(ConfigError, match=fragment) as e:
+            C.from_dict({"optimizer": spec})
+        assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="'adan': unknown argument.s. momentum; valid: b1, b2"):
+        C.check_names(C.from_dict({"optimizer": {"name": "adan", "momentum": 0.9}}))
+
+
+def test_schedule_strings_are_todays_schedules():
+    """constant / cosine (with and without warm-up) are the schedules they always were."""
+    import numpy as np
+    import optax
+
+    steps = np.arange(0, 301, 7)
+    for warm in (0, 20):
+        for name, old in (
+            ("constant", optax.constant_schedule(0.1)),
+            ("cosine", optax.cosine_decay_schedule(0.1, max(300 - warm, 1))),
+        ):
+            if warm:
+                old = optax.join_schedules([optax.linear_schedule(0.0, 0.1, warm), old], [warm])
+            new = C.make_schedule(C.from_dict({"lr_schedule": name, "lr_warmup": warm, "steps": 300}))
+            np.testing.assert_array_equal(np.asarray([new(s) for s in steps]), np.asarray([old(s) for s in steps]))
+
+
+def test_any_optax_schedule_with_run_defaults(tmp_path):
+    import numpy as np
+    import optax
+
+    p = write(
+        tmp_path,
+        "a.yaml",
+        "lr: 1e-2\nsteps: 200\nlr_schedule: {name: warmup_cosine_decay_schedule, init_value: 0.0, warmup_steps: 20}\n",
+    )
+    cfg = C.load_run(p)
+    C.check_names(cfg)
+    fn, kwargs = C.schedule_arguments(cfg)
+    # what the mapping leaves out comes from the run: peak_value = lr, decay_steps = steps
+    assert fn is optax.warmup_cosine_decay_schedule
+    assert kwargs == {"init_value": 0.0, "warmup_steps": 20, "peak_value": 0.01, "decay_steps": 200}
+    sched = C.make_schedule(cfg)
+    assert float(sched(0)) == 0.0 and float(sched(20)) == pytest.approx(0.01) and float(sched(200)) < 1e-6
+    # given arguments win; --set reaches into the mapping; a string becomes {name}
+    cfg = C.load_run(p, ["lr_schedule.decay_steps=100", "lr_schedule.end_value=0.001"])
+    assert C.schedule_arguments(cfg)[1]["decay_steps"] == 100
+    assert float(C.make_schedule(cfg)(150)) == pytest.approx(0.001)
+    cfg = C.load_run(None, ["lr_schedule.name=exponential_decay", "lr_schedule.decay_rate=0.5"])
+    assert C.schedule_arguments(cfg)[1] == {"decay_rate": 0.5, "init_value": 0.1, "transition_steps": 300}
+    assert C.from_dict({"lr_schedule": {"name": "cosine"}}).lr_schedule == {"name": "cosine"}
+    assert np.isclose(float(C.make_schedule(C.from_dict({"lr_schedule": {"name": "cosine", "alpha": 0.5}}))(300)), 0.05)
+
+
+@pytest.mark.parametrize(
+    "schedule, fragment",
+    [
+        ("cosin", "lr_schedule 'cosin' is not an optax schedule; valid: constant, cosine, cosine_decay_schedule"),
+        ({"name": "join_schedules"}, "not an optax schedule"),  # takes functions, not config values
+        ({"init_value": 0.1}, "needs a 'name'"),
+        ({"name": "cosine", "warmup": 3}, "'cosine': unknown argument.s. warmup; valid: init_value, decay_steps"),
+        ({"name": "warmup_cosine_decay_schedule"}, "missing required argument.s. init_value, warmup_steps"),
+        ({"name": "cosine", "alpha": "abc"}, r"lr_schedule \{'name': 'cosine', 'alpha': 'abc'\}: TypeError"),
+        ({"name": "piecewise_constant_schedule", "boundaries_and_scales": [1]}, "lr_schedule"),
+    ],
+)
+def test_schedule_errors_are_one_line(schedule, fragment):
+    with pytest.raises(ConfigError, match=fragment) as e:
+        C.check_names(C.from_dict({"lr_schedule": schedule}))
+    assert "\n" not in str(e.value)
+
+
+# --------------------------------------------------------------------------- error feedback: omega warning, ef_scale
+
+
+def test_ef_scale_values_and_errors():
+    assert C.from_dict({}).ef_scale is None and C.from_dict({"memory": "ef", "ef_scale": 1}).ef_scale == 1.0
+    assert C.from_dict({"ef_scale": "auto"}).ef_scale == "auto"  # auto with another memory: 1 (sweeps)
+    for bad in ("autoo", 0, 1.5, True, [0.5]):
+        with pytest.raises(ConfigError, match="ef_scale must be null, auto or a number in"):
+            C.from_dict({"memory": "ef", "ef_scale": bad})
+    with pytest.raises(ConfigError, match="ef_scale scales error feedback: it needs memory: ef, got memory: dgc"):
+        C.from_dict({"memory": "dgc", "ef_scale": 0.5})
+    shapes = [(64, 16), (16,), (16, 10), (10,)]  # the quickstart-like MLP
+
+    def scale(**raw):
+        return C.ef_scale_of(C.from_dict(raw), shapes)
+
+    # QSGD s=2: omega = min(d/s^2, sqrt(d)/s), largest for the 64x16 matrix: sqrt(1024)/2 = 16
+    qsgd = {"memory": "ef", "compressor": {"name": "qsgd", "levels": 2}}
+    assert scale(**qsgd, ef_scale="auto") == pytest.approx(1 / 17)
+    assert scale(**qsgd, ef_scale="auto", compress_vectors=False, min_compress_size=200) == pytest.approx(1 / 17)
+    fused = (1024 + 16 + 160 + 10) ** 0.5 / 2  # one flat buffer
+    assert scale(**qsgd, ef_scale="auto", granularity="fused") == pytest.approx(1 / (1 + fused))
+    assert scale(**qsgd) == 1.0 and scale(**qsgd, ef_scale=0.25) == 0.25
+    assert scale(memory="ef", compressor={"name": "topk", "ratio": 0.1}, ef_scale="auto") == 1.0  # contractive
+    assert scale(memory="none", compressor="qsgd", ef_scale="auto") == 1.0
+    eng = C.engine_config(C.from_dict({**qsgd, "workers": 2, "batch_size": 8, "ef_scale": "auto"}), shapes)
+    assert eng.ef_scale == pytest.approx(1 / 17) and eng.memory == "ef"
+
+
+def test_error_feedback_warning_names_omega_once(recwarn):
+    import warnings
+
+    C._WARNED.clear()
+    cfg = C.from_dict({"memory": "ef", "compressor": {"name": "qsgd", "levels": 2}})
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        C.engine_config(cfg, [(64, 16), (16,)])
+        C.engine_config(cfg, [(64, 16), (16,)])  # once per process
+        C.engine_config(C.from_dict({"memory": "ef", "compressor": "qsgd"}), [(64, 16)])  # omega = 4 (s = 8): warns
+        C.engine_config(C.from_dict({"memory": "ef", "compressor": "qsgd"}), [(4,)])  # omega = 1/16 < 1
+        C.engine_config(C.from_dict({**cfg.to_dict(), "ef_scale": "auto"}), [(64, 16)])  # the fix: silent
+        C.engine_config(C.from_dict({"memory": "ef", "compressor": {"name": "topk", "ratio": 0.1}}), [(64, 16)])
+        C.engine_config(C.from_dict({"memory": "none", "compressor": "qsgd"}), [(64, 16)])  # no EF
+    msgs = [str(x.message) for x in w if issubclass(x.category, C.ErrorFeedbackWarning)]
+    assert len(msgs) == 2, msgs
+    assert "\n" not in msgs[0] and "omega = 16 >= 1" in msgs[0] and "cconv.theory.constants.omega" in msgs[0]
+    assert "ef_scale: auto" in msgs[0] and "omega = 4 >= 1" in msgs[1]
+
+
+def test_ef_scale_auto_converges_where_plain_error_feedback_diverges(tmp_path):
+    """QSGD with s=2 levels (omega = 16 on the 64x16 layer) under error feedback: plain EF blows up
+    in the tiny model (fixed seed), ef_scale: auto (input scaled by 1/17) trains, as QSGD without
+    memory does."""
+    import math
+    import warnings
+
+    from cconv.experiments.runner import execute
+
+    raw = {
+        "model": {"name": "mlp", "hidden": [16]},
+        "workers": 4,
+        "batch_size": 32,
+        "steps": 60,
+        "lr": 0.1,
+        "compressor": {"name": "qsgd", "levels": 2},
+        "memory": "ef",
+        "log_every": 5,
+        "checkpoint_every": 1000,
+    }
+    losses = {}
+    for label, extra in (("ef", {}), ("auto", {"ef_scale": "auto"}), ("none", {"memory": "none"})):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", C.ErrorFeedbackWarning)
+            res = execute(C.from_dict({**raw, **extra}), str(tmp_path / label))
+        losses[label] = res.summary["final"]["loss"] if res.status == "completed" else math.inf
+    first = math.log(10)  # ten classes: the untrained loss
+    assert not losses["ef"] < 1e3, losses  # diverged (non-finite) or exploded
+    assert losses["auto"] < 0.8 * first and losses["none"] < 0.8 * first, losses

@@ -111,3 +111,72 @@ def test_dgc_at_density_one_is_momentum_sgd(inner):
 def test_dgc_memory_bad_momentum(momentum):
     with pytest.raises(ValueError, match=r"\[0, 1\)"):
         mem.dgc(cc.topk(ratio=0.1), momentum=momentum)
+
+
+# --------------------------------------------------------------------------- scaled error feedback (ef_scale)
+
+
+def test_ef_scale_one_is_plain_error_feedback():
+    import importlib
+
+    ef = importlib.import_module("cconv.memory.error_feedback")  # the module (the package exports the function)
+    m = mem.ef_memory(cc.get("qsgd", levels=2), ef_scale=1)
+    assert (m.absorb, m.settle, m.hparams) == (ef._absorb, ef._settle, {})  # the same functions
+    assert mem.get("ef", cc.get("qsgd"), momentum=0.9, masking=True, ef_scale=1.0).absorb is ef._absorb
+
+
+@pytest.mark.parametrize("bad", [0, -0.5, 1.5, True, "auto", None])
+def test_ef_scale_bad_values(bad):
+    with pytest.raises(ValueError, match=r"ef_scale must be a number in \(0, 1\]"):
+        mem.ef_memory(cc.topk(ratio=0.1), ef_scale=bad)
+
+
+def test_scaled_error_feedback_invariant_and_input():
+    """The compressor sees a (x + e); nothing is lost: decompress(payload) + e_new == x + e_old."""
+    a = 0.25
+    c = cc.get("qsgd", levels=2)
+    wrapped = mem.error_feedback(c, ef_scale=a)
+    assert wrapped.name == "ef(qsgd)" and wrapped.hparams["ef_scale"] == a
+    x = jax.random.normal(jax.random.PRNGKey(0), (5, 9))
+    state = wrapped.init(x)
+    for t in range(3):
+        key = jax.random.PRNGKey(10 + t)
+        old = state.residual
+        payload, state = wrapped.compress(x, state, key)
+        sent = wrapped.decompress(payload, x)
+        np.testing.assert_allclose(np.asarray(sent + state.residual), np.asarray(x + old), rtol=0, atol=2e-6)
+        # the payload is the one of C(a (x + e)) with the same key: the wire format is untouched
+        ref, _ = c.compress(a * (x + old), c.init(x), key)
+        jax.tree.map(np.testing.assert_array_equal, payload, ref)
+
+
+def test_ef_scale_on_scaled_random_k_is_unscaled_random_k():
+    """Scaled random-k (d/k x, omega = d/k - 1) with a = 1/(1 + omega) = k/d is Stich et al.'s
+    contractive (unscaled) random-k: the same coordinates, the same values."""
+    x = jax.random.normal(jax.random.PRNGKey(3), (40,))
+    key = jax.random.PRNGKey(4)
+    scaled = mem.error_feedback(cc.get("randomk", ratio=0.25, scaled=True), ef_scale=0.25)
+    plain = mem.error_feedback(cc.get("randomk", ratio=0.25, scaled=False))
+    (s1, st1), (s2, st2) = (w.compress(x, w.init(x), key) for w in (scaled, plain))
+    np.testing.assert_allclose(np.asarray(scaled.decompress(s1, x)), np.asarray(plain.decompress(s2, x)), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(st1.residual), np.asarray(st2.residual), rtol=1e-6, atol=1e-7)
+
+
+def test_ef_scale_makes_qsgd_a_contraction():
+    """E||C(a p) - p||^2 = (a^2 omega_p + (1 - a)^2) ||p||^2 <= (1 - 1/(1 + omega)) ||p||^2 with
+    a = 1/(1 + omega) (QSGD is positively homogeneous); Monte Carlo over fixed keys against the
+    exact omega_p of the closed form, within 6 standard errors."""
+    from cconv.theory import constants as K
+
+    c = cc.get("qsgd", levels=2)
+    d = 256
+    omega = K.omega(c, (d,))  # min(d/s^2, sqrt(d)/s) = 8
+    a = 1.0 / (1.0 + omega)
+    p = jax.random.normal(jax.random.PRNGKey(5), (d,))
+    keys = jax.random.split(jax.random.PRNGKey(6), 4000)
+    err = jax.vmap(lambda k: jnp.sum((c.decompress(c.compress(a * p, c.init(p), k)[0], p) - p) ** 2))(keys)
+    ratio = np.asarray(err, np.float64) / float(jnp.sum(p**2))
+    om_p = K.omega_x(c, np.asarray(p))
+    exact = a * a * om_p + (1 - a) ** 2
+    assert abs(ratio.mean() - exact) < 6 * ratio.std() / np.sqrt(len(ratio)) + 1e-6
+    assert exact <= 1 - 1 / (1 + omega) < 1 and ratio.mean() < 1

@@ -417,6 +417,14 @@ BOMB = (
 INVALID = {  # before: exit 1 with a run directory marked failed, or an OverflowError
     "optimizer_arg_not_a_number": ([], ["--set", "optimizer={name: sgd, momentum: abc}"], "optimizer {'name': 'sgd'"),
     "optimizer_arg_a_list": ([], ["--set", "optimizer={name: adam, b1: [1]}"], "optimizer {'name': 'adam'"),
+    "schedule_arg_not_a_number": (
+        [],
+        ["--set", "lr_schedule={name: cosine, alpha: abc}"],
+        "lr_schedule {'name': 'cosine', 'alpha': 'abc'}: TypeError",
+    ),
+    "schedule_unknown": ([], ["--set", "lr_schedule=cosinus"], "lr_schedule 'cosinus' is not an optax schedule"),
+    "optimizer_unknown": ([], ["--set", "optimizer=adamm"], "optimizer 'adamm' is not an optax optimizer"),
+    "ef_scale_out_of_range": ([], ["--set", "ef_scale=2"], "ef_scale must be null, auto or a number in (0, 1]"),
     "model_hparam_not_a_number": ([], ["--set", "model.hidden=abc"], "model {'name': 'mlp'"),
     "seed_too_large": ([], ["--set", "seed=18446744073709551616"], "seed must be an integer in [0, 2**63 - 1]"),
     "seed_list_too_large": ([], ["--set", "seed=[0, 99999999999999999999999]"], "seed must be an integer in"),
@@ -459,6 +467,50 @@ def test_invalid_input_exit_2_one_line_nothing_written(case, tmp_path, capsys):
     assert len(err.splitlines()) == 1 and err.startswith("cconv: error: ") and fragment in err, err
     assert sorted(os.listdir(tmp_path)) == before  # no run directory, no parents created
     assert cfg.read_text().startswith("model:")
+
+
+def test_error_feedback_warning_is_one_line_in_the_cli(tmp_path):
+    """EF around QSGD s=2 (omega >= 1): the run goes on, stderr carries one warning line naming
+    omega and the fix."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(
+        TINY_YAML.replace("steps: 12", "steps: 2").replace("{name: topk, ratio: 0.1}", "{name: qsgd, levels: 2}")
+    )
+    r = cconv("run", str(cfg), "--out", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    warned = [line for line in r.stderr.splitlines() if "omega" in line]
+    assert len(warned) == 1 and warned[0].startswith("cconv: warning: memory ef around unbiased qsgd (omega = "), (
+        r.stderr
+    )
+    assert "ef_scale: auto" in warned[0] and "warn_error_feedback" not in r.stderr  # no source line
+
+
+@pytest.mark.parametrize("backend", ["wandb", "tensorboard"])
+def test_unavailable_metric_writer_exit_2_before_the_run_directory(backend, tmp_path, capsys, monkeypatch):
+    """Before: the run directory was created, the run marked failed (exit 1).  Now: one line, exit
+    2, nothing written (the backend is looked up, not imported, in check_names)."""
+    from cconv import cli
+    from cconv.experiments import writers
+
+    monkeypatch.setitem(writers.BACKENDS, backend, ("cconv_no_such_module", f"pip install 'cconv[{backend}]'"))
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(TINY_YAML.replace("steps: 12", "steps: 2") + f"{backend}: true\n")
+    before = sorted(os.listdir(tmp_path))
+    rc = cli.main(["run", str(cfg), "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("cconv: error: ") and "is not installed" in err, err
+    assert f"cconv[{backend}]" in err and f"{backend}: false" in err
+    assert sorted(os.listdir(tmp_path)) == before
+    spec = tmp_path / "s.yaml"  # a sweep: refused before its directory exists
+    base = "".join(f"  {line}\n" for line in cfg.read_text().splitlines())
+    spec.write_text(f"base:\n{base}grid:\n  seed: [0, 1]\n")
+    from cconv.experiments import sweep
+    from cconv.experiments.config import ConfigError
+
+    with pytest.raises(ConfigError, match="is not installed"):
+        sweep.run_sweep(str(spec), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
 
 
 def test_sweep_with_a_bad_optimizer_argument_is_refused_before_anything_is_written(tmp_path):

@@ -88,6 +88,9 @@ class EngineConfig:
                        correction + masking; the optimizer must then be plain SGD: the momentum
                        lives in the memory)
     momentum, masking  DGC memory's momentum factor and momentum-factor masking
+    ef_scale           error feedback's input scale a in (0, 1]: the compressor sees a (g + e);
+                       1/(1 + omega) makes an unbiased compressor with variance factor omega a
+                       delta-contraction (``cconv.memory.error_feedback``); 1: plain EF
     clip               local gradient clipping: each worker clips its gradient's global norm to
                        clip * P^(-1/2) (DGC), before memory and compression; None: off
     warmup             a ``Warmup`` density schedule (``dgc_warmup(...)``), None: off
@@ -114,6 +117,7 @@ class EngineConfig:
     memory: str = M.NONE
     momentum: float = 0.9
     masking: bool = True
+    ef_scale: float = 1.0
     clip: float | None = None
     warmup: Warmup | None = None
     local_steps: int = 1
@@ -157,6 +161,10 @@ class EngineConfig:
         m = self.momentum
         if not _real(m) or not 0 <= m < 1:
             raise ValueError(f"EngineConfig.momentum must be a number in [0, 1), got {m!r}")
+        if not _real(self.ef_scale) or not 0 < self.ef_scale <= 1:
+            raise ValueError(f"EngineConfig.ef_scale must be a number in (0, 1], got {self.ef_scale!r}")
+        if self.ef_scale != 1 and self.memory != "ef":
+            raise ValueError(f"EngineConfig.ef_scale scales error feedback: needs memory='ef', got {self.memory!r}")
         if self.clip is not None and (not _real(self.clip) or not self.clip > 0):
             raise ValueError(f"EngineConfig.clip must be a number > 0 or None, got {self.clip!r}")
         if not isinstance(self.axis_name, str) or not self.axis_name:

@@ -71,7 +71,7 @@ def make_plan(cfg, base: Compressor | None, shapes, *, memory: str) -> Plan:
         down = cfg.compressor
     else:
         down = None
-    mem = M.get(memory, base, momentum=cfg.momentum, masking=cfg.masking)
+    mem = M.get(memory, base, momentum=cfg.momentum, masking=cfg.masking, ef_scale=cfg.ef_scale)
     return Plan(
         M.wrap(base, mem),
         mode,

@@ -5,7 +5,8 @@
 * ``sweep``       grid expansion; a grid of runs: skip finished, resume interrupted, report + figure
 * ``io``          atomic result files (fsync'ed JSONL lines, atomic replace)
 * ``checkpoint``  orbax checkpoints of arbitrary pytrees plus host-side state
-* ``loggers``     wandb (offline by default) and progress bars
+* ``writers``     metric writers (CLU-style ``write_scalars``): JSONL, TensorBoard, wandb (offline)
+* ``loggers``     progress bars
 * ``report``      pandas tables of runs and metric curves, bytes-to-target
 * ``plotting``    convergence against bytes / steps / simulated time, ratio summaries
 

@@ -9,10 +9,12 @@ A run config is a flat mapping (YAML, loaded with a safe loader, see below)::
     batch_size: 256                           # global batch, split evenly over workers
     optimizer: {name: sgd, momentum: 0.9}     # any optax optimizer alias and its arguments
     lr: 0.1
+    lr_schedule: cosine                       # constant | cosine | any optax schedule {name, **args}
     compressor: {name: topk, ratio: 0.01}     # any name in cconv.compressors.names()
     memory: ef                                # none | ef | dgc
     network: [10GbE, 100GbE, 100GbIB]         # simulated time on each (optional)
     log_every: 10
+    tensorboard: true                         # also write TensorBoard event files (optional)
 
 Every field, its default and its meaning is in ``FIELDS`` (``cconv run --help`` prints them).  An
 unknown key is an error that lists the valid ones.  Nested values are addressed with dots in
@@ -24,6 +26,23 @@ Option lists (memories, architectures, collectives, granularities, launchers) ar
 (``cconv.engine.config``; ``EngineConfig`` is the truth and validates every combination).  The
 only config-level spellings are the architecture aliases of ``ARCHITECTURE_ALIASES``
 (``architecture: ps`` and ``architecture: gtopk``), mapped before the engine sees them.
+
+Optimizers and schedules are optax's own, not a list of ours (``optimizer_function``,
+``schedule_function``; arguments validated with ``inspect.signature``): ``optimizer.name`` is any
+optax function that takes a ``learning_rate`` (``adamw``, ``lion``, ``contrib.muon``, ...), called
+as ``optax.<name>(learning_rate=schedule, **arguments)``; ``lr_schedule`` is ``constant``
+(= ``constant_schedule``), ``cosine`` (= ``cosine_decay_schedule``) or any optax schedule (a
+function of ``optax.schedules`` whose name ends in ``_schedule`` or ``_decay``) as ``{name,
+**arguments}``, e.g. ``{name: warmup_cosine_decay_schedule, init_value: 0.0, warmup_steps: 50}``.
+Required arguments a schedule leaves out are taken from the run: its value (``peak_value``, else
+``init_value``, else ``value``) is ``lr`` and its length (``decay_steps``, else
+``transition_steps``) is ``steps - lr_warmup``; ``lr_warmup`` (linear from 0) comes before any
+schedule.
+
+Error feedback needs a delta-contraction; around an unbiased compressor whose variance factor
+omega (``cconv.theory.constants``) is >= 1 it can diverge: the run warns once (naming omega) and
+``ef_scale: auto`` applies the standard fix, the compressor's input scaled by 1/(1 + omega)
+(``cconv.memory.error_feedback``; omega is the largest over the tensors the engine compresses).
 
 YAML 1.1 (PyYAML) reads ``1e-3`` as a string; configs and ``--set`` values are read with a loader
 that also resolves such exponent-only floats (YAML 1.2), so ``lr: 1e-3`` is 0.001.
@@ -64,27 +83,15 @@ ARCHITECTURE_ALIASES: dict[str, dict[str, str]] = {
     "gtopk": {"architecture": "all-to-all", "collective": "gtopk"},
 }
 WARMUP_KEYS = ("densities", "steps_per_stage", "dense_steps")
-LR_SCHEDULES = ("constant", "cosine")
-# optax optimizer aliases a config may name (each called as optax.<name>(learning_rate, **hp)).
-OPTIMIZERS = (
-    "sgd",
-    "adam",
-    "adamw",
-    "nadam",
-    "lamb",
-    "lars",
-    "lion",
-    "rmsprop",
-    "adagrad",
-    "adafactor",
-    "novograd",
-    "yogi",
-    "sm3",
-    "radam",
-    "fromage",
-    "noisy_sgd",
-    "adabelief",
-)
+# lr_schedule spellings of optax schedules (today's strings; each takes lr and the run's length)
+SCHEDULE_ALIASES: dict[str, str] = {"constant": "constant_schedule", "cosine": "cosine_decay_schedule"}
+LR_SCHEDULES = tuple(SCHEDULE_ALIASES)
+# required schedule arguments filled from the run when a config leaves them out (first present wins)
+SCHEDULE_VALUE_ARGS = ("peak_value", "init_value", "value")  # = lr
+SCHEDULE_LENGTH_ARGS = ("decay_steps", "transition_steps")  # = steps - lr_warmup
+# fields added after runs were written: an older config.yaml without them holds their default,
+# and at their default they are left out of ``digest`` (old run directories resume unchanged)
+ADDED_FIELDS: dict[str, Any] = {"ef_scale": None, "tensorboard": False}
 
 
 @dataclass
@@ -108,7 +115,10 @@ class RunConfig:
         metadata={"help": "optax optimizer alias or {name, **kwargs}, e.g. {name: sgd, momentum: 0.9}"},
     )
     lr: float = field(default=0.1, metadata={"help": "learning rate"})
-    lr_schedule: str = field(default="constant", metadata={"help": "constant | cosine (decay to 0 over steps)"})
+    lr_schedule: Any = field(
+        default="constant",
+        metadata={"help": "constant | cosine (decay to 0 over steps) | any optax schedule {name, **args}"},
+    )
     lr_warmup: int = field(default=0, metadata={"help": "steps of linear learning-rate warm-up from 0"})
     seed: Any = field(default=0, metadata={"help": "int, or a list of ints run as one vmapped program"})
     compressor: dict = field(
@@ -118,6 +128,10 @@ class RunConfig:
     memory: str = field(default="none", metadata={"help": "none | ef (error feedback) | dgc (momentum correction)"})
     momentum: float = field(default=0.9, metadata={"help": "DGC momentum when memory is dgc"})
     masking: bool = field(default=True, metadata={"help": "DGC momentum-factor masking when memory is dgc"})
+    ef_scale: Any = field(
+        default=None,
+        metadata={"help": "memory ef: scale the compressor's input by a in (0, 1], or auto (= 1/(1+omega)); null: 1"},
+    )
     clip: Any = field(default=None, metadata={"help": "local gradient-clipping threshold (scaled by N^-1/2), or null"})
     warmup: Any = field(
         default=None,
@@ -156,6 +170,9 @@ class RunConfig:
     wandb: Any = field(
         default=False, metadata={"help": "false, true, or {project, mode, entity, group}; offline by default"}
     )
+    tensorboard: bool = field(
+        default=False, metadata={"help": "also write TensorBoard event files to <run>/tensorboard/seed_<s>/"}
+    )
 
     # ------------------------------------------------------------------ helpers
     def to_dict(self) -> dict:
@@ -174,7 +191,8 @@ class RunConfig:
 
     def digest(self) -> str:
         """A short hash of the resolved config (identifies a run's content)."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, default=str).encode()
+        d = {k: v for k, v in self.to_dict().items() if k not in ADDED_FIELDS or v != ADDED_FIELDS[k]}
+        blob = json.dumps(d, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
 
@@ -278,10 +296,13 @@ def set_path(d: dict, dotted: str, value: Any) -> None:
     if len(parts) == 1:
         d[top] = value
         return
-    if top in _NAMED or top in ("network", "wandb", "ps_downlink"):
+    if top in _NAMED or top in ("network", "wandb", "ps_downlink", "lr_schedule"):
         cur = d.get(top)
         if cur is None or isinstance(cur, (bool, list)):
-            cur = {} if top not in _NAMED else {"name": FIELDS[top].default_factory()["name"]}
+            if top in _NAMED:
+                cur = {"name": FIELDS[top].default_factory()["name"]}
+            else:
+                cur = {"name": FIELDS[top].default} if top == "lr_schedule" else {}
         elif isinstance(cur, str):
             cur = {"name": cur}
         else:
@@ -355,10 +376,11 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
             f"batch_size {cfg.batch_size} is not divisible by workers {cfg.workers} (the global batch is split evenly)"
         )
     cfg.lr = _num("lr", cfg.lr, 0.0, strict=True)
-    cfg.lr_schedule = _choice("lr_schedule", cfg.lr_schedule, LR_SCHEDULES)
+    if not isinstance(cfg.lr_schedule, str):
+        cfg.lr_schedule = _named(cfg.lr_schedule, "lr_schedule")
+    schedule_function(cfg.lr_schedule if isinstance(cfg.lr_schedule, str) else cfg.lr_schedule["name"])
     cfg.lr_warmup = _int("lr_warmup", cfg.lr_warmup, 0)
-    if cfg.optimizer["name"] not in OPTIMIZERS:
-        raise ConfigError(f"optimizer {cfg.optimizer['name']!r} is not supported; valid: {', '.join(OPTIMIZERS)}")
+    optimizer_function(cfg.optimizer["name"])
     if isinstance(cfg.seed, list):
         if not cfg.seed or any(
             isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= MAX_SEED for s in cfg.seed
@@ -376,6 +398,12 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
     cfg.momentum = _num("momentum", cfg.momentum, 0.0)
     if cfg.momentum >= 1:
         raise ConfigError(f"momentum must be in [0, 1), got {cfg.momentum!r}")
+    if cfg.ef_scale is not None and cfg.ef_scale != "auto":
+        if isinstance(cfg.ef_scale, bool) or not isinstance(cfg.ef_scale, (int, float)) or not 0 < cfg.ef_scale <= 1:
+            raise ConfigError(f"ef_scale must be null, auto or a number in (0, 1], got {cfg.ef_scale!r}")
+        if cfg.memory != "ef":
+            raise ConfigError(f"ef_scale scales error feedback: it needs memory: ef, got memory: {cfg.memory}")
+        cfg.ef_scale = float(cfg.ef_scale)
     cfg.clip = _num("clip", cfg.clip, 0.0, allow_none=True, strict=True)
     cfg.local_steps = _int("local_steps", cfg.local_steps)
     cfg.post_local_switch = _int("post_local_switch", cfg.post_local_switch, 0)
@@ -420,6 +448,8 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
             raise ConfigError(
                 f"wandb: unknown key(s) {', '.join(sorted(bad))}; valid: project, mode, entity, group, tags"
             )
+    if not isinstance(cfg.tensorboard, bool):
+        raise ConfigError(f"tensorboard must be true or false, got {cfg.tensorboard!r}")
     nets = cfg.network
     if nets is not None:
         for n in nets if isinstance(nets, list) else [nets]:
@@ -435,12 +465,13 @@ def check_names(cfg: RunConfig) -> None:
     networks, optax) and the combination against ``EngineConfig``, so that a bad name fails before
     anything is written.  Compressor hyper-parameters are validated by the compressor registry
     (its entry's schema); names may be import paths (``"package.module:factory"``)."""
-    import inspect
-
-    import optax
-
     from cconv import data, models
+    from cconv.experiments import writers
 
+    try:
+        writers.check_available(wandb=bool(cfg.wandb), tensorboard=cfg.tensorboard)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     try:
         make_compressor(cfg.compressor)
         if cfg.ps_downlink is not None:
@@ -449,17 +480,15 @@ def check_names(cfg: RunConfig) -> None:
         raise ConfigError(str(e).splitlines()[0]) from None
     except TypeError as e:  # a plain user factory called with arguments it does not take
         raise ConfigError(f"compressor {cfg.compressor!r}: {e}") from None
-    params = inspect.signature(getattr(optax, cfg.optimizer["name"])).parameters
-    bad = [k for k in cfg.optimizer if k != "name" and k not in params]
-    if bad:
-        valid = [p for p in params if p != "learning_rate"]
-        raise ConfigError(
-            f"optimizer {cfg.optimizer['name']!r}: unknown argument(s) {', '.join(bad)}; valid: {', '.join(valid)}"
-        )
+    opt = cfg.optimizer
+    _check_arguments(f"optimizer {opt['name']!r}", optimizer_function(opt["name"]), opt, given=("learning_rate",))
+    check_schedule(cfg)
     try:
         engine_config(cfg)
     except ValueError as e:
         raise ConfigError(str(e).splitlines()[0]) from None
+    if cfg.ef_scale == "auto" and cfg.memory == "ef":
+        ef_scale_of(cfg, [(8,)])  # the compressor has the constants auto needs
     if cfg.memory == "dgc" and (cfg.optimizer["name"] != "sgd" or cfg.optimizer.get("momentum")):
         raise ConfigError("memory: dgc keeps the momentum itself; use optimizer {name: sgd} without momentum")
     for registry, spec in ((models, cfg.model), (data, cfg.data)):
@@ -471,6 +500,255 @@ def check_names(cfg: RunConfig) -> None:
         resolve_network(n)
 
 
+# --------------------------------------------------------------------------- optax
+
+
+def _optax_attr(name: str, module: Any) -> Any:
+    """``module.<name>`` (dots reach into submodules: ``contrib.muon``), or None."""
+    obj = module
+    for part in name.split("."):
+        if not part or part.startswith("_"):
+            return None
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def _parameters(fn: Any) -> dict:
+    import inspect
+
+    try:
+        return dict(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return {}
+
+
+def _closest(name: str, names: list[str], n: int = 12) -> str:
+    import difflib
+
+    ranked = sorted(names, key=lambda x: (-difflib.SequenceMatcher(None, name, x).ratio(), x))
+    return ", ".join(ranked[:n]) + (", ..." if len(ranked) > n else "")
+
+
+def optimizer_names() -> list[str]:
+    """optax's optimizer aliases: its top-level functions that take a ``learning_rate``."""
+    import inspect
+
+    import optax
+
+    return sorted(
+        n
+        for n in dir(optax)
+        if not n.startswith("_")
+        and inspect.isfunction(getattr(optax, n))
+        and "learning_rate" in _parameters(getattr(optax, n))
+    )
+
+
+def optimizer_function(name: str) -> Any:
+    """The optax function of an optimizer name (``adamw``, ``contrib.muon``); one-line ConfigError
+    unless it is a function of optax that takes ``learning_rate``."""
+    import inspect
+
+    import optax
+
+    fn = _optax_attr(name, optax) if isinstance(name, str) else None
+    if not inspect.isfunction(fn) or "learning_rate" not in _parameters(fn):
+        raise ConfigError(
+            f"optimizer {name!r} is not an optax optimizer (a function of optax taking learning_rate); "
+            f"valid: {_closest(str(name), optimizer_names())}"
+        )
+    return fn
+
+
+def schedule_names() -> list[str]:
+    """optax's schedules: the functions of ``optax.schedules`` named ``*_schedule`` or ``*_decay``
+    (optax's naming; ``join_schedules`` and ``inject_*`` take functions, not config values)."""
+    import inspect
+
+    import optax
+
+    return sorted(
+        n
+        for n in dir(optax.schedules)
+        if n.endswith(("_schedule", "_decay")) and inspect.isfunction(getattr(optax.schedules, n))
+    )
+
+
+def schedule_function(name: str) -> Any:
+    """The optax schedule function of an ``lr_schedule`` name (``SCHEDULE_ALIASES`` included)."""
+    import optax
+
+    real = SCHEDULE_ALIASES.get(name, name) if isinstance(name, str) else None
+    if real not in schedule_names():
+        raise ConfigError(
+            f"lr_schedule {name!r} is not an optax schedule; valid: {', '.join(LR_SCHEDULES)}, "
+            f"{_closest(str(name), schedule_names())}"
+        )
+    return getattr(optax.schedules, real)
+
+
+def _check_arguments(what: str, fn: Any, spec: dict, given: tuple = ()) -> None:
+    """Unknown or missing arguments of ``fn`` in ``spec`` (``name`` aside; ``given`` are passed by
+    cconv) as a one-line ConfigError."""
+    import inspect
+
+    params = _parameters(fn)
+    named = {k: p for k, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        bad = [str(k) for k in spec if k != "name" and k not in named]
+        if bad:
+            valid = [p for p in named if p not in given]
+            raise ConfigError(f"{what}: unknown argument(s) {', '.join(bad)}; valid: {', '.join(valid)}")
+    missing = [k for k, p in named.items() if p.default is inspect.Parameter.empty and k not in spec and k not in given]
+    if missing:
+        raise ConfigError(f"{what}: missing required argument(s) {', '.join(missing)}")
+
+
+def schedule_arguments(cfg: RunConfig) -> tuple[Any, dict]:
+    """(optax schedule function, its keyword arguments) of the run's ``lr_schedule``: the
+    config's arguments, plus the required ones it leaves out that the run defines (module
+    docstring: value = lr, length = steps - lr_warmup)."""
+    import inspect
+
+    spec = {"name": cfg.lr_schedule} if isinstance(cfg.lr_schedule, str) else dict(cfg.lr_schedule)
+    fn = schedule_function(spec["name"])
+    params = _parameters(fn)
+    required = [k for k, p in params.items() if p.default is inspect.Parameter.empty]
+    kwargs = {k: v for k, v in spec.items() if k != "name"}
+    fills = ((SCHEDULE_VALUE_ARGS, cfg.lr), (SCHEDULE_LENGTH_ARGS, max(cfg.steps - cfg.lr_warmup, 1)))
+    for names, value in fills:
+        present = [n for n in names if n in params]
+        if present and present[0] in required and present[0] not in kwargs:
+            kwargs[present[0]] = value
+    _check_arguments(f"lr_schedule {spec['name']!r}", fn, kwargs)
+    return fn, kwargs
+
+
+def make_schedule(cfg: RunConfig) -> Any:
+    """The learning-rate schedule: ``lr_warmup`` steps linear from 0 to lr, then ``lr_schedule``."""
+    import optax
+
+    fn, kwargs = schedule_arguments(cfg)
+    main = fn(**kwargs)
+    if not cfg.lr_warmup:
+        return main
+    return optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, cfg.lr_warmup), main], [cfg.lr_warmup])
+
+
+def make_optimizer(cfg: RunConfig) -> Any:
+    """``optax.<name>(learning_rate=make_schedule(cfg), **arguments)`` (an optax GradientTransformation)."""
+    kwargs = {k: v for k, v in cfg.optimizer.items() if k != "name"}
+    return optimizer_function(cfg.optimizer["name"])(learning_rate=make_schedule(cfg), **kwargs)
+
+
+def check_schedule(cfg: RunConfig) -> None:
+    """The schedule's arguments, built and evaluated abstractly at step 0 (``jax.eval_shape``):
+    a value of the wrong type is a one-line ConfigError here, not a failed run."""
+    import jax
+    import jax.numpy as jnp
+
+    schedule_arguments(cfg)  # names and arguments (one-line errors of their own)
+    try:
+        jax.eval_shape(make_schedule(cfg), jnp.zeros((), jnp.int32))
+    except Exception as e:  # noqa: BLE001 - any error of optax on these arguments is bad input
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise ConfigError(f"lr_schedule {cfg.lr_schedule}: {type(e).__name__}: {first}") from None
+
+
+# --------------------------------------------------------------------------- error feedback
+
+
+class ErrorFeedbackWarning(UserWarning):
+    """Error feedback around a compressor it is not guaranteed to converge with (the CLI prints
+    it as one line, ``cconv: warning: ...``)."""
+
+    one_line = True
+
+
+_WARNED: set = set()  # (compressor, omega) pairs already warned about in this process
+
+
+def compressed_shapes(cfg: RunConfig, shapes: Iterable) -> list[tuple[int, ...]]:
+    """The shapes of the tensors the engine compresses (``min_compress_size``,
+    ``compress_vectors``; one flat buffer when ``granularity: fused``)."""
+    keep = []
+    for s in shapes:
+        s = tuple(int(n) for n in s)
+        n = math.prod(s)
+        if n > 0 and n >= cfg.min_compress_size and (cfg.compress_vectors or len(s) > 1):
+            keep.append(s)
+    if cfg.granularity == "fused" and keep:
+        return [(sum(math.prod(s) for s in keep),)]
+    return keep
+
+
+def largest_omega(cfg: RunConfig, shapes: Iterable) -> tuple[float, tuple] | None:
+    """(omega, shape): the largest worst-case variance factor of the run's compressor over the
+    compressed tensors (``cconv.theory.constants``), or None when the compressor is not unbiased.
+    ValueError when the compressor has no constants."""
+    from cconv.theory import constants
+
+    c = make_compressor(cfg.compressor)
+    best = None
+    for s in sorted(set(compressed_shapes(cfg, shapes))):
+        k = constants.constants(c, s)
+        if k.kind != "unbiased" or k.omega is None:
+            return None
+        if best is None or k.omega > best[0]:
+            best = (float(k.omega), s)
+    return best
+
+
+def ef_scale_of(cfg: RunConfig, shapes: Iterable) -> float:
+    """The number ``ef_scale`` stands for: 1 (null), the number, or for ``auto`` 1/(1 + omega)
+    with omega the largest over the compressed tensors (1 when the compressor is contractive or
+    the memory is not ef): C(p / (1 + omega)) is then a delta-contraction with delta =
+    1/(1 + omega) on every tensor (``cconv.memory.error_feedback``)."""
+    if cfg.ef_scale is None:
+        return 1.0
+    if cfg.ef_scale != "auto":
+        return float(cfg.ef_scale)
+    if cfg.memory != "ef":
+        return 1.0
+    try:
+        om = largest_omega(cfg, shapes)
+    except ValueError as e:
+        raise ConfigError(
+            f"ef_scale: auto needs the variance factor omega of {cfg.compressor['name']!r} "
+            f"({str(e).splitlines()[0]}); give ef_scale a number in (0, 1]"
+        ) from None
+    return 1.0 if om is None else 1.0 / (1.0 + om[0])
+
+
+def warn_error_feedback(cfg: RunConfig, shapes: Iterable) -> None:
+    """Warn once (per compressor and omega, per process) when plain error feedback runs around an
+    unbiased compressor with omega >= 1: EF needs a delta-contraction and can diverge there."""
+    if cfg.memory != "ef" or cfg.ef_scale is not None:
+        return
+    try:
+        om = largest_omega(cfg, shapes)
+    except ValueError:  # no constants for this compressor: nothing to say
+        return
+    if om is None or om[0] < 1:
+        return
+    name = make_compressor(cfg.compressor).name
+    if (name, om[0]) in _WARNED:
+        return
+    _WARNED.add((name, om[0]))
+    import warnings
+
+    warnings.warn(
+        f"memory ef around unbiased {name} (omega = {om[0]:.3g} >= 1 for a tensor of shape {om[1]}, "
+        f"cconv.theory.constants.omega) is not a delta-contraction and can diverge; "
+        f"set ef_scale: auto (input scaled by 1/(1+omega) = {1 / (1 + om[0]):.3g})",
+        ErrorFeedbackWarning,
+        stacklevel=2,
+    )
+
+
+# --------------------------------------------------------------------------- engine
+
+
 def make_compressor(spec: dict) -> Compressor:
     """The compressor of a ``{name, **hparams}`` spec (validated by the compressor registry)."""
     from cconv import compressors
@@ -478,10 +756,12 @@ def make_compressor(spec: dict) -> Compressor:
     return compressors.get(spec["name"], **{k: v for k, v in spec.items() if k != "name"})
 
 
-def engine_config(cfg: RunConfig) -> EngineConfig:
+def engine_config(cfg: RunConfig, shapes: Iterable | None = None) -> EngineConfig:
     """The ``cconv.engine.EngineConfig`` of a run (the engine validates the combination).
 
     An architecture alias (``ARCHITECTURE_ALIASES``) is replaced by the engine fields it stands for.
+    ``shapes``: the model's parameter shapes, for ``ef_scale: auto`` (and the error-feedback
+    warning); without them ``auto`` stands for 1 (enough to validate the combination).
     """
     from cconv.engine import DGC_WARMUP, EngineConfig, Warmup
 
@@ -498,12 +778,19 @@ def engine_config(cfg: RunConfig) -> EngineConfig:
         "collective": cfg.collective,
         **ARCHITECTURE_ALIASES.get(cfg.architecture, {}),
     }
+    if shapes is not None:
+        shapes = list(shapes)
+        warn_error_feedback(cfg, shapes)
+        ef_scale = ef_scale_of(cfg, shapes)
+    else:
+        ef_scale = 1.0 if cfg.ef_scale in (None, "auto") else cfg.ef_scale
     return EngineConfig(
         workers=cfg.workers,
         compressor=make_compressor(cfg.compressor),
         memory=cfg.memory,
         momentum=cfg.momentum,
         masking=cfg.masking,
+        ef_scale=ef_scale,
         clip=cfg.clip,
         warmup=warm,
         local_steps=cfg.local_steps,
@@ -565,9 +852,12 @@ _MOVED_TO_SWEEP = ("SweepRun", "SWEEP_KEYS", "expand_grid", "point_name", "load_
 
 
 def __getattr__(name: str) -> Any:
-    """Grid expansion lives in ``cconv.experiments.sweep``; its names stay importable from here."""
+    """Grid expansion lives in ``cconv.experiments.sweep``; its names stay importable from here
+    (and ``OPTIMIZERS``, once a whitelist, is every optax optimizer alias)."""
     if name in _MOVED_TO_SWEEP:
         from cconv.experiments import sweep
 
         return getattr(sweep, name)
+    if name == "OPTIMIZERS":  # was a whitelist; now every optax optimizer alias
+        return tuple(optimizer_names())
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -58,9 +58,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cconv.experiments import io
+from cconv.experiments import io, writers
 from cconv.experiments.checkpoint import Checkpointer, CheckpointError, decode_host_state, encode_host_state
-from cconv.experiments.config import ConfigError, RunConfig, engine_config, network_label, resolve_network, to_yaml
+from cconv.experiments.config import (
+    ADDED_FIELDS,
+    ConfigError,
+    RunConfig,
+    engine_config,
+    make_optimizer,
+    network_label,
+    resolve_network,
+    to_yaml,
+)
 
 if TYPE_CHECKING:
     import optax
@@ -72,6 +81,7 @@ MAX_INFLIGHT = 16
 PARTITION_KEYS = ("partition", "alpha", "min_size", "shards_per_worker")
 EVAL_CHUNK = 1024
 KEEP_CHECKPOINTS = 2  # checkpoints kept per run: a damaged latest one falls back to the previous
+TENSORBOARD = "tensorboard"  # event files of a run with tensorboard: true (one directory per seed)
 
 
 # --------------------------------------------------------------------------- building
@@ -94,22 +104,6 @@ def seed_keys(seed: int) -> dict:
     """Independent PRNG streams of one seed: model init, data order, per-step keys."""
     base = jax.random.key(seed)
     return {name: jax.random.fold_in(base, i) for i, name in enumerate(("model", "data", "steps"))}
-
-
-def make_optimizer(cfg: RunConfig) -> optax.GradientTransformation:
-    """optax.<name>(learning_rate=schedule, **kwargs); schedule = warm-up then constant/cosine."""
-    import optax
-
-    if cfg.lr_schedule == "cosine":
-        decay_steps = max(cfg.steps - cfg.lr_warmup, 1)
-        main = optax.cosine_decay_schedule(cfg.lr, decay_steps)
-    else:
-        main = optax.constant_schedule(cfg.lr)
-    sched = main
-    if cfg.lr_warmup:
-        sched = optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, cfg.lr_warmup), main], [cfg.lr_warmup])
-    kwargs = {k: v for k, v in cfg.optimizer.items() if k != "name"}
-    return getattr(optax, cfg.optimizer["name"])(learning_rate=sched, **kwargs)
 
 
 def _first_line(e: BaseException) -> str:
@@ -152,7 +146,6 @@ def build_problem(cfg: RunConfig) -> Problem:
     pkw = {k: cfg.data[k] for k in PARTITION_KEYS if k in cfg.data}
     scheme = pkw.pop("partition", "iid")
     mhp = {k: v for k, v in cfg.model.items() if k != "name"}
-    ecfg = engine_config(cfg)
     optimizer = make_optimizer(cfg)
     specs, batchers = [], []
     for s in seeds:
@@ -165,6 +158,7 @@ def build_problem(cfg: RunConfig) -> Problem:
             check_optimizer(cfg, optimizer, specs[0].params)
         parts = data.partition(ds.train["y"], cfg.workers, scheme=scheme, key=s, **pkw)
         batchers.append(data.Batcher(ds.train, parts, cfg.batch_size, keys["data"]))
+    ecfg = engine_config(cfg, shapes=[x.shape for x in jax.tree.leaves(specs[0].params)])  # ef_scale: auto
     loss_fn = models.make_loss(specs[0], ds.task)
     eval_fn = models.make_eval(specs[0], ds.task)
     # Several seeds: one program that carries a leading seed axis (engine's build(seeds=S)).
@@ -380,6 +374,8 @@ def prepare_run_dir(run_dir: str, cfg: RunConfig) -> str:
                 old = yaml.safe_load(fh)
         except (OSError, yaml.YAMLError):
             old = None
+        if isinstance(old, dict):  # written before a field existed: it held the default
+            old = {**{k: v for k, v in ADDED_FIELDS.items() if k not in old}, **old}
         if old != yaml.safe_load(to_yaml(cfg)):
             from cconv.experiments.config import diff
 
@@ -504,16 +500,28 @@ class Counters:
 class _Outputs(NamedTuple):
     """Where a run's results go while it trains."""
 
-    writer: io.JsonlWriter  # metrics.jsonl
+    writer: Any  # a writers.MultiWriter: metrics.jsonl, then TensorBoard / wandb when configured
     bar: Any  # progress bar
-    wandb: Any  # WandbLogger or None
     ckpt: Checkpointer
 
     def emit(self, lines: list[dict]) -> None:
-        self.writer.write_many(lines)
-        if self.wandb is not None:
-            for line in lines:
-                self.wandb.log(line)
+        writers.write_lines(self.writer, lines)
+
+
+def open_writers(cfg: RunConfig, run_dir: str, desc: str, start: int) -> writers.MultiWriter:
+    """The run's metric writers: metrics.jsonl always, TensorBoard (``<run>/tensorboard/``) when
+    ``tensorboard: true``, wandb when ``wandb`` is set.  ``start``: the step the run resumes at."""
+    out: list = [writers.JsonlWriter(os.path.join(run_dir, io.METRICS))]
+    try:
+        if cfg.tensorboard:
+            out.append(writers.TensorBoardWriter(os.path.join(run_dir, TENSORBOARD), start=start))
+        if cfg.wandb:
+            run_id = f"{desc[:40]}-{cfg.digest()}".replace(",", "_").replace("=", "-")
+            out.append(writers.WandbWriter(cfg.wandb, cfg.to_dict(), run_dir, desc, run_id=run_id))
+    except BaseException:
+        writers.MultiWriter(out).close(failed=True)
+        raise
+    return writers.MultiWriter(out)
 
 
 def initial_state(problem: Problem) -> Any:
@@ -801,7 +809,7 @@ def _recover_summary(problem: Problem, run_dir: str, desc: str, step: int, count
 
 def _train(problem: Problem, run_dir: str, desc: str, stop_after: int | None, nested: bool = False) -> RunResult:
     """Restore or start, train, write the summary (the protocol of the module docstring)."""
-    from cconv.experiments.loggers import WandbLogger, progress
+    from cconv.experiments.loggers import progress
 
     cfg = problem.cfg
     ckpt = Checkpointer(os.path.join(run_dir, io.CHECKPOINTS), keep=KEEP_CHECKPOINTS)
@@ -815,19 +823,10 @@ def _train(problem: Problem, run_dir: str, desc: str, stop_after: int | None, ne
     summary_base = _summary_base(problem, desc, counters)
     io.write_json(os.path.join(run_dir, io.SUMMARY), {**summary_base, "status": "running", "step": start})
 
-    wb = None
-    if cfg.wandb:
-        wb = WandbLogger(
-            cfg.wandb,
-            cfg.to_dict(),
-            run_dir,
-            desc,
-            run_id=f"{desc[:40]}-{cfg.digest()}".replace(",", "_").replace("=", "-"),
-        )
+    writer = open_writers(cfg, run_dir, desc, start)
     out = _Outputs(
-        io.JsonlWriter(mpath),
+        writer,
         progress(cfg.steps, desc, initial=start, position=1 if nested else None, leave=not nested),
-        wb,
         ckpt,
     )
     t0 = time.perf_counter() - counters.wall
@@ -835,26 +834,26 @@ def _train(problem: Problem, run_dir: str, desc: str, stop_after: int | None, ne
     try:
         step, state = _train_steps(problem, state, start, counters, clock, out, t0, last_lines, stop_after)
     except _Stopped:
-        out.writer.close()
         out.bar.close()
         ckpt.close()
-        if wb is not None:
-            wb.finish()
+        writer.close()
         return RunResult("running", io.read_summary(run_dir))
     except BaseException:
-        if wb is not None:
-            wb.finish(exit_code=1)
-        raise
-    finally:
-        out.writer.close()
         out.bar.close()
+        writer.close(failed=True)
+        raise
+    out.bar.close()
     counters.wall = time.perf_counter() - t0
-    _save(problem, ckpt, step, state, counters)
-    ckpt.close()
-    summary = _final_summary(problem, summary_base, step, counters, last_lines)
-    io.write_json(os.path.join(run_dir, io.SUMMARY), summary)
-    if wb is not None:
-        wb.finish({"status": summary["status"], **{k: v for k, v in (last_lines[0] or {}).items()}})
+    try:
+        _save(problem, ckpt, step, state, counters)
+        ckpt.close()
+        summary = _final_summary(problem, summary_base, step, counters, last_lines)
+        io.write_json(os.path.join(run_dir, io.SUMMARY), summary)
+    except BaseException:
+        writer.close(failed=True)
+        raise
+    writer.write_summary({"status": summary["status"], **(last_lines[0] or {})})
+    writer.close()
     return RunResult(summary["status"], summary)
 
 

@@ -1,14 +1,15 @@
 """Memory: what compression dropped is kept and sent later.
 
-* ``error_feedback(c)``: error feedback / error accumulation (Seide et al. 2014; Stich,
-  Cordonnier & Jaggi 2018; Karimireddy et al. 2019).
+* ``error_feedback(c, ef_scale=1)``: error feedback / error accumulation (Seide et al. 2014; Stich,
+  Cordonnier & Jaggi 2018; Karimireddy et al. 2019); ``ef_scale = 1/(1 + omega)`` makes it
+  converge around an unbiased compressor with variance factor omega >= 1 (Stich & Karimireddy 2019).
 * ``dgc(c, momentum)``: DGC's momentum correction with momentum-factor masking (Lin et al. 2018).
 
 Both return a ``Compressor`` with the same wire format as ``c``, so they compose with any
 compressor and with each other's consumers (the engine sees one compressor).  Both are built
 from a ``Memory`` (``cconv.memory.base``): four pure hooks (init, absorb, settle, give_back) that
 the aggregation methods call too.  ``MEMORIES`` maps each memory's name to its factory
-``factory(c, **options) -> Memory`` (options: ``momentum``, ``masking``).
+``factory(c, **options) -> Memory`` (options: ``momentum``, ``masking``, ``ef_scale``).
 """
 
 from collections.abc import Callable

@@ -16,7 +16,8 @@ needs to know its state type.  ``wrap(c, memory)`` turns a compressor and a memo
 ``Compressor`` with the same wire format (what ``error_feedback`` and ``dgc`` return).
 
 ``MEMORIES`` maps a name to a factory ``factory(c, **options) -> Memory``; the engine passes its
-memory options (``momentum``, ``masking``) as keywords and a memory ignores those it does not use.
+memory options (``momentum``, ``masking``, ``ef_scale``) as keywords and a memory ignores those it
+does not use.
 """
 
 from __future__ import annotations

@@ -9,6 +9,24 @@ makes any delta-contractive compressor converge at the rate of SGD asymptoticall
 
 The residual has x's shape and dtype.  The wrapper keeps the inner compressor's wire format,
 aggregation and density; it is never unbiased (the residual carries a bias that is repaid later).
+
+**Scaled error feedback** (``ef_scale`` = a in (0, 1]).  EF's guarantee needs a delta-contraction,
+E||C(p) - p||^2 <= (1 - delta) ||p||^2.  An unbiased compressor with variance factor omega
+(E C(p) = p, E||C(p) - p||^2 <= omega ||p||^2) is one only when omega < 1; QSGD with few levels
+or scaled random-k are not, and EF around them can diverge.  The standard fix (Stich &
+Karimireddy 2019, "The error-feedback framework"; Karimireddy et al. 2019, Remark on unbiased
+compressors) scales: with a = 1/(1 + omega) the compressor C_a(p) = C(a p) is a contraction with
+delta = 1/(1 + omega), for any unbiased C:
+
+    E||C(a p) - p||^2 = E||C(a p) - a p||^2 + (1 - a)^2 ||p||^2
+                     <= (omega a^2 + (1 - a)^2) ||p||^2 = (1 - 1/(1 + omega)) ||p||^2.
+
+So with ``ef_scale = a``:  p = x + e;  payload = C(a p);  e <- p - decompress(payload).
+The scale is applied to the compressor's *input* (inside the memory), so the payload, its wire
+format and every aggregation path are unchanged; for positively homogeneous compressors
+(QSGD, TernGrad, random-k, top-k: C(a p) = a C(p) for the same key) it is exactly the output
+scaling C(p)/(1 + omega) of the papers (scaled random-k with a = k/d is unscaled random-k).
+``ef_scale = 1`` is plain error feedback (the same functions, bit for bit).
 """
 
 from __future__ import annotations
@@ -44,12 +62,36 @@ def _give_back(state: EFState, back) -> EFState:
     return state._replace(residual=state.residual + back)
 
 
-def ef_memory(c: Compressor | None = None, **options) -> Memory:
-    """Error feedback as a ``Memory`` (ignores the engine's memory options)."""
+def _scaled(a: float):
+    """absorb / settle of error feedback with the compressor's input scaled by ``a``: the state
+    between the two carries the full p = x + e (in the residual's slot), so that settle repays
+    exactly p - sent."""
+
+    def absorb(x, state: EFState):
+        p = x + state.residual
+        return jnp.asarray(a, p.dtype) * p, state.inner, state._replace(residual=p)
+
+    def settle(state: EFState, scaled_p, inner, sent) -> EFState:
+        del scaled_p
+        return EFState(inner, (state.residual - sent).astype(state.residual.dtype))
+
+    return absorb, settle
+
+
+def ef_memory(c: Compressor | None = None, ef_scale: float = 1.0, **options) -> Memory:
+    """Error feedback as a ``Memory`` (ignores the engine's other memory options).
+
+    ``ef_scale`` (a in (0, 1]): the compressor sees a (x + e) (module docstring; a = 1/(1 + omega)
+    makes an unbiased compressor with variance factor omega a delta-contraction)."""
     del c, options
-    return Memory("ef", _init, _absorb, _settle, _give_back)
+    if isinstance(ef_scale, bool) or not isinstance(ef_scale, (int, float)) or not 0 < ef_scale <= 1:
+        raise ValueError(f"memory.ef: ef_scale must be a number in (0, 1], got {ef_scale!r}")
+    if ef_scale == 1:
+        return Memory("ef", _init, _absorb, _settle, _give_back)
+    absorb, settle = _scaled(float(ef_scale))
+    return Memory("ef", _init, absorb, settle, _give_back, hparams={"ef_scale": float(ef_scale)})
 
 
-def error_feedback(c: Compressor) -> Compressor:
-    """``c`` with error feedback: e <- (x + e) - decompress(C(x + e))."""
-    return wrap(c, ef_memory(c))
+def error_feedback(c: Compressor, ef_scale: float = 1.0) -> Compressor:
+    """``c`` with error feedback: e <- (x + e) - decompress(C(ef_scale (x + e)))."""
+    return wrap(c, ef_memory(c, ef_scale=ef_scale))
