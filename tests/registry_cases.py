@@ -291,13 +291,15 @@ def _layout(payload) -> tuple:
 def cases(pred: Callable[[Subject], bool] | None = None) -> list:
     """pytest params (name, hp) of every registered case, optionally those whose subject
     satisfies ``pred`` (evaluated at collection: only static, declared properties).  An entry's
-    first selected case runs in the fast subset; its further cases are marked ``slow``."""
+    first selected case runs in the fast subset; its further cases are marked ``slow`` and
+    ``extended`` (outside the README/CI command: the options they exercise have their own test
+    modules, e.g. tests/test_golomb.py, tests/test_qsgd_elias.py)."""
     out = []
     for e in cc.entries():
         first = True
         for hp in e.cases:
             if pred is None or pred(subject(e.name, hp)):
-                marks = () if first else (pytest.mark.slow,)
+                marks = () if first else (pytest.mark.slow, pytest.mark.extended)
                 out.append(pytest.param(e.name, dict(hp), id=case_id(e.name, hp), marks=marks))
                 first = False
     return out

@@ -278,7 +278,7 @@ def test_dgc_codes_only_the_entries_it_sends():
     assert float(c.encoded_bytes(p)) == want <= T.encoded_bytes(c, (d,)) + 1
 
 
-@pytest.mark.parametrize("name", ["topk", "dgc", "randomk"])
+@pytest.mark.parametrize("name", ["topk", "dgc", pytest.param("randomk", marks=pytest.mark.extended)])
 def test_the_engine_trains_bit_identically_with_coded_positions(name):
     """Gathered coded payloads are summed in the int32 format's one scatter of all P*k pairs
     (``Compressor.sparse``), so the training trajectory does not depend on the coding."""

@@ -88,7 +88,7 @@ def test_worst_case_bits_is_the_maximum_over_all_level_vectors(d, s):
     assert longest == E.worst_case_bits(d, s)
 
 
-@pytest.mark.parametrize("chunk,block", [(256, 64), (4, 3), (1, 1)])
+@pytest.mark.parametrize("chunk,block", [(256, 64), pytest.param(4, 3, marks=pytest.mark.extended), (1, 1)])
 def test_stream_matches_the_python_encoder_and_decodes_exactly(chunk, block):
     rng = np.random.default_rng(chunk)
     d = 3000
@@ -164,9 +164,9 @@ def _pair(levels, bucket):
     [
         (2, None, 20_000, (), False),
         (1, 1000, 20_000, (0, 7, 19), False),
-        (8, 512, 5000, (3,), False),
+        pytest.param(8, 512, 5000, (3,), False, marks=pytest.mark.extended),
         (2, None, 7, (), False),
-        (127, None, 300, (), False),
+        pytest.param(127, None, 300, (), False, marks=pytest.mark.extended),
         (127, None, 256, (), True),
     ],
 )
