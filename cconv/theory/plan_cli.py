@@ -294,7 +294,7 @@ def run(args: argparse.Namespace) -> int:
         nets = _networks(args)
         if not nets:
             raise ValueError(f"--network is empty; presets: {', '.join(N.names())}")
-        sweep = sweep_of(args)
+        sweep, fixed = sweep_of(args), fixed_of(args)
         out = []
         for net in nets:
             p = PL.plan(
@@ -311,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
                 methods=args.methods,
                 servers=args.servers,
                 nbytes=args.bytes,
-                fixed=fixed_of(args),
+                fixed=fixed,
             )
             out.append(format_plan(p, args.overlap, args.granularity))
     except ValueError as e:
