@@ -149,6 +149,13 @@ def sample_k_distinct(key, d: int, k: int):
         return jnp.zeros((0,), jnp.int32)
     if k == d:
         return jnp.arange(d, dtype=jnp.int32)
+    return _sample_k_distinct(key, d, k)
+
+
+@partial(jax.jit, static_argnums=(1, 2))
+def _sample_k_distinct(key, d: int, k: int):
+    """The sampler proper, jitted per (d, k): called eagerly (op by op) its two while loops cost
+    seconds of dispatch; traced inside a caller's program it is inlined as before."""
     inv_rate, n = _sample_plan(d, k)
     r_max = n - 1 - k  # at most this many points are dropped (m <= n - 1 on acceptance)
     slots = jnp.arange(n, dtype=jnp.int32)
