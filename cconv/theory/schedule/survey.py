@@ -26,7 +26,6 @@ from cconv.theory import workloads as W
 from cconv.theory.schedule import arch as A
 from cconv.theory.schedule import schedules as S
 
-
 # kappa, the share of a GPU that communication kernels on it take while they run (intra-node
 # NCCL collectives and BytePS's PCIe stages; ``schedules.run``'s ``interference``).  Fitted, by
 # bisection (``fit_interference``), to one number: the survey's best 4-GPU BERT-Large speedup,
