@@ -28,9 +28,13 @@ push; every tensor's keys are spread over the S servers):
                   model), ``hierarchical_time("ps_push")`` on two levels
     byteps        BytePS (Jiang et al. OSDI 2020) with S dedicated server machines: each node
                   first reduces its g gradients over PCIe (reduce-scatter, (g-1)(alpha_i + n/g
-                  beta_i)), then pushes n over its NIC; a server receives n/S from each of the N
-                  nodes.  push = (g-1)(alpha_i + n/g beta_i) + alpha_e + max(1, N/S) n beta_e,
-                  pull = the same in reverse.  On a flat link g = 1, N = P.
+                  beta_i)) and copies each GPU's 1/g of the sum to host memory (alpha_i + n/g
+                  beta_i; BytePS's CPU-assisted aggregation on PCIe-only machines), then pushes n
+                  over its NIC; a server receives n/S from each of the N nodes.  Stages:
+                  pcie g(alpha_i + n/g beta_i), push alpha_e + max(1, N/S) n beta_e, pull (the
+                  same), pcie (the same), the two pcie stages on one resource.  On one machine
+                  BytePS runs NCCL without servers: pcie (g-1)(alpha_i + n/g beta_i) twice (= the
+                  ring all-reduce).  On a flat link g = 1, N = P: push and pull only.
 
 Topology factors (``TOPOLOGIES``, optional): multipliers on the inter-node beta per architecture
 family, with their source; ``fat-tree`` (full bisection, Al-Fares et al. SIGCOMM 2008) is 1.
@@ -121,6 +125,8 @@ class AllToAll(NamedTuple):
     net: N.Network | N.Hierarchical
     workers: int
 
+    gpu_resources: tuple[str, ...] = ("comm",)  # NCCL runs the whole collective as GPU kernels
+
     def allreduce(self, n: float) -> float:
         p = self.workers
         if p == 1 or n == 0:
@@ -150,21 +156,29 @@ class ParameterServer(NamedTuple):
     servers: int
     dedicated: bool
 
-    def one_way(self, n: float) -> float:
-        p, s = self.workers, self.servers
-        if p == 1 or n == 0:
-            return 0.0
-        if not self.dedicated:
-            return N.collective_time("ps_push", n, p, self.net, servers=s)
-        g, nodes, i, e = _levels(self.net, p)
-        local = (g - 1) * (i.alpha + n / g * i.beta)
-        return local + e.alpha + max(1.0, nodes / s) * n * e.beta
+    @property
+    def gpu_resources(self) -> tuple[str, ...]:
+        return ("pcie",) if self.dedicated else ()
 
     def stages(self, kind: str, nbytes: float) -> tuple[tuple[str, float], ...]:
         if kind != "allreduce":
             raise ValueError(f"architecture {self.name!r} exchanges summable payloads (allreduce) only, got {kind!r}")
-        t = self.one_way(float(nbytes))
-        return (("push", t), ("pull", t))
+        n, p, s = float(nbytes), self.workers, self.servers
+        if p == 1 or n == 0:
+            return (("push", 0.0), ("pull", 0.0))
+        if not self.dedicated:
+            t = N.collective_time("ps_push", n, p, self.net, servers=s)
+            return (("push", t), ("pull", t))
+        g, nodes, i, e = _levels(self.net, p)
+        if isinstance(self.net, N.Hierarchical) and p <= self.net.per_node:  # one machine: NCCL, no server
+            g, nodes = p, 1
+        local = (g - 1) * (i.alpha + n / g * i.beta)  # intra-node reduce-scatter (and all-gather)
+        if nodes == 1:
+            return (("pcie", local), ("pcie", local))
+        wire = e.alpha + max(1.0, nodes / s) * n * e.beta
+        out = (("push", wire), ("pull", wire))
+        host = i.alpha + n / g * i.beta  # each GPU's 1/g of the node sum to (from) host memory
+        return (("pcie", local + host), *out, ("pcie", local + host)) if g > 1 else out
 
 
 def _servers(servers: int | None, net: N.Network | N.Hierarchical, workers: int, dedicated: bool) -> int:

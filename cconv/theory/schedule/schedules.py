@@ -20,7 +20,8 @@ The DAG of iteration k (resource ``compute`` unless said otherwise):
 
 Schedules (``SCHEDULES``; a protocol and one object each):
 
-* ``BSP``: one message per layer, all released when backprop ends.
+* ``BSP``: all communication after backprop, the gradient fused into one message per kind
+  (the planner's ``fused`` BSP; a PS pushes all of it, then pulls all of it).
 * ``WFBP`` (Zhang et al. 2017, Poseidon): one message per layer as soon as its gradient is
   ready, first come first served.
 * ``Fusion`` (Horovod, Sergeev & Del Balso 2018): every ``cycle_s`` the background thread fuses
@@ -146,8 +147,10 @@ class BSP(NamedTuple):
     iterations: int = 1
 
     def messages(self, layers, arch):
-        end = ready_times(layers)[-1]
-        return [Message((j,), lc.nbytes, _kind(lc), 0.0, end) for j, lc in enumerate(layers)]
+        groups: dict[str, list[int]] = {}
+        for j, lc in enumerate(layers):
+            groups.setdefault(_kind(lc), []).append(j)
+        return [Message(tuple(js), sum(layers[j].nbytes for j in js), k) for k, js in groups.items()]
 
     def pools(self):
         return {}
@@ -277,7 +280,11 @@ def names() -> list[str]:
 
 
 def build(
-    layers: Sequence[LayerCost], schedule: Schedule, arch: A.Architecture, iterations: int | None = None
+    layers: Sequence[LayerCost],
+    schedule: Schedule,
+    arch: A.Architecture,
+    iterations: int | None = None,
+    interference: float = 0.0,
 ) -> tuple[list[Task], dict[str, int], list[str]]:
     """The tasks of ``iterations`` iterations, the pools, and the names of the marks (zero-length
     tasks at the moment each iteration's first forward may start; marks[k] for k = 0..K)."""
@@ -285,6 +292,7 @@ def build(
     K = schedule.iterations if iterations is None else iterations
     L = len(layers)
     msgs = schedule.messages(layers, arch)
+    gpu_res = set(getattr(arch, "gpu_resources", ()))
     pools = schedule.pools()
     credit = "credit" if "credit" in pools else ""
     tasks: list[Task] = []
@@ -334,6 +342,7 @@ def build(
         ends: list[str] = []
         layer_end: dict[int, list[str]] = {}
         delays: dict[float, str] = {}
+        last_on: dict[str, str] = {}
         for m, msg in enumerate(msgs):
             stages = arch.stages(msg.kind, msg.nbytes)
             dep: tuple[str, ...] = tuple(ready[j] for j in msg.layers)
@@ -347,6 +356,20 @@ def build(
             for s, (res, t) in enumerate(stages):
                 name = f"it{k}/msg{m}/s{s}"
                 first, last = s == 0, s == len(stages) - 1
+                if interference > 0 and res in gpu_res and t > 0:  # the kernels' share of the GPU
+                    tasks.append(
+                        Task(
+                            f"{name}/gpu",
+                            "compute",
+                            interference * t,
+                            dep + ((last_on[res],) if res in last_on else ()),
+                            base - 0.5,
+                            kind="interference",
+                            layer=msg.layers[0],
+                            iteration=k,
+                        )
+                    )
+                last_on[res] = name
                 tasks.append(
                     Task(
                         name,
@@ -388,15 +411,23 @@ def build(
 
 
 def run(
-    layers: Sequence[LayerCost], schedule: Schedule | str, arch: A.Architecture, iterations: int | None = None
+    layers: Sequence[LayerCost],
+    schedule: Schedule | str,
+    arch: A.Architecture,
+    iterations: int | None = None,
+    interference: float = 0.0,
 ) -> Result:
-    """Simulate; the iteration time is the interval between the last two marks."""
+    """Simulate; the iteration time is the interval between the last two marks.  ``interference``
+    (kappa >= 0): every communication stage on one of the architecture's ``gpu_resources`` also
+    takes kappa x its time of the compute stream (module docstring)."""
+    if isinstance(interference, bool) or not isinstance(interference, (int, float)) or not 0 <= interference < math.inf:
+        raise ValueError(f"interference must be a finite number >= 0, got {interference!r}")
     if isinstance(schedule, str):
         schedule = get(schedule)
     layers = check_layers(layers)
     if iterations is not None and (isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1):
         raise ValueError(f"iterations must be an integer >= 1, got {iterations!r}")
-    tasks, pools, marks = build(layers, schedule, arch, iterations)
+    tasks, pools, marks = build(layers, schedule, arch, iterations, float(interference))
     events = simulate(tasks, pools)
     start = {e.task.name: e.start for e in events if e.task.kind == "mark"}
     it = start[marks[-1]] - start[marks[-2]]
