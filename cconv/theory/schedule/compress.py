@@ -1,0 +1,226 @@
+"""Compression inside the schedule (the survey's open problem 5.4): compress and decompress as
+operations of the iteration DAG, per layer, on the compute stream.
+
+For a profile layer of d = grad_bytes / 4 elements and a compressor c (a registry entry with its
+hyper-parameters), ``layer_costs`` gives the ``schedules.LayerCost`` the simulator runs:
+
+* ``nbytes``: the message of the layer, ``Theory.wire_bytes`` (the paper's closed form; the
+  compressor's own ``wire_bytes`` where the entry has no theory) of a flat d-vector; the
+  ``kind``: the compressor's aggregation (``"allreduce"`` for summable payloads, ``"allgather"``
+  otherwise; an aggregation that is not one network collective is one all-reduce of the summed
+  payload leaves, as ``planner.calls`` plans it);
+* ``compress_s`` = x_c(d) F(d) + launch, ``decompress_s`` = m x_d(d) F(d) + launch, where
+  F(d) = 4 d / B is the device's memory *read floor* (one read of the fp32 gradient at memory
+  bandwidth B), x_c and x_d are cconv's measured compress and decompress times as multiples of
+  the read floor on the benchmark machine (``experiments/benchmarks/results/*.json``, part (a),
+  rows named by the registry entry, interpolated log-linearly in d between the measured sizes
+  1e5 ... 2.5e7 and held constant outside), ``launch`` a fixed per-operation cost (GPU kernel
+  launch; an assumption, ``Device.launch_s``), and m the number of payloads a worker decodes:
+  P for an all-gather (the engine decompresses every gathered payload, batched in one ``vmap``,
+  and sums), ceil(log2 P)
+  for recursive doubling (gTop-k merges one payload per round), else 1;
+* the identity compressor (the dense baseline) adds no operation.
+
+Assumptions, stated: the ratio x is scale-free (a GPU kernel is as far from its read floor as
+cconv's CPU kernel is from the CPU's), sparsifiers' x was measured at ratio 0.01 and is used for
+every ratio (selection cost depends little on k), and the benchmark's ``--tuned-malloc`` table
+(``cpu-tuned-malloc.json``) is the default because the default-malloc table's 1e7-element rows
+are dominated by page faults of fresh mmaps (DEVELOPERS.md), not by the compressor.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+from cconv import compressors as C
+from cconv.compressors.base import Compressor
+from cconv.theory import planner as PL
+from cconv.theory import workloads as W
+from cconv.theory.profiles import FLOAT_BYTES, Profile
+from cconv.theory.schedule.schedules import LayerCost
+
+RESULTS = Path(__file__).resolve().parents[3] / "experiments" / "benchmarks" / "results"
+DEFAULT_BENCH = RESULTS / "cpu-tuned-malloc.json"
+RTX2080TI_MEM_BW = 616e9  # bytes/s: 352-bit GDDR6 at 14 Gb/s (NVIDIA's specification)
+LAUNCH_S = 5e-6  # seconds per GPU kernel launch (an assumption, not measured here)
+
+
+class Device(NamedTuple):
+    """A worker's accelerator: sustained FLOP/s, memory bandwidth (bytes/s), per-op launch cost."""
+
+    name: str
+    flops: float
+    mem_bw: float
+    launch_s: float = LAUNCH_S
+    source: str = ""
+
+    def read_floor(self, elements: float) -> float:
+        """Seconds to read ``elements`` fp32 values once."""
+        return FLOAT_BYTES * elements / self.mem_bw
+
+
+SURVEY_DEVICE = Device(
+    "RTX2080Ti",
+    W.SURVEY_DEVICE_FLOPS,
+    RTX2080TI_MEM_BW,
+    LAUNCH_S,
+    "the survey's GPU: 3.66 TFLOP/s sustained on BERT-Large (workloads.py), 616 GB/s memory",
+)
+
+
+class Ratio(NamedTuple):
+    """Measured times of one compressor as multiples of the read floor at ``d`` elements."""
+
+    d: float
+    compress_x: float
+    decompress_x: float
+
+
+def load_bench(path: str | Path | None = None) -> dict[str, tuple[Ratio, ...]]:
+    """Compressor name -> measured ratios (sorted by d) from a benchmark JSON (part (a) rows)."""
+    p = Path(path) if path is not None else DEFAULT_BENCH
+    try:
+        data = json.loads(p.read_text())
+        rows = data["a"]["rows"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"cannot read benchmark ratios from {p}: {e}") from None
+    out: dict[str, list[Ratio]] = {}
+    for r in rows:
+        if all(k in r for k in ("name", "d", "compress_x", "decompress_x")):
+            out.setdefault(r["name"], []).append(Ratio(float(r["d"]), float(r["compress_x"]), float(r["decompress_x"])))
+    return {k: tuple(sorted(v)) for k, v in out.items()}
+
+
+def ratio_at(rows: Sequence[Ratio], d: float) -> tuple[float, float]:
+    """(compress_x, decompress_x) at ``d`` elements: log-linear interpolation, constant outside."""
+    if not rows:
+        raise ValueError("no measured ratios")
+    if d <= rows[0].d:
+        return rows[0].compress_x, rows[0].decompress_x
+    if d >= rows[-1].d:
+        return rows[-1].compress_x, rows[-1].decompress_x
+    for a, b in zip(rows, rows[1:]):
+        if a.d <= d <= b.d:
+            w = (math.log(d) - math.log(a.d)) / (math.log(b.d) - math.log(a.d))
+            return a.compress_x + w * (b.compress_x - a.compress_x), a.decompress_x + w * (
+                b.decompress_x - a.decompress_x
+            )
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+# payloads a worker decodes per call, by network collective kind (default 1)
+DECODES = {
+    "allgather": lambda p: p,
+    "recursive_doubling": lambda p: max(1, math.ceil(math.log2(p))) if p > 1 else 1,
+}
+
+
+def _wire(c: Compressor, d: int) -> float:
+    e = C.entry(c.name)
+    if e.theory is not None:
+        return float(e.theory.wire_bytes(c, (d,), FLOAT_BYTES))
+    return float(c.wire_bytes((d,), "float32"))
+
+
+def layer_cost(
+    name: str,
+    fwd_s: float,
+    bwd_s: float,
+    d: int,
+    method: PL.Method,
+    c: Compressor,
+    workers: int,
+    device: Device,
+    bench: Mapping[str, Sequence[Ratio]],
+) -> LayerCost:
+    """The ``LayerCost`` of one layer of ``d`` elements under ``method`` with compressor ``c``."""
+    if d <= 0:
+        return LayerCost(name, fwd_s, bwd_s, 0.0)
+    kind = PL.kind_of(method, c)
+    if kind == PL.PS:
+        kind = "allreduce"  # the architecture decides push/pull
+    if c.name == PL.identity_name():
+        return LayerCost(name, fwd_s, bwd_s, FLOAT_BYTES * float(d), 0.0, 0.0, kind)
+    if PL.per_tensor(kind):  # not one network collective: all-reduce of the summed payload leaves
+        nbytes = float(sum(PL.payload_leaf_bytes(c, (d,))))
+        kind = "allreduce"
+    else:
+        nbytes = _wire(c, d)
+    rows = bench.get(method.compressor)
+    if not rows:
+        raise ValueError(f"no measured compress/decompress ratio for {method.compressor!r} in the benchmark results")
+    cx, dx = ratio_at(rows, d)
+    floor = device.read_floor(d)
+    decodes = DECODES.get(kind, lambda p: 1)(workers)
+    return LayerCost(
+        name,
+        fwd_s,
+        bwd_s,
+        nbytes,
+        cx * floor + device.launch_s,
+        decodes * dx * floor + device.launch_s,
+        kind,
+    )
+
+
+def layer_costs(
+    profile: Profile,
+    method: PL.Method | str,
+    workers: int,
+    device: Device = SURVEY_DEVICE,
+    *,
+    hparams: Mapping | Sequence[Mapping] | None = None,
+    bench: Mapping[str, Sequence[Ratio]] | None = None,
+) -> list[LayerCost]:
+    """``LayerCost``s of ``profile`` (backprop order) under ``method`` (a planner method or its
+    name): FLOPs / ``device.flops`` for forward and backward, and per layer the message and the
+    compress/decompress operations of the module docstring.  ``hparams``: the compressor's
+    hyper-parameters, one mapping for every layer or one per layer (backprop order)."""
+    table = PL.all_methods()
+    if isinstance(method, str):
+        if method not in table:
+            raise ValueError(f"unknown method {method!r}; valid: {', '.join(table)}")
+        method = table[method]
+    per_layer = isinstance(hparams, Sequence) and not isinstance(hparams, (str, bytes))
+    if per_layer and len(hparams) != len(profile.layers):
+        raise ValueError(f"{len(hparams)} hyper-parameter sets for {len(profile.layers)} layers")
+    bench = load_bench() if bench is None and method.compressor != PL.identity_name() else (bench or {})
+    built: dict[tuple, Compressor] = {}
+    out = []
+    for i, lay in enumerate(profile.layers):
+        hp = dict(hparams[i] if per_layer else (hparams or {}))
+        key = tuple(sorted(hp.items()))
+        if key not in built:
+            built[key] = C.get(method.compressor, **hp)
+        d = int(round(lay.grad_bytes / FLOAT_BYTES))
+        out.append(
+            layer_cost(
+                lay.name,
+                lay.fwd_flops / device.flops,
+                lay.bwd_flops / device.flops,
+                d,
+                method,
+                built[key],
+                workers,
+                device,
+                bench,
+            )
+        )
+    return out
+
+
+__all__ = [
+    "Device",
+    "SURVEY_DEVICE",
+    "Ratio",
+    "load_bench",
+    "ratio_at",
+    "layer_cost",
+    "layer_costs",
+    "DECODES",
+    "DEFAULT_BENCH",
+]

@@ -1,0 +1,464 @@
+"""The DAG of a training iteration under a communication schedule, and its simulated time.
+
+Input: the layers in BACKPROP order (index 0 = the last layer, whose gradient appears first),
+each a ``LayerCost`` in seconds and bytes: forward and backward time on the device (FLOPs /
+device FLOP/s, ``layer_costs``), the message its gradient sends (``kind``, ``nbytes``; ``kind``
+None = the architecture's summable exchange, ``"allreduce"``), and optional ``compress_s`` /
+``decompress_s`` on the compute stream (compression inside the schedule).
+
+The DAG of iteration k (resource ``compute`` unless said otherwise):
+
+* forward of the layers in forward order, then backward in backprop order (a chain);
+* compress(l) after backward(l), ahead of the next backward (same stream);
+* the messages (the schedule decides which layers each carries, its priority and release
+  time) after backward/compress of every layer they carry, as a chain of stages on the
+  architecture's resources (``arch.py``);
+* decompress(l) after every message carrying l;
+* iteration k+1's forward of layer l waits for the end of iteration k's backward and, under a
+  barrier (every schedule but ByteScheduler), for all of iteration k's communication (the
+  optimizer step after ``synchronize``), else only for layer l's own messages.
+
+Schedules (``SCHEDULES``; a protocol and one object each):
+
+* ``BSP``: all communication after backprop, the gradient fused into one message per kind
+  (the planner's ``fused`` BSP; a PS pushes all of it, then pulls all of it).
+* ``WFBP`` (Zhang et al. 2017, Poseidon): one message per layer as soon as its gradient is
+  ready, first come first served.
+* ``Fusion`` (Horovod, Sergeev & Del Balso 2018): every ``cycle_s`` the background thread fuses
+  the gradients that became ready since the last cycle into buffers of at most ``buffer_bytes``.
+* ``MGWFBP`` (Shi, Chu & Li, INFOCOM 2019): merge consecutive layers so that the last message
+  ends as early as possible.  With r_j the ready time of layer j (backprop order) and T(n) the
+  message cost, the best end of the first i layers is
+
+      f(0) = 0,   f(i) = min_{j < i} max(r_{i-1}, f(j)) + T(n_j + ... + n_{i-1})
+
+  exact because the end of later messages is non-decreasing in f(j) (dynamic programming over
+  the 2^(L-1) contiguous merges; the paper's Theorem 1 characterises the same optimum).
+* ``ByteScheduler`` (Peng et al., SOSP 2019): every message cut into partitions of at most
+  ``partition_bytes``; a partition's priority is its layer's position in the forward pass (the
+  next forward needs layer 1 first); at most ``credit`` partitions in flight (taken when the
+  first stage starts, returned when the last ends); no barrier: the next iteration's forward of
+  layer l waits only for layer l's partitions.  Its iteration time is the steady state: the
+  interval between the starts of the last two of ``iterations`` simulated iterations.
+
+GPU interference (``run(..., interference=kappa)``, default 0): a communication stage on one of
+the architecture's ``gpu_resources`` (NCCL's collectives, BytePS's PCIe stages) also puts a task
+of kappa x its time on the compute stream, ready with the stage (after the stage's dependencies
+and the previous stage on that resource) and ahead of the remaining backward: communication that
+overlaps computation slows it.  Under BSP the compute stream is idle then, so it costs nothing.
+MG-WFBP's merge is optimal for kappa = 0 (the interference is not in its cost model).
+
+``Result``: ``iter_s`` (iteration time), ``compute_s`` (busy time of the compute stream per
+iteration), ``comm_exposed_s`` = iter_s - compute_s, and the events of the simulation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
+
+from cconv.theory.schedule import arch as A
+from cconv.theory.schedule.sim import Event, Task, simulate
+
+BIG = 1e9  # priority offset per iteration (earlier iterations first)
+
+
+class LayerCost(NamedTuple):
+    """One layer in backprop order: seconds on the device and the message of its gradient."""
+
+    name: str
+    fwd_s: float
+    bwd_s: float
+    nbytes: float
+    compress_s: float = 0.0
+    decompress_s: float = 0.0
+    kind: str | None = None  # None: the architecture's summable exchange ("allreduce")
+
+
+class Message(NamedTuple):
+    """What a schedule sends: the layers it carries (backprop indices) and when it may go."""
+
+    layers: tuple[int, ...]
+    nbytes: float
+    kind: str
+    priority: float = 0.0
+    release: float = 0.0
+
+
+class Result(NamedTuple):
+    iter_s: float
+    compute_s: float
+    comm_exposed_s: float
+    events: tuple[Event, ...]
+
+
+def check_layers(layers: Sequence[LayerCost]) -> list[LayerCost]:
+    """The layers, validated: at least one, finite sizes >= 0 (one-line ValueError otherwise)."""
+    out = list(layers)
+    if not out:
+        raise ValueError("the layer table is empty")
+    for lc in out:
+        if not isinstance(lc, LayerCost):
+            raise ValueError(f"expected a LayerCost, got {type(lc).__name__}")
+        for f in ("fwd_s", "bwd_s", "nbytes", "compress_s", "decompress_s"):
+            v = getattr(lc, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"layer {lc.name!r}: {f} must be a finite number >= 0, got {v!r}")
+    return out
+
+
+def layer_costs(layers: Sequence, device_flops: float) -> list[LayerCost]:
+    """``LayerCost``s from profile layers (name, fwd_flops, bwd_flops, grad_bytes per iteration):
+    time = FLOPs / device_flops, the message = the fp32 gradient."""
+    if isinstance(device_flops, bool) or not isinstance(device_flops, (int, float)) or not device_flops > 0:
+        raise ValueError(f"device_flops must be a number > 0, got {device_flops!r}")
+    out = []
+    for lay in layers:
+        for f in ("fwd_flops", "bwd_flops", "grad_bytes"):
+            v = getattr(lay, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"layer {lay.name!r}: {f} must be a finite number >= 0, got {v!r}")
+        out.append(LayerCost(lay.name, lay.fwd_flops / device_flops, lay.bwd_flops / device_flops, lay.grad_bytes))
+    return out
+
+
+def _kind(lc: LayerCost) -> str:
+    return lc.kind or "allreduce"
+
+
+def ready_times(layers: Sequence[LayerCost]) -> list[float]:
+    """When each layer's gradient (after compress) is ready, from the start of the iteration,
+    with the compute stream running forward, then backward + compress per layer."""
+    t = sum(lc.fwd_s for lc in layers)
+    out = []
+    for lc in layers:
+        t += lc.bwd_s + lc.compress_s
+        out.append(t)
+    return out
+
+
+class Schedule(Protocol):
+    name: str
+    barrier: bool
+    iterations: int
+
+    def messages(self, layers: Sequence[LayerCost], arch: A.Architecture) -> list[Message]: ...
+
+    def pools(self) -> dict[str, int]: ...
+
+
+class BSP(NamedTuple):
+    name: str = "bsp"
+    barrier: bool = True
+    iterations: int = 1
+
+    def messages(self, layers, arch):
+        groups: dict[str, list[int]] = {}
+        for j, lc in enumerate(layers):
+            groups.setdefault(_kind(lc), []).append(j)
+        return [Message(tuple(js), sum(layers[j].nbytes for j in js), k) for k, js in groups.items()]
+
+    def pools(self):
+        return {}
+
+
+class WFBP(NamedTuple):
+    name: str = "wfbp"
+    barrier: bool = True
+    iterations: int = 1
+
+    def messages(self, layers, arch):
+        return [Message((j,), lc.nbytes, _kind(lc)) for j, lc in enumerate(layers)]
+
+    def pools(self):
+        return {}
+
+
+class Fusion(NamedTuple):
+    """Horovod's tensor fusion: ``buffer_bytes`` (HOROVOD_FUSION_THRESHOLD, 64 MiB) and
+    ``cycle_s`` (HOROVOD_CYCLE_TIME, 5 ms in the Horovod of the survey's time)."""
+
+    buffer_bytes: float = 64 * 2**20
+    cycle_s: float = 5e-3
+    name: str = "fusion"
+    barrier: bool = True
+    iterations: int = 1
+
+    def messages(self, layers, arch):
+        if not (self.buffer_bytes > 0 and self.cycle_s > 0):
+            raise ValueError("fusion: buffer_bytes and cycle_s must be > 0")
+        ready = ready_times(layers)
+        out: list[Message] = []
+        open_: dict[tuple[int, str], list] = {}
+        for j, (lc, r) in enumerate(zip(layers, ready)):
+            tick = math.ceil(r / self.cycle_s - 1e-12) * self.cycle_s
+            key = (tick, _kind(lc))
+            cur = open_.get(key)
+            if cur is not None and cur[1] + lc.nbytes <= self.buffer_bytes:
+                cur[0].append(j)
+                cur[1] += lc.nbytes
+            else:
+                cur = open_[key] = [[j], lc.nbytes, tick, _kind(lc)]
+                out.append(cur)  # type: ignore[arg-type]
+        return [Message(tuple(c[0]), c[1], c[3], 0.0, c[2]) for c in out]  # type: ignore[index]
+
+    def pools(self):
+        return {}
+
+
+def optimal_merge(ready: Sequence[float], sizes: Sequence[float], kinds: Sequence[str], cost) -> list[tuple[int, ...]]:
+    """MG-WFBP's merge: contiguous groups (backprop order) minimising the end of the last message
+    on one channel, by the dynamic programme in the module docstring.  ``cost(kind, n)``."""
+    n = len(ready)
+    f = [0.0] + [math.inf] * n
+    arg = [0] * (n + 1)
+    for i in range(1, n + 1):
+        total = 0.0
+        for j in range(i - 1, -1, -1):
+            if kinds[j] != kinds[i - 1]:
+                break
+            total += sizes[j]
+            end = max(ready[i - 1], f[j]) + cost(kinds[i - 1], total)
+            if end < f[i] - 1e-15:
+                f[i], arg[i] = end, j
+    groups, i = [], n
+    while i > 0:
+        groups.append(tuple(range(arg[i], i)))
+        i = arg[i]
+    return groups[::-1]
+
+
+class MGWFBP(NamedTuple):
+    name: str = "mg-wfbp"
+    barrier: bool = True
+    iterations: int = 1
+
+    def messages(self, layers, arch):
+        kinds = [_kind(lc) for lc in layers]
+        groups = optimal_merge(
+            ready_times(layers), [lc.nbytes for lc in layers], kinds, lambda k, n: A.cost(arch, k, n)
+        )
+        return [Message(g, sum(layers[j].nbytes for j in g), kinds[g[0]]) for g in groups]
+
+    def pools(self):
+        return {}
+
+
+class ByteScheduler(NamedTuple):
+    """Peng et al. 2019: ``partition_bytes`` (BytePS's default partition, 4,096,000 bytes),
+    ``credit`` partitions in flight, priority by forward position (``priority=False``: FIFO)."""
+
+    partition_bytes: float = 4_096_000
+    credit: int = 4
+    priority: bool = True
+    name: str = "bytescheduler"
+    barrier: bool = False
+    iterations: int = 3
+
+    def messages(self, layers, arch):
+        if not self.partition_bytes > 0:
+            raise ValueError("bytescheduler: partition_bytes must be > 0")
+        L = len(layers)
+        out = []
+        for j, lc in enumerate(layers):
+            parts = max(1, math.ceil(lc.nbytes / self.partition_bytes)) if math.isfinite(self.partition_bytes) else 1
+            prio = float(L - 1 - j) if self.priority else 0.0
+            out += [Message((j,), lc.nbytes / parts, _kind(lc), prio) for _ in range(parts)]
+        return out
+
+    def pools(self):
+        if isinstance(self.credit, bool) or not isinstance(self.credit, int) or self.credit < 1:
+            raise ValueError(f"bytescheduler: credit must be an integer >= 1, got {self.credit!r}")
+        return {"credit": self.credit}
+
+
+SCHEDULES = {"bsp": BSP(), "wfbp": WFBP(), "fusion": Fusion(), "mg-wfbp": MGWFBP(), "bytescheduler": ByteScheduler()}
+
+
+def get(name: str) -> Schedule:
+    if isinstance(name, str) and name.lower() in SCHEDULES:
+        return SCHEDULES[name.lower()]
+    raise ValueError(f"unknown schedule {name!r}; valid: {', '.join(SCHEDULES)}")
+
+
+def names() -> list[str]:
+    return list(SCHEDULES)
+
+
+def build(
+    layers: Sequence[LayerCost],
+    schedule: Schedule,
+    arch: A.Architecture,
+    iterations: int | None = None,
+    interference: float = 0.0,
+) -> tuple[list[Task], dict[str, int], list[str]]:
+    """The tasks of ``iterations`` iterations, the pools, and the names of the marks (zero-length
+    tasks at the moment each iteration's first forward may start; marks[k] for k = 0..K)."""
+    layers = check_layers(layers)
+    K = schedule.iterations if iterations is None else iterations
+    L = len(layers)
+    msgs = schedule.messages(layers, arch)
+    gpu_res = set(getattr(arch, "gpu_resources", ()))
+    pools = schedule.pools()
+    credit = "credit" if "credit" in pools else ""
+    tasks: list[Task] = []
+    marks: list[str] = []
+    prev_last_bwd = ""
+    prev_ends: list[str] = []  # the end task of every message/decompress of the previous iteration
+    prev_layer_end: dict[int, list[str]] = {}
+    for k in range(K + 1):
+        base = k * BIG
+
+        def fwd_deps(j: int) -> list[str]:
+            if k == 0:
+                return []
+            deps = [prev_last_bwd]
+            deps += prev_ends if schedule.barrier else prev_layer_end.get(j, [])
+            return deps
+
+        mark = f"it{k}/start"
+        marks.append(mark)
+        tasks.append(Task(mark, f"mark{k}", 0.0, tuple(fwd_deps(L - 1)), kind="mark", iteration=k))
+        if k == K:
+            break
+        prev = ""
+        # forward in forward order: backprop index L-1 first
+        for f in range(L):
+            j = L - 1 - f
+            deps = fwd_deps(j) + ([prev] if prev else [mark])
+            name = f"it{k}/fwd/{j}"
+            tasks.append(
+                Task(name, "compute", layers[j].fwd_s, tuple(deps), base + f, kind="forward", layer=j, iteration=k)
+            )
+            prev = name
+        ready: dict[int, str] = {}
+        for j, lc in enumerate(layers):
+            name = f"it{k}/bwd/{j}"
+            tasks.append(Task(name, "compute", lc.bwd_s, (prev,), base + L + j, kind="backward", layer=j, iteration=k))
+            prev, ready[j] = name, name
+            if lc.compress_s > 0:
+                c = f"it{k}/cmp/{j}"
+                tasks.append(
+                    Task(
+                        c, "compute", lc.compress_s, (name,), base + L + j + 0.5, kind="compress", layer=j, iteration=k
+                    )
+                )
+                ready[j] = c
+        last_bwd = prev
+        ends: list[str] = []
+        layer_end: dict[int, list[str]] = {}
+        delays: dict[float, str] = {}
+        last_on: dict[str, str] = {}
+        for m, msg in enumerate(msgs):
+            stages = arch.stages(msg.kind, msg.nbytes)
+            dep: tuple[str, ...] = tuple(ready[j] for j in msg.layers)
+            if msg.release > 0:  # released msg.release seconds after the iteration's start
+                if msg.release not in delays:
+                    delays[msg.release] = f"it{k}/delay{len(delays)}"
+                    tasks.append(
+                        Task(delays[msg.release], delays[msg.release], msg.release, (mark,), kind="mark", iteration=k)
+                    )
+                dep += (delays[msg.release],)
+            for s, (res, t) in enumerate(stages):
+                name = f"it{k}/msg{m}/s{s}"
+                first, last = s == 0, s == len(stages) - 1
+                if interference > 0 and res in gpu_res and t > 0:  # the kernels' share of the GPU
+                    tasks.append(
+                        Task(
+                            f"{name}/gpu",
+                            "compute",
+                            interference * t,
+                            dep + ((last_on[res],) if res in last_on else ()),
+                            base - 0.5,
+                            kind="interference",
+                            layer=msg.layers[0],
+                            iteration=k,
+                        )
+                    )
+                last_on[res] = name
+                tasks.append(
+                    Task(
+                        name,
+                        res,
+                        t,
+                        dep,
+                        base + msg.priority,
+                        0.0,
+                        credit if first else "",
+                        credit if last else "",
+                        "comm",
+                        msg.layers[0],
+                        k,
+                    )
+                )
+                dep = (name,)
+            for j in msg.layers:
+                layer_end.setdefault(j, []).append(dep[0])
+        for j, lc in enumerate(layers):
+            if lc.decompress_s > 0:
+                d = f"it{k}/dec/{j}"
+                tasks.append(
+                    Task(
+                        d,
+                        "compute",
+                        lc.decompress_s,
+                        tuple(layer_end.get(j, [ready[j]])),
+                        base + 2 * L + j,
+                        kind="decompress",
+                        layer=j,
+                        iteration=k,
+                    )
+                )
+                layer_end[j] = [d]
+        for j in range(L):
+            ends += layer_end.get(j, [])
+        prev_last_bwd, prev_ends, prev_layer_end = last_bwd, ends, layer_end
+    return tasks, pools, marks
+
+
+def run(
+    layers: Sequence[LayerCost],
+    schedule: Schedule | str,
+    arch: A.Architecture,
+    iterations: int | None = None,
+    interference: float = 0.0,
+) -> Result:
+    """Simulate; the iteration time is the interval between the last two marks.  ``interference``
+    (kappa >= 0): every communication stage on one of the architecture's ``gpu_resources`` also
+    takes kappa x its time of the compute stream (module docstring)."""
+    if isinstance(interference, bool) or not isinstance(interference, (int, float)) or not 0 <= interference < math.inf:
+        raise ValueError(f"interference must be a finite number >= 0, got {interference!r}")
+    if isinstance(schedule, str):
+        schedule = get(schedule)
+    layers = check_layers(layers)
+    if iterations is not None and (isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1):
+        raise ValueError(f"iterations must be an integer >= 1, got {iterations!r}")
+    tasks, pools, marks = build(layers, schedule, arch, iterations, float(interference))
+    events = simulate(tasks, pools)
+    start = {e.task.name: e.start for e in events if e.task.kind == "mark"}
+    it = start[marks[-1]] - start[marks[-2]]
+    compute = sum(lc.fwd_s + lc.bwd_s + lc.compress_s + lc.decompress_s for lc in layers)
+    return Result(it, compute, max(0.0, it - compute), tuple(events))
+
+
+__all__ = [
+    "LayerCost",
+    "Message",
+    "Result",
+    "Schedule",
+    "BSP",
+    "WFBP",
+    "Fusion",
+    "MGWFBP",
+    "ByteScheduler",
+    "SCHEDULES",
+    "get",
+    "names",
+    "build",
+    "run",
+    "layer_costs",
+    "ready_times",
+    "optimal_merge",
+    "check_layers",
+]

@@ -1,0 +1,190 @@
+"""Layer profiles (cconv.theory.profiles): presets against the survey's workloads, and profiles
+derived from cconv's own models against the FLOP count of the compiled model."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from cconv import models
+from cconv.theory import profiles as P
+from cconv.theory import workloads as W
+
+
+@pytest.mark.parametrize("name", P.names())
+def test_presets_have_the_workloads_parameters(name):
+    p, w = P.get(name), W.get(name)
+    assert p.params == w.params
+    assert p.batch == w.batch
+    assert all(lay.fwd_flops >= 0 and lay.bwd_flops >= 0 and lay.grad_bytes > 0 for lay in p.layers)
+
+
+def test_resnet50_is_4_09_gmacs_per_image_and_the_survey_counts_macs():
+    p = P.get("resnet50")
+    macs = p.fwd_flops / 2 / p.batch
+    assert macs == pytest.approx(4.09e9, rel=0.005)  # the well-known figure (torchvision, fc included)
+    # the survey's C = 470 D is 3 x MACs (a multiply-accumulate counted once) within 3 %
+    assert 3 * macs == pytest.approx(W.get("resnet50").flops_per_sample, rel=0.03)
+    assert [lay.name for lay in p.layers[:1]] == ["fc"] and p.layers[-1].name == "conv1"
+    assert len(p.layers) == 54  # 53 convolutions (each with its BN) and fc
+
+
+def test_bert_embeddings_hold_many_parameters_and_no_flops():
+    p = P.get("bert-base")
+    emb = p.layers[-1]
+    assert emb.name == "embeddings" and emb.fwd_flops == 0 and emb.bwd_flops == 0
+    assert emb.grad_bytes / 4 == W.embedding_params(W.get("bert-base")) + 2 * 768
+    assert emb.grad_bytes / (4 * p.params) > 0.2
+    # C per sample within 25 % of the survey's (Base) and 60 % (Large): see the module docstring
+    assert p.flops_per_sample / W.get("bert-base").flops_per_sample == pytest.approx(1.21, abs=0.02)
+    large = P.get("bert-large")
+    assert large.flops_per_sample / W.get("bert-large").flops_per_sample == pytest.approx(1.57, abs=0.02)
+
+
+def test_backward_is_twice_forward_except_the_first_layer():
+    p = P.get("resnet50")
+    assert p.layers[-1].bwd_flops == p.layers[-1].fwd_flops
+    assert all(lay.bwd_flops == 2 * lay.fwd_flops for lay in p.layers[:-1])
+
+
+def test_scaled_keeps_the_shape():
+    p = P.get("bert-base")
+    s = P.scaled(p, W.get("bert-base").flops_per_sample)
+    assert s.flops_per_sample == pytest.approx(W.get("bert-base").flops_per_sample)
+    assert [lay.grad_bytes for lay in s.layers] == [lay.grad_bytes for lay in p.layers]
+    r = s.layers[3].fwd_flops / p.layers[3].fwd_flops
+    assert s.layers[10].bwd_flops / p.layers[10].bwd_flops == pytest.approx(r)
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ([("a", -1.0, 0.0, 4.0)], "fwd_flops"),
+        ([("a", 1.0, 2.0, -4.0)], "grad_bytes"),
+        ([{"name": "a", "fwd_flops": 1.0}], "lacks"),
+        ([], "no layers"),
+        ([("a", float("nan"), 0.0, 4.0)], "finite"),
+    ],
+)
+def test_bad_layer_tables_are_one_line_errors(bad, match):
+    with pytest.raises(ValueError, match=match) as e:
+        P.make("t", bad, 8)
+    assert "\n" not in str(e.value)
+
+
+def test_unknown_profile():
+    with pytest.raises(ValueError, match="unknown profile 'gpt'"):
+        P.get("gpt")
+
+
+# --------------------------------------------------------------------------- cconv's own models
+
+CASES = {
+    "mlp": ((8, 8, 1), 10, {"hidden": (64, 64)}),
+    "cnn": ((12, 12, 1), 10, {"channels": (4, 8), "hidden": 16}),
+    "resnet8": ((8, 8, 3), 10, {"width": 4}),
+    "transformer": ((16,), 32, {"d_model": 32, "layers": 2, "heads": 2}),
+    "linear": ((8, 8, 1), 10, {}),
+}
+
+
+@pytest.fixture(scope="module")
+def derived():
+    out = {}
+    for m, (shape, nc, hp) in CASES.items():
+        spec = models.build(m, shape, nc, 0, **hp)
+        x = jax.ShapeDtypeStruct((8, *shape), jnp.int32 if m == "transformer" else jnp.float32)
+        out[m] = (spec, x, P.from_spec(m, spec, x))
+    return out
+
+
+@pytest.mark.parametrize("model", list(CASES))
+def test_derived_profile_matches_the_compiled_model(derived, model):
+    spec, x, p = derived[model]
+    assert p.params == spec.num_params
+    assert p.batch == 8
+
+    def forward(params, xb):
+        return spec.apply(params, spec.model_state, xb, True, None)[0].astype(jnp.float32)
+
+    fwd = jax.jit(forward).lower(spec.params, x).cost_analysis()["flops"]
+    # products only (no elementwise ops); XLA skips padded convolution taps: within 10 %
+    assert p.fwd_flops == pytest.approx(fwd, rel=0.10)
+    if model != "linear":  # a linear model's weight gradient does not need its forward pass
+        both = jax.jit(jax.grad(lambda q, xb: forward(q, xb).sum())).lower(spec.params, x).cost_analysis()["flops"]
+        assert p.fwd_flops + p.bwd_flops == pytest.approx(both, rel=0.10)
+
+
+def test_derived_layers_in_backprop_order(derived):
+    names = [lay.name for lay in derived["mlp"][2].layers]
+    assert names == ["head", "layer1", "layer0"]
+    t = [lay.name for lay in derived["transformer"][2].layers]
+    assert t[0] == "head" and t[-1] == "embed"
+    assert derived["transformer"][2].layers[-1].fwd_flops == 0  # a lookup, no product
+
+
+# --------------------------------------------------------------------------- compression in the schedule
+
+from cconv import compressors  # noqa: E402
+from cconv.theory import constants as K  # noqa: E402
+from cconv.theory import network as N  # noqa: E402
+from cconv.theory import planner as PL  # noqa: E402
+from cconv.theory.schedule import arch as A  # noqa: E402
+from cconv.theory.schedule import compress as CC  # noqa: E402
+from cconv.theory.schedule import ratios as R  # noqa: E402
+
+TOY = P.make("toy", [("c", 1e9, 2e9, 4e6), ("b", 3e10, 6e10, 4e5), ("a", 1e9, 1e9, 4e6)], 8)
+
+
+def _sparsifier() -> str:
+    """A registered contractive compressor with an allgather payload and a ratio knob (no names)."""
+    for e in compressors.entries():
+        if e.knob is None or e.knob.name != "ratio" or e.aggregation != "allgather":
+            continue
+        if K.constants(compressors.get(e.name, ratio=0.01), (1000,)).kind == "contractive":
+            return e.name
+    pytest.skip("no contractive ratio compressor registered")
+
+
+def test_identity_adds_no_operation_and_sends_the_gradient():
+    lcs = CC.layer_costs(TOY, PL.identity_name(), 8)
+    assert [lc.nbytes for lc in lcs] == [lay.grad_bytes for lay in TOY.layers]
+    assert all(lc.compress_s == 0 and lc.decompress_s == 0 for lc in lcs)
+    assert lcs[1].bwd_s == pytest.approx(6e10 / CC.SURVEY_DEVICE.flops)
+
+
+def test_compress_costs_scale_with_the_measured_ratio_and_the_read_floor():
+    m = _sparsifier()
+    bench = {PL.all_methods()[m].compressor: (CC.Ratio(1e5, 2.0, 1.0), CC.Ratio(1e7, 4.0, 3.0))}
+    dev = CC.Device("d", 1e12, 1e11, 0.0)
+    lcs = CC.layer_costs(TOY, m, 8, dev, hparams={"ratio": 0.01}, bench=bench)
+    d = 1e6  # 4e6 bytes: halfway between 1e5 and 1e7 on a log scale
+    assert lcs[0].compress_s == pytest.approx(3.0 * 4 * d / 1e11)
+    assert lcs[0].decompress_s == pytest.approx(8 * 2.0 * 4 * d / 1e11)  # 8 gathered payloads
+    assert lcs[0].kind == "allgather" and lcs[0].nbytes < 4e6 / 10
+    assert CC.ratio_at(bench[PL.all_methods()[m].compressor], 1e3) == (2.0, 1.0)  # held outside
+
+
+def test_benchmark_ratios_are_read_by_registry_name():
+    bench = CC.load_bench()
+    assert set(bench) <= set(compressors.names()) and _sparsifier() in bench
+    missing = sorted(set(compressors.names()) - set(bench))
+    for name in missing:  # registered after the committed benchmark ran: a one-line error
+        with pytest.raises(ValueError, match="no measured compress/decompress ratio"):
+            CC.layer_costs(TOY, name, 8, bench=bench)
+
+
+@pytest.mark.parametrize("schedule", ["wfbp", "bsp", "mg-wfbp", "bytescheduler"])
+def test_per_layer_ratios_match_brute_force_and_beat_the_global_ratio(schedule):
+    m = _sparsifier()
+    arch = A.get("ring", N.get("10GbE"), 8)
+    vals = [0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16]
+    for v in (0.01, 0.05):  # ends with v = 0.05
+        h = R.per_layer(TOY, m, schedule, arch, 8, v, values=vals)
+        e = R.per_layer(TOY, m, schedule, arch, 8, v, values=vals, exhaustive=True)
+        assert h.iter_s == pytest.approx(e.iter_s, rel=1e-9)
+        assert h.iter_s <= h.best_global_iter_s * (1 + 1e-12) and h.best_global_iter_s <= h.global_iter_s
+        assert h.error <= h.budget
+    if schedule != "bsp":  # overlap leaves room: moving kept elements to the early layer pays
+        assert h.global_iter_s / h.iter_s > 1.03
