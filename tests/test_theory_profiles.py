@@ -188,3 +188,64 @@ def test_per_layer_ratios_match_brute_force_and_beat_the_global_ratio(schedule):
         assert h.error <= h.budget
     if schedule != "bsp":  # overlap leaves room: moving kept elements to the early layer pays
         assert h.global_iter_s / h.iter_s > 1.03
+
+
+# --------------------------------------------------------------------------- runs use the schedule
+
+from collections import namedtuple  # noqa: E402
+
+from cconv.theory.schedule import runs as RU  # noqa: E402
+
+Coll = namedtuple("Coll", "kind bytes count control", defaults=(1, False))
+
+
+def test_bsp_on_a_flat_link_with_fused_collectives_is_todays_formula():
+    net = N.get("10GbE")
+    colls = [Coll("allgather", 3e5), Coll("allreduce", 8.0)]
+    today = 0.01 + 0.002 + N.step_comm_time(colls, 4, net)
+    assert RU.step_time(TOY, colls, 4, net, "bsp", 0.01, 0.002) == pytest.approx(today, rel=1e-12)
+    ps = [Coll("ps_push", 4e5), Coll("ps_pull", 4e5)]
+    today_ps = 0.01 + 0.002 + N.step_comm_time(ps, 4, net, servers=1)
+    assert RU.step_time(TOY, ps, 4, net, "bsp", 0.01, 0.002, ps=True) == pytest.approx(today_ps, rel=1e-12)
+    # overlap: wait-free backprop hides communication behind the backward pass
+    assert RU.step_time(TOY, colls, 4, net, "wfbp", 0.01, 0.002) < today
+
+
+def test_run_schedule_and_servers_are_checked():
+    from cconv.experiments.config import ConfigError, from_dict
+
+    base = {"model": "linear", "data": "digits", "network": "10GbE"}
+    assert from_dict({**base, "schedule": "wfbp", "servers": 2}).servers == 2
+    assert from_dict(base).schedule is None
+    for bad, match in (
+        ({"schedule": "eager"}, "schedule must be one of"),
+        ({"schedule": "bsp", "servers": 0}, "servers must be an integer >= 1"),
+        ({"servers": 2}, "need a schedule"),
+        ({"schedule": "bsp", "network": None}, "needs a network"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            from_dict({**base, **bad})
+
+
+@pytest.mark.slow
+def test_a_runs_sim_time_follows_its_schedule():
+    from cconv.experiments.config import from_dict
+    from cconv.experiments.runner import Calibration, SimClock, build_problem
+
+    tiny = {
+        "model": {"name": "mlp", "hidden": [16]},
+        "data": "digits",
+        "workers": 4,
+        "batch_size": 32,
+        "steps": 2,
+        "compressor": {"name": "topk", "ratio": 0.1},
+        "granularity": "fused",
+        "network": ["10GbE"],
+    }
+    problem = build_problem(from_dict(tiny))
+    calib = Calibration(problem)
+    default = SimClock(problem.cfg, problem.trainer, calib).step_times(0)[0]
+    bsp = SimClock(from_dict({**tiny, "schedule": "bsp"}), problem.trainer, calib).step_times(0)[0]
+    wfbp = SimClock(from_dict({**tiny, "schedule": "wfbp"}), problem.trainer, calib).step_times(0)[0]
+    assert bsp == pytest.approx(default, rel=1e-9)  # fused collectives on a flat link: today's numbers
+    assert wfbp > 0 and wfbp != pytest.approx(bsp, rel=1e-6)  # per-layer messages: more latency, some overlap
