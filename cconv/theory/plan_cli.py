@@ -221,7 +221,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--ranks", type=_list(_pos_int), default=None, help="alias of --sweep rank=... (PowerSGD ranks)")
     p.add_argument("--levels", type=_list(_pos_int), default=None, help="alias of --sweep levels=... (QSGD levels s)")
-    p.add_argument("--methods", type=_list(str), default=None, help=f"subset of: {', '.join(PL.all_methods())}")
+    p.add_argument(
+        "--methods",
+        type=_list(str),
+        default=None,
+        help=f"subset of: {', '.join(PL.all_methods())}; or a method set: survey (the survey's seven lossless "
+        "schedule x architecture methods, simulated per layer)",
+    )
     p.add_argument("--granularity", choices=("fused", "layerwise"), default="fused")
     p.add_argument(
         "--overlap",
@@ -247,6 +253,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="payload sizes: the buffers the collectives move (default), or the expected encoded messages "
         "of entropy-coded formats (what a variable-length transport would send)",
     )
+    p.add_argument("--json", action="store_true", help="with a method set (--methods survey): the rows as JSON")
+    p.add_argument(
+        "--interference",
+        type=float,
+        default=None,
+        help="with a method set: kappa, the share of the GPU communication kernels take while overlapping "
+        "(default: fitted to the survey's 4-GPU BERT-Large 1.2x, cconv.theory.schedule.survey.INTERFERENCE)",
+    )
+    p.add_argument("--topology", default=None, help="with a method set: fat-tree, bcube or torus (beta factors)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -287,9 +302,65 @@ def _networks(args: argparse.Namespace) -> list[N.Network | N.Hierarchical]:
     return [N.get(n.strip()) for n in args.network.split(",") if n.strip()]
 
 
+def format_method_set(name: str, workload: str, workers: int, net: N.Network | N.Hierarchical, rows: list) -> str:
+    """A method set's rows as the table ``cconv plan --methods survey`` prints."""
+    lines = [
+        f"method set {name}: workload {workload}, P={workers}, network {_describe(net)}",
+        f"{'method':<20} {'iter ms':>9} {'speedup':>8} {'exposed comm ms':>16}",
+    ]
+    for r in rows:
+        lines.append(f"{r.method:<20} {r.iter_s * 1e3:>9.1f} {r.speedup:>7.2f}x {r.comm_exposed_s * 1e3:>16.1f}")
+    top = max(rows, key=lambda r: r.speedup)
+    lines.append(f"fastest: {top.method} {top.speedup:.2f}x")
+    return "\n".join(lines)
+
+
+def run_method_set(args: argparse.Namespace, name: str) -> str:
+    """Rows of a method set (``cconv.theory.schedule.survey.METHOD_SETS``) for every network."""
+    import json
+
+    from cconv.theory import profiles as P
+    from cconv.theory.schedule import survey as SV
+
+    if args.workload is None or args.workload.lower() not in P.names():
+        raise ValueError(f"--methods {name} needs --workload with a layer profile: {', '.join(P.names())}")
+    if any(getattr(args, k) is not None for k in ("params", "flops_per_sample", "batch")):
+        raise ValueError(
+            f"--methods {name} takes the workload from its profile; drop --params/--flops-per-sample/--batch"
+        )
+    kappa = SV.INTERFERENCE if args.interference is None else args.interference
+    if not (math.isfinite(kappa) and kappa >= 0):
+        raise ValueError(f"--interference must be a finite number >= 0, got {kappa!r}")
+    nets = _networks(args)
+    if not nets:
+        raise ValueError(f"--network is empty; presets: {', '.join(N.names())}")
+    fn, w = SV.METHOD_SETS[name], args.workload.lower()
+    out, records = [], []
+    for net in nets:
+        rows = fn(
+            w, args.workers, net, args.device_flops, servers=args.servers, interference=kappa, topology=args.topology
+        )
+        out.append(format_method_set(name, w, args.workers, net, rows))
+        for r in rows:
+            records.append({"workload": w, "network": net.name, "workers": args.workers, **r._asdict()})
+    return json.dumps(records, indent=1) if args.json else "\n\n".join(out)
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the plan; 0 on success, 2 with one line on stderr for bad input."""
     try:
+        from cconv.theory.schedule.survey import METHOD_SETS
+
+        sets = [m for m in args.methods or [] if m in METHOD_SETS]
+        if sets:
+            if len(args.methods) != 1:
+                raise ValueError(f"--methods {sets[0]} is a method set: give it alone")
+            print(run_method_set(args, sets[0]))
+            return 0
+        if args.json or args.interference is not None or args.topology is not None:
+            raise ValueError(
+                f"--json, --interference and --topology need a method set (--methods {', '.join(METHOD_SETS)})"
+            )
         w = _workload(args)
         nets = _networks(args)
         if not nets:

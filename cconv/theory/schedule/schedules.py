@@ -41,6 +41,13 @@ Schedules (``SCHEDULES``; a protocol and one object each):
   layer l waits only for layer l's partitions.  Its iteration time is the steady state: the
   interval between the starts of the last two of ``iterations`` simulated iterations.
 
+GPU interference (``run(..., interference=kappa)``, default 0): a communication stage on one of
+the architecture's ``gpu_resources`` (NCCL's collectives, BytePS's PCIe stages) also puts a task
+of kappa x its time on the compute stream, ready with the stage (after the stage's dependencies
+and the previous stage on that resource) and ahead of the remaining backward: communication that
+overlaps computation slows it.  Under BSP the compute stream is idle then, so it costs nothing.
+MG-WFBP's merge is optimal for kappa = 0 (the interference is not in its cost model).
+
 ``Result``: ``iter_s`` (iteration time), ``compute_s`` (busy time of the compute stream per
 iteration), ``comm_exposed_s`` = iter_s - compute_s, and the events of the simulation.
 """
