@@ -223,14 +223,19 @@ def _search(cand, costs, errs, budget, time_of, error_of, arch, start, max_evals
 
 
 def format_plan(plan: RatioPlan, profile: Profile) -> str:
-    """The chosen values as a table (forward order) with the gain over the global value."""
+    """The layers whose value differs from the global one (forward order), and the gain."""
     lines = [
         f"per-layer {plan.knob} under the error budget of global {plan.knob}={plan.global_value} "
         f"(sum_l e_l = {plan.budget:.4g}; used {plan.error:.4g})",
         f"{'layer':<32} {'elements':>12} {plan.knob:>10}",
     ]
+    same = 0
     for lay, v in reversed(list(zip(profile.layers, plan.values))):
+        if v == plan.global_value:
+            same += 1
+            continue
         lines.append(f"{lay.name:<32} {int(round(lay.grad_bytes / FLOAT_BYTES)):>12,} {v!s:>10}")
+    lines.append(f"({same} other layer{'s' if same != 1 else ''} at {plan.knob}={plan.global_value})")
     lines += [
         "",
         f"global {plan.knob}={plan.global_value}: {plan.global_iter_s * 1e3:.2f} ms; best global with the same "
