@@ -93,7 +93,7 @@ CASES = {
 def derived():
     out = {}
     for m, (shape, nc, hp) in CASES.items():
-        spec = models.build(m, shape, nc, 0, **hp)
+        spec = P.abstract_spec(m, shape, nc, **hp)  # shapes only: nothing is initialised
         x = jax.ShapeDtypeStruct((8, *shape), jnp.int32 if m == "transformer" else jnp.float32)
         out[m] = (spec, x, P.from_spec(m, spec, x))
     return out
@@ -102,11 +102,15 @@ def derived():
 @pytest.mark.parametrize("model", list(CASES))
 def test_derived_profile_matches_the_compiled_model(derived, model):
     spec, x, p = derived[model]
-    assert p.params == spec.num_params
+    shape, nc, hp = CASES[model]
+    real, _ = jax.eval_shape(models.initializer(model, shape, nc, **hp), jax.random.key(0))
+    assert p.params == spec.num_params == sum(leaf.size for leaf in jax.tree.leaves(real))
     assert p.batch == 8
 
+    state = jax.tree.map(lambda v: jnp.zeros(v.shape, v.dtype), spec.model_state)
+
     def forward(params, xb):
-        return spec.apply(params, spec.model_state, xb, True, None)[0].astype(jnp.float32)
+        return spec.apply(params, state, xb, True, None)[0].astype(jnp.float32)
 
     fwd = jax.jit(forward).lower(spec.params, x).cost_analysis()["flops"]
     # products only (no elementwise ops); XLA skips padded convolution taps: within 10 %
@@ -188,3 +192,119 @@ def test_per_layer_ratios_match_brute_force_and_beat_the_global_ratio(schedule):
         assert h.error <= h.budget
     if schedule != "bsp":  # overlap leaves room: moving kept elements to the early layer pays
         assert h.global_iter_s / h.iter_s > 1.03
+
+
+# --------------------------------------------------------------------------- runs use the schedule
+
+from collections import namedtuple  # noqa: E402
+
+from cconv.theory.schedule import runs as RU  # noqa: E402
+
+Coll = namedtuple("Coll", "kind bytes count control", defaults=(1, False))
+
+
+def test_bsp_on_a_flat_link_with_fused_collectives_is_todays_formula():
+    net = N.get("10GbE")
+    colls = [Coll("allgather", 3e5), Coll("allreduce", 8.0)]
+    today = 0.01 + 0.002 + N.step_comm_time(colls, 4, net)
+    assert RU.step_time(TOY, colls, 4, net, "bsp", 0.01, 0.002) == pytest.approx(today, rel=1e-12)
+    ps = [Coll("ps_push", 4e5), Coll("ps_pull", 4e5)]
+    today_ps = 0.01 + 0.002 + N.step_comm_time(ps, 4, net, servers=1)
+    assert RU.step_time(TOY, ps, 4, net, "bsp", 0.01, 0.002, ps=True) == pytest.approx(today_ps, rel=1e-12)
+    # overlap: wait-free backprop hides communication behind the backward pass
+    assert RU.step_time(TOY, colls, 4, net, "wfbp", 0.01, 0.002) < today
+
+
+def test_run_schedule_and_servers_are_checked():
+    from cconv.experiments.config import ConfigError, from_dict
+
+    base = {"model": "linear", "data": "digits", "network": "10GbE"}
+    assert from_dict({**base, "schedule": "wfbp", "servers": 2}).servers == 2
+    assert from_dict(base).schedule is None
+    for bad, match in (
+        ({"schedule": "eager"}, "schedule must be one of"),
+        ({"schedule": "bsp", "servers": 0}, "servers must be an integer >= 1"),
+        ({"servers": 2}, "need a schedule"),
+        ({"schedule": "bsp", "network": None}, "needs a network"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            from_dict({**base, **bad})
+
+
+@pytest.mark.slow
+def test_a_runs_sim_time_follows_its_schedule():
+    from cconv.experiments.config import from_dict
+    from cconv.experiments.runner import Calibration, SimClock, build_problem
+
+    tiny = {
+        "model": {"name": "mlp", "hidden": [16]},
+        "data": "digits",
+        "workers": 4,
+        "batch_size": 32,
+        "steps": 2,
+        "compressor": {"name": "topk", "ratio": 0.1},
+        "granularity": "fused",
+        "network": ["10GbE"],
+    }
+    problem = build_problem(from_dict(tiny))
+    calib = Calibration(problem)
+    default = SimClock(problem.cfg, problem.trainer, calib).step_times(0)[0]
+    bsp = SimClock(from_dict({**tiny, "schedule": "bsp"}), problem.trainer, calib).step_times(0)[0]
+    wfbp = SimClock(from_dict({**tiny, "schedule": "wfbp"}), problem.trainer, calib).step_times(0)[0]
+    assert bsp == pytest.approx(default, rel=1e-9)  # fused collectives on a flat link: today's numbers
+    assert wfbp > 0 and wfbp != pytest.approx(bsp, rel=1e-6)  # per-layer messages: more latency, some overlap
+
+
+# --------------------------------------------------------------------------- plan: methods all, per-layer ratios
+
+from cconv.theory import plan_cli  # noqa: E402
+from cconv.theory.schedule import compressed as CP  # noqa: E402
+from cconv.theory.schedule import survey as SV  # noqa: E402
+
+
+def test_schedule_x_compressor_rows_with_the_identity_are_the_survey_rows():
+    net = N.get("survey-100GbIB")
+    notes: list[str] = []
+    rows = CP.rows(
+        "resnet50",
+        32,
+        net,
+        methods=["WFBP-A2A", "BSP-PS"],
+        compressors=[PL.identity_name(), _sparsifier()],
+        notes=notes,
+    )
+    survey = {r.method: r for r in SV.rows("resnet50", 32, net, methods=["WFBP-A2A", "BSP-PS"])}
+    ident = [r for r in rows if r.compressor == PL.identity_name()]
+    assert len(ident) == 2
+    for r in ident:
+        s = survey[r.method.split("+")[0]]
+        assert r.iter_s == pytest.approx(s.iter_s, rel=1e-12) and r.speedup == pytest.approx(s.speedup, rel=1e-12)
+        assert r.compress_s == 0 and r.decompress_s == 0
+    sparse = [r for r in rows if r.compressor != PL.identity_name()]
+    assert sparse and all(r.architecture == "hierarchical" for r in sparse)  # all-gather payloads: no PS
+    assert all(r.compress_s > 0 and r.decompress_s > 0 for r in sparse)
+    assert any("parameter-server" in n for n in notes)
+
+
+def test_plan_cli_bad_per_layer_input_is_one_line(capsys):
+    args = ["--workload", "resnet50", "--workers", "32", "--network", "survey-100GbIB"]
+    for extra in (["--per-layer-ratios", "bogus=1"], ["--per-layer-ratios", f"{_sparsifier()}=x"]):
+        assert plan_cli.main(args + extra) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("cconv plan: error:") and err.count("\n") == 1
+    assert plan_cli.main(["--workers", "4", "--network", "10GbE", "--per-layer-ratios", f"{_sparsifier()}=0.01"]) == 2
+    assert "needs --workload" in capsys.readouterr().err
+
+
+@pytest.mark.extended
+def test_plan_cli_methods_all_and_per_layer_ratios(capsys):
+    import json
+
+    base = ["--workload", "resnet50", "--workers", "32", "--network", "survey-100GbIB"]
+    assert plan_cli.main(base + ["--methods", "all", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {"method", "speedup", "iter_s", "comm_exposed_s", "compress_s"} <= set(rows[0])
+    assert {r["method"].split("+")[0] for r in rows} == set(SV.METHODS)
+    assert plan_cli.main(base + ["--per-layer-ratios", f"{_sparsifier()}=0.01", "--json"]) == 0
+    (rec,) = json.loads(capsys.readouterr().out)
+    assert rec["iter_s"] <= rec["best_global_iter_s"] and len(rec["values"]) == len(rec["layers"]) == 54

@@ -91,7 +91,7 @@ SCHEDULE_VALUE_ARGS = ("peak_value", "init_value", "value")  # = lr
 SCHEDULE_LENGTH_ARGS = ("decay_steps", "transition_steps")  # = steps - lr_warmup
 # fields added after runs were written: an older config.yaml without them holds their default,
 # and at their default they are left out of ``digest`` (old run directories resume unchanged)
-ADDED_FIELDS: dict[str, Any] = {"ef_scale": None, "tensorboard": False}
+ADDED_FIELDS: dict[str, Any] = {"ef_scale": None, "tensorboard": False, "schedule": None, "servers": None}
 
 
 @dataclass
@@ -163,6 +163,16 @@ class RunConfig:
     )
     network: Any = field(
         default=None, metadata={"help": "network for simulated time: preset name, {name, alpha, beta}, or a list"}
+    )
+    schedule: Any = field(
+        default=None,
+        metadata={
+            "help": "simulated time: null (compute + exchange + sum of collective times) | bsp | wfbp | "
+            "mg-wfbp | bytescheduler | fusion (event simulator over the model's layers)"
+        },
+    )
+    servers: Any = field(
+        default=None, metadata={"help": "simulated time with a schedule: parameter servers (push/pull), or null"}
     )
     log_every: int = field(default=10, metadata={"help": "steps between metric lines (and test evaluations)"})
     checkpoint_every: int = field(default=100, metadata={"help": "steps between checkpoints (resume points)"})
@@ -450,6 +460,16 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
             )
     if not isinstance(cfg.tensorboard, bool):
         raise ConfigError(f"tensorboard must be true or false, got {cfg.tensorboard!r}")
+    if cfg.schedule is not None:
+        from cconv.theory.schedule import schedules
+
+        cfg.schedule = _choice("schedule", cfg.schedule, schedules.names())
+        if cfg.network is None:
+            raise ConfigError(f"schedule: {cfg.schedule} sets the simulated time; it needs a network")
+    if cfg.servers is not None:
+        cfg.servers = _int("servers", cfg.servers)
+        if cfg.schedule is None:
+            raise ConfigError("servers: the parameter servers of the simulated time need a schedule")
     nets = cfg.network
     if nets is not None:
         for n in nets if isinstance(nets, list) else [nets]:

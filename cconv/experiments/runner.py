@@ -40,7 +40,11 @@ must decode: P of them for all-gather compressors, one otherwise) are measured o
 training (fastest of 10 timed calls after compilation), and ``t_comm(step)`` is the
 alpha-beta model of ``cconv.theory.network`` applied to ``trainer.collectives(step)``, the
 static list of collectives the step performs.  Steps without communication (local SGD) cost
-``t_compute`` only.
+``t_compute`` only.  With ``schedule: bsp | wfbp | mg-wfbp | bytescheduler | fusion`` (and
+``servers:``) the step is instead one iteration of the event simulator over the run's own model
+profile, with the measured compute and exchange times spread over its layers
+(``cconv.theory.schedule.runs``), so overlap of communication with backpropagation shows in
+``sim_time``; without ``schedule`` the numbers are today's.
 """
 
 from __future__ import annotations
@@ -292,6 +296,7 @@ class SimClock:
         self.workers = cfg.workers
         self.trainer = trainer
         self.calib = calib
+        self.cfg = cfg
         self._cache: dict = {}
 
     def step_times(self, step: int) -> list[float]:
@@ -299,9 +304,43 @@ class SimClock:
         phase = self.trainer.phase(step)
         if phase not in self._cache:
             colls = [c for c in self.trainer.collectives(step) if not getattr(c, "control", False)]
-            local = self.calib.compute_time + (self.calib.exchange_time(phase) if phase.kind != "local" else 0.0)
-            self._cache[phase] = [local + self._network.step_comm_time(colls, self.workers, net) for net in self.nets]
+            exchange = self.calib.exchange_time(phase) if phase.kind != "local" else 0.0
+            self._cache[phase] = [self.step_time(colls, exchange, net) for net in self.nets]
         return self._cache[phase]
+
+    def step_time(self, colls: list, exchange: float, net: Any) -> float:
+        """One step's simulated seconds on ``net``: compute + exchange + the collectives' times, or,
+        with ``schedule:``, one iteration of the event simulator over the model's layers
+        (``cconv.theory.schedule.runs``)."""
+        cfg = self.cfg
+        if cfg.schedule is None or not colls:
+            return self.calib.compute_time + exchange + self._network.step_comm_time(colls, self.workers, net)
+        from cconv.theory.schedule import runs
+
+        ps = cfg.architecture in ("parameter-server", "ps")
+        return runs.step_time(
+            self.profile,
+            colls,
+            self.workers,
+            net,
+            cfg.schedule,
+            self.calib.compute_time,
+            exchange,
+            servers=cfg.servers,
+            ps=ps,
+        )
+
+    @property
+    def profile(self):
+        """The run's model as layers (``cconv.theory.profiles.from_spec`` on the local batch)."""
+        if getattr(self, "_profile", None) is None:
+            from cconv.theory import profiles
+
+            p, cfg = self.calib.problem, self.cfg
+            x = np.asarray(p.ds.train["x"][:1])
+            b = jax.ShapeDtypeStruct((cfg.batch_size // cfg.workers, *x.shape[1:]), x.dtype)
+            self._profile = profiles.from_spec(cfg.model["name"], p.specs[0], b)
+        return self._profile
 
 
 # --------------------------------------------------------------------------- the loop

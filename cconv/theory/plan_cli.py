@@ -262,6 +262,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(default: fitted to the survey's 4-GPU BERT-Large 1.2x, cconv.theory.schedule.survey.INTERFERENCE)",
     )
     p.add_argument("--topology", default=None, help="with a method set: fat-tree, bcube or torus (beta factors)")
+    p.add_argument(
+        "--per-layer-ratios",
+        metavar="METHOD=VALUE",
+        default=None,
+        help="per-layer knob values of a compressor method (e.g. topk=0.01) minimising the simulated iteration "
+        "time under the error budget of that global value (cconv.theory.schedule.ratios)",
+    )
+    p.add_argument(
+        "--ratio-method",
+        default="MG-WFBP",
+        help="with --per-layer-ratios: the survey method (schedule x architecture) to simulate (default MG-WFBP)",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -304,12 +316,13 @@ def _networks(args: argparse.Namespace) -> list[N.Network | N.Hierarchical]:
 
 def format_method_set(name: str, workload: str, workers: int, net: N.Network | N.Hierarchical, rows: list) -> str:
     """A method set's rows as the table ``cconv plan --methods survey`` prints."""
+    wd = max(20, *(len(r.method) for r in rows))
     lines = [
         f"method set {name}: workload {workload}, P={workers}, network {_describe(net)}",
-        f"{'method':<20} {'iter ms':>9} {'speedup':>8} {'exposed comm ms':>16}",
+        f"{'method':<{wd}} {'iter ms':>9} {'speedup':>8} {'exposed comm ms':>16}",
     ]
     for r in rows:
-        lines.append(f"{r.method:<20} {r.iter_s * 1e3:>9.1f} {r.speedup:>7.2f}x {r.comm_exposed_s * 1e3:>16.1f}")
+        lines.append(f"{r.method:<{wd}} {r.iter_s * 1e3:>9.1f} {r.speedup:>7.2f}x {r.comm_exposed_s * 1e3:>16.1f}")
     top = max(rows, key=lambda r: r.speedup)
     lines.append(f"fastest: {top.method} {top.speedup:.2f}x")
     return "\n".join(lines)
@@ -346,11 +359,53 @@ def run_method_set(args: argparse.Namespace, name: str) -> str:
     return json.dumps(records, indent=1) if args.json else "\n\n".join(out)
 
 
+def run_per_layer_ratios(args: argparse.Namespace) -> str:
+    """``--per-layer-ratios METHOD=VALUE``: the chosen values and the gain over the global value."""
+    import json
+
+    from cconv.theory import profiles as P
+    from cconv.theory.schedule import ratios as R
+    from cconv.theory.schedule import survey as SV
+
+    name, eq, text = args.per_layer_ratios.partition("=")
+    table = PL.all_methods()
+    if not eq or name not in table or table[name].knob is None:
+        knobbed = [m for m, v in table.items() if v.knob is not None]
+        raise ValueError(f"--per-layer-ratios expects METHOD=VALUE with METHOD one of {', '.join(knobbed)}")
+    value = knob_value(table[name].knob.name, text, "--per-layer-ratios", knobs_only=False)
+    if args.workload is None or args.workload.lower() not in P.names():
+        raise ValueError(f"--per-layer-ratios needs --workload with a layer profile: {', '.join(P.names())}")
+    kappa = SV.INTERFERENCE if args.interference is None else args.interference
+    out, records = [], []
+    for net in _networks(args):
+        plan, prof = R.survey_plan(
+            args.workload.lower(),
+            args.workers,
+            net,
+            name,
+            value,
+            args.ratio_method,
+            args.device_flops,
+            servers=args.servers,
+            interference=kappa,
+            topology=args.topology,
+        )
+        out.append(
+            f"{args.workload} on {_describe(net)}, P={args.workers}, {args.ratio_method}\n" + R.format_plan(plan, prof)
+        )
+        rec = {**plan._asdict(), "gain": plan.gain, "layers": [lay.name for lay in prof.layers]}
+        records.append({"workload": args.workload.lower(), "network": net.name, "workers": args.workers, **rec})
+    return json.dumps(records, indent=1, default=str) if args.json else "\n\n".join(out)
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the plan; 0 on success, 2 with one line on stderr for bad input."""
     try:
         from cconv.theory.schedule.survey import METHOD_SETS
 
+        if args.per_layer_ratios is not None:
+            print(run_per_layer_ratios(args))
+            return 0
         sets = [m for m in args.methods or [] if m in METHOD_SETS]
         if sets:
             if len(args.methods) != 1:

@@ -372,23 +372,42 @@ def from_apply(
 def from_model(
     model: str, input_shape: Sequence[int], num_classes: int, batch: int, dtype: Any = None, **hparams
 ) -> Profile:
-    """Profile of a registered cconv model (``cconv.models.build``) at local batch ``batch``;
-    inputs ``float32`` (``int32`` tokens for models whose input is 1-D and ``dtype`` not given)."""
+    """Profile of a registered cconv model (``cconv.models``) at local batch ``batch``, built
+    abstractly (``nnx.eval_shape``: no initialisation is computed); inputs ``float32`` (``int32``
+    tokens for the transformer when ``dtype`` is not given)."""
+    return from_spec(
+        model, abstract_spec(model, input_shape, num_classes, **hparams), _input(model, input_shape, batch, dtype)
+    )
+
+
+def abstract_spec(model: str, input_shape: Sequence[int], num_classes: int, **hparams) -> Any:
+    """The ``ModelSpec`` of ``cconv.models.build`` with shape-only parameters (validated the same way)."""
+    from flax import nnx
+
+    from cconv import models
+    from cconv.models.base import functional
+
+    factory, shape = models._checked(model, input_shape, num_classes, hparams)
+    return functional(nnx.eval_shape(lambda: factory(shape, int(num_classes), rngs=nnx.Rngs(params=0), **hparams)))
+
+
+def _input(model: str, input_shape: Sequence[int], batch: int, dtype: Any) -> Any:
     import jax
     import jax.numpy as jnp
 
-    from cconv import models
-
-    spec = models.build(model, input_shape, num_classes, 0, **hparams)
-    if dtype is None:
-        dtype = jnp.int32 if model == "transformer" else jnp.float32
-    x = jax.ShapeDtypeStruct((int(batch), *(int(s) for s in input_shape)), jnp.dtype(dtype))
-    return from_spec(model, spec, x)
+    dtype = (jnp.int32 if model == "transformer" else jnp.float32) if dtype is None else dtype
+    return jax.ShapeDtypeStruct((int(batch), *(int(s) for s in input_shape)), jnp.dtype(dtype))
 
 
 def from_spec(name: str, spec: Any, x: Any) -> Profile:
     """Profile of a ``cconv.models.ModelSpec`` on the batch ``x`` (its leading axis is the batch)."""
-    state = spec.model_state
+    import jax
+    import jax.numpy as jnp
+
+    # shape-only model state (``abstract_spec``: BatchNorm statistics) as zeros: it is small
+    state = jax.tree.map(
+        lambda v: jnp.zeros(v.shape, v.dtype) if isinstance(v, jax.ShapeDtypeStruct) else v, spec.model_state
+    )
 
     def forward(params, xb):
         return spec.apply(params, state, xb, True, None)[0]
@@ -409,5 +428,6 @@ __all__ = [
     "from_apply",
     "from_model",
     "from_spec",
+    "abstract_spec",
     "FLOAT_BYTES",
 ]

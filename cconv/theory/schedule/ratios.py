@@ -19,10 +19,11 @@ range.  The search:
 2. Lagrangian starts: for a grid of multipliers lambda, each layer takes the value minimising
    T_l(v) + lambda e_l(v) (T_l: the layer's message, compress and decompress seconds alone);
    the feasible assignments are simulated;
-3. local search from the incumbent: moves of one layer by one candidate step and, for at most
-   ``pair_layers`` layers, pairs of moves (one layer down, another up), evaluated by the simulator
-   and accepted when feasible and faster, until no move improves or ``max_evals`` simulations
-   were run.
+3. local search from the incumbent: moves of one layer by one candidate step, and transfers
+   (one layer one step down, an earlier-ready layer up to the least value that restores the
+   budget; the last-ready layers first, since their messages end the iteration), evaluated by
+   the simulator and accepted when feasible and faster (first improvement), until no move
+   improves or ``max_evals`` simulations were run.
 
 On 2-3 layer cases the search matches exhaustive enumeration (``tests/test_theory_profiles.py``).
 """
@@ -104,8 +105,9 @@ def per_layer(
     fixed: Mapping[str, Any] | None = None,
     bench: Mapping | None = None,
     max_evals: int = 400,
-    pair_layers: int = 8,
+    transfers: bool = True,
     exhaustive: bool = False,
+    interference: float = 0.0,
 ) -> RatioPlan:
     """Per-layer knob values minimising the simulated iteration time with the error budget of
     the global ``value`` (module docstring).  ``values``: the candidates (default
@@ -139,7 +141,8 @@ def per_layer(
 
     def time_of(assign: tuple) -> float:
         if assign not in cache:
-            cache[assign] = S.run([costs[i][v] for i, v in enumerate(assign)], schedule, arch).iter_s
+            lcs = [costs[i][v] for i, v in enumerate(assign)]
+            cache[assign] = S.run(lcs, schedule, arch, interference=interference).iter_s
         return cache[assign]
 
     def error_of(assign: tuple) -> float:
@@ -151,7 +154,7 @@ def per_layer(
         feasible = (a for a in itertools.product(cand, repeat=L) if error_of(a) <= budget)
         best = min(feasible, key=lambda a: (time_of(a), error_of(a)))
     else:
-        best = _search(cand, costs, errs, budget, time_of, error_of, arch, (best_v,) * L, max_evals, pair_layers, L)
+        best = _search(cand, costs, errs, budget, time_of, error_of, arch, (best_v,) * L, max_evals, transfers, L)
     return RatioPlan(
         name,
         best,
@@ -170,7 +173,7 @@ def _isolated(lc: S.LayerCost, arch: A.Architecture) -> float:
     return A.cost(arch, lc.kind or "allreduce", lc.nbytes) + lc.compress_s + lc.decompress_s
 
 
-def _search(cand, costs, errs, budget, time_of, error_of, arch, start, max_evals, pair_layers, L):
+def _search(cand, costs, errs, budget, time_of, error_of, arch, start, max_evals, transfers, L):
     best, best_t = start, time_of(start)
     # Lagrangian starts
     iso = [{v: _isolated(c[v], arch) for v in cand} for c in costs]
@@ -198,7 +201,7 @@ def _search(cand, costs, errs, budget, time_of, error_of, arch, start, max_evals
             if ki == 0:
                 continue
             need = errs[i][cand[ki - 1]] - errs[i][best[i]] - slack
-            for j in range(min(i, L) if pair_layers else 0):
+            for j in range(i if transfers else 0):
                 up = [v for v in cand[cand.index(best[j]) + 1 :] if errs[j][best[j]] - errs[j][v] >= need]
                 if up:
                     moves.append(((i, cand[ki - 1]), (j, up[0])))
@@ -220,14 +223,19 @@ def _search(cand, costs, errs, budget, time_of, error_of, arch, start, max_evals
 
 
 def format_plan(plan: RatioPlan, profile: Profile) -> str:
-    """The chosen values as a table (forward order) with the gain over the global value."""
+    """The layers whose value differs from the global one (forward order), and the gain."""
     lines = [
         f"per-layer {plan.knob} under the error budget of global {plan.knob}={plan.global_value} "
         f"(sum_l e_l = {plan.budget:.4g}; used {plan.error:.4g})",
         f"{'layer':<32} {'elements':>12} {plan.knob:>10}",
     ]
+    same = 0
     for lay, v in reversed(list(zip(profile.layers, plan.values))):
+        if v == plan.global_value:
+            same += 1
+            continue
         lines.append(f"{lay.name:<32} {int(round(lay.grad_bytes / FLOAT_BYTES)):>12,} {v!s:>10}")
+    lines.append(f"({same} other layer{'s' if same != 1 else ''} at {plan.knob}={plan.global_value})")
     lines += [
         "",
         f"global {plan.knob}={plan.global_value}: {plan.global_iter_s * 1e3:.2f} ms; best global with the same "
@@ -237,4 +245,36 @@ def format_plan(plan: RatioPlan, profile: Profile) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["RatioPlan", "per_layer", "candidates", "layer_error", "format_plan"]
+def survey_plan(
+    workload: str,
+    workers: int,
+    net,
+    method: str,
+    value: Any,
+    survey_method: str = "WFBP-A2A",
+    device_flops: float | None = None,
+    *,
+    servers: int | None = None,
+    interference: float | None = None,
+    topology: str | None = None,
+    max_evals: int = 400,
+) -> tuple[RatioPlan, Profile]:
+    """``per_layer`` for a survey workload (its profile scaled to the survey's C) under one of
+    the survey's seven methods (``survey.METHODS``: schedule and architecture)."""
+    from cconv.theory import workloads as W
+    from cconv.theory.schedule import compressed as CP
+    from cconv.theory.schedule import survey as SV
+
+    if survey_method not in SV.METHODS:
+        raise ValueError(f"unknown survey method {survey_method!r}; valid: {', '.join(SV.METHODS)}")
+    m = SV.METHODS[survey_method]
+    prof = CP.profile_of(workload)
+    ps = m.architecture in CP.PS_ARCHITECTURES
+    arch = A.get(m.architecture, net, workers, servers if ps else None, topology)
+    device = CC.SURVEY_DEVICE._replace(flops=float(device_flops or W.SURVEY_DEVICE_FLOPS))
+    kappa = SV.INTERFERENCE if interference is None else interference
+    plan = per_layer(prof, method, m.schedule, arch, workers, value, device, max_evals=max_evals, interference=kappa)
+    return plan, prof
+
+
+__all__ = ["RatioPlan", "per_layer", "survey_plan", "candidates", "layer_error", "format_plan"]

@@ -125,7 +125,14 @@ def fit_interference(target: float = BERT_LARGE_4GPU_BEST, lo: float = 0.0, hi: 
 
 # --methods value -> rows(workload, workers, net, device_flops, servers=...) -> list of rows with
 # at least method, iter_s, speedup, comm_exposed_s
-METHOD_SETS: dict[str, Callable[..., list]] = {"survey": rows}
+def _all_rows(*args, **kwargs) -> list:
+    """Every survey method x every compressor (``cconv.theory.schedule.compressed.rows``)."""
+    from cconv.theory.schedule import compressed
+
+    return compressed.rows(*args, **kwargs)
+
+
+METHOD_SETS: dict[str, Callable[..., list]] = {"survey": rows, "all": _all_rows}
 
 
 __all__ = [
