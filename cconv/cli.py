@@ -455,6 +455,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("cconv: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`cconv plan ... | head`): not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 141  # 128 + SIGPIPE, as a shell reports it
     except (ValueError, FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as e:
         if debug:
             raise
