@@ -21,6 +21,7 @@ from cconv import memory as M
 from cconv.comm import aggregation as A
 from cconv.compressors.base import Compressor
 from cconv.engine.launchers import LAUNCHERS  # name -> Launcher class
+from cconv.engine.timing import Stragglers
 
 # The uncompressed baseline's registered name (defined by the compressors layer).
 IDENTITY: str = C.IDENTITY
@@ -110,6 +111,17 @@ class EngineConfig:
     ps_downlink        compressor for the server's reply (error feedback on the server)
     launcher           a key of ``LAUNCHERS``: shard_map (default), pmap or mpi
     axis_name          name of the worker axis
+    sync               synchronization mode, a key of ``cconv.engine.sync.SYNC_MODES``: bsp
+                       (default; with local_steps > 1 or post_local_switch: local SGD), ssp, asp
+    staleness          SSP's bound s (clocks a gradient's parameters may lag; 0: BSP exactly)
+    max_staleness      ASP: the parameter versions kept (a gradient older than this is computed on
+                       the oldest kept version); None: 2 P
+    stragglers         timing model: ``Stragglers(fraction, slowdown)`` (a fixed subset of the
+                       workers, drawn from ``timing_seed``, computes ``slowdown`` times slower)
+    jitter             timing model: lognormal sigma of each worker-step's compute time (0: none)
+    worker_speeds      timing model: explicit relative compute times per worker (P numbers >= 1 /
+                       any positive numbers; None: all 1)
+    timing_seed        seed of the timing model (``cconv.engine.timing``)
     """
 
     workers: int = 1
@@ -132,6 +144,13 @@ class EngineConfig:
     ps_downlink: Compressor | str | None = None
     launcher: str = "shard_map"
     axis_name: str = "workers"
+    sync: str = "bsp"
+    staleness: int = 0
+    max_staleness: int | None = None
+    stragglers: Stragglers | None = None
+    jitter: float = 0.0
+    worker_speeds: Sequence[float] | None = None
+    timing_seed: int = 0
 
     def __post_init__(self):
         def choice(field, valid):
@@ -179,12 +198,27 @@ class EngineConfig:
         A.check(self, c)  # what the aggregation methods cannot do (powersgd, gtopk, vote)
         if self.ps_downlink is not None and self.architecture != "parameter-server":
             raise ValueError("ps_downlink needs architecture='parameter-server'")
+        self._check_sync()
         if self.warmup is not None and "ratio" not in C.entry_of(c).schema.names:
             ok = [e.name for e in C.entries() if "ratio" in e.schema.names]
             raise ValueError(
                 f"warmup changes the density: needs a compressor with a ratio "
                 f"hyper-parameter ({', '.join(ok)}), got {c.name!r}"
             )
+
+    def _check_sync(self):
+        from cconv.engine import sync, timing  # sync imports this module
+
+        if not isinstance(self.sync, str) or self.sync not in sync.public_names():
+            raise ValueError(f"EngineConfig.sync={self.sync!r}; valid: {', '.join(sync.public_names())}")
+        if not _integer(self.staleness) or self.staleness < 0:
+            raise ValueError(f"EngineConfig.staleness must be an integer >= 0, got {self.staleness!r}")
+        if self.max_staleness is not None and (not _integer(self.max_staleness) or self.max_staleness < 1):
+            raise ValueError(f"EngineConfig.max_staleness must be an integer >= 1 or None, got {self.max_staleness!r}")
+        if not _integer(self.timing_seed):
+            raise ValueError(f"EngineConfig.timing_seed must be an integer, got {self.timing_seed!r}")
+        timing.check(self)
+        sync.SYNC_MODES[self.sync].check(self)
 
     @property
     def model_averaging(self) -> bool:
