@@ -295,13 +295,18 @@ class SimClock:
         self._cache: dict = {}
 
     def step_times(self, step: int) -> list[float]:
-        """[sim_step_time on each network] for training step ``step`` (0-based)."""
-        phase = self.trainer.phase(step)
+        """[sim_step_time on each network] for training step ``step`` (0-based).  The compute
+        part is the measured compute time x the synchronization mode's span of the step in the
+        worker timing model (``SyncMode.span``: BSP waits for the slowest worker, SSP/ASP follow
+        their event schedules; 1 without stragglers, jitter or worker_speeds)."""
+        phase, sync = self.trainer.phase(step), self.trainer.sync
         if phase not in self._cache:
             colls = [c for c in self.trainer.collectives(step) if not getattr(c, "control", False)]
-            local = self.calib.compute_time + (self.calib.exchange_time(phase) if phase.kind != "local" else 0.0)
-            self._cache[phase] = [local + self._network.step_comm_time(colls, self.workers, net) for net in self.nets]
-        return self._cache[phase]
+            ex = self.calib.exchange_time(phase) if sync.communicates(phase) else 0.0
+            self._cache[phase] = (ex, [self._network.step_comm_time(colls, self.workers, net) for net in self.nets])
+        ex, comm = self._cache[phase]
+        local = self.calib.compute_time * sync.span(self.trainer.cfg, step) + ex
+        return [local + c for c in comm]
 
 
 # --------------------------------------------------------------------------- the loop
