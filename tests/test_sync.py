@@ -207,3 +207,21 @@ def test_bad_sync_config_is_a_one_line_value_error(kw, match):
 
 def test_registry_names():
     assert {"bsp", "ssp", "asp"} <= set(public_names()) and "local" not in public_names()
+
+
+def test_adacomm_period_follows_the_loss_and_survives_a_host_state_round_trip():
+    cfg = dict(local_steps="adaptive", local_steps_init=4, adapt_every=4)
+    tr = linear_trainer(**cfg)
+    state = tr.init()
+    for t in range(16):
+        state, _ = tr.step(state, linear_batch(t), jax.random.PRNGKey(t))
+    kinds = "".join(tr.phase(t).kind[0] for t in range(16))
+    assert kinds[:4] == "llls"  # H_0 = 4
+    h = tr.host_state()
+    assert h["h"] < 4 and len(h["history"]) > 1  # the loss fell: averaging got more frequent
+    again = linear_trainer(**cfg)
+    again.load_host_state(h)
+    assert [again.phase(t) for t in range(16)] == [tr.phase(t) for t in range(16)]
+    assert tr.sync.average_view(tr.cfg)
+    with pytest.raises(ValueError, match="post_local_switch"):
+        EngineConfig(workers=P4, post_local_switch=2, **cfg)

@@ -16,17 +16,23 @@ orthogonal to compression: every mode moves its messages through the phase's ``E
     compresses(cfg, phase)          does this phase's exchange use the compressor (+ memory)?
     communicates(phase)             does this phase communicate at all?
     dry(comm, ex, ws, phase)        what ``step`` communicates, on shapes (``DryComm``)
+    host(cfg)                       a per-trainer host object deciding phases from what the run
+                                    observed (AdaComm), or None: ``phase``/``observe``/
+                                    ``state_dict``/``load_state_dict`` (the checkpoint carries it)
+    span(cfg, step)                 compute time of a step in units of one measured worker step
+                                    (``cconv.engine.timing``; the simulated clock)
     average_view(cfg)               evaluate the workers' average model (True) or worker 0's
     waits_for_all                   does a step wait for every worker (simulated time: the
                                     slowest worker's compute) or not (see ``cconv.engine.timing``)
 
 ``sync_mode(cfg)`` picks the mode: ``cfg.sync`` ("bsp" by default), where ``bsp`` with
-``local_steps > 1`` or ``post_local_switch > 0`` is local SGD.  Adding a mode is one class and
-one ``SYNC_MODES`` entry.
+``local_steps > 1`` or ``post_local_switch > 0`` is local SGD (``local_steps='adaptive'``:
+AdaComm).  Adding a mode is one class and one ``SYNC_MODES`` entry.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -36,7 +42,7 @@ from jax import lax
 
 from cconv.comm.backend import DryComm
 from cconv.engine import timing
-from cconv.engine.config import Phase, phase_of
+from cconv.engine.config import ADAPTIVE, Phase, phase_of
 from cconv.engine.dropin import traffic_metrics
 from cconv.engine.exchange import exchange
 from cconv.engine.step import StepContext, WorkerState, apply_update, local_grad, reduce_metrics
@@ -56,6 +62,9 @@ class SyncMode:
 
     def phase(self, cfg, step: int) -> Phase:
         return phase_of(cfg, step)
+
+    def host(self, cfg) -> Any:
+        return None
 
     def inputs(self, cfg, step: int) -> np.ndarray | None:
         return None
@@ -150,6 +159,90 @@ class LocalSGD(SyncMode):
         return new._replace(anchor=anchor), metrics
 
 
+class AdaCommHost:
+    """AdaComm's host state (Wang and Joshi 2019, "Adaptive communication strategies to achieve
+    the best error-runtime trade-off in local-update SGD"): the communication period
+
+        H_t = ceil(sqrt(F(x_t) / F(x_0)) * H_0)
+
+    re-evaluated every ``adapt_every`` steps, F(x_0) the training loss of step 0 and F(x_t) the
+    mean training loss of the last ``adapt_every`` steps (mean over seeds under ``seeds``: one
+    program, one schedule); a new H takes effect at the next averaging step.  Phases stay static
+    (one compiled program per kind): the host decides each step's kind from the losses it has
+    observed (``observe``, which reads the step's loss: one device round trip every
+    ``adapt_every`` steps).  ``state_dict`` / ``load_state_dict``: the checkpoint carries it.
+    """
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.h = int(cfg.local_steps_init)
+        self.next_sync = self.h - 1
+        self.kinds = ""  # decided kinds: "l" local, "s" sync
+        self.loss0: float | None = None
+        self.window: list = []  # losses of the current window (device scalars until read)
+        self.history: list[tuple[int, int]] = [(0, self.h)]  # (step, H) at each change
+
+    def observe(self, step: int, metrics: dict) -> None:
+        loss = metrics["loss"]
+        if step == 0:
+            self.loss0 = float(jnp.mean(loss))
+        self.window.append(loss)
+
+    def _adapt(self, t: int) -> None:
+        f = float(np.mean([float(jnp.mean(x)) for x in self.window[-self.cfg.adapt_every :]]))
+        self.window = []
+        if self.loss0 is None or not (np.isfinite(f) and np.isfinite(self.loss0)) or self.loss0 <= 0:
+            return
+        h = max(1, math.ceil(math.sqrt(max(f, 0.0) / self.loss0) * self.cfg.local_steps_init))
+        if h != self.h:
+            self.h = h
+            self.history.append((t, h))
+
+    def phase(self, step: int) -> Phase:
+        while len(self.kinds) <= step:
+            t = len(self.kinds)
+            if t > 0 and t % self.cfg.adapt_every == 0:
+                self._adapt(t)
+            sync = t == self.next_sync
+            if sync:
+                self.next_sync = t + self.h
+            self.kinds += "s" if sync else "l"
+        density = self.cfg.warmup.density(step) if self.cfg.warmup is not None else None
+        return Phase(density, "sync" if self.kinds[step] == "s" else "local")
+
+    def state_dict(self) -> dict:
+        self.window = [float(jnp.mean(x)) for x in self.window]
+        return {
+            "h": self.h,
+            "next_sync": self.next_sync,
+            "kinds": self.kinds,
+            "loss0": self.loss0,
+            "window": list(self.window),
+            "history": [list(x) for x in self.history],
+        }
+
+    def load_state_dict(self, d: dict) -> None:
+        self.h, self.next_sync, self.kinds = int(d["h"]), int(d["next_sync"]), str(d["kinds"])
+        self.loss0, self.window = d["loss0"], list(d["window"])
+        self.history = [tuple(x) for x in d["history"]]
+
+
+class AdaComm(LocalSGD):
+    """Local SGD with AdaComm's adaptive period (``local_steps='adaptive'``; ``AdaCommHost``)."""
+
+    name = "adacomm"
+
+    def check(self, cfg):
+        if cfg.post_local_switch > 0:
+            raise ValueError("local_steps='adaptive' (AdaComm) and post_local_switch cannot be combined")
+
+    def host(self, cfg):
+        return AdaCommHost(cfg)
+
+    def phase(self, cfg, step):
+        raise ValueError("AdaComm's phases depend on the observed losses: ask Trainer.phase")
+
+
 def _ring(params, slots: int):
     """``slots`` copies of ``params`` on a leading axis (a ring buffer of parameter versions)."""
     return jax.tree.map(lambda x: jnp.broadcast_to(x, (slots, *jnp.shape(x))), params)
@@ -197,7 +290,7 @@ class SSP(SyncMode):
     waits_for_all = False
 
     def check(self, cfg):
-        if cfg.local_steps > 1 or cfg.post_local_switch > 0:
+        if cfg.model_averaging:
             raise ValueError("sync='ssp' with local SGD (local_steps > 1 or post_local_switch) is not defined")
 
     def init(self, cfg, params):
@@ -253,7 +346,7 @@ class ASP(SyncMode):
     def check(self, cfg):
         if cfg.architecture != "parameter-server":
             raise ValueError("sync='asp' is a parameter server: it needs architecture='parameter-server'")
-        if cfg.local_steps > 1 or cfg.post_local_switch > 0:
+        if cfg.model_averaging:
             raise ValueError("sync='asp' with local SGD (local_steps > 1 or post_local_switch) is not defined")
         if cfg.vote or cfg.collective != "auto" or cfg.ps_downlink is not None:
             raise ValueError("sync='asp' applies each gradient on its own: no vote, collective or ps_downlink")
@@ -309,18 +402,32 @@ class ASP(SyncMode):
         return _schedule(timing.ASPSchedule, cfg, _asp_cap(cfg)).span(step, cfg.workers)
 
 
-SYNC_MODES: dict[str, SyncMode] = {m.name: m for m in (BSP(), LocalSGD(), SSP(), ASP())}
+SYNC_MODES: dict[str, SyncMode] = {m.name: m for m in (BSP(), LocalSGD(), AdaComm(), SSP(), ASP())}
 
 
 def public_names() -> tuple[str, ...]:
     """The values of ``EngineConfig.sync`` (every registered mode but the internal "local")."""
-    return tuple(n for n in SYNC_MODES if n != LocalSGD.name)
+    return tuple(n for n in SYNC_MODES if n not in (LocalSGD.name, AdaComm.name))
 
 
 def sync_mode(cfg) -> SyncMode:
     """The mode ``cfg`` runs: ``cfg.sync``; plain ``bsp`` with model averaging is local SGD."""
     mode = SYNC_MODES[cfg.sync]
-    return SYNC_MODES[LocalSGD.name] if mode.name == BSP.name and cfg.model_averaging else mode
+    if mode.name != BSP.name or not cfg.model_averaging:
+        return mode
+    return SYNC_MODES[AdaComm.name if cfg.local_steps == ADAPTIVE else LocalSGD.name]
 
 
-__all__ = ["SyncMode", "SYNC_MODES", "BSP", "LocalSGD", "SSP", "ASP", "sync_mode", "public_names", "gradient_step"]
+__all__ = [
+    "SyncMode",
+    "SYNC_MODES",
+    "BSP",
+    "LocalSGD",
+    "AdaComm",
+    "AdaCommHost",
+    "SSP",
+    "ASP",
+    "sync_mode",
+    "public_names",
+    "gradient_step",
+]

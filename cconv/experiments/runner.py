@@ -574,6 +574,7 @@ def _restore(problem: Problem, ckpt: Checkpointer, state: Any, mpath: str) -> tu
             continue
         break
     state = state.replace(step=start)  # the step counter is static metadata, not a leaf
+    problem.trainer.load_host_state(meta.get("sync_host"))  # e.g. AdaComm's period
     for b, st in zip(problem.batchers, host):
         b.load_state_dict(st)
     io.repair_jsonl(mpath, start)
@@ -584,7 +585,11 @@ def _save(problem: Problem, ckpt: Checkpointer, step: int, state: Any, counters:
     ckpt.save(
         step,
         state,
-        {"counters": counters.to_dict(), "batchers": [encode_host_state(b.state_dict()) for b in problem.batchers]},
+        {
+            "counters": counters.to_dict(),
+            "batchers": [encode_host_state(b.state_dict()) for b in problem.batchers],
+            **({"sync_host": h} if (h := problem.trainer.host_state()) is not None else {}),
+        },
     )
 
 
