@@ -225,3 +225,11 @@ def test_adacomm_period_follows_the_loss_and_survives_a_host_state_round_trip():
     assert tr.sync.average_view(tr.cfg)
     with pytest.raises(ValueError, match="post_local_switch"):
         EngineConfig(workers=P4, post_local_switch=2, **cfg)
+
+
+@pytest.mark.parametrize("kw", [dict(sync="ssp", staleness=2), dict(sync="asp", architecture="parameter-server")])
+def test_pmap_equals_shard_map(kw):
+    a, ha = train_linear(linear_trainer(**kw, **STRAGGLY), 3)
+    b, hb = train_linear(linear_trainer(launcher="pmap", **kw, **STRAGGLY), 3)
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+    assert [h["staleness_mean"] for h in ha] == [h["staleness_mean"] for h in hb]
