@@ -233,3 +233,18 @@ def test_pmap_equals_shard_map(kw):
     b, hb = train_linear(linear_trainer(launcher="pmap", **kw, **STRAGGLY), 3)
     np.testing.assert_allclose(a, b, rtol=1e-6)
     assert [h["staleness_mean"] for h in ha] == [h["staleness_mean"] for h in hb]
+
+
+def test_seeds_axis_carries_the_schedule():
+    kw = dict(sync="ssp", staleness=2, **STRAGGLY)
+    one, two = (
+        linear_trainer(**kw),
+        build(linear_loss, {"w": jnp.zeros(D)}, optax.sgd(ETA), EngineConfig(workers=P4, **kw), seeds=2),
+    )
+    s1, s2 = one.init(), two.init()
+    for t in range(3):
+        b = linear_batch(t)
+        s1, _ = one.step(s1, b, jax.random.PRNGKey(t))
+        s2, m2 = two.step(s2, {k: np.stack([v, v]) for k, v in b.items()}, jnp.stack([jax.random.PRNGKey(t)] * 2))
+    np.testing.assert_array_equal(np.asarray(two.params(s2)["w"])[1], np.asarray(one.params(s1)["w"]))
+    assert m2["staleness_mean"].shape == (2,)
