@@ -269,3 +269,26 @@ def test_simulated_clock_bsp_waits_for_the_straggler_asp_does_not_and_bytes_are_
     _, ha = train_linear(asp, 1)
     for k in ("bytes_sent", "bytes_received", "server_bytes_sent", "server_bytes_received"):
         assert ha[0][k] == hb[0][k] > 0
+
+
+def _first_cases():
+    from cconv.compressors import entries
+
+    return [pytest.param(e.name, dict(e.cases[0]), id=e.name) for e in entries() if e.cases]
+
+
+@pytest.mark.extended
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [dict(sync="ssp", staleness=1), dict(sync="asp", architecture="parameter-server")])
+@pytest.mark.parametrize("name, hp", _first_cases())
+def test_every_compressor_composes_with_ssp_and_asp(name, hp, mode):
+    """Each registered compressor (its first case) trains 2 steps under SSP and ASP (the CI
+    tier covers top-k + EF above); an aggregation a mode cannot do is a one-line ValueError."""
+    try:
+        cfg = EngineConfig(workers=P4, compressor=C.get(name, **hp), **mode, **STRAGGLY)
+    except ValueError as e:
+        assert "\n" not in str(e)
+        pytest.skip(f"{name} under {mode['sync']}: {e}")
+    tr = build(loss_fn, make_params(), optax.sgd(0.02), cfg, model_state=make_model_state())
+    _, hist = run(tr, 2)
+    assert all(np.isfinite(h["loss"]) for h in hist) and hist[-1]["bytes_sent"] > 0

@@ -40,7 +40,12 @@ must decode: P of them for all-gather compressors, one otherwise) are measured o
 training (fastest of 10 timed calls after compilation), and ``t_comm(step)`` is the
 alpha-beta model of ``cconv.theory.network`` applied to ``trainer.collectives(step)``, the
 static list of collectives the step performs.  Steps without communication (local SGD) cost
-``t_compute`` only.
+``t_compute`` only.  With a worker timing model (``stragglers``, ``jitter``, ``worker_speeds``;
+``cconv.engine.timing``) ``t_compute`` is multiplied by the synchronization mode's span of the
+step (``SyncMode.span``): BSP and local SGD wait for the slowest worker every step, SSP and ASP
+follow their event schedules (ASP: one logged step = P gradient arrivals).  SSP and ASP lines
+also carry ``staleness_mean`` / ``staleness_max`` (the mean over the logged steps since the
+previous line).
 """
 
 from __future__ import annotations
