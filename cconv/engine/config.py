@@ -21,6 +21,7 @@ from cconv import memory as M
 from cconv.comm import aggregation as A
 from cconv.compressors.base import Compressor
 from cconv.engine.launchers import LAUNCHERS  # name -> Launcher class
+from cconv.engine.timing import Stragglers
 
 # The uncompressed baseline's registered name (defined by the compressors layer).
 IDENTITY: str = C.IDENTITY
@@ -29,6 +30,7 @@ GRANULARITIES = ("layerwise", "fused")
 ARCHITECTURES = tuple(A.TRANSPORTS)  # "all-to-all", "parameter-server"
 COLLECTIVES = A.COLLECTIVES  # "auto" (the compressor's aggregation), "allgather", "gtopk"
 DGC_WARMUP = (0.25, 0.0625, 0.015625, 0.004)
+ADAPTIVE = "adaptive"  # local_steps: AdaComm's adaptive communication period
 
 
 def _real(v) -> bool:
@@ -96,7 +98,11 @@ class EngineConfig:
     warmup             a ``Warmup`` density schedule (``dgc_warmup(...)``), None: off
     local_steps        H: local SGD averages models every H steps.  Model averaging is active
                        when H > 1 or post_local_switch > 0; otherwise gradients are averaged
-                       every step (BSP)
+                       every step (BSP).  "adaptive": AdaComm (Wang and Joshi 2019), H_t =
+                       ceil(sqrt(F(x_t) / F(x_0)) H_0) re-evaluated every ``adapt_every`` steps
+                       from the training loss (``cconv.engine.sync.AdaComm``)
+    local_steps_init   AdaComm's H_0
+    adapt_every        AdaComm: steps between updates of H
     post_local_switch  step at which BSP switches to local SGD (post-local SGD, Lin et al. 2020)
     compress_delta     under local SGD, compress the model delta with ``compressor`` (+ memory)
     granularity        "layerwise" (one payload per tensor) | "fused" (one flat buffer)
@@ -110,6 +116,17 @@ class EngineConfig:
     ps_downlink        compressor for the server's reply (error feedback on the server)
     launcher           a key of ``LAUNCHERS``: shard_map (default), pmap or mpi
     axis_name          name of the worker axis
+    sync               synchronization mode, a key of ``cconv.engine.sync.SYNC_MODES``: bsp
+                       (default; with local_steps > 1 or post_local_switch: local SGD), ssp, asp
+    staleness          SSP's bound s (clocks a gradient's parameters may lag; 0: BSP exactly)
+    max_staleness      ASP: the parameter versions kept (a gradient older than this is computed on
+                       the oldest kept version); None: 2 P
+    stragglers         timing model: ``Stragglers(fraction, slowdown)`` (a fixed subset of the
+                       workers, drawn from ``timing_seed``, computes ``slowdown`` times slower)
+    jitter             timing model: lognormal sigma of each worker-step's compute time (0: none)
+    worker_speeds      timing model: explicit relative compute times per worker (P positive
+                       numbers, multiplied into the stragglers' slowdown; None: all 1)
+    timing_seed        seed of the timing model (``cconv.engine.timing``)
     """
 
     workers: int = 1
@@ -120,7 +137,9 @@ class EngineConfig:
     ef_scale: float = 1.0
     clip: float | None = None
     warmup: Warmup | None = None
-    local_steps: int = 1
+    local_steps: int | str = 1
+    local_steps_init: int = 4
+    adapt_every: int = 50
     post_local_switch: int = 0
     compress_delta: bool = False
     granularity: str = "layerwise"
@@ -132,6 +151,13 @@ class EngineConfig:
     ps_downlink: Compressor | str | None = None
     launcher: str = "shard_map"
     axis_name: str = "workers"
+    sync: str = "bsp"
+    staleness: int = 0
+    max_staleness: int | None = None
+    stragglers: Stragglers | None = None
+    jitter: float = 0.0
+    worker_speeds: Sequence[float] | None = None
+    timing_seed: int = 0
 
     def __post_init__(self):
         def choice(field, valid):
@@ -169,16 +195,22 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.clip must be a number > 0 or None, got {self.clip!r}")
         if not isinstance(self.axis_name, str) or not self.axis_name:
             raise ValueError(f"EngineConfig.axis_name must be a non-empty string, got {self.axis_name!r}")
-        for name, lo in (("workers", 1), ("local_steps", 1), ("post_local_switch", 0), ("min_compress_size", 0)):
+        ints = [("workers", 1), ("post_local_switch", 0), ("min_compress_size", 0)]
+        ints += [("local_steps_init", 1), ("adapt_every", 1)] + (
+            [] if self.local_steps == ADAPTIVE else [("local_steps", 1)]
+        )
+        for name, lo in ints:
             v = getattr(self, name)
             if not _integer(v) or v < lo:
-                raise ValueError(f"EngineConfig.{name} must be an integer >= {lo}, got {v!r}")
+                also = f" or {ADAPTIVE!r}" if name == "local_steps" else ""
+                raise ValueError(f"EngineConfig.{name} must be an integer >= {lo}{also}, got {v!r}")
         if self.warmup is not None and not isinstance(self.warmup, Warmup):
             raise ValueError("EngineConfig.warmup must be a cconv.engine.Warmup (e.g. dgc_warmup(...)) or None")
         c = self.compressor
         A.check(self, c)  # what the aggregation methods cannot do (powersgd, gtopk, vote)
         if self.ps_downlink is not None and self.architecture != "parameter-server":
             raise ValueError("ps_downlink needs architecture='parameter-server'")
+        self._check_sync()
         if self.warmup is not None and "ratio" not in C.entry_of(c).schema.names:
             ok = [e.name for e in C.entries() if "ratio" in e.schema.names]
             raise ValueError(
@@ -186,9 +218,23 @@ class EngineConfig:
                 f"hyper-parameter ({', '.join(ok)}), got {c.name!r}"
             )
 
+    def _check_sync(self):
+        from cconv.engine import sync, timing  # sync imports this module
+
+        if not isinstance(self.sync, str) or self.sync not in sync.public_names():
+            raise ValueError(f"EngineConfig.sync={self.sync!r}; valid: {', '.join(sync.public_names())}")
+        if not _integer(self.staleness) or self.staleness < 0:
+            raise ValueError(f"EngineConfig.staleness must be an integer >= 0, got {self.staleness!r}")
+        if self.max_staleness is not None and (not _integer(self.max_staleness) or self.max_staleness < 1):
+            raise ValueError(f"EngineConfig.max_staleness must be an integer >= 1 or None, got {self.max_staleness!r}")
+        if not _integer(self.timing_seed):
+            raise ValueError(f"EngineConfig.timing_seed must be an integer, got {self.timing_seed!r}")
+        timing.check(self)
+        sync.sync_mode(self).check(self)
+
     @property
     def model_averaging(self) -> bool:
-        return self.local_steps > 1 or self.post_local_switch > 0
+        return self.local_steps == ADAPTIVE or self.local_steps > 1 or self.post_local_switch > 0
 
 
 class Phase(NamedTuple):

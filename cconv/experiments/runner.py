@@ -40,9 +40,14 @@ must decode: P of them for all-gather compressors, one otherwise) are measured o
 training (fastest of 10 timed calls after compilation), and ``t_comm(step)`` is the
 alpha-beta model of ``cconv.theory.network`` applied to ``trainer.collectives(step)``, the
 static list of collectives the step performs.  Steps without communication (local SGD) cost
-``t_compute`` only.  With ``schedule: bsp | wfbp | mg-wfbp | bytescheduler | fusion`` (and
+``t_compute`` only.  With a worker timing model (``stragglers``, ``jitter``, ``worker_speeds``;
+``cconv.engine.timing``) ``t_compute`` is multiplied by the synchronization mode's span of the
+step (``SyncMode.span``): BSP and local SGD wait for the slowest worker every step, SSP and ASP
+follow their event schedules (ASP: one logged step = P gradient arrivals).  SSP and ASP lines
+also carry ``staleness_mean`` / ``staleness_max`` (the mean over the logged steps since the
+previous line).  With ``schedule: bsp | wfbp | mg-wfbp | bytescheduler | fusion`` (and
 ``servers:``) the step is instead one iteration of the event simulator over the run's own model
-profile, with the measured compute and exchange times spread over its layers
+profile, with the (spanned) compute and the measured exchange times spread over its layers
 (``cconv.theory.schedule.runs``), so overlap of communication with backpropagation shows in
 ``sim_time``; without ``schedule`` the numbers are today's.
 """
@@ -300,21 +305,31 @@ class SimClock:
         self._cache: dict = {}
 
     def step_times(self, step: int) -> list[float]:
-        """[sim_step_time on each network] for training step ``step`` (0-based)."""
-        phase = self.trainer.phase(step)
+        """[sim_step_time on each network] for training step ``step`` (0-based).  The compute
+        part is the measured compute time x the synchronization mode's span of the step in the
+        worker timing model (``SyncMode.span``: BSP waits for the slowest worker, SSP/ASP follow
+        their event schedules; 1 without stragglers, jitter or worker_speeds)."""
+        phase, sync = self.trainer.phase(step), self.trainer.sync
         if phase not in self._cache:
             colls = [c for c in self.trainer.collectives(step) if not getattr(c, "control", False)]
-            exchange = self.calib.exchange_time(phase) if phase.kind != "local" else 0.0
-            self._cache[phase] = [self.step_time(colls, exchange, net) for net in self.nets]
-        return self._cache[phase]
+            ex = self.calib.exchange_time(phase) if sync.communicates(phase) else 0.0
+            self._cache[phase] = (colls, ex, {})
+        colls, ex, memo = self._cache[phase]
+        span = sync.span(self.trainer.cfg, step)
+        if span not in memo:  # one entry per phase without a timing model
+            compute = self.calib.compute_time * span
+            memo[span] = [self.step_time(colls, ex, net, compute) for net in self.nets]
+        return memo[span]
 
-    def step_time(self, colls: list, exchange: float, net: Any) -> float:
-        """One step's simulated seconds on ``net``: compute + exchange + the collectives' times, or,
+    def step_time(self, colls: list, exchange: float, net: Any, compute: float | None = None) -> float:
+        """One step's simulated seconds on ``net``: compute (default: the measured compute time) +
+        exchange + the collectives' times, or,
         with ``schedule:``, one iteration of the event simulator over the model's layers
         (``cconv.theory.schedule.runs``)."""
         cfg = self.cfg
+        compute = self.calib.compute_time if compute is None else compute
         if cfg.schedule is None or not colls:
-            return self.calib.compute_time + exchange + self._network.step_comm_time(colls, self.workers, net)
+            return compute + exchange + self._network.step_comm_time(colls, self.workers, net)
         from cconv.theory.schedule import runs
 
         ps = cfg.architecture in ("parameter-server", "ps")
@@ -324,7 +339,7 @@ class SimClock:
             self.workers,
             net,
             cfg.schedule,
-            self.calib.compute_time,
+            compute,
             exchange,
             servers=cfg.servers,
             ps=ps,
@@ -608,6 +623,7 @@ def _restore(problem: Problem, ckpt: Checkpointer, state: Any, mpath: str) -> tu
             continue
         break
     state = state.replace(step=start)  # the step counter is static metadata, not a leaf
+    problem.trainer.load_host_state(meta.get("sync_host"))  # e.g. AdaComm's period
     for b, st in zip(problem.batchers, host):
         b.load_state_dict(st)
     io.repair_jsonl(mpath, start)
@@ -618,7 +634,11 @@ def _save(problem: Problem, ckpt: Checkpointer, step: int, state: Any, counters:
     ckpt.save(
         step,
         state,
-        {"counters": counters.to_dict(), "batchers": [encode_host_state(b.state_dict()) for b in problem.batchers]},
+        {
+            "counters": counters.to_dict(),
+            "batchers": [encode_host_state(b.state_dict()) for b in problem.batchers],
+            **({"sync_host": h} if (h := problem.trainer.host_state()) is not None else {}),
+        },
     )
 
 
