@@ -110,6 +110,14 @@ class EngineConfig:
     ps_downlink        compressor for the server's reply (error feedback on the server)
     launcher           a key of ``LAUNCHERS``: shard_map (default), pmap or mpi
     axis_name          name of the worker axis
+    sync               "bsp" (default) | "gossip" (decentralized, ``cconv.engine.gossip``)
+    gossip             "dpsgd" (D-PSGD; with a compressor: naive compressed gossip of the models)
+                       | "choco" (CHOCO-SGD: compressed differences and public copies x_hat)
+    topology           a key of ``cconv.comm.topology.TOPOLOGIES``: ring, torus, exponential,
+                       complete, matrix (Metropolis-Hastings weights, except ``matrix``)
+    torus              (rows, cols) of the torus (None: the most square factorisation of P)
+    mixing             the explicit P x P mixing matrix of ``topology="matrix"``
+    gossip_gamma       consensus step size gamma in (0, 1] (CHOCO; naive compressed D-PSGD)
     """
 
     workers: int = 1
@@ -132,6 +140,13 @@ class EngineConfig:
     ps_downlink: Compressor | str | None = None
     launcher: str = "shard_map"
     axis_name: str = "workers"
+    # --- gossip (decentralized training; cconv.engine.gossip) ---------------------------------
+    sync: str = "bsp"
+    gossip: str = "dpsgd"
+    topology: str = "ring"
+    torus: tuple | None = None
+    mixing: tuple | None = None
+    gossip_gamma: float = 1.0
 
     def __post_init__(self):
         def choice(field, valid):
@@ -185,21 +200,66 @@ class EngineConfig:
                 f"warmup changes the density: needs a compressor with a ratio "
                 f"hyper-parameter ({', '.join(ok)}), got {c.name!r}"
             )
+        self._check_gossip()
+
+    def _check_gossip(self):
+        """The gossip fields (one block): values, and what gossip does not combine with."""
+        from cconv.engine.gossip import GOSSIP, SYNCS, mixing_of
+
+        if self.sync not in SYNCS:
+            raise ValueError(f"EngineConfig.sync={self.sync!r}; valid: {', '.join(SYNCS)}")
+        if self.gossip not in GOSSIP:
+            raise ValueError(f"EngineConfig.gossip={self.gossip!r}; valid: {', '.join(GOSSIP)}")
+        g = self.gossip_gamma
+        if not _real(g) or not 0 < g <= 1:
+            raise ValueError(f"EngineConfig.gossip_gamma must be a number in (0, 1], got {g!r}")
+        object.__setattr__(self, "gossip_gamma", float(g))
+        for name in ("torus", "mixing"):  # lists (YAML) -> tuples (hashable, frozen)
+            v = getattr(self, name)
+            if isinstance(v, (list, tuple, np.ndarray)):
+                v = tuple(tuple(r) if isinstance(r, (list, tuple, np.ndarray)) else r for r in v)
+                object.__setattr__(self, name, v)
+        if self.sync != "gossip":
+            return
+        if self.workers < 2:
+            raise ValueError(f"sync='gossip' needs at least 2 workers, got workers={self.workers}")
+        others = {
+            "memory": (self.memory, M.NONE),
+            "local_steps": (self.local_steps, 1),
+            "post_local_switch": (self.post_local_switch, 0),
+            "architecture": (self.architecture, "all-to-all"),
+            "collective": (self.collective, "auto"),
+            "vote": (self.vote, False),
+            "warmup": (self.warmup, None),
+            "ps_downlink": (self.ps_downlink, None),
+            "compress_delta": (self.compress_delta, False),
+        }
+        bad = [f"{k}={v!r}" for k, (v, default) in others.items() if v != default]
+        if bad:
+            raise ValueError(f"sync='gossip' does not combine with {', '.join(bad)} (gossip mixes models directly)")
+        mixing_of(self)  # validates topology, torus and mixing
 
     @property
     def model_averaging(self) -> bool:
         return self.local_steps > 1 or self.post_local_switch > 0
+
+    @property
+    def decentralized(self) -> bool:
+        """Workers hold different models (gossip): evaluation uses their average."""
+        return self.sync == "gossip"
 
 
 class Phase(NamedTuple):
     """What one step does (static; one compiled program per distinct phase)."""
 
     density: float | None  # None: the compressor as configured; 1.0: dense
-    kind: str  # "bsp" (average gradients) | "local" (no communication) | "sync"
+    kind: str  # "bsp" (average gradients) | "local" (no communication) | "sync" | "gossip"
 
 
 def phase_of(cfg: EngineConfig, step: int) -> Phase:
     density = cfg.warmup.density(step) if cfg.warmup is not None else None
+    if cfg.decentralized:
+        return Phase(density, "gossip")
     if not cfg.model_averaging or step < cfg.post_local_switch:
         return Phase(density, "bsp")
     local = (step - cfg.post_local_switch + 1) % cfg.local_steps != 0

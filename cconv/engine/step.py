@@ -50,6 +50,10 @@ def worker_step(comm, ctx: StepContext, phase: Phase, s: WorkerState, batch, key
     decompress, average) -> optax update; under local SGD, local updates and model averaging.
     ``key`` is the same on every worker (shared-key compressors rely on it); the loss key is
     folded with the worker's rank."""
+    if phase.kind == "gossip":  # decentralized: cconv.engine.gossip
+        from cconv.engine import gossip
+
+        return gossip.worker_step(comm, ctx, gossip.step_of(ctx.exchanges[phase].config), s, batch, key)
     k_loss, k_comm = jax.random.split(key)
     grad_fn = jax.value_and_grad(ctx.loss_fn, has_aux=True)
     (loss, (model_state, aux)), grads = grad_fn(s.params, s.model_state, batch, jax.random.fold_in(k_loss, comm.rank()))

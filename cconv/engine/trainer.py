@@ -24,6 +24,7 @@ from cconv import memory as M
 from cconv.comm.accounting import Collective, merge, total_traffic
 from cconv.comm.aggregation import TRANSPORTS
 from cconv.comm.backend import DryComm
+from cconv.engine import gossip as G
 from cconv.engine.config import EngineConfig, Phase, compressor_at, phase_of
 from cconv.engine.dropin import Exchange
 from cconv.engine.launchers import LAUNCHERS, Launcher
@@ -123,7 +124,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
     def _worker_init(self, params, model_state) -> WorkerState:
-        comp = self._comp_exchange().init_worker(jax.tree.leaves(params))
+        if self.cfg.decentralized:  # the gossip state (x_hat, s, compressor states) is comp_state
+            comp = G.init(G.step_of(self.cfg), params)
+        else:
+            comp = self._comp_exchange().init_worker(jax.tree.leaves(params))
         anchor = params if self.cfg.model_averaging else None
         return WorkerState(params, model_state, self.optimizer.init(params), comp, anchor)
 
@@ -187,14 +191,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ views
     def params(self, state: EngineState):
-        """The model to evaluate: worker 0's replica, or the workers' average under local SGD."""
+        """The model to evaluate: worker 0's replica, or the workers' average under local SGD
+        and gossip."""
         return self._view(state.params)
 
     def model_state(self, state: EngineState):
         return self._view(state.model_state)
 
     def _view(self, tree):
-        return self.launcher.view(tree, self.cfg.model_averaging)
+        return self.launcher.view(tree, self.cfg.model_averaging or self.cfg.decentralized)
 
     # ------------------------------------------------------------------ accounting
     def collectives(self, step: int, control: bool = False) -> list[Collective]:
@@ -206,7 +211,9 @@ class Trainer:
         ws = jax.eval_shape(self._worker_init, self._params0, self._model_state0)
 
         def communicate(ws):  # what worker_step communicates, on shapes only
-            if phase.kind != "local":
+            if phase.kind == "gossip":
+                G.gossip(comm, G.step_of(self.cfg), ws.params, ws.comp_state, jax.random.PRNGKey(0))
+            elif phase.kind != "local":
                 ex.exchange(comm, ws.params, ws.comp_state, jax.random.PRNGKey(0))
                 ex.average(comm, ws.model_state)
 
