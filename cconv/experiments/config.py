@@ -92,6 +92,16 @@ SCHEDULE_LENGTH_ARGS = ("decay_steps", "transition_steps")  # = steps - lr_warmu
 # fields added after runs were written: an older config.yaml without them holds their default,
 # and at their default they are left out of ``digest`` (old run directories resume unchanged)
 ADDED_FIELDS: dict[str, Any] = {"ef_scale": None, "tensorboard": False}
+# gossip (decentralized training): EngineConfig's fields of the same names
+GOSSIP_FIELDS: dict[str, Any] = {
+    "sync": "bsp",
+    "gossip": "dpsgd",
+    "topology": "ring",
+    "torus": None,
+    "mixing": None,
+    "gossip_gamma": 1.0,
+}
+ADDED_FIELDS.update(GOSSIP_FIELDS)
 
 
 @dataclass
@@ -173,6 +183,18 @@ class RunConfig:
     tensorboard: bool = field(
         default=False, metadata={"help": "also write TensorBoard event files to <run>/tensorboard/seed_<s>/"}
     )
+    # --- gossip (decentralized training, cconv.engine.gossip) -------------------------------------
+    sync: str = field(default="bsp", metadata={"help": "bsp | gossip (decentralized: no all-reduce, no server)"})
+    gossip: str = field(
+        default="dpsgd",
+        metadata={"help": "sync gossip: dpsgd (D-PSGD; with a compressor: naive compressed gossip) | choco"},
+    )
+    topology: str = field(
+        default="ring", metadata={"help": "sync gossip: ring | torus | exponential | complete | matrix"}
+    )
+    torus: Any = field(default=None, metadata={"help": "topology torus: [rows, cols] (null: most square)"})
+    mixing: Any = field(default=None, metadata={"help": "topology matrix: the P x P mixing matrix (list of rows)"})
+    gossip_gamma: float = field(default=1.0, metadata={"help": "consensus step size in (0, 1] (choco)"})
 
     # ------------------------------------------------------------------ helpers
     def to_dict(self) -> dict:
@@ -450,6 +472,7 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
             )
     if not isinstance(cfg.tensorboard, bool):
         raise ConfigError(f"tensorboard must be true or false, got {cfg.tensorboard!r}")
+    _check_gossip(cfg)
     nets = cfg.network
     if nets is not None:
         for n in nets if isinstance(nets, list) else [nets]:
@@ -458,6 +481,23 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
                     f"network entries must be a preset name or a mapping {{name, alpha, beta}}, got {n!r}"
                 )
     return cfg
+
+
+def _check_gossip(cfg: RunConfig) -> None:
+    """The gossip keys' types (their values and combinations: ``EngineConfig``, in ``check_names``)."""
+    for name in ("sync", "gossip", "topology"):
+        if not isinstance(getattr(cfg, name), str):
+            raise ConfigError(f"{name} must be a string, got {getattr(cfg, name)!r}")
+    g = cfg.gossip_gamma
+    if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1:
+        raise ConfigError(f"gossip_gamma must be a number in (0, 1], got {g!r}")
+    cfg.gossip_gamma = float(g)
+    if cfg.torus is not None and not isinstance(cfg.torus, list):
+        raise ConfigError(f"torus must be a list [rows, cols] or null, got {cfg.torus!r}")
+    if cfg.mixing is not None and not (isinstance(cfg.mixing, list) and all(isinstance(r, list) for r in cfg.mixing)):
+        raise ConfigError("mixing must be a list of rows (a P x P matrix) or null")
+    if cfg.sync == "gossip" and cfg.workers < 2:
+        raise ConfigError(f"sync: gossip needs at least 2 workers, got workers: {cfg.workers}")
 
 
 def check_names(cfg: RunConfig) -> None:
@@ -801,6 +841,7 @@ def engine_config(cfg: RunConfig, shapes: Iterable | None = None) -> EngineConfi
         compress_vectors=cfg.compress_vectors,
         vote=cfg.vote,
         launcher=cfg.launcher,
+        **{k: getattr(cfg, k) for k in GOSSIP_FIELDS},
         **topology,
         ps_downlink=None if cfg.ps_downlink is None else make_compressor(cfg.ps_downlink),
     )
