@@ -14,6 +14,7 @@ transports are objects in ``cconv.comm.aggregation``, memories in ``cconv.memory
 ``cconv.engine.launchers``; each kind has a name -> object registry.
 """
 
+from cconv.engine import gossip  # registers sync="gossip" in cconv.engine.sync.SYNC_MODES
 from cconv.engine.config import (
     ARCHITECTURES,
     COLLECTIVES,
@@ -33,6 +34,7 @@ from cconv.engine.step import WorkerState, worker_step
 from cconv.engine.trainer import EngineState, Trainer, build
 
 __all__ = [
+    "gossip",
     "EngineConfig",
     "Warmup",
     "dgc_warmup",

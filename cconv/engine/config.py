@@ -21,6 +21,7 @@ from cconv import memory as M
 from cconv.comm import aggregation as A
 from cconv.compressors.base import Compressor
 from cconv.engine.launchers import LAUNCHERS  # name -> Launcher class
+from cconv.engine.timing import Stragglers
 
 # The uncompressed baseline's registered name (defined by the compressors layer).
 IDENTITY: str = C.IDENTITY
@@ -110,7 +111,18 @@ class EngineConfig:
     ps_downlink        compressor for the server's reply (error feedback on the server)
     launcher           a key of ``LAUNCHERS``: shard_map (default), pmap or mpi
     axis_name          name of the worker axis
-    sync               "bsp" (default) | "gossip" (decentralized, ``cconv.engine.gossip``)
+    sync               synchronization mode, a key of ``cconv.engine.sync.SYNC_MODES``: bsp
+                       (default; with local_steps > 1 or post_local_switch: local SGD), ssp, asp,
+                       gossip (decentralized: ``cconv.engine.gossip``; the fields below)
+    staleness          SSP's bound s (clocks a gradient's parameters may lag; 0: BSP exactly)
+    max_staleness      ASP: the parameter versions kept (a gradient older than this is computed on
+                       the oldest kept version); None: 2 P
+    stragglers         timing model: ``Stragglers(fraction, slowdown)`` (a fixed subset of the
+                       workers, drawn from ``timing_seed``, computes ``slowdown`` times slower)
+    jitter             timing model: lognormal sigma of each worker-step's compute time (0: none)
+    worker_speeds      timing model: explicit relative compute times per worker (P numbers >= 1 /
+                       any positive numbers; None: all 1)
+    timing_seed        seed of the timing model (``cconv.engine.timing``)
     gossip             "dpsgd" (D-PSGD; with a compressor: naive compressed gossip of the models)
                        | "choco" (CHOCO-SGD: compressed differences and public copies x_hat)
     topology           a key of ``cconv.comm.topology.TOPOLOGIES``: ring, torus, exponential,
@@ -140,8 +152,14 @@ class EngineConfig:
     ps_downlink: Compressor | str | None = None
     launcher: str = "shard_map"
     axis_name: str = "workers"
-    # --- gossip (decentralized training; cconv.engine.gossip) ---------------------------------
     sync: str = "bsp"
+    staleness: int = 0
+    max_staleness: int | None = None
+    stragglers: Stragglers | None = None
+    jitter: float = 0.0
+    worker_speeds: Sequence[float] | None = None
+    timing_seed: int = 0
+    # --- gossip (decentralized training; cconv.engine.gossip) ---------------------------------
     gossip: str = "dpsgd"
     topology: str = "ring"
     torus: tuple | None = None
@@ -194,22 +212,24 @@ class EngineConfig:
         A.check(self, c)  # what the aggregation methods cannot do (powersgd, gtopk, vote)
         if self.ps_downlink is not None and self.architecture != "parameter-server":
             raise ValueError("ps_downlink needs architecture='parameter-server'")
+        self._check_gossip()
+        self._check_sync()
         if self.warmup is not None and "ratio" not in C.entry_of(c).schema.names:
             ok = [e.name for e in C.entries() if "ratio" in e.schema.names]
             raise ValueError(
                 f"warmup changes the density: needs a compressor with a ratio "
                 f"hyper-parameter ({', '.join(ok)}), got {c.name!r}"
             )
-        self._check_gossip()
 
     def _check_gossip(self):
-        """The gossip fields (one block): values, and what gossip does not combine with."""
-        from cconv.engine.gossip import GOSSIP, SYNCS, mixing_of
+        """The gossip fields' values (one block); what ``sync="gossip"`` combines with is checked
+        by its mode (``cconv.engine.gossip.Gossip.check``)."""
+        from cconv.engine.gossip import GOSSIP
 
-        if self.sync not in SYNCS:
-            raise ValueError(f"EngineConfig.sync={self.sync!r}; valid: {', '.join(SYNCS)}")
-        if self.gossip not in GOSSIP:
+        if not isinstance(self.gossip, str) or self.gossip not in GOSSIP:
             raise ValueError(f"EngineConfig.gossip={self.gossip!r}; valid: {', '.join(GOSSIP)}")
+        if not isinstance(self.topology, str):
+            raise ValueError(f"EngineConfig.topology must be a string, got {self.topology!r}")
         g = self.gossip_gamma
         if not _real(g) or not 0 < g <= 1:
             raise ValueError(f"EngineConfig.gossip_gamma must be a number in (0, 1], got {g!r}")
@@ -219,34 +239,24 @@ class EngineConfig:
             if isinstance(v, (list, tuple, np.ndarray)):
                 v = tuple(tuple(r) if isinstance(r, (list, tuple, np.ndarray)) else r for r in v)
                 object.__setattr__(self, name, v)
-        if self.sync != "gossip":
-            return
-        if self.workers < 2:
-            raise ValueError(f"sync='gossip' needs at least 2 workers, got workers={self.workers}")
-        others = {
-            "memory": (self.memory, M.NONE),
-            "local_steps": (self.local_steps, 1),
-            "post_local_switch": (self.post_local_switch, 0),
-            "architecture": (self.architecture, "all-to-all"),
-            "collective": (self.collective, "auto"),
-            "vote": (self.vote, False),
-            "warmup": (self.warmup, None),
-            "ps_downlink": (self.ps_downlink, None),
-            "compress_delta": (self.compress_delta, False),
-        }
-        bad = [f"{k}={v!r}" for k, (v, default) in others.items() if v != default]
-        if bad:
-            raise ValueError(f"sync='gossip' does not combine with {', '.join(bad)} (gossip mixes models directly)")
-        mixing_of(self)  # validates topology, torus and mixing
+
+    def _check_sync(self):
+        from cconv.engine import sync, timing  # sync imports this module
+
+        if not isinstance(self.sync, str) or self.sync not in sync.public_names():
+            raise ValueError(f"EngineConfig.sync={self.sync!r}; valid: {', '.join(sync.public_names())}")
+        if not _integer(self.staleness) or self.staleness < 0:
+            raise ValueError(f"EngineConfig.staleness must be an integer >= 0, got {self.staleness!r}")
+        if self.max_staleness is not None and (not _integer(self.max_staleness) or self.max_staleness < 1):
+            raise ValueError(f"EngineConfig.max_staleness must be an integer >= 1 or None, got {self.max_staleness!r}")
+        if not _integer(self.timing_seed):
+            raise ValueError(f"EngineConfig.timing_seed must be an integer, got {self.timing_seed!r}")
+        timing.check(self)
+        sync.SYNC_MODES[self.sync].check(self)
 
     @property
     def model_averaging(self) -> bool:
         return self.local_steps > 1 or self.post_local_switch > 0
-
-    @property
-    def decentralized(self) -> bool:
-        """Workers hold different models (gossip): evaluation uses their average."""
-        return self.sync == "gossip"
 
 
 class Phase(NamedTuple):
@@ -258,8 +268,6 @@ class Phase(NamedTuple):
 
 def phase_of(cfg: EngineConfig, step: int) -> Phase:
     density = cfg.warmup.density(step) if cfg.warmup is not None else None
-    if cfg.decentralized:
-        return Phase(density, "gossip")
     if not cfg.model_averaging or step < cfg.post_local_switch:
         return Phase(density, "bsp")
     local = (step - cfg.post_local_switch + 1) % cfg.local_steps != 0

@@ -44,13 +44,14 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from cconv import compressors as C
 from cconv.comm import topology as T
 from cconv.compressors.base import Compressor
+from cconv.engine.config import Phase
+from cconv.engine.step import apply_update, local_grad, reduce_metrics
+from cconv.engine.sync import SYNC_MODES, SyncMode
 
-SYNCS = ("bsp", "gossip")  # EngineConfig.sync (until the sync modes' registry)
 GOSSIP = ("dpsgd", "choco")
 
 
@@ -161,37 +162,75 @@ def density(step: GossipStep, params) -> float:
     return float(kept / max(sum(sizes), 1))
 
 
-def worker_step(comm, ctx, step: GossipStep, s, batch, key):
-    """One gossip step of one worker (adapt-then-combine): own gradient -> local clip -> optax
-    update -> gossip with the neighbours; metrics as ``cconv.engine.step.worker_step`` plus
-    ``consensus_distance`` (mean_i ||x_i - x_bar||^2 after the step).  The model state (e.g.
-    BatchNorm statistics) stays local; the evaluated model averages it with the parameters."""
-    from cconv.engine.dropin import encoded_sizes, traffic_metrics
-    from cconv.engine.step import WorkerState, clip_local
+class Gossip(SyncMode):
+    """``sync="gossip"``: D-PSGD or CHOCO-SGD (module docstring) as a synchronization mode.
 
-    k_loss, k_comm = jax.random.split(key)
-    grad_fn = jax.value_and_grad(ctx.loss_fn, has_aux=True)
-    (loss, (model_state, aux)), grads = grad_fn(s.params, s.model_state, batch, jax.random.fold_in(k_loss, comm.rank()))
-    grads = clip_local(grads, ctx.clip)
-    updates, opt_state = ctx.optimizer.update(grads, s.opt_state, s.params)
-    params = optax.apply_updates(s.params, updates)
-    params, gstate = gossip(comm, step, params, s.comp_state, k_comm)
-    dist, _ = consensus_distance(comm, params)
-    names, values = zip(*{"loss": loss, **aux, "consensus_distance": dist}.items())
-    kinds, own = encoded_sizes(comm)
-    summed = comm.allreduce(jnp.concatenate([jnp.stack([jnp.asarray(v, jnp.float32) for v in values]), own]), True)
-    metrics = dict(zip(names, summed[: len(names)] / comm.size))
-    table = summed[len(names) :].reshape(comm.size, len(kinds))
-    metrics.update(traffic_metrics(comm, ctx.report_rank, kinds, table), density=jnp.float32(density(step, params)))
-    return WorkerState(params, model_state, opt_state, gstate, s.anchor), metrics
+    One phase ("gossip"); the gossip state (x_hat, s and the compressor states for CHOCO; the
+    compressor states for naive compressed D-PSGD) lives in ``WorkerState.sync`` (checkpointed);
+    the evaluated model is the workers' average x_bar.  A step waits for its neighbours only;
+    the simulated clock treats it as waiting for all (lockstep), a bound for synchronous gossip
+    under stragglers."""
+
+    name = "gossip"
+
+    def check(self, cfg) -> None:
+        if cfg.workers < 2:
+            raise ValueError(f"sync='gossip' needs at least 2 workers, got workers={cfg.workers}")
+        others = {
+            "memory": (cfg.memory, "none"),
+            "local_steps": (cfg.local_steps, 1),
+            "post_local_switch": (cfg.post_local_switch, 0),
+            "architecture": (cfg.architecture, "all-to-all"),
+            "collective": (cfg.collective, "auto"),
+            "vote": (cfg.vote, False),
+            "warmup": (cfg.warmup, None),
+            "ps_downlink": (cfg.ps_downlink, None),
+            "compress_delta": (cfg.compress_delta, False),
+        }
+        bad = [f"{k}={v!r}" for k, (v, default) in others.items() if v != default]
+        if bad:
+            raise ValueError(f"sync='gossip' does not combine with {', '.join(bad)} (gossip mixes models directly)")
+        mixing_of(cfg)  # validates topology, torus and mixing
+
+    def init(self, cfg, params):
+        return init(step_of(cfg), params)
+
+    def phase(self, cfg, step: int) -> Phase:
+        return Phase(None, "gossip")
+
+    def compresses(self, cfg, phase) -> bool:
+        return False  # the phase's Exchange is unused; the gossip step compresses itself
+
+    def average_view(self, cfg) -> bool:
+        return True
+
+    def dry(self, comm, ex, ws, phase) -> None:
+        gossip(comm, step_of(ex.config), ws.params, ws.sync, jax.random.PRNGKey(0))
+
+    def step(self, comm, ctx, phase, s, batch, key, host=None):
+        """Own gradient -> local clip -> optax update -> gossip with the neighbours (adapt then
+        combine); metrics as BSP's plus ``consensus_distance`` (mean_i ||x_i - x_bar||^2 after
+        the step).  The model state (e.g. BatchNorm statistics) stays local."""
+        ex = ctx.exchanges[phase]
+        gstep = step_of(ex.config)
+        k_loss, k_comm = jax.random.split(key)
+        loss, model_state, aux, grads = local_grad(comm, ctx, s.params, s.model_state, batch, k_loss)
+        params, opt_state = apply_update(ctx, grads, s.opt_state, s.params)
+        params, gstate = gossip(comm, gstep, params, s.sync, k_comm)
+        dist, _ = consensus_distance(comm, params)
+        values = {"loss": loss, **aux, "consensus_distance": dist}
+        metrics = reduce_metrics(comm, ctx, ex, grads, values, {"density": jnp.float32(density(gstep, params))})
+        return s._replace(params=params, model_state=model_state, opt_state=opt_state, sync=gstate), metrics
+
+
+SYNC_MODES[Gossip.name] = Gossip()  # registered here (this module imports the protocol)
 
 
 __all__ = [
-    "SYNCS",
+    "Gossip",
     "mixing_of",
     "step_of",
     "density",
-    "worker_step",
     "GOSSIP",
     "ChocoState",
     "GossipStep",

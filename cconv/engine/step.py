@@ -4,7 +4,9 @@ It sees one worker's replica of the state and that worker's rows of the global b
 gradient is this worker's own (parameters are per-worker, "varying" along the mesh axis, so
 ``jax.grad`` does not sum it over workers -- the shard_map trap of DEVELOPERS.md); compression,
 memory and aggregation happen in the phase's ``Exchange`` (``cconv.engine.dropin``: the same
-object a user calls inside their own shard_map).
+object a user calls inside their own shard_map).  What a step does with them (BSP, local SGD,
+SSP, ASP, ...) is its synchronization mode's ``step`` (``cconv.engine.sync.SYNC_MODES``), built
+from the helpers here: ``local_grad``, ``apply_update``, ``reduce_metrics``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class WorkerState(NamedTuple):
     opt_state: Any
     comp_state: Any
     anchor: Any  # the last averaged model under local SGD (None otherwise)
+    sync: Any = None  # the synchronization mode's extra state (``SyncMode.init``; None: none)
 
 
 class StepContext(NamedTuple):
@@ -34,6 +37,7 @@ class StepContext(NamedTuple):
     exchanges: dict  # Phase -> that phase's Exchange (cconv.engine.dropin)
     clip: float | None  # per-worker threshold, already scaled by P^(-1/2)
     report_rank: int  # whose bytes the metrics report (a non-server worker under PS)
+    sync: Any = None  # the ``SyncMode`` (cconv.engine.sync) whose step runs
 
 
 def clip_local(grads, threshold):
@@ -45,35 +49,38 @@ def clip_local(grads, threshold):
     return jax.tree.map(lambda g: (g * scale).astype(g.dtype), grads)
 
 
-def worker_step(comm, ctx: StepContext, phase: Phase, s: WorkerState, batch, key):
-    """One step of one worker: own gradient -> local clip -> exchange (compress, communicate,
-    decompress, average) -> optax update; under local SGD, local updates and model averaging.
-    ``key`` is the same on every worker (shared-key compressors rely on it); the loss key is
-    folded with the worker's rank."""
-    if phase.kind == "gossip":  # decentralized: cconv.engine.gossip
-        from cconv.engine import gossip
-
-        return gossip.worker_step(comm, ctx, gossip.step_of(ctx.exchanges[phase].config), s, batch, key)
-    k_loss, k_comm = jax.random.split(key)
+def local_grad(comm, ctx: StepContext, params, model_state, batch, key):
+    """(loss, new model state, aux, this worker's clipped gradient) at ``params``; the loss key
+    is folded with the worker's rank."""
     grad_fn = jax.value_and_grad(ctx.loss_fn, has_aux=True)
-    (loss, (model_state, aux)), grads = grad_fn(s.params, s.model_state, batch, jax.random.fold_in(k_loss, comm.rank()))
-    grads = clip_local(grads, ctx.clip)
-    ex: Exchange = ctx.exchanges[phase]
-    comp_state, anchor = s.comp_state, s.anchor
-    if phase.kind == "bsp":  # average gradients, then update
-        grads, comp_state = ex.exchange(comm, grads, comp_state, k_comm)
-    updates, opt_state = ctx.optimizer.update(grads, s.opt_state, s.params)
-    params = optax.apply_updates(s.params, updates)
-    if phase.kind == "sync":  # local SGD: average the models
-        delta = jax.tree.map(jnp.subtract, params, anchor)
-        delta, comp_state = ex.exchange(comm, delta, comp_state, k_comm)
-        params = anchor = jax.tree.map(jnp.add, anchor, delta)
-    if phase.kind != "local":
-        model_state = ex.average(comm, model_state)  # e.g. BatchNorm running statistics
-    names, values = zip(*{"loss": loss, **aux}.items())  # one buffer: one control all-reduce
+    (loss, (model_state, aux)), grads = grad_fn(params, model_state, batch, jax.random.fold_in(key, comm.rank()))
+    return loss, model_state, aux, clip_local(grads, ctx.clip)
+
+
+def apply_update(ctx: StepContext, grads, opt_state, params):
+    """(new params, new optimizer state): one optax update with ``grads``."""
+    updates, opt_state = ctx.optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+
+def reduce_metrics(comm, ctx: StepContext, ex: Exchange, grads, values: dict, local: dict | None = None) -> dict:
+    """The step's metrics: ``values`` averaged over workers and every worker's encoded bytes in
+    one control all-reduce, this trace's traffic for ``ctx.report_rank``, the density, and
+    ``local`` (already identical on every worker) as is."""
+    names, vals = zip(*values.items())  # one buffer: one control all-reduce
     kinds, own = encoded_sizes(comm)  # + every worker's encoded bytes (variable-length payloads)
-    summed = comm.allreduce(jnp.concatenate([jnp.stack([jnp.asarray(v, jnp.float32) for v in values]), own]), True)
+    summed = comm.allreduce(jnp.concatenate([jnp.stack([jnp.asarray(v, jnp.float32) for v in vals]), own]), True)
     metrics = dict(zip(names, summed[: len(names)] / comm.size))
     table = summed[len(names) :].reshape(comm.size, len(kinds))
     metrics.update(traffic_metrics(comm, ctx.report_rank, kinds, table), density=jnp.float32(ex.plan_of(grads).density))
-    return WorkerState(params, model_state, opt_state, comp_state, anchor), metrics
+    metrics.update(local or {})
+    return metrics
+
+
+def worker_step(comm, ctx: StepContext, phase: Phase, s: WorkerState, batch, key, host=None):
+    """One step of one worker, as its synchronization mode (``ctx.sync``, ``cconv.engine.sync``)
+    does it: own gradient -> local clip -> exchange (compress, communicate, decompress, average)
+    -> optax update under BSP; local updates and model averaging under local SGD; ...
+    ``key`` is the same on every worker (shared-key compressors rely on it); ``host``: the
+    mode's per-step host inputs (``SyncMode.inputs``), replicated."""
+    return ctx.sync.step(comm, ctx, phase, s, batch, key, host)

@@ -24,16 +24,16 @@ from cconv import memory as M
 from cconv.comm.accounting import Collective, merge, total_traffic
 from cconv.comm.aggregation import TRANSPORTS
 from cconv.comm.backend import DryComm
-from cconv.engine import gossip as G
-from cconv.engine.config import EngineConfig, Phase, compressor_at, phase_of
+from cconv.engine.config import EngineConfig, Phase, compressor_at
 from cconv.engine.dropin import Exchange
 from cconv.engine.launchers import LAUNCHERS, Launcher
 from cconv.engine.step import StepContext, WorkerState, worker_step
+from cconv.engine.sync import SyncMode, sync_mode
 
 
 @partial(
     jax.tree_util.register_dataclass,
-    data_fields=["params", "model_state", "opt_state", "comp_state", "anchor"],
+    data_fields=["params", "model_state", "opt_state", "comp_state", "anchor", "sync"],
     meta_fields=["step"],
 )
 @dataclasses.dataclass(frozen=True)
@@ -45,10 +45,11 @@ class EngineState:
     opt_state: Any
     comp_state: Any
     anchor: Any
+    sync: Any = None  # the synchronization mode's extra state (cconv.engine.sync)
     step: int = 0
 
     def worker(self) -> WorkerState:
-        return WorkerState(self.params, self.model_state, self.opt_state, self.comp_state, self.anchor)
+        return WorkerState(self.params, self.model_state, self.opt_state, self.comp_state, self.anchor, self.sync)
 
     def replace(self, **kw) -> EngineState:
         return dataclasses.replace(self, **kw)
@@ -83,18 +84,19 @@ class Trainer:
         self._fns: dict[Phase, Callable] = {}
         self._metric_bytes: float | None = None
         self.launcher: Launcher = launcher(cfg, devices=devices, mpi_comm=mpi_comm, seeds=seeds)
+        self.sync: SyncMode = sync_mode(cfg)
         self._report_rank = TRANSPORTS[cfg.architecture].report_rank(cfg.workers)
         self._check_warmup_states()
 
     # ------------------------------------------------------------------ phases and plans
     def phase(self, step: int) -> Phase:
-        return phase_of(self.cfg, step)
+        return self.sync.phase(self.cfg, step)
 
     def exchange(self, phase: Phase) -> Exchange:
         """The ``Exchange`` phase ``phase`` averages gradients (or model deltas) with."""
         if phase not in self._exchanges:
             cfg = self.cfg
-            if phase.kind == "bsp" or cfg.compress_delta:
+            if self.sync.compresses(cfg, phase):
                 base, memory = compressor_at(cfg, phase.density), cfg.memory
             else:
                 base, memory = None, M.NONE
@@ -124,12 +126,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
     def _worker_init(self, params, model_state) -> WorkerState:
-        if self.cfg.decentralized:  # the gossip state (x_hat, s, compressor states) is comp_state
-            comp = G.init(G.step_of(self.cfg), params)
-        else:
-            comp = self._comp_exchange().init_worker(jax.tree.leaves(params))
+        comp = self._comp_exchange().init_worker(jax.tree.leaves(params))
         anchor = params if self.cfg.model_averaging else None
-        return WorkerState(params, model_state, self.optimizer.init(params), comp, anchor)
+        extra = self.sync.init(self.cfg, params)
+        return WorkerState(params, model_state, self.optimizer.init(params), comp, anchor, extra)
 
     def init(self, key=None, params=None, model_state=None) -> EngineState:
         """Initial state: every worker holds the same replica.
@@ -147,14 +147,16 @@ class Trainer:
     # ------------------------------------------------------------------ step
     def _ctx(self, phase: Phase) -> StepContext:
         clip = None if self.cfg.clip is None else self.cfg.clip / math.sqrt(self.workers)
-        return StepContext(self.loss_fn, self.optimizer, {phase: self.exchange(phase)}, clip, self._report_rank)
+        ex = {phase: self.exchange(phase)}
+        return StepContext(self.loss_fn, self.optimizer, ex, clip, self._report_rank, self.sync)
 
     def _comm(self):
         """A fresh comm (its ledger records one trace)."""
         return self.launcher.comm()
 
     def _trace_step(self, comm, phase, ws, batch, key):
-        new, metrics = worker_step(comm, self._ctx(phase), phase, ws, batch, key)
+        key, host = key if isinstance(key, tuple) else (key, None)  # host: the mode's per-step inputs
+        new, metrics = worker_step(comm, self._ctx(phase), phase, ws, batch, key, host)
         # the metrics' all-reduce is the step's last control record (an exchange may add others)
         self._metric_bytes = next(c.bytes for c in reversed(comm.ledger) if c.control)
         return new, metrics
@@ -180,26 +182,35 @@ class Trainer:
         phase already); ``jax.vmap`` over a leading seed axis of (state, batch, key) works."""
         phase = self.phase(state.step)
         batch, key = self._inputs(batch, key)
-        new, metrics = self._fn(phase)(state.worker(), batch, key)
+        new, metrics = self._fn(phase)(state.worker(), batch, self._with_host(key, state.step))
         return EngineState(*new, step=state.step + 1), metrics
+
+    def _with_host(self, key, step: int):
+        """``key``, or (key, the mode's host inputs of ``step``) when it has any (replicated;
+        broadcast over the seed axis under ``seeds``)."""
+        host = self.sync.inputs(self.cfg, step)
+        if host is None:
+            return key
+        host = jax.numpy.asarray(host)
+        return key, host if self.seeds is None else jax.numpy.broadcast_to(host, (self.seeds, *host.shape))
 
     def lower(self, state: EngineState, batch, key):
         """``jax.stages.Lowered`` of this state's step (for inspecting HLO)."""
         fn = self._fn(self.phase(state.step))
         batch, key = self._inputs(batch, key)
-        return self.launcher.lower(fn, state.worker(), batch, key)
+        return self.launcher.lower(fn, state.worker(), batch, self._with_host(key, state.step))
 
     # ------------------------------------------------------------------ views
     def params(self, state: EngineState):
-        """The model to evaluate: worker 0's replica, or the workers' average under local SGD
-        and gossip."""
+        """The model to evaluate: worker 0's replica, or the workers' average (local SGD, gossip:
+        ``SyncMode.average_view``)."""
         return self._view(state.params)
 
     def model_state(self, state: EngineState):
         return self._view(state.model_state)
 
     def _view(self, tree):
-        return self.launcher.view(tree, self.cfg.model_averaging or self.cfg.decentralized)
+        return self.launcher.view(tree, self.sync.average_view(self.cfg))
 
     # ------------------------------------------------------------------ accounting
     def collectives(self, step: int, control: bool = False) -> list[Collective]:
@@ -210,14 +221,7 @@ class Trainer:
         comm, ex = DryComm(self.workers, like=self._comm()), self.exchange(phase)
         ws = jax.eval_shape(self._worker_init, self._params0, self._model_state0)
 
-        def communicate(ws):  # what worker_step communicates, on shapes only
-            if phase.kind == "gossip":
-                G.gossip(comm, G.step_of(self.cfg), ws.params, ws.comp_state, jax.random.PRNGKey(0))
-            elif phase.kind != "local":
-                ex.exchange(comm, ws.params, ws.comp_state, jax.random.PRNGKey(0))
-                ex.average(comm, ws.model_state)
-
-        jax.eval_shape(communicate, ws)
+        jax.eval_shape(lambda ws: self.sync.dry(comm, ex, ws, phase), ws)  # what the step communicates
         out = list(comm.ledger)
         if control:
             if self._metric_bytes is None:
