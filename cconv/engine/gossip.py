@@ -205,7 +205,8 @@ class Gossip(SyncMode):
         return True
 
     def dry(self, comm, ex, ws, phase) -> None:
-        gossip(comm, step_of(ex.config), ws.params, ws.sync, jax.random.PRNGKey(0))
+        params, _ = gossip(comm, step_of(ex.config), ws.params, ws.sync, jax.random.PRNGKey(0))
+        consensus_distance(comm, params)  # x_bar's control all-reduce (for the metric)
 
     def step(self, comm, ctx, phase, s, batch, key, host=None):
         """Own gradient -> local clip -> optax update -> gossip with the neighbours (adapt then
