@@ -30,6 +30,7 @@ GRANULARITIES = ("layerwise", "fused")
 ARCHITECTURES = tuple(A.TRANSPORTS)  # "all-to-all", "parameter-server"
 COLLECTIVES = A.COLLECTIVES  # "auto" (the compressor's aggregation), "allgather", "gtopk"
 DGC_WARMUP = (0.25, 0.0625, 0.015625, 0.004)
+ADAPTIVE = "adaptive"  # local_steps: AdaComm's adaptive communication period
 
 
 def _real(v) -> bool:
@@ -97,7 +98,11 @@ class EngineConfig:
     warmup             a ``Warmup`` density schedule (``dgc_warmup(...)``), None: off
     local_steps        H: local SGD averages models every H steps.  Model averaging is active
                        when H > 1 or post_local_switch > 0; otherwise gradients are averaged
-                       every step (BSP)
+                       every step (BSP).  "adaptive": AdaComm (Wang and Joshi 2019), H_t =
+                       ceil(sqrt(F(x_t) / F(x_0)) H_0) re-evaluated every ``adapt_every`` steps
+                       from the training loss (``cconv.engine.sync.AdaComm``)
+    local_steps_init   AdaComm's H_0
+    adapt_every        AdaComm: steps between updates of H
     post_local_switch  step at which BSP switches to local SGD (post-local SGD, Lin et al. 2020)
     compress_delta     under local SGD, compress the model delta with ``compressor`` (+ memory)
     granularity        "layerwise" (one payload per tensor) | "fused" (one flat buffer)
@@ -140,7 +145,9 @@ class EngineConfig:
     ef_scale: float = 1.0
     clip: float | None = None
     warmup: Warmup | None = None
-    local_steps: int = 1
+    local_steps: int | str = 1
+    local_steps_init: int = 4
+    adapt_every: int = 50
     post_local_switch: int = 0
     compress_delta: bool = False
     granularity: str = "layerwise"
@@ -202,7 +209,11 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.clip must be a number > 0 or None, got {self.clip!r}")
         if not isinstance(self.axis_name, str) or not self.axis_name:
             raise ValueError(f"EngineConfig.axis_name must be a non-empty string, got {self.axis_name!r}")
-        for name, lo in (("workers", 1), ("local_steps", 1), ("post_local_switch", 0), ("min_compress_size", 0)):
+        ints = [("workers", 1), ("post_local_switch", 0), ("min_compress_size", 0)]
+        ints += [("local_steps_init", 1), ("adapt_every", 1)] + (
+            [] if self.local_steps == ADAPTIVE else [("local_steps", 1)]
+        )
+        for name, lo in ints:
             v = getattr(self, name)
             if not _integer(v) or v < lo:
                 raise ValueError(f"EngineConfig.{name} must be an integer >= {lo}, got {v!r}")
@@ -252,11 +263,11 @@ class EngineConfig:
         if not _integer(self.timing_seed):
             raise ValueError(f"EngineConfig.timing_seed must be an integer, got {self.timing_seed!r}")
         timing.check(self)
-        sync.SYNC_MODES[self.sync].check(self)
+        sync.sync_mode(self).check(self)
 
     @property
     def model_averaging(self) -> bool:
-        return self.local_steps > 1 or self.post_local_switch > 0
+        return self.local_steps == ADAPTIVE or self.local_steps > 1 or self.post_local_switch > 0
 
 
 class Phase(NamedTuple):

@@ -16,24 +16,35 @@ orthogonal to compression: every mode moves its messages through the phase's ``E
     compresses(cfg, phase)          does this phase's exchange use the compressor (+ memory)?
     communicates(phase)             does this phase communicate at all?
     dry(comm, ex, ws, phase)        what ``step`` communicates, on shapes (``DryComm``)
+    host(cfg)                       a per-trainer host object deciding phases from what the run
+                                    observed (AdaComm), or None: ``phase``/``observe``/
+                                    ``state_dict``/``load_state_dict`` (the checkpoint carries it)
+    span(cfg, step)                 compute time of a step in units of one measured worker step
+                                    (``cconv.engine.timing``; the simulated clock)
     average_view(cfg)               evaluate the workers' average model (True) or worker 0's
     waits_for_all                   does a step wait for every worker (simulated time: the
                                     slowest worker's compute) or not (see ``cconv.engine.timing``)
 
 ``sync_mode(cfg)`` picks the mode: ``cfg.sync`` ("bsp" by default), where ``bsp`` with
-``local_steps > 1`` or ``post_local_switch > 0`` is local SGD.  Adding a mode is one class and
-one ``SYNC_MODES`` entry.
+``local_steps > 1`` or ``post_local_switch > 0`` is local SGD (``local_steps='adaptive'``:
+AdaComm).  Adding a mode is one class and one ``SYNC_MODES`` entry.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
-from cconv.engine.config import Phase, phase_of
+from cconv.comm.backend import DryComm
+from cconv.engine import timing
+from cconv.engine.config import ADAPTIVE, Phase, phase_of
+from cconv.engine.dropin import traffic_metrics
+from cconv.engine.exchange import exchange
 from cconv.engine.step import StepContext, WorkerState, apply_update, local_grad, reduce_metrics
 
 
@@ -51,6 +62,9 @@ class SyncMode:
 
     def phase(self, cfg, step: int) -> Phase:
         return phase_of(cfg, step)
+
+    def host(self, cfg) -> Any:
+        return None
 
     def inputs(self, cfg, step: int) -> np.ndarray | None:
         return None
@@ -72,6 +86,30 @@ class SyncMode:
     def average_view(self, cfg) -> bool:
         return False
 
+    def span(self, cfg, step: int) -> float:
+        """Compute time of step ``step`` in units of one measured worker step (the simulated
+        clock adds communication): BSP waits for the slowest worker."""
+        return span_of_slowest(cfg, step)
+
+
+def span_of_slowest(cfg, step: int) -> float:
+    """A step that waits for every worker lasts as long as the slowest one's compute."""
+    return float(timing.compute_times(cfg, step).max()) if timing.heterogeneous(cfg) else 1.0
+
+
+def gradient_step(comm, ctx, phase, s, batch, key, at=None, local=None):
+    """BSP's step, the gradient taken at ``at`` (default: the worker's params; SSP: a stale
+    version): (new state, metrics); ``local``: extra metrics, identical on every worker."""
+    k_loss, k_comm = jax.random.split(key)
+    at = s.params if at is None else at
+    loss, model_state, aux, grads = local_grad(comm, ctx, at, s.model_state, batch, k_loss)
+    ex = ctx.exchanges[phase]
+    grads, comp_state = ex.exchange(comm, grads, s.comp_state, k_comm)
+    params, opt_state = apply_update(ctx, grads, s.opt_state, s.params)
+    model_state = ex.average(comm, model_state)  # e.g. BatchNorm running statistics
+    metrics = reduce_metrics(comm, ctx, ex, grads, {"loss": loss, **aux}, local)
+    return s._replace(params=params, model_state=model_state, opt_state=opt_state, comp_state=comp_state), metrics
+
 
 class BSP(SyncMode):
     """Bulk-synchronous SGD: every step averages the workers' (compressed) gradients, then each
@@ -80,14 +118,7 @@ class BSP(SyncMode):
     name = "bsp"
 
     def step(self, comm, ctx, phase, s, batch, key, host=None):
-        k_loss, k_comm = jax.random.split(key)
-        loss, model_state, aux, grads = local_grad(comm, ctx, s.params, s.model_state, batch, k_loss)
-        ex = ctx.exchanges[phase]
-        grads, comp_state = ex.exchange(comm, grads, s.comp_state, k_comm)
-        params, opt_state = apply_update(ctx, grads, s.opt_state, s.params)
-        model_state = ex.average(comm, model_state)  # e.g. BatchNorm running statistics
-        metrics = reduce_metrics(comm, ctx, ex, grads, {"loss": loss, **aux})
-        return s._replace(params=params, model_state=model_state, opt_state=opt_state, comp_state=comp_state), metrics
+        return gradient_step(comm, ctx, phase, s, batch, key)
 
 
 class LocalSGD(SyncMode):
@@ -112,7 +143,7 @@ class LocalSGD(SyncMode):
 
     def step(self, comm, ctx, phase, s, batch, key, host=None):
         if phase.kind == "bsp":  # before post_local_switch
-            return BSP.step(self, comm, ctx, phase, s, batch, key)
+            return gradient_step(comm, ctx, phase, s, batch, key)
         k_loss, k_comm = jax.random.split(key)
         loss, model_state, aux, grads = local_grad(comm, ctx, s.params, s.model_state, batch, k_loss)
         ex = ctx.exchanges[phase]
@@ -128,19 +159,275 @@ class LocalSGD(SyncMode):
         return new._replace(anchor=anchor), metrics
 
 
-SYNC_MODES: dict[str, SyncMode] = {m.name: m for m in (BSP(), LocalSGD())}
-PUBLIC = ("bsp",)  # the names ``EngineConfig.sync`` accepts besides those added below ("local" is local_steps)
+class AdaCommHost:
+    """AdaComm's host state (Wang and Joshi 2019, "Adaptive communication strategies to achieve
+    the best error-runtime trade-off in local-update SGD"): the communication period
+
+        H_t = ceil(sqrt(F(x_t) / F(x_0)) * H_0)
+
+    re-evaluated every ``adapt_every`` steps, F(x_0) the training loss of step 0 and F(x_t) the
+    mean training loss of the last ``adapt_every`` steps (mean over seeds under ``seeds``: one
+    program, one schedule); a new H takes effect at the next averaging step.  Phases stay static
+    (one compiled program per kind): the host decides each step's kind from the losses it has
+    observed (``observe``, which reads the step's loss: one device round trip every
+    ``adapt_every`` steps).  ``state_dict`` / ``load_state_dict``: the checkpoint carries it.
+    """
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.h = int(cfg.local_steps_init)
+        self.next_sync = self.h - 1
+        self.kinds = ""  # decided kinds: "l" local, "s" sync
+        self.loss0: float | None = None
+        self.window: list = []  # losses of the current window (device scalars until read)
+        self.history: list[tuple[int, int]] = [(0, self.h)]  # (step, H) at each change
+
+    def observe(self, step: int, metrics: dict) -> None:
+        loss = metrics["loss"]
+        if step == 0:
+            self.loss0 = float(jnp.mean(loss))
+        self.window.append(loss)
+
+    def _adapt(self, t: int) -> None:
+        f = float(np.mean([float(jnp.mean(x)) for x in self.window[-self.cfg.adapt_every :]]))
+        self.window = []
+        if self.loss0 is None or not (np.isfinite(f) and np.isfinite(self.loss0)) or self.loss0 <= 0:
+            return
+        h = max(1, math.ceil(math.sqrt(max(f, 0.0) / self.loss0) * self.cfg.local_steps_init))
+        if h != self.h:
+            self.h = h
+            self.history.append((t, h))
+
+    def phase(self, step: int) -> Phase:
+        while len(self.kinds) <= step:
+            t = len(self.kinds)
+            if t > 0 and t % self.cfg.adapt_every == 0:
+                self._adapt(t)
+            sync = t == self.next_sync
+            if sync:
+                self.next_sync = t + self.h
+            self.kinds += "s" if sync else "l"
+        density = self.cfg.warmup.density(step) if self.cfg.warmup is not None else None
+        return Phase(density, "sync" if self.kinds[step] == "s" else "local")
+
+    def state_dict(self) -> dict:
+        self.window = [float(jnp.mean(x)) for x in self.window]
+        return {
+            "h": self.h,
+            "next_sync": self.next_sync,
+            "kinds": self.kinds,
+            "loss0": self.loss0,
+            "window": list(self.window),
+            "history": [list(x) for x in self.history],
+        }
+
+    def load_state_dict(self, d: dict) -> None:
+        self.h, self.next_sync, self.kinds = int(d["h"]), int(d["next_sync"]), str(d["kinds"])
+        self.loss0, self.window = d["loss0"], list(d["window"])
+        self.history = [tuple(x) for x in d["history"]]
+
+
+class AdaComm(LocalSGD):
+    """Local SGD with AdaComm's adaptive period (``local_steps='adaptive'``; ``AdaCommHost``)."""
+
+    name = "adacomm"
+
+    def check(self, cfg):
+        if cfg.post_local_switch > 0:
+            raise ValueError("local_steps='adaptive' (AdaComm) and post_local_switch cannot be combined")
+
+    def host(self, cfg):
+        return AdaCommHost(cfg)
+
+    def phase(self, cfg, step):
+        raise ValueError("AdaComm's phases depend on the observed losses: ask Trainer.phase")
+
+
+def _ring(params, slots: int):
+    """``slots`` copies of ``params`` on a leading axis (a ring buffer of parameter versions)."""
+    return jax.tree.map(lambda x: jnp.broadcast_to(x, (slots, *jnp.shape(x))), params)
+
+
+def _put(buf, slot, tree):
+    return jax.tree.map(lambda b, x: lax.dynamic_update_index_in_dim(b, x, slot, 0), buf, tree)
+
+
+def _get(buf, slot):
+    return jax.tree.map(lambda b: lax.dynamic_index_in_dim(b, slot, 0, keepdims=False), buf)
+
+
+def _staleness_metrics(stale) -> dict:
+    stale = jnp.asarray(stale, jnp.float32)
+    return {"staleness_mean": stale.mean(), "staleness_max": stale.max()}
+
+
+_SCHEDULES: dict = {}
+
+
+def _schedule(kind, cfg, bound: int):
+    """The event schedule of ``cfg``'s timing model (memoized per timing configuration)."""
+    key = (kind.__name__, cfg.workers, bound, cfg.stragglers, cfg.jitter, cfg.worker_speeds, cfg.timing_seed)
+    if key not in _SCHEDULES:
+        _SCHEDULES[key] = kind(cfg, bound)
+    return _SCHEDULES[key]
+
+
+class SSP(SyncMode):
+    """Stale-synchronous parallel (Ho et al. 2013), staleness bound s (``cfg.staleness``).
+
+    Clock t's update aggregates every worker's clock-t gradient exactly as BSP does (same
+    exchange: compressor, memory, aggregation), x_{t+1} = x_t - eta opt(1/P sum_i D(C(g_i))),
+    but worker i's gradient g_i = grad f_i(x_{v(i,t)}) is computed on version
+    v(i,t) in [t - s, t], decided by the timing model's event schedule
+    (``cconv.engine.timing.SSPSchedule``).  Every version a clock uses exists when it starts, so
+    the P gradients are computed in parallel: the state keeps a ring buffer of the last s + 1
+    versions (``WorkerState.sync``; version v in slot v mod (s+1)), and the host passes each
+    worker's slot as an input array, so one compiled program serves every step.  s = 0 is BSP
+    bit for bit.  Metrics: ``staleness_mean`` / ``staleness_max`` = t - v(i, t) over workers.
+    """
+
+    name = "ssp"
+    waits_for_all = False
+
+    def check(self, cfg):
+        if cfg.model_averaging:
+            raise ValueError("sync='ssp' with local SGD (local_steps > 1 or post_local_switch) is not defined")
+
+    def init(self, cfg, params):
+        return _ring(params, cfg.staleness + 1)
+
+    def inputs(self, cfg, step):
+        v = _schedule(timing.SSPSchedule, cfg, cfg.staleness).version(step)
+        slots = cfg.staleness + 1
+        return np.stack([v % slots, step - v, np.full_like(v, step % slots)]).astype(np.int32)
+
+    def step(self, comm, ctx, phase, s, batch, key, host=None):
+        buf = _put(s.sync, host[2, 0], s.params)  # version t joins the ring
+        at = _get(buf, host[0, comm.rank()])
+        new, metrics = gradient_step(comm, ctx, phase, s, batch, key, at, _staleness_metrics(host[1]))
+        return new._replace(sync=buf), metrics
+
+    def span(self, cfg, step):
+        return _schedule(timing.SSPSchedule, cfg, cfg.staleness).span(step)
+
+
+def _asp_cap(cfg) -> int:
+    return 2 * cfg.workers if cfg.max_staleness is None else cfg.max_staleness
+
+
+class ASP(SyncMode):
+    """Asynchronous parallel SGD on a parameter server (Downpour, Dean et al. 2012; Hogwild-style
+    delayed updates, Recht et al. 2011): every gradient is applied on its own as it arrives,
+    x_{n+1} = x_n - eta opt(D(C(grad f(x_{n - tau_n})))), the delays tau_n from the timing
+    model's event schedule (``cconv.engine.timing.ASPSchedule``; equal speeds: tau = P - 1).
+
+    **One logged step = P gradient arrivals** (each consumes a local mini-batch of B/P rows, so a
+    logged step consumes the global batch B as a BSP step does; plots compare modes at equal
+    samples).  Arrival j of a step is computed by worker (device) j on its rows of the global
+    batch; the timing model decides only its base version (which simulated worker it is does
+    not change the arithmetic), and that device's compressor memory (EF, DGC) is the memory of
+    the j-th arrival slot.
+
+    Exact replay, sequentially: a ``lax.scan`` over the P arrivals; each device keeps the
+    server's model and a ring buffer of the last ``max_staleness`` + 1 versions (replicated),
+    arrival j's gradient and compression (with memory) run under ``lax.cond(rank == j)`` (no P x
+    compute: each device computes once per logged step), the decompressed update is broadcast
+    (an unrecorded sum over devices, exact: the others add zeros) and every device applies it.
+    The trade-off: P sequential gradient computations per logged step (latency, not work);
+    computing all P in parallel would be exact only when every base version predates the step,
+    which stragglers break.  Bytes: each worker pushes its compressed gradient and pulls the
+    dense model once per logged step on average: the parameter-server transport's accounting of
+    a BSP step (``architecture='parameter-server'`` is required); encoded = moved bytes.
+    """
+
+    name = "asp"
+    waits_for_all = False
+
+    def check(self, cfg):
+        if cfg.architecture != "parameter-server":
+            raise ValueError("sync='asp' is a parameter server: it needs architecture='parameter-server'")
+        if cfg.model_averaging:
+            raise ValueError("sync='asp' with local SGD (local_steps > 1 or post_local_switch) is not defined")
+        if cfg.vote or cfg.collective != "auto" or cfg.ps_downlink is not None:
+            raise ValueError("sync='asp' applies each gradient on its own: no vote, collective or ps_downlink")
+
+    def init(self, cfg, params):
+        return _ring(params, _asp_cap(cfg) + 1)
+
+    def inputs(self, cfg, step):
+        p, slots = cfg.workers, _asp_cap(cfg) + 1
+        _, base = _schedule(timing.ASPSchedule, cfg, _asp_cap(cfg)).arrivals(step, p)
+        n = step * p + np.arange(p)
+        return np.stack([base % slots, n % slots, n - base]).astype(np.int32)
+
+    def step(self, comm, ctx, phase, s, batch, key, host=None):
+        k_loss, k_comm = jax.random.split(key)
+        ex, rank, solo = ctx.exchanges[phase], comm.rank(), DryComm(1)
+        plan = ex.plan_of(s.params)
+        own = jax.eval_shape(lambda: local_grad(comm, ctx, s.params, s.model_state, batch, k_loss)[:3])
+
+        def arrival(carry, j):
+            params, opt_state, buf, comp_state, mine = carry
+            buf = _put(buf, host[1, j], params)  # version n (the current one) joins the ring
+
+            def compute(comp_state):
+                loss, ms, aux, g = local_grad(comm, ctx, _get(buf, host[0, j]), s.model_state, batch, k_loss)
+                u, comp_state = exchange(solo, plan, g, comp_state, jax.random.fold_in(k_comm, j))
+                return u, comp_state, (loss, ms, aux)
+
+            def skip(comp_state):
+                return jax.tree.map(jnp.zeros_like, params), comp_state, mine
+
+            u, comp_state, mine = lax.cond(rank == j, compute, skip, comp_state)
+            u = comm._psum(u)  # the arriving update on every device (the others add zeros)
+            params, opt_state = apply_update(ctx, u, opt_state, params)
+            return (params, opt_state, buf, comp_state, mine), None
+
+        vary = jnp.asarray(rank) * 0  # zeros typed like per-worker values (shard_map's varying axes)
+        mine = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype) + vary.astype(x.dtype), own)
+        carry = (s.params, s.opt_state, s.sync, s.comp_state, mine)
+        (params, opt_state, buf, comp_state, (loss, model_state, aux)), _ = lax.scan(
+            arrival, carry, jnp.arange(comm.size)
+        )
+        model_state = ex.average(comm, model_state)
+        dry = DryComm(comm.size, like=comm)
+        jax.eval_shape(lambda: self.dry(dry, ex, s, phase))
+        metrics = reduce_metrics(comm, ctx, ex, s.params, {"loss": loss, **aux}, _staleness_metrics(host[2]))
+        ps = traffic_metrics(dry, ctx.report_rank)  # the parameter server's push + pull
+        metrics.update({k: v for k, v in ps.items() if k != "bytes_control"})
+        new = s._replace(params=params, model_state=model_state, opt_state=opt_state, comp_state=comp_state)
+        return new._replace(sync=buf), metrics
+
+    def span(self, cfg, step):
+        return _schedule(timing.ASPSchedule, cfg, _asp_cap(cfg)).span(step, cfg.workers)
+
+
+SYNC_MODES: dict[str, SyncMode] = {m.name: m for m in (BSP(), LocalSGD(), AdaComm(), SSP(), ASP())}
 
 
 def public_names() -> tuple[str, ...]:
     """The values of ``EngineConfig.sync`` (every registered mode but the internal "local")."""
-    return tuple(n for n in SYNC_MODES if n != LocalSGD.name)
+    return tuple(n for n in SYNC_MODES if n not in (LocalSGD.name, AdaComm.name))
 
 
 def sync_mode(cfg) -> SyncMode:
     """The mode ``cfg`` runs: ``cfg.sync``; plain ``bsp`` with model averaging is local SGD."""
     mode = SYNC_MODES[cfg.sync]
-    return SYNC_MODES[LocalSGD.name] if mode.name == BSP.name and cfg.model_averaging else mode
+    if mode.name != BSP.name or not cfg.model_averaging:
+        return mode
+    return SYNC_MODES[AdaComm.name if cfg.local_steps == ADAPTIVE else LocalSGD.name]
 
 
-__all__ = ["SyncMode", "SYNC_MODES", "BSP", "LocalSGD", "sync_mode", "public_names"]
+__all__ = [
+    "SyncMode",
+    "SYNC_MODES",
+    "BSP",
+    "LocalSGD",
+    "AdaComm",
+    "AdaCommHost",
+    "SSP",
+    "ASP",
+    "sync_mode",
+    "public_names",
+    "gradient_step",
+]

@@ -85,12 +85,21 @@ class Trainer:
         self._metric_bytes: float | None = None
         self.launcher: Launcher = launcher(cfg, devices=devices, mpi_comm=mpi_comm, seeds=seeds)
         self.sync: SyncMode = sync_mode(cfg)
+        self._host = self.sync.host(cfg)  # host-decided phases (AdaComm), or None
         self._report_rank = TRANSPORTS[cfg.architecture].report_rank(cfg.workers)
         self._check_warmup_states()
 
     # ------------------------------------------------------------------ phases and plans
     def phase(self, step: int) -> Phase:
-        return self.sync.phase(self.cfg, step)
+        return self.sync.phase(self.cfg, step) if self._host is None else self._host.phase(step)
+
+    def host_state(self) -> dict | None:
+        """The synchronization mode's host state (AdaComm's period), for checkpoints; None: none."""
+        return None if self._host is None else self._host.state_dict()
+
+    def load_host_state(self, d: dict | None) -> None:
+        if self._host is not None and d is not None:
+            self._host.load_state_dict(d)
 
     def exchange(self, phase: Phase) -> Exchange:
         """The ``Exchange`` phase ``phase`` averages gradients (or model deltas) with."""
@@ -183,6 +192,8 @@ class Trainer:
         phase = self.phase(state.step)
         batch, key = self._inputs(batch, key)
         new, metrics = self._fn(phase)(state.worker(), batch, self._with_host(key, state.step))
+        if self._host is not None:
+            self._host.observe(state.step, metrics)
         return EngineState(*new, step=state.step + 1), metrics
 
     def _with_host(self, key, step: int):

@@ -62,7 +62,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from cconv.engine.config import ARCHITECTURES, COLLECTIVES, GRANULARITIES, LAUNCHERS, MEMORIES
+from cconv.engine.config import ADAPTIVE, ARCHITECTURES, COLLECTIVES, GRANULARITIES, LAUNCHERS, MEMORIES
+from cconv.engine.sync import public_names as sync_names
 
 if TYPE_CHECKING:
     from cconv.compressors.base import Compressor
@@ -91,10 +92,20 @@ SCHEDULE_VALUE_ARGS = ("peak_value", "init_value", "value")  # = lr
 SCHEDULE_LENGTH_ARGS = ("decay_steps", "transition_steps")  # = steps - lr_warmup
 # fields added after runs were written: an older config.yaml without them holds their default,
 # and at their default they are left out of ``digest`` (old run directories resume unchanged)
-ADDED_FIELDS: dict[str, Any] = {"ef_scale": None, "tensorboard": False}
-# gossip (decentralized training): EngineConfig's fields of the same names
-GOSSIP_FIELDS: dict[str, Any] = {
+ADDED_FIELDS: dict[str, Any] = {
+    "ef_scale": None,
+    "tensorboard": False,
     "sync": "bsp",
+    "staleness": 0,
+    "max_staleness": None,
+    "stragglers": None,
+    "jitter": 0.0,
+    "worker_speeds": None,
+    "adapt_every": 50,
+    "local_steps_init": 4,
+}
+# gossip (decentralized training, sync: gossip): EngineConfig's fields of the same names
+GOSSIP_FIELDS: dict[str, Any] = {
     "gossip": "dpsgd",
     "topology": "ring",
     "torus": None,
@@ -147,7 +158,21 @@ class RunConfig:
         default=None,
         metadata={"help": "density warm-up {densities: [..] or dgc, steps_per_stage, dense_steps}, or null"},
     )
-    local_steps: int = field(default=1, metadata={"help": "local SGD steps between model averaging (1 = BSP)"})
+    local_steps: Any = field(
+        default=1, metadata={"help": "local SGD steps between model averaging (1 = BSP), or adaptive (AdaComm)"}
+    )
+    local_steps_init: int = field(default=4, metadata={"help": "local_steps: adaptive: H_0, the initial period"})
+    adapt_every: int = field(default=50, metadata={"help": "local_steps: adaptive: steps between updates of H"})
+    sync: str = field(
+        default="bsp", metadata={"help": "bsp | ssp | asp (asp needs architecture: parameter-server) | gossip"}
+    )
+    staleness: int = field(default=0, metadata={"help": "sync: ssp: staleness bound s (0 = BSP)"})
+    max_staleness: Any = field(default=None, metadata={"help": "sync: asp: parameter versions kept (null: 2 workers)"})
+    stragglers: Any = field(
+        default=None, metadata={"help": "timing model: {fraction, slowdown}: a fixed subset computes slowdown x slower"}
+    )
+    jitter: float = field(default=0.0, metadata={"help": "timing model: lognormal sigma per worker-step"})
+    worker_speeds: Any = field(default=None, metadata={"help": "timing model: relative compute time per worker"})
     post_local_switch: int = field(
         default=0, metadata={"help": "step at which BSP switches to local SGD (post-local SGD)"}
     )
@@ -184,7 +209,6 @@ class RunConfig:
         default=False, metadata={"help": "also write TensorBoard event files to <run>/tensorboard/seed_<s>/"}
     )
     # --- gossip (decentralized training, cconv.engine.gossip) -------------------------------------
-    sync: str = field(default="bsp", metadata={"help": "bsp | gossip (decentralized: no all-reduce, no server)"})
     gossip: str = field(
         default="dpsgd",
         metadata={"help": "sync gossip: dpsgd (D-PSGD; with a compressor: naive compressed gossip) | choco"},
@@ -427,7 +451,26 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
             raise ConfigError(f"ef_scale scales error feedback: it needs memory: ef, got memory: {cfg.memory}")
         cfg.ef_scale = float(cfg.ef_scale)
     cfg.clip = _num("clip", cfg.clip, 0.0, allow_none=True, strict=True)
-    cfg.local_steps = _int("local_steps", cfg.local_steps)
+    if cfg.local_steps != ADAPTIVE:
+        cfg.local_steps = _int("local_steps", cfg.local_steps)
+    cfg.local_steps_init = _int("local_steps_init", cfg.local_steps_init)
+    cfg.adapt_every = _int("adapt_every", cfg.adapt_every)
+    cfg.sync = _choice("sync", cfg.sync, sync_names())
+    cfg.staleness = _int("staleness", cfg.staleness, 0)
+    if cfg.max_staleness is not None:
+        cfg.max_staleness = _int("max_staleness", cfg.max_staleness)
+    if cfg.stragglers is not None:
+        st = cfg.stragglers
+        if not isinstance(st, dict) or set(st) - {"fraction", "slowdown"}:
+            raise ConfigError(f"stragglers must be null or a mapping {{fraction, slowdown}}, got {st!r}")
+        cfg.stragglers = {k: _num(f"stragglers.{k}", v) for k, v in st.items()}
+    cfg.jitter = _num("jitter", cfg.jitter, 0.0)
+    if cfg.worker_speeds is not None:
+        if not isinstance(cfg.worker_speeds, list):
+            raise ConfigError(
+                f"worker_speeds must be null or a list of {cfg.workers} numbers, got {cfg.worker_speeds!r}"
+            )
+        cfg.worker_speeds = [_num("worker_speeds[]", v, 0.0, strict=True) for v in cfg.worker_speeds]
     cfg.post_local_switch = _int("post_local_switch", cfg.post_local_switch, 0)
     cfg.granularity = _choice("granularity", cfg.granularity, GRANULARITIES)
     cfg.collective = _choice("collective", cfg.collective, COLLECTIVES)
@@ -485,7 +528,7 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
 
 def _check_gossip(cfg: RunConfig) -> None:
     """The gossip keys' types (their values and combinations: ``EngineConfig``, in ``check_names``)."""
-    for name in ("sync", "gossip", "topology"):
+    for name in ("gossip", "topology"):
         if not isinstance(getattr(cfg, name), str):
             raise ConfigError(f"{name} must be a string, got {getattr(cfg, name)!r}")
     g = cfg.gossip_gamma
@@ -834,6 +877,15 @@ def engine_config(cfg: RunConfig, shapes: Iterable | None = None) -> EngineConfi
         clip=cfg.clip,
         warmup=warm,
         local_steps=cfg.local_steps,
+        local_steps_init=cfg.local_steps_init,
+        adapt_every=cfg.adapt_every,
+        sync=cfg.sync,
+        staleness=cfg.staleness,
+        max_staleness=cfg.max_staleness,
+        stragglers=cfg.stragglers,
+        jitter=cfg.jitter,
+        worker_speeds=cfg.worker_speeds,
+        timing_seed=cfg.seeds()[0],
         post_local_switch=cfg.post_local_switch,
         compress_delta=cfg.compress_delta,
         granularity=cfg.granularity,

@@ -295,13 +295,18 @@ class SimClock:
         self._cache: dict = {}
 
     def step_times(self, step: int) -> list[float]:
-        """[sim_step_time on each network] for training step ``step`` (0-based)."""
-        phase = self.trainer.phase(step)
+        """[sim_step_time on each network] for training step ``step`` (0-based).  The compute
+        part is the measured compute time x the synchronization mode's span of the step in the
+        worker timing model (``SyncMode.span``: BSP waits for the slowest worker, SSP/ASP follow
+        their event schedules; 1 without stragglers, jitter or worker_speeds)."""
+        phase, sync = self.trainer.phase(step), self.trainer.sync
         if phase not in self._cache:
             colls = [c for c in self.trainer.collectives(step) if not getattr(c, "control", False)]
-            local = self.calib.compute_time + (self.calib.exchange_time(phase) if phase.kind != "local" else 0.0)
-            self._cache[phase] = [local + self._network.step_comm_time(colls, self.workers, net) for net in self.nets]
-        return self._cache[phase]
+            ex = self.calib.exchange_time(phase) if sync.communicates(phase) else 0.0
+            self._cache[phase] = (ex, [self._network.step_comm_time(colls, self.workers, net) for net in self.nets])
+        ex, comm = self._cache[phase]
+        local = self.calib.compute_time * sync.span(self.trainer.cfg, step) + ex
+        return [local + c for c in comm]
 
 
 # --------------------------------------------------------------------------- the loop
@@ -569,6 +574,7 @@ def _restore(problem: Problem, ckpt: Checkpointer, state: Any, mpath: str) -> tu
             continue
         break
     state = state.replace(step=start)  # the step counter is static metadata, not a leaf
+    problem.trainer.load_host_state(meta.get("sync_host"))  # e.g. AdaComm's period
     for b, st in zip(problem.batchers, host):
         b.load_state_dict(st)
     io.repair_jsonl(mpath, start)
@@ -579,7 +585,11 @@ def _save(problem: Problem, ckpt: Checkpointer, step: int, state: Any, counters:
     ckpt.save(
         step,
         state,
-        {"counters": counters.to_dict(), "batchers": [encode_host_state(b.state_dict()) for b in problem.batchers]},
+        {
+            "counters": counters.to_dict(),
+            "batchers": [encode_host_state(b.state_dict()) for b in problem.batchers],
+            **({"sync_host": h} if (h := problem.trainer.host_state()) is not None else {}),
+        },
     )
 
 

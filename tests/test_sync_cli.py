@@ -1,0 +1,92 @@
+"""Synchronization modes from the command line: SIGKILL right after a checkpoint, then the same
+command, gives the uninterrupted run's metrics bit for bit (SSP and ASP replay the timing
+schedule, AdaComm's period is in the checkpoint); bad input is one line, exit 2, nothing written."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cconv.experiments import io
+
+pytestmark = pytest.mark.slow  # real subprocesses
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASE = (
+    "model: {name: mlp, hidden: [8]}\ndata: digits\nworkers: 4\nbatch_size: 32\nsteps: 12\nlr: 0.05\n"
+    "compressor: {name: topk, ratio: 0.1}\nmemory: ef\nlog_every: 4\ncheckpoint_every: 4\nnetwork: 1GbE\n"
+    "stragglers: {fraction: 0.25, slowdown: 4}\njitter: 0.3\n"
+)
+MODES = {
+    "ssp": "sync: ssp\nstaleness: 2\n",
+    "asp": "sync: asp\narchitecture: parameter-server\n",
+    "adacomm": "local_steps: adaptive\nlocal_steps_init: 3\nadapt_every: 3\n",
+}
+# cconv's main, SIGKILLed right after the checkpoint of step 8 is saved
+KILL_AFTER_CHECKPOINT_8 = """
+import os, signal, sys
+from cconv.experiments import runner
+save = runner._save
+def dying(problem, ckpt, step, state, counters):
+    save(problem, ckpt, step, state, counters)
+    if step == 8:
+        os.kill(os.getpid(), signal.SIGKILL)
+runner._save = dying
+from cconv import cli
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def cconv(*args, code=None):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(JAX_PLATFORMS="cpu", CCONV_PROGRESS="0", PYTHONPATH=ROOT)
+    argv = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "cconv", *args]
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_sigkill_and_resume_is_bit_identical(mode, tmp_path):
+    spec = tmp_path / "run.yaml"
+    spec.write_text(BASE + MODES[mode])
+    ref, killed = tmp_path / "ref", tmp_path / "killed"
+    r = cconv("run", str(spec), "--out", str(ref))
+    assert r.returncode == 0, r.stderr
+    k = cconv("run", str(spec), "--out", str(killed), code=KILL_AFTER_CHECKPOINT_8)
+    assert k.returncode == -9, k.stderr
+    assert [line["step"] for line in io.read_jsonl(str(killed / io.METRICS))] == [4, 8]
+    again = cconv("run", str(spec), "--out", str(killed))
+    assert again.returncode == 0, again.stderr
+    want, got = io.read_jsonl(str(ref / io.METRICS)), io.read_jsonl(str(killed / io.METRICS))
+    assert [line["step"] for line in got] == [4, 8, 12]
+    drop = ("wall_time",)
+    for a, b in zip(want, got):
+        assert {k: v for k, v in a.items() if k not in drop} == {k: v for k, v in b.items() if k not in drop}
+    if mode != "adacomm":
+        assert want[-1]["staleness_max"] > 0
+    assert want[-1]["sim_time"] > 0
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        ("sync: ssp\nstaleness: -1\n", "staleness"),
+        ("sync: ssp\nstaleness: 2\nlocal_steps: 4\n", "local SGD"),
+        ("sync: asp\n", "parameter-server"),
+        ("stragglers: {fraction: 1.0, slowdown: 4}\n", "fraction"),
+        ("stragglers: {fraction: 0.25, slowdown: 0.5}\n", "slowdown"),
+        ("jitter: -1\n", "jitter"),
+        ("worker_speeds: [1, 2]\n", "worker_speeds"),
+        ("sync: gossipy\n", "sync"),
+        ("local_steps: sometimes\n", "local_steps"),
+    ],
+)
+def test_bad_sync_input_is_one_line_exit_2_nothing_written(extra, match, tmp_path):
+    spec = tmp_path / "run.yaml"
+    spec.write_text(BASE + extra)
+    out = tmp_path / "out"
+    r = cconv("run", str(spec), "--out", str(out))
+    assert r.returncode == 2, r.stderr
+    line = r.stderr.strip()
+    assert line.startswith("cconv: error:") and match in line and "\n" not in line
+    assert not out.exists()
