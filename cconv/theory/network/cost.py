@@ -215,7 +215,7 @@ FLAT_TIMES: dict[str, Callable[[float, int, Network, int], float]] = {
     "ps_push": ps_time,
     "ps_pull": ps_time,
     "broadcast": lambda n, p, net, s: broadcast_time(n, p, net),
-    "permute": lambda n, p, net, s: p2p_time(n, net),
+    "permute": lambda n, p, net, s: 0.0 if p == 1 else p2p_time(n, net),
 }
 
 
