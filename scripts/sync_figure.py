@@ -53,9 +53,12 @@ def main(results: str, prefix: str) -> int:
         for ax in axes[-1]:
             ax.set_xlabel(label)
         for ax in axes[:, 0]:
-            ax.set_ylabel("test loss (averaged model for local SGD / gossip)")
+            ax.set_ylabel("test loss")
         axes.flat[0].legend(fontsize=8)
-        fig.suptitle(f"digits MLP, 8 workers, 200 steps: test loss vs {axis} per synchronization mode")
+        fig.suptitle(
+            f"digits MLP, 8 workers, 200 logged steps: test loss vs {axis} "
+            "(local SGD, gossip: the averaged model; ASP: one step = 8 arrivals)"
+        )
         for path in plotting.save(fig, f"{prefix}_{axis}.png"):
             print(f"wrote {path}")
     last = df.sort_values("step").groupby(["cfg.name", "stragglers"]).tail(1)
