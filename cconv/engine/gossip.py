@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 
 from cconv import compressors as C
+from cconv import memory as M
 from cconv.comm import topology as T
 from cconv.compressors.base import Compressor
 from cconv.engine.config import Phase
@@ -177,7 +178,7 @@ class Gossip(SyncMode):
         if cfg.workers < 2:
             raise ValueError(f"sync='gossip' needs at least 2 workers, got workers={cfg.workers}")
         others = {
-            "memory": (cfg.memory, "none"),
+            "memory": (cfg.memory, M.NONE),
             "local_steps": (cfg.local_steps, 1),
             "post_local_switch": (cfg.post_local_switch, 0),
             "architecture": (cfg.architecture, "all-to-all"),
