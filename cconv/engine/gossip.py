@@ -26,7 +26,7 @@ only compressed *differences* travel::
     x_hat_j  += q_j   for j = i and every neighbour j
     x_i^{t+1} = x_i^{t+1/2} + gamma sum_j W_ij (x_hat_j - x_hat_i)
 
-Memory trick (their Algorithm 6): a worker need not store its neighbours' copies, only
+Memory-efficient form (as in their appendix): a worker need not store its neighbours' copies, only
 s_i = sum_j W_ij x_hat_j (updated by s_i += sum_j W_ij q_j), since
 sum_j W_ij (x_hat_j - x_hat_i) = s_i - x_hat_i (rows of W sum to 1).  State per worker:
 (x_hat_i, s_i, compressor state), checkpointed with the rest.  With the identity compressor and
