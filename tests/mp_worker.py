@@ -37,6 +37,8 @@ cfgs = {
     "topk-ef": dict(compressor=C.topk(ratio=0.2), memory="ef"),
     "gtopk": dict(compressor=C.topk(ratio=0.2), memory="ef", collective="gtopk"),
     "ps-qsgd": dict(compressor=C.qsgd(levels=4), architecture="parameter-server"),
+    # a synchronization mode with host-scheduled inputs (as SSP) and lax.cond(rank == arrival)
+    "asp": dict(compressor=C.topk(ratio=0.2), memory="ef", sync="asp", architecture="parameter-server", jitter=0.5),
 }
 result = {}
 for name, kw in cfgs.items():

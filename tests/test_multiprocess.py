@@ -64,7 +64,7 @@ def test_jax_distributed_two_processes_equal_one_process_two_devices(runs):
     d, codes = runs
     assert codes["single"] == [0] and codes["jaxdist"] == [0, 0]
     a, b = np.load(d / "single.npz"), np.load(d / "jaxdist.npz")
-    assert sorted(a.files) == sorted(b.files) and len(a.files) == 3 * 5
+    assert sorted(a.files) == sorted(b.files) and len(a.files) == 4 * 5
     for k in a.files:
         np.testing.assert_allclose(b[k], a[k], rtol=1e-6, atol=1e-7, err_msg=k)
 

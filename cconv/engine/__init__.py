@@ -11,7 +11,9 @@ Inside your own ``jax.shard_map`` / ``pmap`` loop, ``Exchange`` and ``as_optax``
 
 See ``EngineConfig`` for every option and README section "Python API".  Aggregation methods and
 transports are objects in ``cconv.comm.aggregation``, memories in ``cconv.memory``, launchers in
-``cconv.engine.launchers``; each kind has a name -> object registry.
+``cconv.engine.launchers``, synchronization modes (BSP, local SGD, AdaComm, SSP, ASP) in
+``cconv.engine.sync`` with the worker timing model in ``cconv.engine.timing``; each kind has a
+name -> object registry.
 """
 
 from cconv.engine import gossip  # registers sync="gossip" in cconv.engine.sync.SYNC_MODES
@@ -31,6 +33,8 @@ from cconv.engine.config import (
 from cconv.engine.dropin import Exchange, as_optax
 from cconv.engine.launchers import Launcher
 from cconv.engine.step import WorkerState, worker_step
+from cconv.engine.sync import SYNC_MODES, SyncMode
+from cconv.engine.timing import Stragglers
 from cconv.engine.trainer import EngineState, Trainer, build
 
 __all__ = [
@@ -54,4 +58,7 @@ __all__ = [
     "Launcher",
     "Exchange",
     "as_optax",
+    "SYNC_MODES",
+    "SyncMode",
+    "Stragglers",
 ]

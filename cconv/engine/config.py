@@ -125,8 +125,8 @@ class EngineConfig:
     stragglers         timing model: ``Stragglers(fraction, slowdown)`` (a fixed subset of the
                        workers, drawn from ``timing_seed``, computes ``slowdown`` times slower)
     jitter             timing model: lognormal sigma of each worker-step's compute time (0: none)
-    worker_speeds      timing model: explicit relative compute times per worker (P numbers >= 1 /
-                       any positive numbers; None: all 1)
+    worker_speeds      timing model: explicit relative compute times per worker (P positive
+                       numbers, multiplied into the stragglers' slowdown; None: all 1)
     timing_seed        seed of the timing model (``cconv.engine.timing``)
     gossip             "dpsgd" (D-PSGD; with a compressor: naive compressed gossip of the models)
                        | "choco" (CHOCO-SGD: compressed differences and public copies x_hat)
@@ -216,7 +216,8 @@ class EngineConfig:
         for name, lo in ints:
             v = getattr(self, name)
             if not _integer(v) or v < lo:
-                raise ValueError(f"EngineConfig.{name} must be an integer >= {lo}, got {v!r}")
+                also = f" or {ADAPTIVE!r}" if name == "local_steps" else ""
+                raise ValueError(f"EngineConfig.{name} must be an integer >= {lo}{also}, got {v!r}")
         if self.warmup is not None and not isinstance(self.warmup, Warmup):
             raise ValueError("EngineConfig.warmup must be a cconv.engine.Warmup (e.g. dgc_warmup(...)) or None")
         c = self.compressor

@@ -22,12 +22,17 @@ orthogonal to compression: every mode moves its messages through the phase's ``E
     span(cfg, step)                 compute time of a step in units of one measured worker step
                                     (``cconv.engine.timing``; the simulated clock)
     average_view(cfg)               evaluate the workers' average model (True) or worker 0's
-    waits_for_all                   does a step wait for every worker (simulated time: the
-                                    slowest worker's compute) or not (see ``cconv.engine.timing``)
 
 ``sync_mode(cfg)`` picks the mode: ``cfg.sync`` ("bsp" by default), where ``bsp`` with
 ``local_steps > 1`` or ``post_local_switch > 0`` is local SGD (``local_steps='adaptive'``:
 AdaComm).  Adding a mode is one class and one ``SYNC_MODES`` entry.
+
+Launchers: every mode runs on shard_map, pmap and mpi (and multi-process jax.distributed): the
+host inputs travel with the (replicated) key, the extra state is per worker like the rest.
+ASP's ``lax.cond(rank == arrival)`` keeps the work at one gradient per worker per logged step
+where each worker is its own device or process; a launcher that simulates the P workers with
+``jax.vmap`` on one device turns the cond into a select (P gradients per arrival: same result,
+P times the compute).
 """
 
 from __future__ import annotations
@@ -52,7 +57,6 @@ class SyncMode:
     """Base class and protocol (module docstring); defaults are those of BSP."""
 
     name = ""
-    waits_for_all = True
 
     def check(self, cfg) -> None:
         """Raise a one-line ValueError for what this mode cannot do with ``cfg``."""
@@ -287,7 +291,6 @@ class SSP(SyncMode):
     """
 
     name = "ssp"
-    waits_for_all = False
 
     def check(self, cfg):
         if cfg.model_averaging:
@@ -338,10 +341,11 @@ class ASP(SyncMode):
     which stragglers break.  Bytes: each worker pushes its compressed gradient and pulls the
     dense model once per logged step on average: the parameter-server transport's accounting of
     a BSP step (``architecture='parameter-server'`` is required); encoded = moved bytes.
+    Each arrival is a full optimizer step, so a logged step makes P updates of size eta: scale
+    the learning rate (about 1/P of BSP's) accordingly.
     """
 
     name = "asp"
-    waits_for_all = False
 
     def check(self, cfg):
         if cfg.architecture != "parameter-server":
