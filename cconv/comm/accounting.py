@@ -18,6 +18,7 @@ recursive_doubling     log2(P) * D   (one D per round)  log2(P) * D
 ps_push                D (workers 1..P-1), 0 (server)  (P-1) * D at the server (rank 0)
 ps_pull                (P-1) * D at the server         D (workers 1..P-1)
 broadcast (from 0)     (P-1) * D at rank 0             D (ranks 1..P-1)
+permute (gossip)       D (one full permutation)         D
 =====================  ==============================  =====================================
 
 The parameter server is co-located with worker 0 (its own push and pull are local copies).
@@ -45,7 +46,7 @@ import numpy as np
 
 from cconv.compressors.base import payload_bytes
 
-KINDS = ("allreduce", "allgather", "recursive_doubling", "ps_push", "ps_pull", "broadcast")
+KINDS = ("allreduce", "allgather", "recursive_doubling", "ps_push", "ps_pull", "broadcast", "permute")
 
 
 class Collective(NamedTuple):
@@ -81,6 +82,8 @@ def traffic(c: Collective, workers: int) -> tuple[np.ndarray, np.ndarray]:
         sent[: p - p2] += d  # unfold
         recv[: p - p2] += d  # fold
         sent[p2:] = recv[p2:] = d
+    elif c.kind == "permute":  # a full permutation (gossip, cconv.comm.topology): one message each
+        sent[:] = recv[:] = d
     elif c.kind == "ps_push":
         sent[1:] = d
         recv[0] = (p - 1) * d

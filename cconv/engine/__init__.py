@@ -12,10 +12,11 @@ Inside your own ``jax.shard_map`` / ``pmap`` loop, ``Exchange`` and ``as_optax``
 See ``EngineConfig`` for every option and README section "Python API".  Aggregation methods and
 transports are objects in ``cconv.comm.aggregation``, memories in ``cconv.memory``, launchers in
 ``cconv.engine.launchers``, synchronization modes (BSP, local SGD, AdaComm, SSP, ASP) in
-``cconv.engine.sync`` with the worker timing model in ``cconv.engine.timing``; each kind has a
-name -> object registry.
+``cconv.engine.sync`` (gossip: ``cconv.engine.gossip``, registered there on import) with the
+worker timing model in ``cconv.engine.timing``; each kind has a name -> object registry.
 """
 
+from cconv.engine import gossip  # registers sync="gossip" in cconv.engine.sync.SYNC_MODES
 from cconv.engine.config import (
     ARCHITECTURES,
     COLLECTIVES,
@@ -37,6 +38,7 @@ from cconv.engine.timing import Stragglers
 from cconv.engine.trainer import EngineState, Trainer, build
 
 __all__ = [
+    "gossip",
     "EngineConfig",
     "Warmup",
     "dgc_warmup",

@@ -117,7 +117,8 @@ class EngineConfig:
     launcher           a key of ``LAUNCHERS``: shard_map (default), pmap or mpi
     axis_name          name of the worker axis
     sync               synchronization mode, a key of ``cconv.engine.sync.SYNC_MODES``: bsp
-                       (default; with local_steps > 1 or post_local_switch: local SGD), ssp, asp
+                       (default; with local_steps > 1 or post_local_switch: local SGD), ssp, asp,
+                       gossip (decentralized: ``cconv.engine.gossip``; the fields below)
     staleness          SSP's bound s (clocks a gradient's parameters may lag; 0: BSP exactly)
     max_staleness      ASP: the parameter versions kept (a gradient older than this is computed on
                        the oldest kept version); None: 2 P
@@ -127,6 +128,13 @@ class EngineConfig:
     worker_speeds      timing model: explicit relative compute times per worker (P positive
                        numbers, multiplied into the stragglers' slowdown; None: all 1)
     timing_seed        seed of the timing model (``cconv.engine.timing``)
+    gossip             "dpsgd" (D-PSGD; with a compressor: naive compressed gossip of the models)
+                       | "choco" (CHOCO-SGD: compressed differences and public copies x_hat)
+    topology           a key of ``cconv.comm.topology.TOPOLOGIES``: ring, torus, exponential,
+                       complete, matrix (Metropolis-Hastings weights, except ``matrix``)
+    torus              (rows, cols) of the torus (None: the most square factorisation of P)
+    mixing             the explicit P x P mixing matrix of ``topology="matrix"``
+    gossip_gamma       consensus step size gamma in (0, 1] (CHOCO; naive compressed D-PSGD)
     """
 
     workers: int = 1
@@ -158,6 +166,12 @@ class EngineConfig:
     jitter: float = 0.0
     worker_speeds: Sequence[float] | None = None
     timing_seed: int = 0
+    # --- gossip (decentralized training; cconv.engine.gossip) ---------------------------------
+    gossip: str = "dpsgd"
+    topology: str = "ring"
+    torus: tuple | None = None
+    mixing: tuple | None = None
+    gossip_gamma: float = 1.0
 
     def __post_init__(self):
         def choice(field, valid):
@@ -210,6 +224,7 @@ class EngineConfig:
         A.check(self, c)  # what the aggregation methods cannot do (powersgd, gtopk, vote)
         if self.ps_downlink is not None and self.architecture != "parameter-server":
             raise ValueError("ps_downlink needs architecture='parameter-server'")
+        self._check_gossip()
         self._check_sync()
         if self.warmup is not None and "ratio" not in C.entry_of(c).schema.names:
             ok = [e.name for e in C.entries() if "ratio" in e.schema.names]
@@ -217,6 +232,25 @@ class EngineConfig:
                 f"warmup changes the density: needs a compressor with a ratio "
                 f"hyper-parameter ({', '.join(ok)}), got {c.name!r}"
             )
+
+    def _check_gossip(self):
+        """The gossip fields' values (one block); what ``sync="gossip"`` combines with is checked
+        by its mode (``cconv.engine.gossip.Gossip.check``)."""
+        from cconv.engine.gossip import GOSSIP
+
+        if not isinstance(self.gossip, str) or self.gossip not in GOSSIP:
+            raise ValueError(f"EngineConfig.gossip={self.gossip!r}; valid: {', '.join(GOSSIP)}")
+        if not isinstance(self.topology, str):
+            raise ValueError(f"EngineConfig.topology must be a string, got {self.topology!r}")
+        g = self.gossip_gamma
+        if not _real(g) or not 0 < g <= 1:
+            raise ValueError(f"EngineConfig.gossip_gamma must be a number in (0, 1], got {g!r}")
+        object.__setattr__(self, "gossip_gamma", float(g))
+        for name in ("torus", "mixing"):  # lists (YAML) -> tuples (hashable, frozen)
+            v = getattr(self, name)
+            if isinstance(v, (list, tuple, np.ndarray)):
+                v = tuple(tuple(r) if isinstance(r, (list, tuple, np.ndarray)) else r for r in v)
+                object.__setattr__(self, name, v)
 
     def _check_sync(self):
         from cconv.engine import sync, timing  # sync imports this module
@@ -241,7 +275,7 @@ class Phase(NamedTuple):
     """What one step does (static; one compiled program per distinct phase)."""
 
     density: float | None  # None: the compressor as configured; 1.0: dense
-    kind: str  # "bsp" (average gradients) | "local" (no communication) | "sync"
+    kind: str  # "bsp" (average gradients) | "local" (no communication) | "sync" | "gossip"
 
 
 def phase_of(cfg: EngineConfig, step: int) -> Phase:

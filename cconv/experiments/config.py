@@ -106,6 +106,15 @@ ADDED_FIELDS: dict[str, Any] = {
     "schedule": None,
     "servers": None,
 }
+# gossip (decentralized training, sync: gossip): EngineConfig's fields of the same names
+GOSSIP_FIELDS: dict[str, Any] = {
+    "gossip": "dpsgd",
+    "topology": "ring",
+    "torus": None,
+    "mixing": None,
+    "gossip_gamma": 1.0,
+}
+ADDED_FIELDS.update(GOSSIP_FIELDS)
 
 
 @dataclass
@@ -156,7 +165,9 @@ class RunConfig:
     )
     local_steps_init: int = field(default=4, metadata={"help": "local_steps: adaptive: H_0, the initial period"})
     adapt_every: int = field(default=50, metadata={"help": "local_steps: adaptive: steps between updates of H"})
-    sync: str = field(default="bsp", metadata={"help": "bsp | ssp | asp (asp needs architecture: parameter-server)"})
+    sync: str = field(
+        default="bsp", metadata={"help": "bsp | ssp | asp (asp needs architecture: parameter-server) | gossip"}
+    )
     staleness: int = field(default=0, metadata={"help": "sync: ssp: staleness bound s (0 = BSP)"})
     max_staleness: Any = field(default=None, metadata={"help": "sync: asp: parameter versions kept (null: 2 workers)"})
     stragglers: Any = field(
@@ -209,6 +220,17 @@ class RunConfig:
     tensorboard: bool = field(
         default=False, metadata={"help": "also write TensorBoard event files to <run>/tensorboard/seed_<s>/"}
     )
+    # --- gossip (decentralized training, cconv.engine.gossip) -------------------------------------
+    gossip: str = field(
+        default="dpsgd",
+        metadata={"help": "sync gossip: dpsgd (D-PSGD; with a compressor: naive compressed gossip) | choco"},
+    )
+    topology: str = field(
+        default="ring", metadata={"help": "sync gossip: ring | torus | exponential | complete | matrix"}
+    )
+    torus: Any = field(default=None, metadata={"help": "topology torus: [rows, cols] (null: most square)"})
+    mixing: Any = field(default=None, metadata={"help": "topology matrix: the P x P mixing matrix (list of rows)"})
+    gossip_gamma: float = field(default=1.0, metadata={"help": "consensus step size in (0, 1] (choco)"})
 
     # ------------------------------------------------------------------ helpers
     def to_dict(self) -> dict:
@@ -515,6 +537,7 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
         cfg.servers = _int("servers", cfg.servers)
         if cfg.schedule is None:
             raise ConfigError("servers: the parameter servers of the simulated time need a schedule")
+    _check_gossip(cfg)
     nets = cfg.network
     if nets is not None:
         for n in nets if isinstance(nets, list) else [nets]:
@@ -523,6 +546,23 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
                     f"network entries must be a preset name or a mapping {{name, alpha, beta}}, got {n!r}"
                 )
     return cfg
+
+
+def _check_gossip(cfg: RunConfig) -> None:
+    """The gossip keys' types (their values and combinations: ``EngineConfig``, in ``check_names``)."""
+    for name in ("gossip", "topology"):
+        if not isinstance(getattr(cfg, name), str):
+            raise ConfigError(f"{name} must be a string, got {getattr(cfg, name)!r}")
+    g = cfg.gossip_gamma
+    if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1:
+        raise ConfigError(f"gossip_gamma must be a number in (0, 1], got {g!r}")
+    cfg.gossip_gamma = float(g)
+    if cfg.torus is not None and not isinstance(cfg.torus, list):
+        raise ConfigError(f"torus must be a list [rows, cols] or null, got {cfg.torus!r}")
+    if cfg.mixing is not None and not (isinstance(cfg.mixing, list) and all(isinstance(r, list) for r in cfg.mixing)):
+        raise ConfigError("mixing must be a list of rows (a P x P matrix) or null")
+    if cfg.sync == "gossip" and cfg.workers < 2:
+        raise ConfigError(f"sync: gossip needs at least 2 workers, got workers: {cfg.workers}")
 
 
 def check_names(cfg: RunConfig) -> None:
@@ -875,6 +915,7 @@ def engine_config(cfg: RunConfig, shapes: Iterable | None = None) -> EngineConfi
         compress_vectors=cfg.compress_vectors,
         vote=cfg.vote,
         launcher=cfg.launcher,
+        **{k: getattr(cfg, k) for k in GOSSIP_FIELDS},
         **topology,
         ps_downlink=None if cfg.ps_downlink is None else make_compressor(cfg.ps_downlink),
     )

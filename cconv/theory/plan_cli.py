@@ -229,6 +229,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "schedule x architecture methods, simulated per layer)",
     )
     p.add_argument("--granularity", choices=("fused", "layerwise"), default="fused")
+    p.add_argument("--gossip", action="store_true", help="also print gossip steps (ring, torus, exponential, complete)")
     p.add_argument(
         "--overlap",
         action="store_true",
@@ -440,6 +441,11 @@ def run(args: argparse.Namespace) -> int:
                 fixed=fixed,
             )
             out.append(format_plan(p, args.overlap, args.granularity))
+            if args.gossip:  # dense gossip steps next to the all-reduce (cconv.theory.gossip)
+                from cconv.theory import gossip as G
+
+                rows = G.gossip_rows(4.0 * w.params, args.workers, net)
+                out[-1] += "\n\n" + G.format_rows(rows, p.compute_s, human_bytes)
     except ValueError as e:
         print(f"cconv plan: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

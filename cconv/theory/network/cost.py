@@ -6,6 +6,7 @@
       (gTop-k's exchange)   floor(log2 P) + 2 (fold the extra ranks in, then out)
     PS push / pull          alpha + (P-1)/S * n * beta   (S <= P co-located servers)
     broadcast               min(binomial tree, scatter + ring allgather)
+    permute (gossip)        alpha + n beta  (one message to a neighbour, every worker at once)
 
 Thakur, Rabenseifner & Gropp (IJHPCA 2005); gTop-k: Shi et al. (ICDCS 2019).  Two-level
 networks: ``hierarchical_time``.  ``collective_time`` dispatches on the collective kind (the
@@ -22,7 +23,7 @@ import numpy as np
 from cconv.theory.network.links import Hierarchical, Network
 from cconv.theory.network.presets import names
 
-COLLECTIVES = ("allreduce", "allgather", "recursive_doubling", "ps_push", "ps_pull", "broadcast")
+COLLECTIVES = ("allreduce", "allgather", "recursive_doubling", "ps_push", "ps_pull", "broadcast", "permute")
 
 
 def _check_network(net: object) -> Network:
@@ -156,6 +157,9 @@ def hierarchical_time(kind: str, nbytes: float, workers: int, net: Hierarchical,
                              max(alpha_e + (P-g) n/S beta_e, alpha_i + (g-1) n/S beta_i)
         broadcast            across the nodes, then within the node (each with the flat
                              broadcast below): T_bcast(n, N, e) + T_bcast(n, g, i)
+        permute              a neighbour message, taken to cross the nodes with all g workers
+                             of a node sending at once (a bound; a ring placed by rank sends
+                             only 2 of them across): alpha_e + g n beta_e
 
     With N = 1 (P <= g) everything runs on ``intra`` (flat formulas).  P must be <= g or a
     multiple of g.
@@ -184,6 +188,8 @@ def hierarchical_time(kind: str, nbytes: float, workers: int, net: Hierarchical,
         return recursive_doubling_rounds(g) * (i.alpha + n * i.beta) + recursive_doubling_rounds(nodes) * (
             e.alpha + g * n * e.beta
         )
+    if kind == "permute":
+        return e.alpha + g * n * e.beta
     if kind in ("ps_push", "ps_pull"):
         if isinstance(servers, bool) or not isinstance(servers, (int, np.integer)) or not 1 <= servers <= nodes:
             raise ValueError(f"servers must be an integer in [1, nodes={nodes}] on {net.name!r}, got {servers!r}")
@@ -209,6 +215,7 @@ FLAT_TIMES: dict[str, Callable[[float, int, Network, int], float]] = {
     "ps_push": ps_time,
     "ps_pull": ps_time,
     "broadcast": lambda n, p, net, s: broadcast_time(n, p, net),
+    "permute": lambda n, p, net, s: 0.0 if p == 1 else p2p_time(n, net),
 }
 
 
@@ -218,7 +225,8 @@ def bytes_sent(kind: str, nbytes: float, workers: int, *, servers: int = 1) -> f
     For a worker that is not a server or root (cconv.comm.accounting's convention): allreduce
     2(P-1)/P n; allgather (P-1) n; recursive doubling ceil(log2 P) n (the busiest rank: with P not
     a power of two, a fold partner receives the folded rank's n, runs log2 of the rest rounds and
-    sends the result back; ``recursive_doubling_rounds`` counts the fold as a round for time); ps_push
+    sends the result back; ``recursive_doubling_rounds`` counts the fold as a round for time); permute
+    (a gossip neighbour message) n; ps_push
     (1 - 1/S) n with S
     co-located servers (n for S = 1: the whole payload goes to the server); ps_pull and broadcast 0.
     """
@@ -235,4 +243,6 @@ def bytes_sent(kind: str, nbytes: float, workers: int, *, servers: int = 1) -> f
         return n if servers < p else (1 - 1 / servers) * n
     if kind in ("ps_pull", "broadcast"):
         return 0.0
+    if kind == "permute":  # one message to a neighbour
+        return n
     raise ValueError(f"unknown collective kind {kind!r}; valid: {', '.join(COLLECTIVES)}")

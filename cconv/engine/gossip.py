@@ -1,0 +1,242 @@
+"""Decentralized gossip training: D-PSGD and CHOCO-SGD, one worker's step as pure functions.
+
+No server and no all-reduce: each worker keeps its own model x_i and, after its local optax
+update (adapt-then-combine), mixes with its neighbours through the topology's mixing matrix W
+(``cconv.comm.topology``; messages travel by ``comm.permute`` along full permutations).
+
+**D-PSGD** (Lian et al. 2017, NeurIPS), ``gossip: dpsgd``::
+
+    x_i^{t+1/2} = optax update of x_i^t with its own gradient
+    x_i^{t+1}   = sum_j W_ij x_j^{t+1/2}
+
+With the complete graph (W = 1/P) this is BSP on the models: for SGD and heavy-ball momentum
+(linear in the gradient, identical starting points) the models stay equal and
+sum_j x_j/P = x - lr * mean_j(g_j) -- the same update as averaging gradients, up to float
+rounding (the averages are summed in another order).  With a compressor Q, ``dpsgd`` is the
+naive compressed gossip of Koloskova et al. 2019 (their eq. 4, the baseline they show does not
+converge: the compression error on the *models* never vanishes)::
+
+    x_i^{t+1} = x_i^{t+1/2} + gamma sum_j W_ij (Q(x_j^{t+1/2}) - Q(x_i^{t+1/2}))
+
+**CHOCO-SGD** (Koloskova, Stich & Jaggi 2019, ICML, Algorithm 2), ``gossip: choco`` with
+``gossip_gamma`` = gamma in (0, 1]: public copies x_hat (initially 0) known to all neighbours;
+only compressed *differences* travel::
+
+    q_i       = Q(x_i^{t+1/2} - x_hat_i)                 (any cconv compressor; its payload is sent)
+    x_hat_j  += q_j   for j = i and every neighbour j
+    x_i^{t+1} = x_i^{t+1/2} + gamma sum_j W_ij (x_hat_j - x_hat_i)
+
+Memory-efficient form (as in their appendix): a worker need not store its neighbours' copies, only
+s_i = sum_j W_ij x_hat_j (updated by s_i += sum_j W_ij q_j), since
+sum_j W_ij (x_hat_j - x_hat_i) = s_i - x_hat_i (rows of W sum to 1).  State per worker:
+(x_hat_i, s_i, compressor state), checkpointed with the rest.  With the identity compressor and
+gamma = 1, x_hat = x^{t+1/2} after every step and x^{t+1} = s = D-PSGD's update (up to float
+rounding: s accumulates the differences instead of summing the models afresh).
+
+The compression key is folded with the worker's rank (gossiped payloads are decompressed one by
+one, so workers need no shared randomness); ``consensus_distance`` = mean_i ||x_i - x_bar||^2.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from cconv import compressors as C
+from cconv import memory as M
+from cconv.comm import topology as T
+from cconv.compressors.base import Compressor
+from cconv.engine.config import Phase
+from cconv.engine.step import apply_update, local_grad, reduce_metrics
+from cconv.engine.sync import SYNC_MODES, SyncMode
+
+GOSSIP = ("dpsgd", "choco")
+
+
+class ChocoState(NamedTuple):
+    """One worker's CHOCO state: its public copy, s = sum_j W_ij x_hat_j, the compressor states."""
+
+    hat: Any
+    s: Any
+    comp: Any
+
+
+class GossipStep(NamedTuple):
+    """Static description of a gossip exchange."""
+
+    algorithm: str  # "dpsgd" | "choco"
+    mixing: T.Mixing
+    compressor: Compressor | None  # None: models (dpsgd) / differences (choco) travel dense
+    gamma: float = 1.0
+
+
+@functools.lru_cache(maxsize=64)
+def _mixing(topology: str, workers: int, torus, mixing) -> T.Mixing:
+    return T.get(topology, workers, torus=torus, mixing=mixing)
+
+
+def mixing_of(cfg) -> T.Mixing:
+    """The validated ``Mixing`` of an ``EngineConfig`` (cached: the checks run once)."""
+    return _mixing(cfg.topology, int(cfg.workers), cfg.torus, cfg.mixing)
+
+
+def step_of(cfg) -> GossipStep:
+    """The ``GossipStep`` of an ``EngineConfig`` with ``sync="gossip"`` (the identity compressor
+    sends dense models / differences without calling it)."""
+    c = cfg.compressor
+    comp = None if c is None or c.name == C.IDENTITY else c
+    return GossipStep(cfg.gossip, mixing_of(cfg), comp, cfg.gossip_gamma)
+
+
+def init(step: GossipStep, params) -> Any:
+    """One worker's gossip state for ``params`` (no worker axis): () for D-PSGD without
+    compressor state, the compressors' states for naive compressed D-PSGD, ``ChocoState`` for CHOCO."""
+    comp = _comp_init(step.compressor, params)
+    if step.algorithm == "dpsgd":
+        return {"comp": comp}
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    return ChocoState(zeros, zeros, comp)
+
+
+def _comp_init(c: Compressor | None, params):
+    if c is None:
+        return ()
+    return tuple(c.init(x) for x in jax.tree.leaves(params))
+
+
+def _send(comm, step: GossipStep, tree, comp_state, key):
+    """Compress ``tree`` leaf-wise (or not), send it to every neighbour: (own decoded tree,
+    [neighbours' decoded trees], new compressor state)."""
+    c = step.compressor
+    if c is None:
+        return tree, T.neighbours(comm, step.mixing, tree), comp_state
+    leaves, treedef = jax.tree.flatten(tree)
+    keys = jax.random.split(jax.random.fold_in(key, comm.rank()), max(len(leaves), 1))
+    payloads, states = [], []
+    for x, st, k in zip(leaves, comp_state, keys):
+        p, st = c.compress(x, st, k)
+        payloads.append(p)
+        states.append(st)
+    decode = lambda ps: jax.tree.unflatten(  # noqa: E731
+        treedef, [c.decompress(p, x).astype(x.dtype) for p, x in zip(ps, leaves)]
+    )
+    received = T.neighbours(comm, step.mixing, payloads)
+    return decode(payloads), [decode(r) for r in received], tuple(states)
+
+
+def gossip(comm, step: GossipStep, params, state, key) -> tuple[Any, Any]:
+    """Mix this worker's (locally updated) ``params`` with its neighbours': (new params, new state)."""
+    if step.algorithm == "dpsgd":
+        own, received, comp = _send(comm, step, params, state["comp"], key)
+        mixed = T.combine(comm, step.mixing, own, received)
+        if step.compressor is None:
+            return mixed, {"comp": comp}
+        gamma = step.gamma  # naive compressed gossip: x + gamma (sum_j W_ij Q(x_j) - Q(x_i))
+        return jax.tree.map(lambda x, m, o: (x + gamma * (m - o)).astype(x.dtype), params, mixed, own), {"comp": comp}
+    diff = jax.tree.map(jnp.subtract, params, state.hat)
+    q, received, comp = _send(comm, step, diff, state.comp, key)
+    hat = jax.tree.map(jnp.add, state.hat, q)
+    s = jax.tree.map(jnp.add, state.s, T.combine(comm, step.mixing, q, received))
+    gamma = step.gamma
+    new = jax.tree.map(lambda x, si, hi: (x + gamma * (si - hi)).astype(x.dtype), params, s, hat)
+    return new, ChocoState(hat, s, comp)
+
+
+def consensus_distance(comm, params) -> tuple[jax.Array, Any]:
+    """(||x_i - x_bar||^2 of this worker, x_bar): the mean over workers of the first is the
+    ``consensus_distance`` metric.  x_bar travels in one control all-reduce."""
+    mean = comm.allmean(params, control=True)
+    pairs = zip(jax.tree.leaves(params), jax.tree.leaves(mean))
+    sq = sum(jnp.sum(jnp.square((x - m).astype(jnp.float32))) for x, m in pairs)
+    return jnp.asarray(sq, jnp.float32), mean
+
+
+def density(step: GossipStep, params) -> float:
+    """Fraction of the model's coordinates a message carries."""
+    sizes = [x.size for x in jax.tree.leaves(params)]
+    if step.compressor is None:
+        return 1.0
+    kept = sum(step.compressor.density(x.shape) * x.size for x in jax.tree.leaves(params))
+    return float(kept / max(sum(sizes), 1))
+
+
+class Gossip(SyncMode):
+    """``sync="gossip"``: D-PSGD or CHOCO-SGD (module docstring) as a synchronization mode.
+
+    One phase ("gossip"); the gossip state (x_hat, s and the compressor states for CHOCO; the
+    compressor states for naive compressed D-PSGD) lives in ``WorkerState.sync`` (checkpointed);
+    the evaluated model is the workers' average x_bar.  A step waits for its neighbours only;
+    the simulated clock treats it as waiting for all (lockstep), a bound for synchronous gossip
+    under stragglers."""
+
+    name = "gossip"
+
+    def check(self, cfg) -> None:
+        if cfg.workers < 2:
+            raise ValueError(f"sync='gossip' needs at least 2 workers, got workers={cfg.workers}")
+        others = {
+            "memory": (cfg.memory, M.NONE),
+            "local_steps": (cfg.local_steps, 1),
+            "post_local_switch": (cfg.post_local_switch, 0),
+            "architecture": (cfg.architecture, "all-to-all"),
+            "collective": (cfg.collective, "auto"),
+            "vote": (cfg.vote, False),
+            "warmup": (cfg.warmup, None),
+            "ps_downlink": (cfg.ps_downlink, None),
+            "compress_delta": (cfg.compress_delta, False),
+        }
+        bad = [f"{k}={v!r}" for k, (v, default) in others.items() if v != default]
+        if bad:
+            raise ValueError(f"sync='gossip' does not combine with {', '.join(bad)} (gossip mixes models directly)")
+        mixing_of(cfg)  # validates topology, torus and mixing
+
+    def init(self, cfg, params):
+        return init(step_of(cfg), params)
+
+    def phase(self, cfg, step: int) -> Phase:
+        return Phase(None, "gossip")
+
+    def compresses(self, cfg, phase) -> bool:
+        return False  # the phase's Exchange is unused; the gossip step compresses itself
+
+    def average_view(self, cfg) -> bool:
+        return True
+
+    def dry(self, comm, ex, ws, phase) -> None:
+        params, _ = gossip(comm, step_of(ex.config), ws.params, ws.sync, jax.random.PRNGKey(0))
+        consensus_distance(comm, params)  # x_bar's control all-reduce (for the metric)
+
+    def step(self, comm, ctx, phase, s, batch, key, host=None):
+        """Own gradient -> local clip -> optax update -> gossip with the neighbours (adapt then
+        combine); metrics as BSP's plus ``consensus_distance`` (mean_i ||x_i - x_bar||^2 after
+        the step).  The model state (e.g. BatchNorm statistics) stays local."""
+        ex = ctx.exchanges[phase]
+        gstep = step_of(ex.config)
+        k_loss, k_comm = jax.random.split(key)
+        loss, model_state, aux, grads = local_grad(comm, ctx, s.params, s.model_state, batch, k_loss)
+        params, opt_state = apply_update(ctx, grads, s.opt_state, s.params)
+        params, gstate = gossip(comm, gstep, params, s.sync, k_comm)
+        dist, _ = consensus_distance(comm, params)
+        values = {"loss": loss, **aux, "consensus_distance": dist}
+        metrics = reduce_metrics(comm, ctx, ex, grads, values, {"density": jnp.float32(density(gstep, params))})
+        return s._replace(params=params, model_state=model_state, opt_state=opt_state, sync=gstate), metrics
+
+
+SYNC_MODES[Gossip.name] = Gossip()  # registered here (this module imports the protocol)
+
+
+__all__ = [
+    "Gossip",
+    "mixing_of",
+    "step_of",
+    "density",
+    "GOSSIP",
+    "ChocoState",
+    "GossipStep",
+    "init",
+    "gossip",
+    "consensus_distance",
+]
