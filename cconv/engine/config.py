@@ -108,7 +108,8 @@ class EngineConfig:
                        it in ``collectives``, P a power of 2)
     vote               signSGD majority vote: update = sign(sum_w decompress(payload_w))
     ps_downlink        compressor for the server's reply (error feedback on the server)
-    launcher           a key of ``LAUNCHERS``: shard_map (default), pmap or mpi
+    launcher           a key of ``LAUNCHERS``: shard_map (default), pmap, vmap (all workers on
+                       one device) or mpi
     axis_name          name of the worker axis
     """
 
