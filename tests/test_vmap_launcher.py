@@ -221,3 +221,57 @@ def test_dropin_inside_a_users_vmap(api, ex_kw, workers):
     ps, ts = _dropin_loop("shard_map", api, workers, ex_kw)
     assert {k: np.asarray(v).tolist() for k, v in tv.items()} == {k: np.asarray(v).tolist() for k, v in ts.items()}
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), pv, ps)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_chooses_vmap_on_a_gpu_with_too_few_devices(monkeypatch, capsys):
+    """On GPU/TPU, more workers than devices: launcher vmap, one line (once); on CPU the CLI
+    keeps simulated devices unless ``launcher: vmap`` is set, and refuses too few of them."""
+    from cconv import cli
+    from cconv.experiments import runner
+    from cconv.experiments.config import ConfigError, from_dict
+
+    big, explicit = from_dict({"workers": 64}), from_dict({"workers": 64, "launcher": "vmap"})
+    assert runner.launcher_for(big) == "shard_map" and runner.launcher_for(explicit) == "vmap"  # CPU
+    with pytest.raises(ConfigError, match="workers=64 but only 8 cpu device"):
+        runner.check_devices(64, "shard_map")
+    runner.check_devices(64, "vmap")
+    assert cli.simulated_devices([big]) == 64 and cli.simulated_devices([explicit]) == 1
+    assert cli.simulated_devices([explicit, from_dict({"workers": 4})]) == 4
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(jax, "device_count", lambda: 1)
+    monkeypatch.setattr(runner, "_ANNOUNCED", set())
+    runner.check_devices(64, "shard_map")  # no error: it will run on one device
+    assert runner.launcher_for(big) == "vmap" and runner.launcher_for(big) == "vmap"
+    assert runner.launcher_for(from_dict({"workers": 1})) == "shard_map"
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["cconv: workers=64 > 1 gpu device(s): launcher vmap (all workers on one device)"]
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_cli_run_with_launcher_vmap_needs_no_simulated_devices(tmp_path):
+    """``cconv run`` with ``launcher: vmap``: 16 workers in a process with one CPU device."""
+    import os
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "v.yaml"
+    cfg.write_text(
+        "model: {name: linear}\nworkers: 16\nbatch_size: 64\nsteps: 4\nlog_every: 2\nlauncher: vmap\n"
+        "compressor: {name: topk, ratio: 0.1}\nmemory: ef\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(JAX_PLATFORMS="cpu", CCONV_PROGRESS="0")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run(
+        [sys.executable, "-m", "cconv", "run", str(cfg), "--out", str(tmp_path / "out")],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert r.returncode == 0 and "completed" in r.stdout, r.stderr
