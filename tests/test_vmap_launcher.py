@@ -9,9 +9,9 @@ whose program has no collectives: this is its proof).  Bytes are equal exactly; 
 parameters within float rounding (vmap batches the per-worker matmuls and turns the all-reduce
 into a reduction over the worker axis, so summation orders may differ; at P = 2 a + b == b + a
 and the runs observed are bit-identical).  CI runs a representative subset: all-gather at P = 8
-and a parameter server's partial permutations at P = 8 here, a parameter server at P = 3 in the
-drop-in test, seeds, P = 64; the rest (every entry x architecture x P, gTop-k's fold at P = 6 and
-in the drop-in test at P = 3) is ``extended``.
+here, a parameter server's partial permutations in the seeds (P = 2) and drop-in (P = 3) tests,
+P = 64; the rest (every entry x architecture x P, gTop-k's fold at P = 6 and in the drop-in test
+at P = 3, a CLI run in a subprocess) is ``extended``.
 """
 
 import jax
@@ -54,7 +54,7 @@ def _configs():
 
 CONFIGS = dict(_configs())
 # CI: one case per transport path (ids above); every other (case, P) is extended
-CI = {("topk-a2a", 8), ("qsgd-ps", 8)}
+CI = {("topk-a2a", 8)}  # a parameter server in CI: the seeds (P = 2) and drop-in (P = 3) tests
 CASES = [
     pytest.param(name, p, id=f"{name}-P{p}", marks=() if (name, p) in CI else (pytest.mark.extended,))
     for name in CONFIGS
