@@ -14,9 +14,10 @@ written; ``--debug`` shows the traceback instead.
 
 Devices: on CPU, ``workers`` data-parallel workers are simulated as CPU devices.  Before jax
 starts its backend, the CLI appends ``--xla_force_host_platform_device_count=<workers>`` (the
-largest ``workers`` of a sweep) to ``XLA_FLAGS`` unless that flag is already set there.  The flag
-only affects the CPU platform, so it is harmless on GPU machines (where ``workers`` must not
-exceed the number of GPUs; set ``JAX_PLATFORMS=cpu`` to simulate instead).
+largest ``workers`` of a sweep) to ``XLA_FLAGS`` unless that flag is already set there (runs with
+``launcher: vmap`` run every worker on one device and need none).  The flag only affects the CPU
+platform, so it is harmless on GPU machines, where a run with more ``workers`` than GPUs runs
+them all on one GPU (``launcher: vmap``, chosen automatically; one line says so).
 """
 
 from __future__ import annotations
@@ -51,6 +52,14 @@ def configure_devices(workers: int) -> None:
     os.environ.setdefault("WANDB_SILENT", "true")
 
 
+def simulated_devices(configs) -> int:
+    """The CPU devices to simulate for these run configs: the most workers among the runs whose
+    launcher needs one device per worker (``launcher: vmap`` runs every worker on one)."""
+    from cconv.engine.launchers import LAUNCHERS
+
+    return max([c.workers for c in configs if not LAUNCHERS[c.launcher].one_device], default=1)
+
+
 def _one_line(e: BaseException) -> str:
     text = str(e).strip()
     if isinstance(e, KeyError) and text.startswith("'"):
@@ -74,12 +83,12 @@ def cmd_run(args) -> int:
     from cconv.experiments.config import check_names, load_run
 
     cfg = load_run(args.config, args.set)
-    configure_devices(cfg.workers)
+    configure_devices(simulated_devices([cfg]))
     _quiet_libraries()
     check_names(cfg)
     from cconv.experiments import io, runner
 
-    runner.check_devices(cfg.workers)
+    runner.check_devices(cfg.workers, cfg.launcher)
     out = args.out or os.path.join("results", os.path.splitext(os.path.basename(args.config))[0])
     io.check_creatable(out)  # nothing is created before the data and the model are known to load
     problem = runner.build_problem(cfg)
@@ -138,7 +147,7 @@ def cmd_sweep(args) -> int:
     from cconv.experiments.sweep import load_sweep
 
     _, runs = load_sweep(args.config)
-    configure_devices(max(r.config.workers for r in runs))
+    configure_devices(simulated_devices([r.config for r in runs]))
     _quiet_libraries()
     from cconv.experiments import sweep
 

@@ -123,3 +123,47 @@ def test_bytes_grow_like_k_p_for_allgather_and_k_log_p_for_gtopk():
     k_bytes = 8 * 8
     assert [per["allgather", p] for p in (2, 4, 8)] == [k_bytes * (p - 1) for p in (2, 4, 8)]
     assert [per["gtopk", p] for p in (2, 4, 8)] == [k_bytes * np.log2(p) for p in (2, 4, 8)]
+
+
+def _merge_by_sort(va, ia, vb, ib, k):
+    """The merge as it was before the merge path (a stable argsort of the 2k pairs): the
+    reference ``merge_topk`` / ``merge_sorted_topk`` must equal bit for bit."""
+    idx, val = jnp.concatenate([ia, ib]), jnp.concatenate([va, vb])
+    order = jnp.argsort(idx, stable=True)
+    idx, val = idx[order], val[order]
+    first = jnp.concatenate([jnp.ones((1,), bool), idx[1:] != idx[:-1]])
+    seg = jnp.cumsum(first) - 1
+    merged = jax.ops.segment_sum(val, seg, num_segments=idx.shape[0])[seg]
+    merged = jnp.where(first, merged, jnp.zeros((), merged.dtype))
+    score = jnp.where(first, jnp.abs(merged).astype(jnp.float32), -1.0)
+    _, pos = jax.lax.top_k(score, k)
+    pos = jnp.sort(pos)
+    return merged[pos], idx[pos]
+
+
+@pytest.mark.parametrize(
+    "k", [pytest.param(1, marks=pytest.mark.extended), 6, pytest.param(33, marks=pytest.mark.extended)]
+)
+def test_merge_path_equals_the_sort_based_merge_bit_for_bit(k):
+    """Randomized: 300 pairs of lists per k with shared indices, repeated indices on one side
+    (DGC's zero padding at index 0), tied magnitudes and signed zeros; sorted sides through
+    ``merge_sorted_topk`` (what gTop-k calls) and unsorted ones through ``merge_topk``."""
+    rng = np.random.default_rng(100 + k)
+    t = 300
+    ia, ib = (rng.integers(0, 3 * k + 1, size=(t, k)).astype(np.int32) for _ in range(2))
+    va, vb = (rng.normal(size=(t, k)).astype(np.float32) for _ in range(2))
+    pad = rng.random((t, k)) < 0.15  # padding slots: (0.0 or -0.0, index 0)
+    ia[pad], va[pad] = 0, np.where(rng.random(pad.sum()) < 0.5, 0.0, -0.0)
+    ties = rng.random(t) < 0.3  # magnitudes tied across the whole row
+    va[ties], vb[ties] = np.sign(va[ties]), np.sign(vb[ties])
+    bits = lambda out: [np.asarray(o).view(np.int32) for o in out]
+    old = jax.jit(jax.vmap(lambda a, i, b, j: _merge_by_sort(a, i, b, j, k)))
+    new = jax.jit(jax.vmap(lambda a, i, b, j: G.merge_topk(a, i, b, j, k)))
+    new_sorted = jax.jit(jax.vmap(lambda a, i, b, j: G.merge_sorted_topk(a, i, b, j, k)))
+    for x, y in zip(bits(new(va, ia, vb, ib)), bits(old(va, ia, vb, ib))):
+        assert np.array_equal(x, y)
+    oa, ob = np.argsort(ia, axis=1, kind="stable"), np.argsort(ib, axis=1, kind="stable")
+    va_s, ia_s = np.take_along_axis(va, oa, 1), np.take_along_axis(ia, oa, 1)
+    vb_s, ib_s = np.take_along_axis(vb, ob, 1), np.take_along_axis(ib, ob, 1)
+    for x, y in zip(bits(new_sorted(va_s, ia_s, vb_s, ib_s)), bits(old(va_s, ia_s, vb_s, ib_s))):
+        assert np.array_equal(x, y)

@@ -56,13 +56,13 @@ class VmapLauncher(Launcher):
 
 
 def test_registry():
-    assert set(LAUNCHERS) == {"shard_map", "pmap", "mpi"}
+    assert set(LAUNCHERS) == {"shard_map", "pmap", "vmap", "mpi"}
     assert all(cls.name == n and issubclass(cls, Launcher) for n, cls in LAUNCHERS.items())
-    assert [n for n, cls in LAUNCHERS.items() if cls.supports_seeds] == ["shard_map"]
+    assert [n for n, cls in LAUNCHERS.items() if cls.supports_seeds] == ["shard_map", "vmap"]
 
 
 def test_seeds_need_a_launcher_that_supports_them():
-    with pytest.raises(ValueError, match="needs launcher='shard_map'"):
+    with pytest.raises(ValueError, match="needs launcher='shard_map' or 'vmap'"):
         build(
             loss_fn,
             make_params(),
@@ -74,8 +74,8 @@ def test_seeds_need_a_launcher_that_supports_them():
 
 
 def test_unknown_launcher_is_a_one_line_value_error():
-    with pytest.raises(ValueError, match="launcher='vmap'; valid: shard_map, pmap, mpi"):
-        EngineConfig(workers=W, launcher="vmap")
+    with pytest.raises(ValueError, match="launcher='threads'; valid: shard_map, pmap, vmap, mpi"):
+        EngineConfig(workers=W, launcher="threads")
 
 
 @pytest.mark.parametrize(

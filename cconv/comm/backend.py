@@ -8,7 +8,8 @@ Back-ends implement five primitives (``rank``, ``_psum``, ``_pmax``, ``_all_gath
 ``_ppermute``):
 
 * ``MeshComm(axis, P)``: ``jax.lax`` collectives over a named axis -- used under
-  ``jax.shard_map`` (the main launcher) and ``jax.pmap``.
+  ``jax.shard_map`` (the main launcher), ``jax.pmap`` and ``jax.vmap`` (every worker on one
+  device; partial permutations are completed there, see ``MeshComm``).
 * ``DryComm(P)``: shape-only stand-in (no communication); used with ``jax.eval_shape`` to list
   a step's collectives without compiling it.
 * ``cconv.comm.mpi.MPIComm``: mpi4jax collectives between processes launched by ``mpirun``.
@@ -157,16 +158,49 @@ def _from_bits(tree, like):
     return jax.tree.map(lambda x, l: lax.bitcast_convert_type(x, l.dtype) if l.dtype == jnp.bfloat16 else x, tree, like)
 
 
+def vmapped_axis(axis_name: str) -> bool:
+    """Whether ``axis_name`` is bound by ``jax.vmap`` (its index is a batched iota) rather than by
+    an SPMD map (``jax.shard_map`` / ``jax.pmap``, one device per rank).  jax has no public test:
+    this reads the batch tracer of ``lax.axis_index`` (False where that internal is missing)."""
+    try:
+        from jax._src.interpreters.batching import BatchTracer
+    except ImportError:  # pragma: no cover - a jax without it: assume an SPMD map
+        return False
+    x = lax.axis_index(axis_name)
+    while isinstance(x, BatchTracer):  # vmaps over other axes (e.g. seeds) leave it unbatched
+        if x.batch_dim is not None:
+            return True
+        x = x.val
+    return False
+
+
+def complete_permutation(perm, size: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """A full permutation of ``range(size)`` extending the partial one ``perm`` (the ranks that
+    send nothing send to the ranks that receive nothing, in order), and the ranks ``perm``
+    targets (only they keep what they receive)."""
+    perm = [(int(s), int(t)) for s, t in perm]
+    sources, targets = {s for s, _ in perm}, {t for _, t in perm}
+    idle = [s for s in range(size) if s not in sources]
+    free = [t for t in range(size) if t not in targets]
+    return perm + list(zip(idle, free)), sorted(targets)
+
+
 class MeshComm(Comm):
-    """``jax.lax`` collectives over a named axis (``jax.shard_map`` or ``jax.pmap``).
+    """``jax.lax`` collectives over a named axis (``jax.shard_map``, ``jax.pmap`` or ``jax.vmap``).
 
     ``platform="cpu"``: XLA's CPU back-end has no bfloat16 all-reduce and widens it to float32,
     so bf16 sums are done (and counted) in float32 there; other platforms sum bf16 natively.
+
+    ``vmapped``: the axis is a ``jax.vmap`` axis (all workers on one device; None: detected at
+    trace time, ``vmapped_axis``).  ``lax.ppermute`` under vmap takes only full permutations, so
+    a partial one (the parameter server's push / pull, gTop-k's fold and unfold) is completed
+    (``complete_permutation``) and the ranks that are no target get zeros, as ``permute``
+    documents.  The ledger records what the algorithm moves either way, never what vmap does.
     """
 
-    def __init__(self, axis_name: str, size: int, platform: str = "cpu"):
+    def __init__(self, axis_name: str, size: int, platform: str = "cpu", vmapped: bool | None = None):
         super().__init__(size)
-        self.axis_name, self.platform = axis_name, platform
+        self.axis_name, self.platform, self.vmapped = axis_name, platform, vmapped
 
     def rank(self):
         return lax.axis_index(self.axis_name)
@@ -184,7 +218,14 @@ class MeshComm(Comm):
         return _from_bits(lax.all_gather(_as_bits(tree), self.axis_name), tree)
 
     def _ppermute(self, tree, perm):
-        return _from_bits(lax.ppermute(_as_bits(tree), self.axis_name, perm), tree)
+        perm = list(perm)
+        partial = len(perm) < self.size
+        if not (partial and (vmapped_axis(self.axis_name) if self.vmapped is None else self.vmapped)):
+            return _from_bits(lax.ppermute(_as_bits(tree), self.axis_name, perm), tree)
+        full, targets = complete_permutation(perm, self.size)
+        got = _from_bits(lax.ppermute(_as_bits(tree), self.axis_name, full), tree)
+        keep = jnp.isin(self.rank(), jnp.asarray(targets, jnp.int32))
+        return jax.tree.map(lambda x: jnp.where(keep, x, jnp.zeros((), x.dtype)), got)
 
 
 class DryComm(Comm):

@@ -3,17 +3,17 @@
 Each worker starts from its local top-k ``(values, indices)`` (k int32 indices).  In round
 r = 0 .. log2(P)-1 it swaps its current k pairs with partner ``rank ^ 2**r`` (one ``ppermute``
 of 8k bytes for fp32), adds the values at shared indices, and keeps the k largest magnitudes of
-the union (``merge_topk``).  Both partners compute the merge from the same multiset in a
-canonical order (sorted by index; a + b == b + a in IEEE arithmetic; ties broken by the lowest
-index), so after log2(P) rounds every worker holds bit-identical k entries: the global top-k
-estimate G.
+the union (``merge_sorted_topk``: both lists are kept sorted by index, so they are merged, not
+sorted).  Both partners compute the merge from the same multiset in a canonical order
+(sorted by index; a + b == b + a in IEEE arithmetic; ties broken by the lowest index), so
+after log2(P) rounds every worker holds bit-identical k entries: the global top-k estimate G.
 
 P not a power of two (as recursive-doubling allreduce does it: Thakur, Rabenseifner & Gropp,
 "Optimization of Collective Communication Operations in MPICH", IJHPCA 2005): with
 p' = 2^floor(log2 P) and r = P - p',
 
 1. fold     the r extra ranks p'+j send their k pairs to rank j (j < r), which merges them
-            into its own (``merge_topk``, as in a round);
+            into its own (``merge_sorted_topk``, as in a round);
 2. double   recursive doubling among ranks 0 .. p'-1 (log2 p' rounds, as above);
 3. unfold   rank j sends G back to rank p'+j.
 
@@ -67,19 +67,44 @@ def merge_topk(va, ia, vb, ib, k: int):
     are (0, index) pairs, so no mass is counted twice.  Sorting by index makes the result
     canonical: swapping a and b gives bit-identical output (a run mixes at most one real value
     from each side, a + b == b + a, plus exact zeros).  The result is sorted by index.
+
+    Inputs in any order: each side is sorted by index (stably) and the two are merged by
+    ``merge_sorted_topk`` -- the same pairs in the same order as a stable sort of the 2k pairs.
     """
-    idx = jnp.concatenate([ia, ib])
-    val = jnp.concatenate([va, vb])
-    order = jnp.argsort(idx, stable=True)
-    idx, val = idx[order], val[order]
+    oa, ob = jnp.argsort(ia, stable=True), jnp.argsort(ib, stable=True)
+    return merge_sorted_topk(va[oa], ia[oa], vb[ob], ib[ob], k)
+
+
+def merge_sorted_topk(va, ia, vb, ib, k: int):
+    """``merge_topk`` for sides already sorted by index (non-decreasing), as gTop-k keeps them.
+
+    Merge path instead of a sort: in the stable merge of a before b, a[i] lands at
+    i + #{j: b[j] < a[i]} and b[j] at j + #{i: a[i] <= b[j]} (two ``searchsorted``, O(k log k)
+    compare steps, log k deep; one scatter), the exact order a stable argsort of the
+    concatenation gives, so results are bit-identical to sorting.  Runs of equal indices are
+    summed, the k largest run sums kept, and those are compacted in index order by a prefix sum
+    over the 2k slots (no sort of the k winners either).
+    """
+    n = ia.shape[0] + ib.shape[0]
+    pos = jnp.concatenate(
+        [
+            jnp.arange(ia.shape[0]) + jnp.searchsorted(ib, ia, side="left"),
+            jnp.arange(ib.shape[0]) + jnp.searchsorted(ia, ib, side="right"),
+        ]
+    )
+    idx = jnp.zeros((n,), ia.dtype).at[pos].set(jnp.concatenate([ia, ib]), unique_indices=True)
+    val = jnp.zeros((n,), va.dtype).at[pos].set(jnp.concatenate([va, vb]), unique_indices=True)
     first = jnp.concatenate([jnp.ones((1,), bool), idx[1:] != idx[:-1]])  # first of a run
     seg = jnp.cumsum(first) - 1
-    merged = jax.ops.segment_sum(val, seg, num_segments=idx.shape[0])[seg]
+    merged = jax.ops.segment_sum(val, seg, num_segments=n)[seg]
     merged = jnp.where(first, merged, jnp.zeros((), merged.dtype))  # a run's sum once
     score = jnp.where(first, jnp.abs(merged).astype(jnp.float32), -1.0)
-    _, pos = lax.top_k(score, k)
-    pos = jnp.sort(pos)  # keep the result sorted by index
-    return merged[pos], idx[pos]
+    _, top = lax.top_k(score, k)
+    keep = jnp.zeros((n,), bool).at[top].set(True, unique_indices=True)
+    slot = jnp.where(keep, jnp.cumsum(keep) - 1, k)  # the winners in index order; others dropped
+    out_v = jnp.zeros((k,), merged.dtype).at[slot].set(merged, mode="drop")
+    out_i = jnp.zeros((k,), idx.dtype).at[slot].set(idx, mode="drop")
+    return out_v, out_i
 
 
 def contains(sorted_set, query):
@@ -111,14 +136,14 @@ def gtopk(comm, values, indices):
         rank = comm.rank()
         partner, folded = rank < extra, rank >= p2
         fv, fi = comm.permute((cur_v, cur_i), [(p2 + j, j) for j in range(extra)])
-        mv, mi = merge_topk(cur_v, cur_i, fv, fi, k)
+        mv, mi = merge_sorted_topk(cur_v, cur_i, fv, fi, k)
         cur_v, cur_i = jnp.where(partner, mv, cur_v), jnp.where(partner, mi, cur_i)
         alive = contains(cur_i, indices)  # all True off the partners (cur is their own set)
         alive_f = contains(cur_i, fi)  # the folded rank's entries (meaningful on partners)
     for r in range((p2 - 1).bit_length()):
         bit = 1 << r
         pv, pi = comm.permute((cur_v, cur_i), [(j, j ^ bit) for j in range(p2)])
-        cur_v, cur_i = merge_topk(cur_v, cur_i, pv, pi, k)
+        cur_v, cur_i = merge_sorted_topk(cur_v, cur_i, pv, pi, k)
         alive = alive & contains(cur_i, indices)
         if extra:
             alive_f = alive_f & contains(cur_i, fi)

@@ -6,7 +6,7 @@
     state = trainer.init()
     state, metrics = trainer.step(state, batch, key)
 
-Inside your own ``jax.shard_map`` / ``pmap`` loop, ``Exchange`` and ``as_optax``
+Inside your own ``jax.shard_map`` / ``pmap`` / ``vmap`` loop, ``Exchange`` and ``as_optax``
 (``cconv.engine.dropin``) give the same compressed exchange.
 
 See ``EngineConfig`` for every option and README section "Python API".  Aggregation methods and

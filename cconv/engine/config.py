@@ -114,7 +114,8 @@ class EngineConfig:
                        it in ``collectives``, P a power of 2)
     vote               signSGD majority vote: update = sign(sum_w decompress(payload_w))
     ps_downlink        compressor for the server's reply (error feedback on the server)
-    launcher           a key of ``LAUNCHERS``: shard_map (default), pmap or mpi
+    launcher           a key of ``LAUNCHERS``: shard_map (default), pmap, vmap (all workers on
+                       one device) or mpi
     axis_name          name of the worker axis
     sync               synchronization mode, a key of ``cconv.engine.sync.SYNC_MODES``: bsp
                        (default; with local_steps > 1 or post_local_switch: local SGD), ssp, asp,

@@ -1,4 +1,6 @@
-"""The drop-in API: compressed gradient averaging inside *your* ``jax.shard_map`` / ``jax.pmap``.
+"""The drop-in API: compressed gradient averaging inside *your* ``jax.shard_map`` / ``jax.pmap`` /
+``jax.vmap(axis_name=...)`` (every worker on one device; partial permutations are detected and
+completed there, ``cconv.comm.backend.MeshComm``).
 
 ``Exchange`` is the engine's gradient exchange as one object (the engine's step calls it too:
 one implementation).  Called on a worker's own gradient inside the map, it compresses (with
@@ -86,7 +88,7 @@ def _axis_size(axis: str) -> int:
         return int(lax.axis_size(axis))
     except NameError:
         raise ValueError(
-            f"Exchange: axis {axis!r} is not bound: call it inside jax.shard_map or jax.pmap over that axis"
+            f"Exchange: axis {axis!r} is not bound: call it inside jax.shard_map, jax.pmap or jax.vmap over that axis"
         ) from None
 
 
@@ -101,7 +103,7 @@ class Exchange:
 
     compressor         a ``Compressor`` or a registered name (None: no compression)
     memory             "none" | "ef" | "dgc" (``cconv.memory.MEMORIES``); ``momentum``, ``masking``
-    axis_name          the worker axis of the surrounding shard_map / pmap
+    axis_name          the worker axis of the surrounding shard_map / pmap / vmap
     workers            P; None: the bound axis size (checked against it when given)
     collective, vote, granularity, min_compress_size, compress_vectors, architecture,
     ps_downlink        as ``EngineConfig`` (same validation: one is built, ``self.config``)
@@ -246,8 +248,8 @@ def as_optax(
     **options,
 ) -> optax.GradientTransformation:
     """An ``optax.GradientTransformation`` whose update is the workers' compressed average
-    (``Exchange(compressor, memory, axis_name, **options)``), for use inside a shard_map / pmap
-    over ``axis_name``; chain an optimizer after it.  Step t uses key fold_in(PRNGKey(seed), t)."""
+    (``Exchange(compressor, memory, axis_name, **options)``), for use inside a shard_map / pmap /
+    vmap over ``axis_name``; chain an optimizer after it.  Step t uses key fold_in(PRNGKey(seed), t)."""
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"as_optax: seed must be an integer, got {seed!r}")
     ex = Exchange(compressor, memory=memory, axis_name=axis_name, **options)

@@ -12,12 +12,14 @@ A launcher owns everything the trainer does differently per execution model:
     is_main()                         whether this process writes results
 
 ``LAUNCHERS`` maps a name to the class, built as ``cls(cfg, devices=..., mpi_comm=...,
-seeds=...)``; ``supports_seeds`` says whether ``build(seeds=S)`` works with it.  Adding a
-launcher is one class and one entry.
+seeds=...)``; ``supports_seeds`` says whether ``build(seeds=S)`` works with it, ``one_device``
+whether P workers need only one device.  Adding a launcher is one class and one entry.
 
   shard_map  ``jax.shard_map`` over a 1-D device mesh (default); state leaves carry a leading
              worker axis of size P, sharded over the devices (a seed axis first with ``seeds``).
   pmap       ``jax.pmap`` over the same devices and the same stacked state.
+  vmap       every worker on ONE device: ``jax.jit(jax.vmap(step, axis_name=...))`` over the
+             same stacked state (with ``seeds``, a vmap over seeds of that vmap).
   mpi        one process per worker (``mpirun``), collectives by mpi4jax; each process holds
              its own worker's state.
 """
@@ -31,7 +33,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
 from cconv.comm.backend import Comm, MeshComm
@@ -46,6 +48,7 @@ class Launcher(abc.ABC):
     name = ""
     supports_seeds = False
     one_process_per_worker = False  # True: started by an external launcher (mpirun), one rank each
+    one_device = False  # True: all P workers run on one device (no simulated devices needed)
 
     def __init__(self, cfg, devices=None, mpi_comm=None, seeds: int | None = None):
         self.cfg, self.workers, self.seeds = cfg, cfg.workers, seeds
@@ -76,27 +79,13 @@ class Launcher(abc.ABC):
         return jax.process_index() == 0
 
 
-class _Stacked(Launcher):
-    """Launchers on a device mesh: every state leaf has a leading worker axis of size P."""
+class _StackedLayout(Launcher):
+    """Every state leaf has a leading worker axis of size P (a seed axis before it with
+    ``seeds``), placed by ``self.sharded``; views are placed by ``self.replicated``."""
 
-    def __init__(self, cfg, devices=None, mpi_comm=None, seeds=None):
-        super().__init__(cfg, devices, mpi_comm, seeds)
-        devices = list(devices if devices is not None else jax.devices())
-        if len(devices) < cfg.workers:
-            raise ValueError(
-                f"EngineConfig.workers={cfg.workers} but only {len(devices)} devices are "
-                "visible (CPU: XLA_FLAGS=--xla_force_host_platform_device_count=N)"
-            )
-        if jax.process_count() > 1 and len(devices) != cfg.workers:
-            raise ValueError(f"multi-process run: workers must equal the {len(devices)} global devices")
-        self.mesh = Mesh(np.array(devices[: cfg.workers]), (cfg.axis_name,), axis_types=(jax.sharding.AxisType.Auto,))
-        self.sharded = NamedSharding(self.mesh, P(cfg.axis_name) if seeds is None else P(None, cfg.axis_name))
-        self.replicated = NamedSharding(self.mesh, P())
-        self.platform = devices[0].platform
-        self._view_fn: Callable | None = None
-
-    def comm(self) -> Comm:
-        return MeshComm(self.cfg.axis_name, self.workers, self.platform)
+    sharded: jax.sharding.Sharding
+    replicated: jax.sharding.Sharding
+    _view_fn: Callable | None = None
 
     def init(self, worker_init, params, mstate, like_params=None, like_mstate=None):
         P_, S = self.workers, self.seeds
@@ -117,6 +106,36 @@ class _Stacked(Launcher):
             params, mstate
         )
 
+    def view(self, tree, average: bool):
+        if self._view_fn is None:  # compiled once per trainer (jit caches per tree structure)
+            ax = 0 if self.seeds is None else 1
+            pick = lambda x: x.mean(ax).astype(x.dtype) if average else jnp.take(x, 0, axis=ax)
+            self._view_fn = jax.jit(lambda t: jax.tree.map(pick, t), out_shardings=self.replicated)
+        return self._view_fn(tree)
+
+
+class _Stacked(_StackedLayout):
+    """Launchers on a device mesh: the worker axis is sharded over P devices."""
+
+    def __init__(self, cfg, devices=None, mpi_comm=None, seeds=None):
+        super().__init__(cfg, devices, mpi_comm, seeds)
+        devices = list(devices if devices is not None else jax.devices())
+        if len(devices) < cfg.workers:
+            raise ValueError(
+                f"EngineConfig.workers={cfg.workers} but only {len(devices)} devices are "
+                "visible (CPU: XLA_FLAGS=--xla_force_host_platform_device_count=N)"
+            )
+        if jax.process_count() > 1 and len(devices) != cfg.workers:
+            raise ValueError(f"multi-process run: workers must equal the {len(devices)} global devices")
+        self.mesh = Mesh(np.array(devices[: cfg.workers]), (cfg.axis_name,), axis_types=(jax.sharding.AxisType.Auto,))
+        self.sharded = NamedSharding(self.mesh, P(cfg.axis_name) if seeds is None else P(None, cfg.axis_name))
+        self.replicated = NamedSharding(self.mesh, P())
+        self.platform = devices[0].platform
+        self._view_fn: Callable | None = None
+
+    def comm(self) -> Comm:
+        return MeshComm(self.cfg.axis_name, self.workers, self.platform)
+
     def inputs(self, batch, key):
         if jax.process_count() > 1:  # every process passes the same global (host) batch and key
             glob = lambda x, sh: (
@@ -129,13 +148,6 @@ class _Stacked(Launcher):
                 jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key, self.replicated
             )
         return batch, key
-
-    def view(self, tree, average: bool):
-        if self._view_fn is None:  # compiled once per trainer (jit caches per tree structure)
-            ax = 0 if self.seeds is None else 1
-            pick = lambda x: x.mean(ax).astype(x.dtype) if average else jnp.take(x, 0, axis=ax)
-            self._view_fn = jax.jit(lambda t: jax.tree.map(pick, t), out_shardings=self.replicated)
-        return self._view_fn(tree)
 
 
 class ShardMap(_Stacked):
@@ -182,6 +194,48 @@ class Pmap(_Stacked):
         raise ValueError("lower() supports launcher='shard_map' (pmap's program is per device)")
 
 
+class Vmap(_StackedLayout):
+    """All P workers on ONE device: ``jax.jit(jax.vmap(step, axis_name=cfg.axis_name))`` over the
+    stacked worker axis (the global batch is split into P row blocks, worker w gets rows
+    [w b, (w+1) b) as on the mesh); with ``seeds``, ``jax.vmap`` over seeds of that vmap.
+
+    The ``Comm`` is ``MeshComm(vmapped=True)``: psum / pmax / all_gather / ppermute over the named
+    axis are batched by vmap into reductions, broadcasts and gathers on the stacked arrays, and
+    the partial permutations (parameter server, gTop-k's fold) are completed and masked.  The
+    bytes logged are the algorithm's, recorded from the same payloads as on the mesh, so the
+    ledger equals ``shard_map``'s for the same config (tested); the HLO byte proof
+    (``cconv.comm.hlo``) does not apply: the compiled program has no collectives to count.
+    Arithmetic is the mesh's up to float rounding: vmap batches the matmuls and turns the
+    all-reduce into a reduction over the worker axis, whose summation order may differ.
+    """
+
+    name = "vmap"
+    supports_seeds = True
+    one_device = True
+
+    def __init__(self, cfg, devices=None, mpi_comm=None, seeds=None):
+        super().__init__(cfg, devices, mpi_comm, seeds)
+        if jax.process_count() > 1:
+            raise ValueError("launcher='vmap' runs every worker in one process (multi-process: use 'shard_map')")
+        device = list(devices if devices is not None else jax.devices())[0]
+        self.sharded = self.replicated = SingleDeviceSharding(device)
+        self.platform = device.platform
+
+    def comm(self) -> Comm:
+        return MeshComm(self.cfg.axis_name, self.workers, self.platform, vmapped=True)
+
+    def compile(self, trace):
+        P_ = self.workers
+
+        def run(ws, batch, key):
+            batch = jax.tree.map(lambda x: x.reshape(P_, x.shape[0] // P_, *x.shape[1:]), batch)
+            per_worker = lambda w, b: trace(self.comm(), w, b, key)
+            new, metrics = jax.vmap(per_worker, axis_name=self.cfg.axis_name)(ws, batch)
+            return new, jax.tree.map(lambda m: m[0], metrics)  # metrics are all-reduced: equal
+
+        return jax.jit(run if self.seeds is None else jax.vmap(run))
+
+
 class MPI(Launcher):
     """One process per worker (``mpirun``); the step is ``jax.jit``-compiled per process."""
 
@@ -226,6 +280,6 @@ class MPI(Launcher):
         return self.mpi.rank() == 0
 
 
-LAUNCHERS: dict[str, type[Launcher]] = {cls.name: cls for cls in (ShardMap, Pmap, MPI)}
+LAUNCHERS: dict[str, type[Launcher]] = {cls.name: cls for cls in (ShardMap, Pmap, Vmap, MPI)}
 
-__all__ = ["Launcher", "LAUNCHERS", "ShardMap", "Pmap", "MPI"]
+__all__ = ["Launcher", "LAUNCHERS", "ShardMap", "Pmap", "Vmap", "MPI"]

@@ -67,6 +67,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cconv.engine.launchers import LAUNCHERS
 from cconv.experiments import io, writers
 from cconv.experiments.checkpoint import Checkpointer, CheckpointError, decode_host_state, encode_host_state
 from cconv.experiments.config import (
@@ -168,6 +169,9 @@ def build_problem(cfg: RunConfig) -> Problem:
         parts = data.partition(ds.train["y"], cfg.workers, scheme=scheme, key=s, **pkw)
         batchers.append(data.Batcher(ds.train, parts, cfg.batch_size, keys["data"]))
     ecfg = engine_config(cfg, shapes=[x.shape for x in jax.tree.leaves(specs[0].params)])  # ef_scale: auto
+    launcher = launcher_for(cfg)
+    if launcher != ecfg.launcher:
+        ecfg = dataclasses.replace(ecfg, launcher=launcher)
     loss_fn = models.make_loss(specs[0], ds.task)
     eval_fn = models.make_eval(specs[0], ds.task)
     # Several seeds: one program that carries a leading seed axis (engine's build(seeds=S)).
@@ -182,18 +186,37 @@ def build_problem(cfg: RunConfig) -> Problem:
     return Problem(cfg, ds, specs, loss_fn, eval_fn, optimizer, ecfg, trainer, batchers, seeds)
 
 
-def check_devices(workers: int) -> None:
-    """Refuse, in one line, to run more workers than the backend has devices."""
+def check_devices(workers: int, launcher: str = "shard_map") -> None:
+    """Refuse, in one line, to run more workers than the backend has devices: on CPU, where the
+    CLI simulates one device per worker, unless the launcher runs every worker on one device
+    (``launcher: vmap``); on GPU/TPU such runs use that launcher (``launcher_for``)."""
     n = jax.device_count()
-    if workers > n:
+    if workers > n and not LAUNCHERS[launcher].one_device:
         plat = jax.default_backend()
+        if plat != "cpu":
+            return
         hint = (
             " (the CLI sets XLA_FLAGS=--xla_force_host_platform_device_count before jax starts; "
             "it must not be overridden with a smaller count)"
-            if plat == "cpu"
-            else "; run with JAX_PLATFORMS=cpu to simulate workers as CPU devices"
         )
         raise ConfigError(f"workers={workers} but only {n} {plat} device(s) are available{hint}")
+
+
+_ANNOUNCED: set = set()
+
+
+def launcher_for(cfg: RunConfig) -> str:
+    """The launcher a run uses: ``cfg.launcher``, except that on a GPU/TPU with fewer devices
+    than ``workers`` every worker runs on one device (the one-device launcher, ``vmap``; one line
+    says so, once per process).  On CPU the CLI simulates one device per worker instead."""
+    n, plat = jax.device_count(), jax.default_backend()
+    if LAUNCHERS[cfg.launcher].one_device or cfg.workers <= n or plat == "cpu":
+        return cfg.launcher
+    name = next(k for k, cls in LAUNCHERS.items() if cls.one_device)
+    if (cfg.workers, n) not in _ANNOUNCED:
+        _ANNOUNCED.add((cfg.workers, n))
+        print(f"cconv: workers={cfg.workers} > {n} {plat} device(s): launcher {name} (all workers on one device)")
+    return name
 
 
 # --------------------------------------------------------------------------- simulated time

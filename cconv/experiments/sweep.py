@@ -260,7 +260,8 @@ def run_sweep(path: str, out: str | None = None, figure: bool = True, log: Calla
     name, runs = load_sweep(path)
     out = out or os.path.join("results", name)
     validate(runs)
-    runner.check_devices(max(r.config.workers for r in runs))  # before anything is created
+    for launcher in {r.config.launcher for r in runs}:  # before anything is created
+        runner.check_devices(max(r.config.workers for r in runs if r.config.launcher == launcher), launcher)
     io.check_writable(out)
     write_index(out, name, path, runs)
     counts = {"completed": 0, "diverged": 0, "failed": 0, "skipped": 0, "busy": 0}

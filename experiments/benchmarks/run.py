@@ -17,7 +17,9 @@ Parts
       gTop-k, parameter server (from the engine's static collective ledger, which the engine's
       tests check against the compiled HLO);
   (d) compile time of a step against the number of parameter tensors, layer-wise vs fused;
-  (e) S = 5 seeds in one vmapped program against 5 separate runs.
+  (e) S = 5 seeds in one vmapped program against 5 separate runs;
+  (v) ``launcher="vmap"`` (all P workers on one device) against ``shard_map`` on P (simulated)
+      devices, the quickstart config's model and batch (MLP 64-128-10, global batch 256, P = 8).
 
 Method: every function is jitted and run twice before timing (compile + warm-up); then
 ``--repeats`` rounds, each timing the floor and then the item back to back, and the ratio is
@@ -587,6 +589,63 @@ def part_e(seeds, steps, workers, model="mlp", batch=64, log=print) -> dict:
     return {"rows": [row]}
 
 
+def part_v(workers, repeats, steps=5, configs=("dense", "topk 1% + EF", "signsgd + EF"), log=print) -> dict:
+    """Step time of ``launcher="vmap"`` (every worker on one device) against ``shard_map`` over
+    ``workers`` devices, for the quickstart config's model and batch (MLP 64-128-10 on 8x8
+    inputs, global batch 256).  Interleaved rounds (a block of ``steps`` shard_map steps, then a
+    block of vmap steps, ``repeats`` times); median ratio and its spread (min-max of the per-round
+    ratios)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from cconv import models
+    from cconv.engine import build
+
+    spec = models.build("mlp", (8, 8, 1), 10, jax.random.PRNGKey(0), hidden=(128,))
+    loss = models.make_loss(spec, "classification")
+    b = {
+        "x": jax.random.normal(jax.random.PRNGKey(1), (256, 8, 8, 1), jnp.float32),
+        "y": jax.random.randint(jax.random.PRNGKey(2), (256,), 0, 10),
+    }
+
+    def prepared(cfgspec, launcher):
+        cfg = _engine_cfg(workers, {**cfgspec, "launcher": launcher})
+        tr = build(loss, spec.params, optax.sgd(0.1), cfg, model_state=spec.model_state)
+        state = _steps(tr, tr.init(), b, 3)  # compile + warm-up
+        return lambda: _steps(tr, state, b, steps)
+
+    rows = []
+    for label in configs:
+        cfgspec = dict(STEP_CONFIGS)[label]
+        mesh, one = prepared(cfgspec, "shard_map"), prepared(cfgspec, "vmap")
+        ms, vs = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            mesh()
+            ms.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            one()
+            vs.append(time.perf_counter() - t0)
+        ratios = [v / m for v, m in zip(vs, ms)]
+        row = {
+            "config": label,
+            "workers": workers,
+            "vmap_step_s": statistics.median(vs) / steps,
+            "shard_map_step_s": statistics.median(ms) / steps,
+            "ratio_vmap_to_shard_map": statistics.median(ratios),
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+        }
+        rows.append(row)
+        log(
+            f"[v] {label:16s} vmap {row['vmap_step_s'] * 1e3:7.2f} ms/step, shard_map on {workers} devices "
+            f"{row['shard_map_step_s'] * 1e3:7.2f} ms/step: {row['ratio_vmap_to_shard_map']:.2f}x "
+            f"(rounds {row['ratio_min']:.2f}-{row['ratio_max']:.2f})"
+        )
+    return {"rows": rows, "batch": 256, "model": "mlp 64-128-10", "steps_per_block": steps, "repeats": repeats}
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -736,6 +795,21 @@ def markdown(result: dict) -> str:
                 f"{r['vmapped_first_step_s']:.1f} | {steady} |"
             )
         out.append("")
+    if "v" in result:
+        v = result["v"]
+        out += [
+            f"## (v) All workers on one device (launcher vmap) against shard_map on {v['rows'][0]['workers']} "
+            f"devices ({v['model']}, global batch {v['batch']})",
+            "",
+            "| config | vmap (ms/step) | shard_map (ms/step) | vmap / shard_map (median) | per-round min-max |",
+            "|---|---|---|---|---|",
+        ]
+        for r in v["rows"]:
+            out.append(
+                f"| {r['config']} | {r['vmap_step_s'] * 1e3:.2f} | {r['shard_map_step_s'] * 1e3:.2f} | "
+                f"{r['ratio_vmap_to_shard_map']:.2f} | {r['ratio_min']:.2f}-{r['ratio_max']:.2f} |"
+            )
+        out.append("")
     return "\n".join(out)
 
 
@@ -769,9 +843,9 @@ def parse_args(argv=None):
     )
     args = p.parse_args(argv)
     args.parts = [s.strip() for s in args.parts.split(",") if s.strip()]
-    bad = sorted(set(args.parts) - set("abcde"))
+    bad = sorted(set(args.parts) - set("abcdev"))
     if bad:
-        p.error(f"unknown part(s) {bad}; valid: a, b, c, d, e")
+        p.error(f"unknown part(s) {bad}; valid: a, b, c, d, e, v")
     return args
 
 
@@ -812,6 +886,8 @@ def main(argv=None, log=print) -> dict:
         result["d"] = part_d([int(v) for v in args.tensors.split(",")], min(2, jax.device_count()), log=log)
     if "e" in args.parts:
         result["e"] = part_e(args.seeds, args.seed_steps, args.workers, log=log)
+    if "v" in args.parts:  # not in the default --parts
+        result["v"] = part_v(args.workers, args.repeats, log=log)
     result["load_end"] = loadavg()
     result["wall_s"] = time.perf_counter() - t_start
     out = Path(args.out)
