@@ -92,6 +92,28 @@ def test_vmap_equals_shard_map(name, workers):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), pv, ps)
 
 
+SYNC = {  # synchronization modes (cconv.engine.sync) under vmap: stale versions, arrivals, gossip
+    "ssp": dict(
+        sync="ssp", staleness=2, stragglers={"fraction": 0.25, "slowdown": 4}, compressor=C.topk(ratio=0.2), memory="ef"
+    ),
+    "asp": dict(sync="asp", architecture="parameter-server", compressor="qsgd"),
+    "choco": dict(sync="gossip", gossip="choco", topology="ring", gossip_gamma=0.5, compressor=C.topk(ratio=0.2)),
+    "dpsgd-exponential": dict(sync="gossip", topology="exponential"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", list(SYNC))
+def test_sync_modes_under_vmap_equal_shard_map(mode):
+    """SSP's version slots, ASP's arrival scan (its lax.cond becomes a select under vmap: the same
+    result at P x the compute) and gossip's permutations run on one device like on P devices."""
+    lv, bv, pv, ledger_v, _ = _run("vmap", 4, SYNC[mode])
+    ls, bs, ps, ledger_s, _ = _run("shard_map", 4, SYNC[mode])
+    assert ledger_v == ledger_s and bv == bs
+    np.testing.assert_allclose(lv, ls, rtol=2e-6, atol=1e-7)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), pv, ps)
+
+
 @pytest.mark.slow
 def test_seeds_vmap_over_workers_vmap():
     """build(seeds=2): a vmap over seeds of the vmap over workers, as shard_map's seeds."""
