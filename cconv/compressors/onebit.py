@@ -11,10 +11,10 @@ has mean 0; a zero vector decompresses to zero.  Non-finite input: NaN fails x >
 joins the negative group; the mean of a group (per column with ``columns``) that holds a NaN or
 +-inf is non-finite, and so is every entry of that group; the other group stays finite.
 
-Gathered payloads are summed in the packed domain (``gathered_sum``): the P workers' bits are
-unpacked to uint8 inside one fused reduction that picks each worker's own mean (per column with
-``columns``) and sums over workers: the same values and reduction as decompressing each payload,
-without the P x d float32 intermediate (the means differ per worker: no integer shortcut).
+Gathered payloads are summed in the packed domain (``gathered_sum``): each worker's bits are
+unpacked inside one accumulation over the P workers (``packing.sum_rows``) that picks the
+worker's own mean (per column with ``columns``): the same values, summed in worker order, without
+the P x d float32 intermediate (the means differ per worker: no integer shortcut).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 
 from cconv.compressors.base import Array, Compressor, check_float, like_info, safe_div, size_of, stateless_init
 from cconv.compressors.oracle import flat64, spike
-from cconv.compressors.packing import pack_signs, packed_size, unpack_bits, unpack_stacked
+from cconv.compressors.packing import pack_signs, packed_size, row, sum_rows, unpack_bits
 from cconv.compressors.registry import Bench, Bound, Entry, Param, Schema, Theory, register
 
 
@@ -64,11 +64,7 @@ def _onebit(columns: bool = False) -> Compressor:
         return packed_size(size_of(shape), 1) + 8 * _ncols(tuple(shape), columns)
 
     def gathered_sum(stacked, like):
-        shape, dtype = like_info(like)
-        n, workers = _ncols(shape, columns), stacked.signs.shape[0]
-        bits = unpack_stacked(stacked.signs, 1, size_of(shape)).reshape(workers, -1, n)
-        means = stacked.means.reshape(workers, 2, 1, -1)
-        return jnp.where(bits == 1, means[:, 0], means[:, 1]).astype(dtype).sum(0).reshape(shape)
+        return sum_rows(lambda w: decompress(row(stacked, w), like), stacked.signs.shape[0])
 
     return Compressor(
         stateless_init,

@@ -10,8 +10,8 @@ first, so no bit is wasted except the final partial byte.
 
 Packed-domain aggregation (the compressors' ``gathered_sum`` hooks): ``bit_counts`` counts, per
 position, the set bits of P gathered sign payloads without unpacking them (a bit-sliced counter
-over 32-bit words); ``unpack_stacked`` unpacks P gathered code arrays to one uint8 array (P, d)
-that the hooks scale and sum over P in one fused pass (no P x d float32 intermediate).
+over 32-bit words); ``sum_rows`` accumulates per-worker contributions (each worker's codes
+unpacked and scaled inside the accumulation: no P x d float32 intermediate).
 """
 
 from __future__ import annotations
@@ -161,13 +161,20 @@ def bit_counts(stacked: Array, d: int) -> Array:
     return jnp.asarray(counts, jnp.int32).reshape(-1)[:d]
 
 
-def unpack_stacked(stacked: Array, nbits: int, d: int) -> Array:
-    """``unpack_bits`` of each row of ``stacked`` (uint8[P, n]): uint8[P, d].  When ``nbits``
-    divides 8 the fields of every byte are cut by one broadcast shift (no per-row reshape), so
-    XLA fuses the unpacking into the consumer's reduction over P."""
-    if 8 % nbits:
-        return jax.vmap(lambda p: unpack_bits(p, nbits, d))(stacked)
-    per = 8 // nbits
-    shifts = (jnp.arange(per, dtype=jnp.uint8) * nbits).astype(jnp.uint8)
-    codes = (stacked.astype(jnp.uint8)[:, :, None] >> shifts) & jnp.uint8((1 << nbits) - 1)
-    return codes.reshape(stacked.shape[0], -1)[:, :d]
+def sum_rows(fn, workers: int) -> Array:
+    """sum_{w < workers} fn(w), accumulated in worker order (w = 0 first).  ``fn(w)`` is one
+    worker's contribution (e.g. its payload unpacked and scaled), so no (P, d) intermediate
+    exists: up to 16 workers the adds are unrolled and XLA fuses them with the unpacking into one
+    pass over the output; beyond, a loop adds one worker per iteration.  (A ``sum(0)`` over the
+    leading axis of a fused (P, d) producer ran at ~300x the memory read floor on XLA:CPU.)"""
+    if workers <= 16:
+        acc = fn(0)
+        for w in range(1, workers):
+            acc = acc + fn(w)
+        return acc
+    return jax.lax.fori_loop(1, workers, lambda w, acc: acc + fn(w), fn(0))
+
+
+def row(tree, w):
+    """Worker ``w``'s payload out of gathered payloads (every leaf stacked on a leading axis)."""
+    return jax.tree.map(lambda a: a[w], tree)

@@ -31,10 +31,10 @@ Gaussian gradients at small s keep far below the fixed size; hence the fixed-siz
 a fallback.  Theory.encoded_bytes is Theorem 3.2's bound per bucket of n entries,
 (3 + (3/2) log2(2 (s^2 + n) / (s (s + sqrt n)))) s (s + sqrt n) + 32 bits, o(1) taken as 0.
 
-Gathered payloads (coding="fixed") are summed in the packed domain (``gathered_sum``): the P
-workers' codes are unpacked to uint8 inside one fused reduction, each level times its own
-worker's bucket norm / s: the same products and reduction as decompressing each payload, without
-the P x d float32 intermediate.  The norms differ per worker, so the levels cannot be summed as
+Gathered payloads (coding="fixed") are summed in the packed domain (``gathered_sum``): each
+worker's codes are unpacked inside one accumulation over the P workers (``packing.sum_rows``),
+each level times its own worker's bucket norm / s: the same products, summed in worker order,
+without the P x d float32 intermediate.  The norms differ per worker, so the levels cannot be summed as
 integers before one multiply (that needs a scale shared by all workers, as TernGrad's
 ``shared_scale``).
 
@@ -54,7 +54,7 @@ from jax import lax
 from cconv.compressors import bitstream, elias, fastrng
 from cconv.compressors.base import Array, Compressor, check_float, like_info, safe_div, size_of, stateless_init
 from cconv.compressors.oracle import alternating, flat64
-from cconv.compressors.packing import pack_bits, packed_size, unpack_bits, unpack_stacked
+from cconv.compressors.packing import pack_bits, packed_size, row, sum_rows, unpack_bits
 from cconv.compressors.registry import Bench, Bound, Entry, Knob, Param, Schema, Theory, register
 
 CODINGS = ("fixed", "elias")
@@ -169,14 +169,7 @@ def _qsgd(levels: int = 8, bucket: int | None = None, coding: str = "fixed") -> 
 
     def gathered_sum(stacked, like):
         """sum_w norms_w * level_w / s (coding="fixed"), one fused reduction over the workers."""
-        shape, dtype = like_info(like)
-        d = size_of(shape)
-        b, nb = layout(d)
-        workers = stacked.codes.shape[0]
-        level = unpack_stacked(stacked.codes, nbits, d).astype(jnp.float32) - s
-        level = jnp.pad(level, ((0, 0), (0, nb * b - d))).reshape(workers, nb, b)
-        out = stacked.norms[:, :, None] * level / s
-        return out.reshape(workers, -1)[:, :d].astype(dtype).sum(0).reshape(shape)
+        return sum_rows(lambda w: decompress(row(stacked, w), like), stacked.codes.shape[0])
 
     return Compressor(
         stateless_init,

@@ -6,9 +6,10 @@ Wire format: ceil(d/8) bytes of packed signs + one float32 scale.  A zero vector
 and a zero output.  Non-finite input: the scale is NaN/inf and so is the whole output.
 
 Gathered payloads are summed in the packed domain (``gathered_sum``): sum_w scale_w * (+-1)_w,
-the bits unpacked to uint8 inside one fused reduction over the P workers (the scales differ per
-worker, so each bit is multiplied by its own worker's scale: no integer shortcut; same products,
-same reduction as decompressing each payload, without the P x d float32 intermediate).
+each worker's bits unpacked and scaled inside one accumulation over the P workers
+(``packing.sum_rows``; the scales differ per worker, so each bit is multiplied by its own
+worker's scale: no integer shortcut; the same products, summed in worker order, without the
+P x d float32 intermediate).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 
 from cconv.compressors.base import Array, Compressor, check_float, like_info, size_of, stateless_init
 from cconv.compressors.oracle import flat64, spike
-from cconv.compressors.packing import pack_signs, packed_size, unpack_signs, unpack_stacked
+from cconv.compressors.packing import pack_signs, packed_size, row, sum_rows, unpack_signs
 from cconv.compressors.registry import Bench, Bound, Entry, Theory, register
 
 
@@ -45,9 +46,7 @@ def _scaled_sign() -> Compressor:
         return packed_size(size_of(shape), 1) + 4
 
     def gathered_sum(stacked, like):
-        shape, dtype = like_info(like)
-        signs = 2 * unpack_stacked(stacked.signs, 1, size_of(shape)).astype(jnp.float32) - 1
-        return (stacked.scale.astype(jnp.float32)[:, None] * signs).astype(dtype).sum(0).reshape(shape)
+        return sum_rows(lambda w: decompress(row(stacked, w), like), stacked.signs.shape[0])
 
     return Compressor(
         stateless_init,

@@ -30,9 +30,9 @@ by s) when a ring all-reduce of d integers moves fewer bytes than gathering the 
 agreed scaler is the local one and the payload carries it: ceil(d/4) + 4 bytes, as by default.
 
 Gathered payloads are summed in the packed domain (``gathered_sum``).  Own scalers:
-sum_w s_w * t_w, the 2-bit codes unpacked to uint8 inside one fused reduction over the P
-workers (each code times its own worker's scaler: no integer shortcut; same products and
-reduction as decompressing each payload, without the P x d float32 intermediate).  Shared
+sum_w s_w * t_w, each worker's 2-bit codes unpacked and scaled inside one accumulation over the
+P workers (``packing.sum_rows``; each code times its own worker's scaler: no integer shortcut;
+the same products, summed in worker order, without the P x d float32 intermediate).  Shared
 scaler (the bound compressor, when its codes are gathered): s * sum_w t_w, the ternary codes
 summed exactly as small integers (int8 for P <= 127, int16 up to 32767) and multiplied once:
 equal to the sum of decompressed payloads within float rounding.
@@ -58,7 +58,7 @@ from cconv.compressors.base import (
     stateless_init,
 )
 from cconv.compressors.oracle import flat64
-from cconv.compressors.packing import pack_bits, packed_size, unpack_bits, unpack_stacked
+from cconv.compressors.packing import pack_bits, packed_size, row, sum_rows, unpack_bits
 from cconv.compressors.registry import Bench, Bound, Entry, Knob, Param, Schema, Theory, register
 
 
@@ -103,12 +103,6 @@ def _ternary(codes: Array, d: int, dtype) -> Array:
     return jnp.where(c == 1, 1, jnp.where(c == 2, -1, 0)).astype(dtype)
 
 
-def _stacked_ternary(codes: Array, d: int, dtype) -> Array:
-    """The P gathered payloads' codes (uint8[P, ceil(d/4)]) as {-1, 0, +1} in ``dtype``, (P, d)."""
-    c = unpack_stacked(codes, 2, d)
-    return (c == 1).astype(dtype) - (c == 2).astype(dtype)
-
-
 def _int_sum_dtype(workers: int):
     """The narrowest integer that holds a sum of ``workers`` values in [-1, 1]."""
     return jnp.int8 if workers <= 127 else jnp.int16 if workers <= 32767 else jnp.int32
@@ -130,10 +124,8 @@ def _terngrad(clip: float | None = None, shared_scale: bool = False) -> Compress
         return packed_size(size_of(shape), 2) + 4
 
     def gathered_sum(stacked, like):
-        """sum_w s_w * t_w in one fused reduction over the workers."""
-        shape, dtype = like_info(like)
-        t = _stacked_ternary(stacked.codes, size_of(shape), jnp.float32)
-        return (stacked.scale.astype(jnp.float32)[:, None] * t).astype(dtype).sum(0).reshape(shape)
+        """sum_w s_w * t_w, one accumulation over the workers."""
+        return sum_rows(lambda w: decompress(row(stacked, w), like), stacked.codes.shape[0])
 
     c = Compressor(
         stateless_init,
@@ -179,8 +171,8 @@ def _shared(c: Compressor, clip: float | None, s: Array) -> Compressor:
     def gathered_sum(stacked, like):
         """s * sum_w t_w: the codes summed exactly as small integers, one multiply."""
         shape, dtype = like_info(like)
-        workers = stacked.codes.shape[0]
-        total = _stacked_ternary(stacked.codes, size_of(shape), _int_sum_dtype(workers)).sum(0)
+        workers, d = stacked.codes.shape[0], size_of(shape)
+        total = sum_rows(lambda w: _ternary(stacked.codes[w], d, _int_sum_dtype(workers)), workers)
         return (s * total.astype(jnp.float32)).astype(dtype).reshape(shape)
 
     return c._replace(
