@@ -19,6 +19,18 @@ SHAPE = (33, 17)  # 561 entries: a partial last byte for every code width
 WORKERS = (2, 3, 8)
 
 
+def _matrix(case_params):
+    """(name, hp, P) for P in WORKERS: in CI every case at P = 3 and the first at every P; the
+    rest of the matrix is ``extended`` (compiles dominate: ~1 s per case and P on 2 cores)."""
+    out = []
+    for i, c in enumerate(case_params):
+        for workers in WORKERS:
+            extended = i > 0 and workers != 3
+            marks = tuple(c.marks) + ((pytest.mark.extended,) if extended else ())
+            out.append(pytest.param(*c.values, workers, id=f"{c.id}-P{workers}", marks=marks))
+    return out
+
+
 def _inputs(workers: int, ties: bool):
     """One float32 gradient per worker; with ``ties`` worker 2i+1 holds -(worker 2i's), so an
     even number of workers has every sign vote tied (no zeros: sign(0) = sign(-0) = +1)."""
@@ -50,8 +62,7 @@ def test_bit_counts_is_an_exact_popcount(workers):
     np.testing.assert_array_equal(got, bits.sum(0))
 
 
-@pytest.mark.parametrize("workers", WORKERS)
-@pytest.mark.parametrize("name,hp", GATHERED)
+@pytest.mark.parametrize("name,hp,workers", _matrix(GATHERED))
 def test_gathered_sum_matches_the_unpacked_path(name, hp, workers):
     c = subject(name, hp).c
     like = jax.ShapeDtypeStruct(SHAPE, jnp.float32)
