@@ -62,7 +62,11 @@ _SERVER_KEY = 1 << 20  # folded into the step key for the server's downlink comp
 def _gathered_sum(c: Compressor, stacked, like):
     """Sum of the decompressed payloads of all workers (stacked on a leading axis).  Sparse
     payloads are one scatter-add of all P*k (value, index) pairs into one dense array, O(d + Pk)
-    (decompressing each into its own dense array and summing costs P dense passes)."""
+    (decompressing each into its own dense array and summing costs P dense passes); packed
+    payloads whose compressor has a ``gathered_sum`` hook are summed in the packed domain
+    (e.g. sign bits by a bit-sliced popcount)."""
+    if c.gathered_sum is not None and not isinstance(stacked, DensePayload):
+        return c.gathered_sum(stacked, like)
     if isinstance(stacked, SparsePayload):
         return scatter(stacked.values.reshape(-1), stacked.indices.reshape(-1), like)
     if c.sparse is not None and not isinstance(stacked, DensePayload):  # coded positions

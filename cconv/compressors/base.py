@@ -37,6 +37,13 @@ Static properties
                  of all P*k pairs, in the same order as the int32 format (same sums, bit for bit).
 ``agree``        None, or an ``Agreement``: a per-tensor statistic every worker agrees on (one
                  reduction over the workers) before compressing, e.g. a shared max scaler.
+``gathered_sum`` None, or ``(stacked, like) -> sum_w decompress(payload_w)``: the sum of P
+                 gathered payloads (every leaf with a leading worker axis) computed in the packed
+                 domain, without decompressing each into its own dense float array (e.g. sign
+                 bits counted by a bit-sliced popcount, ternary codes summed as integers).  It
+                 equals ``jax.vmap(decompress)(stacked).sum(0)`` bit for bit where the arithmetic
+                 is exact (counts, integer sums) and within float rounding where only the order
+                 of the summation changes; the aggregation methods call it when it is set.
 
 ``aggregation`` and ``hparams`` are filled in from the compressor's registry entry when it is
 built (``cconv.compressors.registry.Entry.build``), so a raw factory need not repeat them.
@@ -91,6 +98,7 @@ class Compressor(NamedTuple):
     encoded: Callable[[Payload], Array] | None = None  # variable-length formats: encoded bytes
     agree: Agreement | None = None  # a statistic the workers agree on before compressing
     sparse: Callable[[Payload, Any], Any] | None = None  # coded payload -> its (values, indices)
+    gathered_sum: Callable[[Payload, Any], Array] | None = None  # stacked payloads -> their decompressed sum
 
     def encoded_bytes(self, payload: Payload) -> Array:
         """Bytes of the message a variable-length transport would send (traced float32 scalar):

@@ -10,6 +10,11 @@ Wire format: ceil(d/8) bytes of packed sign bits + 8 bytes (or 8 * n_columns).  
 has mean 0; a zero vector decompresses to zero.  Non-finite input: NaN fails x >= 0, so it
 joins the negative group; the mean of a group (per column with ``columns``) that holds a NaN or
 +-inf is non-finite, and so is every entry of that group; the other group stays finite.
+
+Gathered payloads are summed in the packed domain (``gathered_sum``): each worker's bits are
+unpacked inside one accumulation over the P workers (``packing.sum_rows``) that picks the
+worker's own mean (per column with ``columns``): the same values, summed in worker order, without
+the P x d float32 intermediate (the means differ per worker: no integer shortcut).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import numpy as np
 
 from cconv.compressors.base import Array, Compressor, check_float, like_info, safe_div, size_of, stateless_init
 from cconv.compressors.oracle import flat64, spike
-from cconv.compressors.packing import pack_signs, packed_size, unpack_bits
+from cconv.compressors.packing import pack_signs, packed_size, row, sum_rows, unpack_bits
 from cconv.compressors.registry import Bench, Bound, Entry, Param, Schema, Theory, register
 
 
@@ -58,8 +63,18 @@ def _onebit(columns: bool = False) -> Compressor:
     def wire_bytes(shape, dtype="float32"):
         return packed_size(size_of(shape), 1) + 8 * _ncols(tuple(shape), columns)
 
+    def gathered_sum(stacked, like):
+        return sum_rows(lambda w: decompress(row(stacked, w), like), stacked.signs.shape[0])
+
     return Compressor(
-        stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0, name="onebit", unbiased=False
+        stateless_init,
+        compress,
+        decompress,
+        wire_bytes,
+        lambda shape: 1.0,
+        name="onebit",
+        unbiased=False,
+        gathered_sum=gathered_sum,
     )
 
 

@@ -31,6 +31,13 @@ Gaussian gradients at small s keep far below the fixed size; hence the fixed-siz
 a fallback.  Theory.encoded_bytes is Theorem 3.2's bound per bucket of n entries,
 (3 + (3/2) log2(2 (s^2 + n) / (s (s + sqrt n)))) s (s + sqrt n) + 32 bits, o(1) taken as 0.
 
+Gathered payloads (coding="fixed") are summed in the packed domain (``gathered_sum``): each
+worker's codes are unpacked inside one accumulation over the P workers (``packing.sum_rows``),
+each level times its own worker's bucket norm / s: the same products, summed in worker order,
+without the P x d float32 intermediate.  The norms differ per worker, so the levels cannot be summed as
+integers before one multiply (that needs a scale shared by all workers, as TernGrad's
+``shared_scale``).
+
 ``levels`` in [1, 127] (8-bit codes at most).  A zero bucket has norm 0 and decompresses to zero.
 Non-finite input: the bucket's norm is NaN/inf and the bucket decompresses to non-finite values.
 """
@@ -47,7 +54,7 @@ from jax import lax
 from cconv.compressors import bitstream, elias, fastrng
 from cconv.compressors.base import Array, Compressor, check_float, like_info, safe_div, size_of, stateless_init
 from cconv.compressors.oracle import alternating, flat64
-from cconv.compressors.packing import pack_bits, packed_size, unpack_bits
+from cconv.compressors.packing import pack_bits, packed_size, row, sum_rows, unpack_bits
 from cconv.compressors.registry import Bench, Bound, Entry, Knob, Param, Schema, Theory, register
 
 CODINGS = ("fixed", "elias")
@@ -160,6 +167,10 @@ def _qsgd(levels: int = 8, bucket: int | None = None, coding: str = "fixed") -> 
         body = jnp.where(payload.count >= 0, bitstream.encoded_bytes(payload.stream, payload.count, chunk), fixed)
         return 4.0 * payload.norms.shape[0] + 4.0 + body
 
+    def gathered_sum(stacked, like):
+        """sum_w norms_w * level_w / s (coding="fixed"), one fused reduction over the workers."""
+        return sum_rows(lambda w: decompress(row(stacked, w), like), stacked.codes.shape[0])
+
     return Compressor(
         stateless_init,
         compress,
@@ -169,6 +180,7 @@ def _qsgd(levels: int = 8, bucket: int | None = None, coding: str = "fixed") -> 
         name="qsgd",
         unbiased=True,
         encoded=None if coding == "fixed" else encoded,
+        gathered_sum=gathered_sum if coding == "fixed" else None,
     )
 
 

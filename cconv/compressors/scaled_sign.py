@@ -4,6 +4,12 @@ C(x) = (||x||_1 / d) * sign(x), sign(0) = +1.  Biased; deterministic contraction
 ||x - C(x)||^2 = ||x||^2 - ||x||_1^2 / d  (delta = ||x||_1^2 / (d ||x||^2) >= 1/d).
 Wire format: ceil(d/8) bytes of packed signs + one float32 scale.  A zero vector gives scale 0
 and a zero output.  Non-finite input: the scale is NaN/inf and so is the whole output.
+
+Gathered payloads are summed in the packed domain (``gathered_sum``): sum_w scale_w * (+-1)_w,
+each worker's bits unpacked and scaled inside one accumulation over the P workers
+(``packing.sum_rows``; the scales differ per worker, so each bit is multiplied by its own
+worker's scale: no integer shortcut; the same products, summed in worker order, without the
+P x d float32 intermediate).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import numpy as np
 
 from cconv.compressors.base import Array, Compressor, check_float, like_info, size_of, stateless_init
 from cconv.compressors.oracle import flat64, spike
-from cconv.compressors.packing import pack_signs, packed_size, unpack_signs
+from cconv.compressors.packing import pack_signs, packed_size, row, sum_rows, unpack_signs
 from cconv.compressors.registry import Bench, Bound, Entry, Theory, register
 
 
@@ -39,8 +45,18 @@ def _scaled_sign() -> Compressor:
     def wire_bytes(shape, dtype="float32"):
         return packed_size(size_of(shape), 1) + 4
 
+    def gathered_sum(stacked, like):
+        return sum_rows(lambda w: decompress(row(stacked, w), like), stacked.signs.shape[0])
+
     return Compressor(
-        stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0, name="scaled_sign", unbiased=False
+        stateless_init,
+        compress,
+        decompress,
+        wire_bytes,
+        lambda shape: 1.0,
+        name="scaled_sign",
+        unbiased=False,
+        gathered_sum=gathered_sum,
     )
 
 

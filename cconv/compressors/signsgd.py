@@ -3,7 +3,10 @@
 Wire format: sign bits packed 8 per byte, bit = (x >= 0), so sign(0) = +1: ceil(d/8) bytes.
 Biased and not scaled (the learning rate carries the magnitude).  Aggregation: payloads are
 gathered; the engine averages the signs, or applies the paper's majority vote
-sign(sum_w sign(x_w)) (``cconv`` engine option ``vote``).  Non-finite input: NaN fails x >= 0
+sign(sum_w sign(x_w)) (``cconv`` engine option ``vote``).  The gathered sum is computed in the
+packed domain (``gathered_sum``): sum_w sign(x_w)_i = 2 c_i - P with c_i the number of set bits
+at position i over the P payloads, counted by a bit-sliced popcount (``packing.bit_counts``);
+exact, so the sum and the vote equal the unpacked path's bit for bit.  Non-finite input: NaN fails x >= 0
 and is sent as -1 (NaN does not propagate through signSGD; the loss reveals divergence).
 """
 
@@ -15,7 +18,7 @@ import numpy as np
 
 from cconv.compressors.base import Array, Compressor, check_float, like_info, size_of, stateless_init
 from cconv.compressors.oracle import flat64
-from cconv.compressors.packing import pack_signs, packed_size, unpack_signs
+from cconv.compressors.packing import bit_counts, pack_signs, packed_size, unpack_signs
 from cconv.compressors.registry import Bench, Bound, Entry, Theory, register
 
 
@@ -35,8 +38,21 @@ def _signsgd() -> Compressor:
     def wire_bytes(shape, dtype="float32"):
         return packed_size(size_of(shape), 1)
 
+    def gathered_sum(stacked, like):
+        """sum_w (+-1) = 2 * (set bits) - P, counted in the packed domain (exact)."""
+        shape, dtype = like_info(like)
+        counts = bit_counts(stacked.signs, size_of(shape))
+        return (2 * counts - stacked.signs.shape[0]).astype(dtype).reshape(shape)
+
     return Compressor(
-        stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0, name="signsgd", unbiased=False
+        stateless_init,
+        compress,
+        decompress,
+        wire_bytes,
+        lambda shape: 1.0,
+        name="signsgd",
+        unbiased=False,
+        gathered_sum=gathered_sum,
     )
 
 

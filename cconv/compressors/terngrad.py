@@ -28,6 +28,14 @@ payload is the ceil(d/4) bytes of codes), and the payloads can be summed as smal
 by s) when a ring all-reduce of d integers moves fewer bytes than gathering the packed codes
 (P > 8 for int8), else the codes are gathered.  Standalone (one worker, no aggregation) the
 agreed scaler is the local one and the payload carries it: ceil(d/4) + 4 bytes, as by default.
+
+Gathered payloads are summed in the packed domain (``gathered_sum``).  Own scalers:
+sum_w s_w * t_w, each worker's 2-bit codes unpacked and scaled inside one accumulation over the
+P workers (``packing.sum_rows``; each code times its own worker's scaler: no integer shortcut;
+the same products, summed in worker order, without the P x d float32 intermediate).  Shared
+scaler (the bound compressor, when its codes are gathered): s * sum_w t_w, the ternary codes
+summed exactly as small integers (int8 for P <= 127, int16 up to 32767) and multiplied once:
+equal to the sum of decompressed payloads within float rounding.
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ from cconv.compressors.base import (
     stateless_init,
 )
 from cconv.compressors.oracle import flat64
-from cconv.compressors.packing import pack_bits, packed_size, unpack_bits
+from cconv.compressors.packing import pack_bits, packed_size, row, sum_rows, unpack_bits
 from cconv.compressors.registry import Bench, Bound, Entry, Knob, Param, Schema, Theory, register
 
 
@@ -95,6 +103,11 @@ def _ternary(codes: Array, d: int, dtype) -> Array:
     return jnp.where(c == 1, 1, jnp.where(c == 2, -1, 0)).astype(dtype)
 
 
+def _int_sum_dtype(workers: int):
+    """The narrowest integer that holds a sum of ``workers`` values in [-1, 1]."""
+    return jnp.int8 if workers <= 127 else jnp.int16 if workers <= 32767 else jnp.int32
+
+
 def _terngrad(clip: float | None = None, shared_scale: bool = False) -> Compressor:
     hparams = {"clip": clip, "shared_scale": shared_scale}
 
@@ -110,8 +123,19 @@ def _terngrad(clip: float | None = None, shared_scale: bool = False) -> Compress
     def wire_bytes(shape, dtype="float32"):
         return packed_size(size_of(shape), 2) + 4
 
+    def gathered_sum(stacked, like):
+        """sum_w s_w * t_w, one accumulation over the workers."""
+        return sum_rows(lambda w: decompress(row(stacked, w), like), stacked.codes.shape[0])
+
     c = Compressor(
-        stateless_init, compress, decompress, wire_bytes, lambda shape: 1.0, name="terngrad", unbiased=clip is None
+        stateless_init,
+        compress,
+        decompress,
+        wire_bytes,
+        lambda shape: 1.0,
+        name="terngrad",
+        unbiased=clip is None,
+        gathered_sum=gathered_sum,
     )
     if not shared_scale:
         return c
@@ -144,7 +168,16 @@ def _shared(c: Compressor, clip: float | None, s: Array) -> Compressor:
     def wire_bytes(shape, dtype="float32"):
         return packed_size(size_of(shape), 2)
 
-    return c._replace(compress=compress, decompress=decompress, wire_bytes=wire_bytes, agree=None)
+    def gathered_sum(stacked, like):
+        """s * sum_w t_w: the codes summed exactly as small integers, one multiply."""
+        shape, dtype = like_info(like)
+        workers, d = stacked.codes.shape[0], size_of(shape)
+        total = sum_rows(lambda w: _ternary(stacked.codes[w], d, _int_sum_dtype(workers)), workers)
+        return (s * total.astype(jnp.float32)).astype(dtype).reshape(shape)
+
+    return c._replace(
+        compress=compress, decompress=decompress, wire_bytes=wire_bytes, agree=None, gathered_sum=gathered_sum
+    )
 
 
 def _bound(c, shape):

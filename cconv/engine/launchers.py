@@ -7,6 +7,8 @@ A launcher owns everything the trainer does differently per execution model:
     compile(trace)                    ``trace(comm, ws, batch, key) -> (new ws, metrics)`` as a
                                       callable ``fn(ws, batch, key)`` on the launcher's layout
     inputs(batch, key)                the global host batch and key placed for ``fn``
+    shard(batch)                      the global batch placed once as ``fn`` reads it (a data
+                                      loader's output put on the devices ahead of the step)
     lower(fn, ws, batch, key)         ``jax.stages.Lowered`` (HLO inspection)
     view(tree, average)               the model to evaluate: worker 0's or the workers' average
     is_main()                         whether this process writes results
@@ -67,6 +69,9 @@ class Launcher(abc.ABC):
 
     def inputs(self, batch, key):
         return batch, key
+
+    def shard(self, batch):
+        return batch
 
     def lower(self, fn, ws, batch, key):
         return fn.lower(ws, batch, key)
@@ -148,6 +153,13 @@ class _Stacked(_StackedLayout):
                 jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key, self.replicated
             )
         return batch, key
+
+    def shard(self, batch):
+        """Rows split over the mesh as the step reads them (``self.sharded``): a step given this
+        batch transfers nothing."""
+        if jax.process_count() > 1:
+            return self.inputs(batch, jnp.zeros(2, jnp.uint32))[0]
+        return jax.device_put(batch, self.sharded)
 
 
 class ShardMap(_Stacked):

@@ -186,6 +186,14 @@ class Trainer:
                 raise ValueError(f"global batch size {x.shape[b_axis]} is not divisible by workers={self.workers}")
         return self.launcher.inputs(batch, key)
 
+    def shard(self, batch):
+        """``batch`` (global, host or device) placed on the devices as the step reads it: each
+        worker's rows on its device (a seed axis first with ``seeds``).  Optional: ``step`` takes
+        a host batch too, but placing it ahead (e.g. in a prefetching data loader) takes the
+        transfer out of the step."""
+        self._inputs(batch, None)
+        return self.launcher.shard(batch)
+
     def step(self, state: EngineState, batch, key):
         """One training step: (new state, metrics).  Do not wrap in jax.jit (it is compiled per
         phase already); ``jax.vmap`` over a leading seed axis of (state, batch, key) works."""
