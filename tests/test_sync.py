@@ -255,7 +255,7 @@ def test_simulated_clock_bsp_waits_for_the_straggler_asp_does_not_and_bytes_are_
 
     from cconv.experiments.runner import SimClock
 
-    run_cfg = SimpleNamespace(networks=lambda: ["10GbE"], workers=P4)
+    run_cfg = SimpleNamespace(networks=lambda: ["10GbE"], workers=P4, schedule=None)
     calib = SimpleNamespace(compute_time=1.0, exchange_time=lambda phase: 0.0)
     kw = dict(architecture="parameter-server", compressor=C.topk(ratio=0.4), stragglers=(0.25, 4.0))
     bsp, asp = linear_trainer(**kw), linear_trainer(sync="asp", **kw)
