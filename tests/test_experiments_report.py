@@ -203,6 +203,7 @@ def test_family_grid_and_ratio_summary_variants(tmp_path, monkeypatch):
         plotting.ratio_summary(runs, x="loss", out=str(tmp_path / "e.png"))
 
 
+@pytest.mark.extended  # CI: test_cli.py::test_sweep_outputs_report_and_plot reports a real sweep
 @pytest.mark.slow  # trains a tiny sweep (3 runs x 2 seeds)
 def test_real_sweep_through_the_cli(tmp_path, capsys):
     import pandas as pd

@@ -10,6 +10,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import registry_cases as R
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -83,6 +84,7 @@ def f64(a):
     return np.asarray(a, np.float64)
 
 
+@pytest.mark.extended  # CI: the registry cases' contract in tests/test_compressors.py
 @settings(max_examples=25, deadline=None, derandomize=True)
 @given(comp=compressor(), shape=st.sampled_from(SHAPES), dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31 - 1))
 def test_contract(comp, shape, dtype, seed):
@@ -118,6 +120,7 @@ def _sparse_indices(name, hp, c, payload, shape):
 _sample = jax.jit(sample_indices, static_argnums=(1, 2))
 
 
+@pytest.mark.extended  # CI: tests/test_select.py and the registry contract (test_compressors.py)
 @settings(max_examples=12, deadline=None, derandomize=True)
 @given(
     name=st.sampled_from(["topk", "randomk"]),

@@ -155,6 +155,7 @@ def test_cli_run_sigkilled_before_final_summary_then_run_again(tmp_path):
     assert r.returncode == 0 and "already completed" in r.stdout
 
 
+@pytest.mark.extended  # CI: the run variant below and test_cli.py's SIGKILL of a sweep
 @pytest.mark.slow
 def test_cli_sweep_sigkilled_before_final_summary_then_sweep_again(tmp_path):
     spec = tmp_path / "s.yaml"

@@ -44,7 +44,8 @@ def cconv(*args, code=None):
 
 
 @pytest.mark.parametrize(
-    "mode", [pytest.param(m, marks=[pytest.mark.extended] if m == "adacomm" else []) for m in MODES]
+    "mode",  # CI: asp (CHOCO's resume: tests/test_gossip_resume.py); ssp and adacomm are extended
+    [pytest.param(m, marks=[pytest.mark.extended] if m in ("adacomm", "ssp") else []) for m in MODES],
 )
 @pytest.mark.slow  # real subprocesses
 def test_sigkill_and_resume_is_bit_identical(mode, tmp_path):
