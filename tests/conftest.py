@@ -14,12 +14,6 @@ if "xla_cpu_collective_call_terminate_timeout_seconds" not in _flags:
     _flags += " --xla_cpu_collective_call_terminate_timeout_seconds=60"
 if "xla_cpu_collective_call_warn_stuck_timeout_seconds" not in _flags:
     _flags += " --xla_cpu_collective_call_warn_stuck_timeout_seconds=10"
-# The suite's time is mostly XLA:CPU compile time of small programs: LLVM at -O0 compiles them
-# ~30 % faster (measured on tests/test_hlo_bytes.py: 112 s -> 81 s CPU).  It changes no result:
-# the HLO passes (what tests/test_hlo_bytes.py parses) are the same, and without fast-math LLVM
-# reorders no floating-point arithmetic at any level.  Set the flag yourself to override it.
-if "xla_backend_optimization_level" not in _flags:
-    _flags += " --xla_backend_optimization_level=0"
 os.environ["XLA_FLAGS"] = _flags.strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("WANDB_MODE", "offline")
