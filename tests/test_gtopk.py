@@ -125,20 +125,7 @@ def test_bytes_grow_like_k_p_for_allgather_and_k_log_p_for_gtopk():
     assert [per["gtopk", p] for p in (2, 4, 8)] == [k_bytes * np.log2(p) for p in (2, 4, 8)]
 
 
-def _merge_by_sort(va, ia, vb, ib, k):
-    """The merge as it was before the merge path (a stable argsort of the 2k pairs): the
-    reference ``merge_topk`` / ``merge_sorted_topk`` must equal bit for bit."""
-    idx, val = jnp.concatenate([ia, ib]), jnp.concatenate([va, vb])
-    order = jnp.argsort(idx, stable=True)
-    idx, val = idx[order], val[order]
-    first = jnp.concatenate([jnp.ones((1,), bool), idx[1:] != idx[:-1]])
-    seg = jnp.cumsum(first) - 1
-    merged = jax.ops.segment_sum(val, seg, num_segments=idx.shape[0])[seg]
-    merged = jnp.where(first, merged, jnp.zeros((), merged.dtype))
-    score = jnp.where(first, jnp.abs(merged).astype(jnp.float32), -1.0)
-    _, pos = jax.lax.top_k(score, k)
-    pos = jnp.sort(pos)
-    return merged[pos], idx[pos]
+_merge_by_sort = G.merge_topk_by_sort  # the sort-based merge gTop-k used before the merge path
 
 
 @pytest.mark.parametrize(

@@ -107,6 +107,24 @@ def merge_sorted_topk(va, ia, vb, ib, k: int):
     return out_v, out_i
 
 
+def merge_topk_by_sort(va, ia, vb, ib, k: int):
+    """The merge gTop-k used before the merge path: a stable argsort of the 2k (index, value)
+    pairs, a segment sum of equal indices, ``lax.top_k`` of the magnitudes, a sort of the winners.
+    Kept as the reference ``merge_sorted_topk`` must equal bit for bit (tests) and as the
+    "before" of ``experiments/benchmarks/gtopk_merge.py``."""
+    idx, val = jnp.concatenate([ia, ib]), jnp.concatenate([va, vb])
+    order = jnp.argsort(idx, stable=True)
+    idx, val = idx[order], val[order]
+    first = jnp.concatenate([jnp.ones((1,), bool), idx[1:] != idx[:-1]])
+    seg = jnp.cumsum(first) - 1
+    merged = jax.ops.segment_sum(val, seg, num_segments=idx.shape[0])[seg]
+    merged = jnp.where(first, merged, jnp.zeros((), merged.dtype))
+    score = jnp.where(first, jnp.abs(merged).astype(jnp.float32), -1.0)
+    _, pos = lax.top_k(score, k)
+    pos = jnp.sort(pos)
+    return merged[pos], idx[pos]
+
+
 def contains(sorted_set, query):
     """Boolean mask: query[i] in sorted_set (both int32)."""
     pos = jnp.clip(jnp.searchsorted(sorted_set, query), 0, sorted_set.shape[0] - 1)

@@ -23,21 +23,10 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def merge_by_sort(va, ia, vb, ib, k):
-    """The merge before issue 16: a stable argsort of the 2k pairs, and a sort of the winners."""
-    import jax
-    import jax.numpy as jnp
+    """The merge before issue 16 (``cconv.comm.gtopk.merge_topk_by_sort``)."""
+    from cconv.comm.gtopk import merge_topk_by_sort
 
-    idx, val = jnp.concatenate([ia, ib]), jnp.concatenate([va, vb])
-    order = jnp.argsort(idx, stable=True)
-    idx, val = idx[order], val[order]
-    first = jnp.concatenate([jnp.ones((1,), bool), idx[1:] != idx[:-1]])
-    seg = jnp.cumsum(first) - 1
-    merged = jax.ops.segment_sum(val, seg, num_segments=idx.shape[0])[seg]
-    merged = jnp.where(first, merged, jnp.zeros((), merged.dtype))
-    score = jnp.where(first, jnp.abs(merged).astype(jnp.float32), -1.0)
-    _, pos = jax.lax.top_k(score, k)
-    pos = jnp.sort(pos)
-    return merged[pos], idx[pos]
+    return merge_topk_by_sort(va, ia, vb, ib, k)
 
 
 def main(argv=None) -> dict:
