@@ -39,6 +39,7 @@ messages per worker per step, whatever P).
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
@@ -199,13 +200,14 @@ def _no_options(name: str, options: dict) -> None:
         raise ValueError(f"topology {name!r} takes no {', '.join(given)} (torus: torus=[r, c]; matrix: mixing=W)")
 
 
-class _Circulant:
+class _Circulant(abc.ABC):
     """Graphs whose neighbours are fixed shifts i +- s: exchanged along cyclic permutations."""
 
     name = ""
 
+    @abc.abstractmethod
     def shifts(self, workers: int) -> list[int]:
-        raise NotImplementedError
+        """The shifts s > 0 of the neighbours i +- s of worker i among ``workers``."""
 
     def mixing(self, workers: int, **options) -> Mixing:
         _no_options(self.name, options)

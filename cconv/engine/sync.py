@@ -37,6 +37,7 @@ P times the compute).
 
 from __future__ import annotations
 
+import abc
 import math
 from typing import Any
 
@@ -53,12 +54,13 @@ from cconv.engine.exchange import exchange
 from cconv.engine.step import StepContext, WorkerState, apply_update, local_grad, reduce_metrics
 
 
-class SyncMode:
-    """Base class and protocol (module docstring); defaults are those of BSP."""
+class SyncMode(abc.ABC):
+    """Base class and protocol (module docstring); defaults are those of BSP; ``step`` is each
+    mode's own."""
 
     name = ""
 
-    def check(self, cfg) -> None:
+    def check(self, cfg) -> None:  # noqa: B027 - by default a mode accepts every config
         """Raise a one-line ValueError for what this mode cannot do with ``cfg``."""
 
     def init(self, cfg, params) -> Any:
@@ -73,8 +75,9 @@ class SyncMode:
     def inputs(self, cfg, step: int) -> np.ndarray | None:
         return None
 
+    @abc.abstractmethod
     def step(self, comm, ctx: StepContext, phase: Phase, s: WorkerState, batch, key, host=None):
-        raise NotImplementedError
+        """One worker's step under this mode: (new state, metrics)."""
 
     def compresses(self, cfg, phase: Phase) -> bool:
         return True
