@@ -218,6 +218,38 @@ def test_all_to_all_algorithms():
     assert A.cost(torus, "allreduce", 1e6) < A.cost(A.get("hierarchical", two, 32), "allreduce", 1e6)
 
 
+def test_parameter_server_gathered_payloads_push_the_payload_and_pull_the_dense_sum():
+    """cconv's engine: every worker pushes its payload, the server decodes, sums, replies dense."""
+    flat, n, d = N.get("10GbE"), 1e4, 1e6
+    ps = A.get("ps", flat, 8, servers=2)
+    assert ps.stages("allgather", n, d) == (
+        ("push", pytest.approx(N.ps_time(n, 8, flat, 2))),
+        ("pull", pytest.approx(N.ps_time(d, 8, flat, 2))),
+    )
+    assert ps.workers_decode_gathered  # co-located: the server is a worker
+    two = N.get("survey-10GbE")
+    g, i, e = two.per_node, two.intra, two.inter
+    bp = A.get("byteps", two, 32)  # 8 machines, 8 servers
+    assert not bp.workers_decode_gathered
+    expect = (
+        ("pcie", i.alpha + n * i.beta),  # each GPU's payload to host memory
+        ("push", e.alpha + g * n * e.beta),  # the node's g payloads
+        ("pull", e.alpha + d * e.beta),  # one dense sum per node
+        ("pcie", g * (i.alpha + d / g * i.beta)),
+    )
+    assert [r for r, _ in bp.stages("allgather", n, d)] == [r for r, _ in expect]
+    assert [t for _, t in bp.stages("allgather", n, d)] == pytest.approx([t for _, t in expect])
+    one = A.get("byteps", two, 4)  # one machine: NCCL's all-gather, the workers decode
+    assert one.workers_decode_gathered
+    assert A.cost(one, "allgather", n, d) == pytest.approx(N.collective_time("allgather", n, 4, i))
+    # in a schedule: a ByteScheduler partition carries its share of the dense reply
+    lay = [LC("w", 0.0, 0.01, n, kind="allgather", dense_bytes=d)]
+    part = S.ByteScheduler(partition_bytes=n / 4).messages(lay, ps)
+    assert len(part) == 4 and S.message_dense(part[0], lay) == pytest.approx(d / 4)
+    r = S.run(lay, "bsp", ps)
+    assert r.comm_exposed_s == pytest.approx(A.cost(ps, "allgather", n, d))
+
+
 @pytest.mark.parametrize(
     "call, match",
     [
@@ -230,7 +262,8 @@ def test_all_to_all_algorithms():
         (lambda: S.run([], "wfbp", RING), "empty"),
         (lambda: S.run(THREE, "wfbp", RING, interference=-1), "interference"),
         (lambda: SV.rows("bert-base", 32, N.get("survey-10GbE"), methods=["BSP"]), "unknown survey method"),
-        (lambda: A.get("ps", N.get("10GbE"), 4).stages("allgather", 1.0), "summable"),
+        (lambda: A.get("ps", N.get("10GbE"), 4).stages("broadcast", 1.0), "summable"),
+        (lambda: A.get("ps", N.get("10GbE"), 4).stages("allgather", 1.0), "dense size"),
     ],
 )
 def test_bad_input_one_line(call, match):

@@ -94,16 +94,18 @@ def _scaled(net: N.Network | N.Hierarchical, factor: float) -> N.Network | N.Hie
 
 
 class Architecture(Protocol):
-    """How a message travels: ``stages(kind, nbytes)`` -> ((resource, seconds), ...)."""
+    """How a message travels: ``stages(kind, nbytes, dense)`` -> ((resource, seconds), ...);
+    ``dense`` is the uncompressed size the message stands for (a parameter server's reply to a
+    gathered payload), None where it is not known."""
 
     name: str
 
-    def stages(self, kind: str, nbytes: float) -> tuple[tuple[str, float], ...]: ...
+    def stages(self, kind: str, nbytes: float, dense: float | None = None) -> tuple[tuple[str, float], ...]: ...
 
 
-def cost(arch: Architecture, kind: str, nbytes: float) -> float:
+def cost(arch: Architecture, kind: str, nbytes: float, dense: float | None = None) -> float:
     """Seconds of one message alone on idle links: the sum of its stages."""
-    return float(sum(t for _, t in arch.stages(kind, nbytes)))
+    return float(sum(t for _, t in arch.stages(kind, nbytes, dense)))
 
 
 def _levels(net: N.Network | N.Hierarchical, workers: int) -> tuple[int, int, N.Network, N.Network]:
@@ -141,7 +143,7 @@ class AllToAll(NamedTuple):
             return 2 * (g - 1) * i.alpha + 2 * math.ceil(math.log2(nodes)) * e.alpha + 2 * n * b
         return N.collective_time("allreduce", n, p, self.net)
 
-    def stages(self, kind: str, nbytes: float) -> tuple[tuple[str, float], ...]:
+    def stages(self, kind: str, nbytes: float, dense: float | None = None) -> tuple[tuple[str, float], ...]:
         n = float(nbytes)
         t = self.allreduce(n) if kind == "allreduce" else N.collective_time(kind, n, self.workers, self.net)
         return (("comm", t),)
@@ -160,9 +162,25 @@ class ParameterServer(NamedTuple):
     def gpu_resources(self) -> tuple[str, ...]:
         return ("pcie",) if self.dedicated else ()
 
-    def stages(self, kind: str, nbytes: float) -> tuple[tuple[str, float], ...]:
-        if kind != "allreduce":
-            raise ValueError(f"architecture {self.name!r} exchanges summable payloads (allreduce) only, got {kind!r}")
+    @property
+    def workers_decode_gathered(self) -> bool:
+        """Whether the workers decode gathered payloads: with dedicated servers on several machines
+        the servers do (their CPUs; not modelled) and reply dense; co-located, the server is a
+        worker; on one machine BytePS runs NCCL's all-gather."""
+        if not self.dedicated:
+            return True
+        return _levels(self.net, self.workers)[1] == 1 or (
+            isinstance(self.net, N.Hierarchical) and self.workers <= self.net.per_node
+        )
+
+    def stages(self, kind: str, nbytes: float, dense: float | None = None) -> tuple[tuple[str, float], ...]:
+        if kind not in ("allreduce", "allgather"):
+            raise ValueError(
+                f"architecture {self.name!r} exchanges summable (allreduce) or gathered (allgather) payloads, "
+                f"got {kind!r}"
+            )
+        if kind == "allgather":
+            return self._gathered(float(nbytes), dense)
         n, p, s = float(nbytes), self.workers, self.servers
         if p == 1 or n == 0:
             return (("push", 0.0), ("pull", 0.0))
@@ -179,6 +197,32 @@ class ParameterServer(NamedTuple):
         out = (("push", wire), ("pull", wire))
         host = i.alpha + n / g * i.beta  # each GPU's 1/g of the node sum to (from) host memory
         return (("pcie", local + host), *out, ("pcie", local + host)) if g > 1 else out
+
+    def _gathered(self, n: float, dense: float | None) -> tuple[tuple[str, float], ...]:
+        """A payload that does not sum (top-k's pairs, ...): every worker pushes its own, the
+        server decodes and sums them (server compute not modelled, as for the dense sum) and
+        replies with the dense sum, as cconv's engine does (``comm.aggregation.ParameterServer``
+        without a downlink compressor)."""
+        if dense is None:
+            raise ValueError(f"architecture {self.name!r}: a gathered payload needs the dense size of its reply")
+        d, p, s = float(dense), self.workers, self.servers
+        if p == 1 or (n == 0 and d == 0):
+            return (("push", 0.0), ("pull", 0.0))
+        if not self.dedicated:
+            return (
+                ("push", N.collective_time("ps_push", n, p, self.net, servers=s)),
+                ("pull", N.collective_time("ps_pull", d, p, self.net, servers=s)),
+            )
+        g, nodes, i, e = _levels(self.net, p)
+        if isinstance(self.net, N.Hierarchical) and p <= self.net.per_node:  # one machine: NCCL all-gather
+            return (("pcie", N.collective_time("allgather", n, p, i)),)
+        push = e.alpha + max(1.0, nodes / s) * g * n * e.beta  # the node's NIC carries its g payloads
+        pull = e.alpha + max(1.0, nodes / s) * d * e.beta  # one dense sum per node
+        if g == 1:
+            return (("push", push), ("pull", pull))
+        to_host = i.alpha + n * i.beta  # each GPU copies its payload to host memory (own lanes)
+        spread = g * (i.alpha + d / g * i.beta)  # 1/g of the sum to each GPU, then the node all-gather
+        return (("pcie", to_host), ("push", push), ("pull", pull), ("pcie", spread))
 
 
 def _servers(servers: int | None, net: N.Network | N.Hierarchical, workers: int, dedicated: bool) -> int:

@@ -164,6 +164,7 @@ def layer_cost(
         cx * floor + device.launch_s,
         decodes * dx * floor + device.launch_s,
         kind,
+        FLOAT_BYTES * float(d),
     )
 
 

@@ -8,8 +8,14 @@ decompress operations (``compress.layer_costs``), and the iteration is simulated
 (``schedules.run``).  A row's speedup is P t_1 / t_iter with t_1 the one-GPU forward + backward
 without compression, so compression compute counts against the method.
 
-Left out, each with a note: a compressor whose payload is not summable on a parameter-server
-architecture (PS aggregates by summing), a method whose default hyper-parameters do not build (a
+On a parameter-server architecture a gathered payload (top-k's pairs, signs with their scale,
+...) is pushed by every worker; the server decodes and sums and replies with the dense sum (cconv's
+engine, ``comm.aggregation.ParameterServer`` without a downlink compressor): push the payload,
+pull the dense bytes (``arch.ParameterServer``); with dedicated servers on several machines the
+servers' CPUs decode (not modelled, as their dense sums are not), so the workers' decompress is 0.
+
+Left out, each with a note: gTop-k's recursive doubling on a parameter-server architecture (it is
+an all-to-all algorithm), a method whose default hyper-parameters do not build (a
 knob without default values), one without measured compress/decompress ratios, and one whose
 message of a flat layer vector is not smaller than the gradient (a compressor that needs matrix
 shapes, which a profile does not keep).
@@ -32,6 +38,7 @@ from cconv.theory.schedule import schedules as S
 from cconv.theory.schedule import survey as SV
 
 PS_ARCHITECTURES = ("ps", "byteps")
+GATHERABLE = ("allreduce", "allgather")  # what a parameter server aggregates (push, sum, pull)
 
 
 class Row(NamedTuple):
@@ -122,8 +129,10 @@ def rows(
         ps = m.architecture in PS_ARCHITECTURES
         arch = A.get(m.architecture, net, workers, servers if ps else None, topology)
         for method, hp, lcs in planned:
-            if ps and any((lc.kind or "allreduce") != "allreduce" for lc in lcs):
+            if ps and any((lc.kind or "allreduce") not in GATHERABLE for lc in lcs):
                 continue
+            if ps and not arch.workers_decode_gathered:  # the servers decode and reply dense
+                lcs = [lc._replace(decompress_s=0.0) if lc.kind == "allgather" else lc for lc in lcs]
             r = S.run(lcs, m.schedule, arch, interference=interference)
             setting = ", ".join(f"{k}={v}" for k, v in hp.items()) or "-"
             out.append(
@@ -143,7 +152,10 @@ def rows(
                 )
             )
     if any(m.architecture in PS_ARCHITECTURES for m in (SV.METHODS[s] for s in chosen)):
-        notes.append("parameter-server methods are combined with summable (all-reduce) payloads only")
+        notes.append(
+            "parameter-server methods are combined with summable and gathered payloads (the server decodes, "
+            "sums and replies dense, as cconv's engine); gTop-k's recursive doubling is an all-to-all method"
+        )
     if not out:
         raise ValueError("no schedule x compressor combination left to plan")
     return out

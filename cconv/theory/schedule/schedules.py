@@ -74,6 +74,8 @@ class LayerCost(NamedTuple):
     compress_s: float = 0.0
     decompress_s: float = 0.0
     kind: str | None = None  # None: the architecture's summable exchange ("allreduce")
+    dense_bytes: float | None = None  # the uncompressed gradient (a parameter server's reply to a
+    # gathered payload: the server decodes and sums, then sends the dense sum); None: nbytes
 
 
 class Message(NamedTuple):
@@ -101,8 +103,10 @@ def check_layers(layers: Sequence[LayerCost]) -> list[LayerCost]:
     for lc in out:
         if not isinstance(lc, LayerCost):
             raise ValueError(f"expected a LayerCost, got {type(lc).__name__}")
-        for f in ("fwd_s", "bwd_s", "nbytes", "compress_s", "decompress_s"):
+        for f in ("fwd_s", "bwd_s", "nbytes", "compress_s", "decompress_s", "dense_bytes"):
             v = getattr(lc, f)
+            if f == "dense_bytes" and v is None:
+                continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"layer {lc.name!r}: {f} must be a finite number >= 0, got {v!r}")
     return out
@@ -125,6 +129,19 @@ def layer_costs(layers: Sequence, device_flops: float) -> list[LayerCost]:
 
 def _kind(lc: LayerCost) -> str:
     return lc.kind or "allreduce"
+
+
+def dense_of(lc: LayerCost) -> float:
+    """The layer's uncompressed gradient bytes (``nbytes`` when ``dense_bytes`` is not set)."""
+    return lc.nbytes if lc.dense_bytes is None else float(lc.dense_bytes)
+
+
+def message_dense(msg: Message, layers: Sequence[LayerCost]) -> float:
+    """The uncompressed bytes a message stands for: its share of its layers' dense bytes (a
+    ByteScheduler partition carries the same fraction of both)."""
+    n = sum(layers[j].nbytes for j in msg.layers)
+    d = sum(dense_of(layers[j]) for j in msg.layers)
+    return d if n <= 0 else d * msg.nbytes / n
 
 
 def ready_times(layers: Sequence[LayerCost]) -> list[float]:
@@ -207,19 +224,31 @@ class Fusion(NamedTuple):
         return {}
 
 
-def optimal_merge(ready: Sequence[float], sizes: Sequence[float], kinds: Sequence[str], cost) -> list[tuple[int, ...]]:
+def optimal_merge(
+    ready: Sequence[float],
+    sizes: Sequence[float],
+    kinds: Sequence[str],
+    cost,
+    dense: Sequence[float] | None = None,
+) -> list[tuple[int, ...]]:
     """MG-WFBP's merge: contiguous groups (backprop order) minimising the end of the last message
-    on one channel, by the dynamic programme in the module docstring.  ``cost(kind, n)``."""
+    on one channel, by the dynamic programme in the module docstring.  ``cost(kind, n)``, or
+    ``cost(kind, n, dense_n)`` when ``dense`` (the layers' uncompressed bytes) is given."""
     n = len(ready)
     f = [0.0] + [math.inf] * n
     arg = [0] * (n + 1)
     for i in range(1, n + 1):
-        total = 0.0
+        total = dtotal = 0.0
         for j in range(i - 1, -1, -1):
             if kinds[j] != kinds[i - 1]:
                 break
             total += sizes[j]
-            end = max(ready[i - 1], f[j]) + cost(kinds[i - 1], total)
+            if dense is None:
+                c = cost(kinds[i - 1], total)
+            else:
+                dtotal += dense[j]
+                c = cost(kinds[i - 1], total, dtotal)
+            end = max(ready[i - 1], f[j]) + c
             if end < f[i] - 1e-15:
                 f[i], arg[i] = end, j
     groups, i = [], n
@@ -237,7 +266,11 @@ class MGWFBP(NamedTuple):
     def messages(self, layers, arch):
         kinds = [_kind(lc) for lc in layers]
         groups = optimal_merge(
-            ready_times(layers), [lc.nbytes for lc in layers], kinds, lambda k, n: A.cost(arch, k, n)
+            ready_times(layers),
+            [lc.nbytes for lc in layers],
+            kinds,
+            lambda k, n, dn: A.cost(arch, k, n, dn),
+            [dense_of(lc) for lc in layers],
         )
         return [Message(g, sum(layers[j].nbytes for j in g), kinds[g[0]]) for g in groups]
 
@@ -351,7 +384,7 @@ def build(
         delays: dict[float, str] = {}
         last_on: dict[str, str] = {}
         for m, msg in enumerate(msgs):
-            stages = arch.stages(msg.kind, msg.nbytes)
+            stages = arch.stages(msg.kind, msg.nbytes, message_dense(msg, layers))
             dep: tuple[str, ...] = tuple(ready[j] for j in msg.layers)
             if msg.release > 0:  # released msg.release seconds after the iteration's start
                 if msg.release not in delays:
@@ -461,4 +494,6 @@ __all__ = [
     "ready_times",
     "optimal_merge",
     "check_layers",
+    "dense_of",
+    "message_dense",
 ]
