@@ -243,9 +243,9 @@ def test_parameter_server_gathered_payloads_push_the_payload_and_pull_the_dense_
     assert one.workers_decode_gathered
     assert A.cost(one, "allgather", n, d) == pytest.approx(N.collective_time("allgather", n, 4, i))
     # in a schedule: a ByteScheduler partition carries its share of the dense reply
-    lay = [LC("w", 0.0, 0.01, n, kind="allgather", dense_bytes=d)]
+    lay = [LC("w", 0.0, 0.01, n, kind="allgather", reply_bytes=d)]
     part = S.ByteScheduler(partition_bytes=n / 4).messages(lay, ps)
-    assert len(part) == 4 and S.message_dense(part[0], lay) == pytest.approx(d / 4)
+    assert len(part) == 4 and S.message_reply(part[0], lay) == pytest.approx(d / 4)
     r = S.run(lay, "bsp", ps)
     assert r.comm_exposed_s == pytest.approx(A.cost(ps, "allgather", n, d))
 
@@ -263,7 +263,7 @@ def test_parameter_server_gathered_payloads_push_the_payload_and_pull_the_dense_
         (lambda: S.run(THREE, "wfbp", RING, interference=-1), "interference"),
         (lambda: SV.rows("bert-base", 32, N.get("survey-10GbE"), methods=["BSP"]), "unknown survey method"),
         (lambda: A.get("ps", N.get("10GbE"), 4).stages("broadcast", 1.0), "summable"),
-        (lambda: A.get("ps", N.get("10GbE"), 4).stages("allgather", 1.0), "dense size"),
+        (lambda: A.get("ps", N.get("10GbE"), 4).stages("allgather", 1.0), "reply"),
     ],
 )
 def test_bad_input_one_line(call, match):

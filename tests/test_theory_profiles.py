@@ -208,9 +208,12 @@ def test_bsp_on_a_flat_link_with_fused_collectives_is_todays_formula():
     colls = [Coll("allgather", 3e5), Coll("allreduce", 8.0)]
     today = 0.01 + 0.002 + N.step_comm_time(colls, 4, net)
     assert RU.step_time(TOY, colls, 4, net, "bsp", 0.01, 0.002) == pytest.approx(today, rel=1e-12)
-    ps = [Coll("ps_push", 4e5), Coll("ps_pull", 4e5)]
-    today_ps = 0.01 + 0.002 + N.step_comm_time(ps, 4, net, servers=1)
-    assert RU.step_time(TOY, ps, 4, net, "bsp", 0.01, 0.002, ps=True) == pytest.approx(today_ps, rel=1e-12)
+    # a parameter server: push what was pushed, pull what was pulled (a gathered payload's reply is
+    # the dense sum, larger than the push)
+    for push, pull in ((4e5, 4e5), (4e4, 4e5)):
+        ps = [Coll("ps_push", push), Coll("ps_pull", pull)]
+        today_ps = 0.01 + 0.002 + N.step_comm_time(ps, 4, net, servers=1)
+        assert RU.step_time(TOY, ps, 4, net, "bsp", 0.01, 0.002, ps=True) == pytest.approx(today_ps, rel=1e-12)
     # overlap: wait-free backprop hides communication behind the backward pass
     assert RU.step_time(TOY, colls, 4, net, "wfbp", 0.01, 0.002) < today
 

@@ -94,18 +94,18 @@ def _scaled(net: N.Network | N.Hierarchical, factor: float) -> N.Network | N.Hie
 
 
 class Architecture(Protocol):
-    """How a message travels: ``stages(kind, nbytes, dense)`` -> ((resource, seconds), ...);
-    ``dense`` is the uncompressed size the message stands for (a parameter server's reply to a
-    gathered payload), None where it is not known."""
+    """How a message travels: ``stages(kind, nbytes, reply)`` -> ((resource, seconds), ...);
+    ``reply`` is what a parameter server sends back per worker for a gathered payload (the dense
+    sum, or the sum compressed by a downlink compressor), None where it is not known."""
 
     name: str
 
-    def stages(self, kind: str, nbytes: float, dense: float | None = None) -> tuple[tuple[str, float], ...]: ...
+    def stages(self, kind: str, nbytes: float, reply: float | None = None) -> tuple[tuple[str, float], ...]: ...
 
 
-def cost(arch: Architecture, kind: str, nbytes: float, dense: float | None = None) -> float:
+def cost(arch: Architecture, kind: str, nbytes: float, reply: float | None = None) -> float:
     """Seconds of one message alone on idle links: the sum of its stages."""
-    return float(sum(t for _, t in arch.stages(kind, nbytes, dense)))
+    return float(sum(t for _, t in arch.stages(kind, nbytes, reply)))
 
 
 def _levels(net: N.Network | N.Hierarchical, workers: int) -> tuple[int, int, N.Network, N.Network]:
@@ -143,7 +143,7 @@ class AllToAll(NamedTuple):
             return 2 * (g - 1) * i.alpha + 2 * math.ceil(math.log2(nodes)) * e.alpha + 2 * n * b
         return N.collective_time("allreduce", n, p, self.net)
 
-    def stages(self, kind: str, nbytes: float, dense: float | None = None) -> tuple[tuple[str, float], ...]:
+    def stages(self, kind: str, nbytes: float, reply: float | None = None) -> tuple[tuple[str, float], ...]:
         n = float(nbytes)
         t = self.allreduce(n) if kind == "allreduce" else N.collective_time(kind, n, self.workers, self.net)
         return (("comm", t),)
@@ -173,14 +173,14 @@ class ParameterServer(NamedTuple):
             isinstance(self.net, N.Hierarchical) and self.workers <= self.net.per_node
         )
 
-    def stages(self, kind: str, nbytes: float, dense: float | None = None) -> tuple[tuple[str, float], ...]:
+    def stages(self, kind: str, nbytes: float, reply: float | None = None) -> tuple[tuple[str, float], ...]:
         if kind not in ("allreduce", "allgather"):
             raise ValueError(
                 f"architecture {self.name!r} exchanges summable (allreduce) or gathered (allgather) payloads, "
                 f"got {kind!r}"
             )
         if kind == "allgather":
-            return self._gathered(float(nbytes), dense)
+            return self._gathered(float(nbytes), reply)
         n, p, s = float(nbytes), self.workers, self.servers
         if p == 1 or n == 0:
             return (("push", 0.0), ("pull", 0.0))
@@ -198,14 +198,14 @@ class ParameterServer(NamedTuple):
         host = i.alpha + n / g * i.beta  # each GPU's 1/g of the node sum to (from) host memory
         return (("pcie", local + host), *out, ("pcie", local + host)) if g > 1 else out
 
-    def _gathered(self, n: float, dense: float | None) -> tuple[tuple[str, float], ...]:
+    def _gathered(self, n: float, reply: float | None) -> tuple[tuple[str, float], ...]:
         """A payload that does not sum (top-k's pairs, ...): every worker pushes its own, the
         server decodes and sums them (server compute not modelled, as for the dense sum) and
-        replies with the dense sum, as cconv's engine does (``comm.aggregation.ParameterServer``
-        without a downlink compressor)."""
-        if dense is None:
-            raise ValueError(f"architecture {self.name!r}: a gathered payload needs the dense size of its reply")
-        d, p, s = float(dense), self.workers, self.servers
+        replies with ``reply`` bytes per worker: the dense sum, as cconv's engine does
+        (``comm.aggregation.ParameterServer``), or that sum compressed by a downlink compressor."""
+        if reply is None:
+            raise ValueError(f"architecture {self.name!r}: a gathered payload needs the size of the server's reply")
+        d, p, s = float(reply), self.workers, self.servers
         if p == 1 or (n == 0 and d == 0):
             return (("push", 0.0), ("pull", 0.0))
         if not self.dedicated:
@@ -217,7 +217,7 @@ class ParameterServer(NamedTuple):
         if isinstance(self.net, N.Hierarchical) and p <= self.net.per_node:  # one machine: NCCL all-gather
             return (("pcie", N.collective_time("allgather", n, p, i)),)
         push = e.alpha + max(1.0, nodes / s) * g * n * e.beta  # the node's NIC carries its g payloads
-        pull = e.alpha + max(1.0, nodes / s) * d * e.beta  # one dense sum per node
+        pull = e.alpha + max(1.0, nodes / s) * d * e.beta  # one reply per node
         if g == 1:
             return (("push", push), ("pull", pull))
         to_host = i.alpha + n * i.beta  # each GPU copies its payload to host memory (own lanes)

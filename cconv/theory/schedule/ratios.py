@@ -170,7 +170,7 @@ def per_layer(
 
 
 def _isolated(lc: S.LayerCost, arch: A.Architecture) -> float:
-    return A.cost(arch, lc.kind or "allreduce", lc.nbytes, S.dense_of(lc)) + lc.compress_s + lc.decompress_s
+    return A.cost(arch, lc.kind or "allreduce", lc.nbytes, S.reply_of(lc)) + lc.compress_s + lc.decompress_s
 
 
 def _search(cand, costs, errs, budget, time_of, error_of, arch, start, max_evals, transfers, L):

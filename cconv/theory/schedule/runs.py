@@ -17,8 +17,9 @@ bytes per top-level parameter group, backprop order):
   schedule sees every message; the layer's decompress waits for its last kind's message);
 * the architecture: ``servers`` (or an engine with ``architecture: parameter-server``, one
   server) -> the co-located parameter server (``arch.get("ps")``: push and pull on the two
-  directions of the links; a step's ``ps_push`` bytes are the message, ``ps_pull`` is its pull
-  stage); else the all-to-all ``hierarchical`` algorithm, which is the ring of
+  directions of the links; a step's ``ps_push`` bytes are the pushed message, its ``ps_pull``
+  bytes the server's reply: the dense sum of a gathered payload, or its downlink-compressed
+  form); else the all-to-all ``hierarchical`` algorithm, which is the ring of
   ``cconv.theory.network`` on a flat link.  No GPU interference (``interference=0``): the
   measured compute already ran next to nothing.
 
@@ -63,11 +64,14 @@ def step_layers(
 ) -> list[S.LayerCost]:
     """The ``LayerCost``s of one step (module docstring); ``ps``: the messages go through servers."""
     totals = _totals(collectives)
+    reply = None
     if ps:
         bad = [k for k in totals if k not in (*PS_KINDS, "allreduce")]
         if bad:
             raise ValueError(f"a parameter-server schedule cannot carry {', '.join(bad)} collectives")
-        totals = {"allreduce": totals.get("ps_push", 0.0) + totals.get("allreduce", 0.0)}
+        dense = totals.get("allreduce", 0.0)
+        reply = totals.get("ps_pull", 0.0) + dense
+        totals = {"allgather": totals.get("ps_push", 0.0) + dense}
     flops = profile.fwd_flops + profile.bwd_flops
     size = sum(lay.grad_bytes for lay in profile.layers)
     L = len(profile.layers)
@@ -89,6 +93,7 @@ def step_layers(
                     half if first else 0.0,
                     half if last else 0.0,
                     kind,
+                    None if reply is None else reply * share,
                 )
             )
     return out

@@ -74,8 +74,8 @@ class LayerCost(NamedTuple):
     compress_s: float = 0.0
     decompress_s: float = 0.0
     kind: str | None = None  # None: the architecture's summable exchange ("allreduce")
-    dense_bytes: float | None = None  # the uncompressed gradient (a parameter server's reply to a
-    # gathered payload: the server decodes and sums, then sends the dense sum); None: nbytes
+    reply_bytes: float | None = None  # a parameter server's reply to a gathered payload, per worker:
+    # the dense sum (cconv's engine) or its downlink-compressed form; None: nbytes
 
 
 class Message(NamedTuple):
@@ -103,9 +103,9 @@ def check_layers(layers: Sequence[LayerCost]) -> list[LayerCost]:
     for lc in out:
         if not isinstance(lc, LayerCost):
             raise ValueError(f"expected a LayerCost, got {type(lc).__name__}")
-        for f in ("fwd_s", "bwd_s", "nbytes", "compress_s", "decompress_s", "dense_bytes"):
+        for f in ("fwd_s", "bwd_s", "nbytes", "compress_s", "decompress_s", "reply_bytes"):
             v = getattr(lc, f)
-            if f == "dense_bytes" and v is None:
+            if f == "reply_bytes" and v is None:
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"layer {lc.name!r}: {f} must be a finite number >= 0, got {v!r}")
@@ -131,16 +131,16 @@ def _kind(lc: LayerCost) -> str:
     return lc.kind or "allreduce"
 
 
-def dense_of(lc: LayerCost) -> float:
-    """The layer's uncompressed gradient bytes (``nbytes`` when ``dense_bytes`` is not set)."""
-    return lc.nbytes if lc.dense_bytes is None else float(lc.dense_bytes)
+def reply_of(lc: LayerCost) -> float:
+    """The layer's reply bytes from a parameter server (``nbytes`` when ``reply_bytes`` is not set)."""
+    return lc.nbytes if lc.reply_bytes is None else float(lc.reply_bytes)
 
 
-def message_dense(msg: Message, layers: Sequence[LayerCost]) -> float:
-    """The uncompressed bytes a message stands for: its share of its layers' dense bytes (a
-    ByteScheduler partition carries the same fraction of both)."""
+def message_reply(msg: Message, layers: Sequence[LayerCost]) -> float:
+    """The reply a message's layers get from a parameter server, its share (a ByteScheduler
+    partition carries the same fraction of its payload and of its reply)."""
     n = sum(layers[j].nbytes for j in msg.layers)
-    d = sum(dense_of(layers[j]) for j in msg.layers)
+    d = sum(reply_of(layers[j]) for j in msg.layers)
     return d if n <= 0 else d * msg.nbytes / n
 
 
@@ -229,25 +229,25 @@ def optimal_merge(
     sizes: Sequence[float],
     kinds: Sequence[str],
     cost,
-    dense: Sequence[float] | None = None,
+    reply: Sequence[float] | None = None,
 ) -> list[tuple[int, ...]]:
     """MG-WFBP's merge: contiguous groups (backprop order) minimising the end of the last message
     on one channel, by the dynamic programme in the module docstring.  ``cost(kind, n)``, or
-    ``cost(kind, n, dense_n)`` when ``dense`` (the layers' uncompressed bytes) is given."""
+    ``cost(kind, n, reply_n)`` when ``reply`` (the layers' ``reply_of``) is given."""
     n = len(ready)
     f = [0.0] + [math.inf] * n
     arg = [0] * (n + 1)
     for i in range(1, n + 1):
-        total = dtotal = 0.0
+        total = rtotal = 0.0
         for j in range(i - 1, -1, -1):
             if kinds[j] != kinds[i - 1]:
                 break
             total += sizes[j]
-            if dense is None:
+            if reply is None:
                 c = cost(kinds[i - 1], total)
             else:
-                dtotal += dense[j]
-                c = cost(kinds[i - 1], total, dtotal)
+                rtotal += reply[j]
+                c = cost(kinds[i - 1], total, rtotal)
             end = max(ready[i - 1], f[j]) + c
             if end < f[i] - 1e-15:
                 f[i], arg[i] = end, j
@@ -270,7 +270,7 @@ class MGWFBP(NamedTuple):
             [lc.nbytes for lc in layers],
             kinds,
             lambda k, n, dn: A.cost(arch, k, n, dn),
-            [dense_of(lc) for lc in layers],
+            [reply_of(lc) for lc in layers],
         )
         return [Message(g, sum(layers[j].nbytes for j in g), kinds[g[0]]) for g in groups]
 
@@ -384,7 +384,7 @@ def build(
         delays: dict[float, str] = {}
         last_on: dict[str, str] = {}
         for m, msg in enumerate(msgs):
-            stages = arch.stages(msg.kind, msg.nbytes, message_dense(msg, layers))
+            stages = arch.stages(msg.kind, msg.nbytes, message_reply(msg, layers))
             dep: tuple[str, ...] = tuple(ready[j] for j in msg.layers)
             if msg.release > 0:  # released msg.release seconds after the iteration's start
                 if msg.release not in delays:
@@ -494,6 +494,6 @@ __all__ = [
     "ready_times",
     "optimal_merge",
     "check_layers",
-    "dense_of",
-    "message_dense",
+    "reply_of",
+    "message_reply",
 ]
