@@ -39,6 +39,8 @@ cfgs = {
     "ps-qsgd": dict(compressor=C.qsgd(levels=4), architecture="parameter-server"),
     # a synchronization mode with host-scheduled inputs (as SSP) and lax.cond(rank == arrival)
     "asp": dict(compressor=C.topk(ratio=0.2), memory="ef", sync="asp", architecture="parameter-server", jitter=0.5),
+    # decentralized: CHOCO-SGD's neighbour exchange as full permutations (ppermute / MPI sendrecv)
+    "choco": dict(compressor=C.topk(ratio=0.2), sync="gossip", gossip="choco", gossip_gamma=0.5),
 }
 result = {}
 for name, kw in cfgs.items():

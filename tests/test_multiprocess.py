@@ -4,8 +4,9 @@
   ``shard_map`` launcher over the 2 global devices;
 * ``mpirun -np 2`` with the ``mpi`` launcher (mpi4jax collectives, same per-worker step code).
 
-Each runs top-k + EF by allgather, gTop-k (ppermute / sendrecv) and a parameter server
-(push / pull by ppermute / send+recv) for 3 steps (``tests/mp_worker.py``).  The three launches
+Each runs top-k + EF by allgather, gTop-k (ppermute / sendrecv), a parameter server
+(push / pull by ppermute / send+recv), ASP, and CHOCO-SGD gossip (neighbour exchange as full
+permutations) for 3 steps (``tests/mp_worker.py``).  The three launches
 run concurrently to keep the wall time down.
 """
 
@@ -64,7 +65,7 @@ def test_jax_distributed_two_processes_equal_one_process_two_devices(runs):
     d, codes = runs
     assert codes["single"] == [0] and codes["jaxdist"] == [0, 0]
     a, b = np.load(d / "single.npz"), np.load(d / "jaxdist.npz")
-    assert sorted(a.files) == sorted(b.files) and len(a.files) == 4 * 5
+    assert sorted(a.files) == sorted(b.files) and len(a.files) == 5 * 5
     for k in a.files:
         np.testing.assert_allclose(b[k], a[k], rtol=1e-6, atol=1e-7, err_msg=k)
 
