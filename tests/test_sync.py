@@ -112,6 +112,30 @@ def test_asp_replays_delayed_sgd_exactly():
     assert [h["staleness_max"] for h in hist] == [float(tau[t * P4 : (t + 1) * P4].max()) for t in range(steps)]
 
 
+def test_asp_error_feedback_memory_belongs_to_the_simulated_worker():
+    """With stragglers a fast worker arrives twice in a logged step and a straggler not at all;
+    each arrival uses its worker's memory: p = g + e_w, e_w <- p - topk(p), x <- x - eta topk(p)."""
+    steps, k = 5, 2  # top-k 40 % of D = 5
+    tr = linear_trainer(
+        sync="asp", architecture="parameter-server", compressor=C.topk(ratio=0.4), memory="ef", **STRAGGLY
+    )
+    w, _ = train_linear(tr, steps)
+    sched = timing.ASPSchedule(tr.cfg, 2 * P4)
+    xs, e, repeats = [np.zeros(D)], np.zeros((P4, D)), False
+    for t in range(steps):
+        who, base = sched.arrivals(t, P4)
+        repeats |= len(set(who.tolist())) < P4
+        for j in range(P4):
+            p = linear_grad(xs[base[j]], shard(linear_batch(t), j, P4)) + e[who[j]]
+            q = np.zeros(D)
+            top = np.argsort(-np.abs(p))[:k]
+            q[top] = p[top]
+            e[who[j]] = p - q
+            xs.append(xs[-1] - ETA * q)
+    assert repeats  # the memory of a slot and of a worker differ here
+    np.testing.assert_allclose(w, xs[-1], rtol=2e-5, atol=1e-6)
+
+
 def test_asp_equal_speeds_staleness_is_p_minus_1():
     tr = linear_trainer(sync="asp", architecture="parameter-server", compressor=C.topk(ratio=0.4), memory="ef")
     _, hist = train_linear(tr, 3)

@@ -329,10 +329,14 @@ class ASP(SyncMode):
 
     **One logged step = P gradient arrivals** (each consumes a local mini-batch of B/P rows, so a
     logged step consumes the global batch B as a BSP step does; plots compare modes at equal
-    samples).  Arrival j of a step is computed by worker (device) j on its rows of the global
-    batch; the timing model decides only its base version (which simulated worker it is does
-    not change the arithmetic), and that device's compressor memory (EF, DGC) is the memory of
-    the j-th arrival slot.
+    samples).  Arrival j of a step consumes the j-th rows of the global batch; the timing model
+    decides its base version and which simulated worker w_j computes it (a fast worker may
+    arrive twice in a logged step, a straggler not at all).  Device w is simulated worker w: it
+    computes the arrivals w_j = w with its own compressor memory (EF, DGC), so a worker's
+    residual carries over to that worker's next gradient, as in real asynchronous training.  With
+    heterogeneous timing the rows of arrival j reach device w_j by an unrecorded masked sum (the
+    data a real worker reads locally); with equal speeds w_j = j and no rows move.  The loss and
+    model state are averaged over the P arrivals.
 
     Exact replay, sequentially: a ``lax.scan`` over the P arrivals; each device keeps the
     server's model and a ring buffer of the last ``max_staleness`` + 1 versions (replicated),
@@ -363,9 +367,14 @@ class ASP(SyncMode):
 
     def inputs(self, cfg, step):
         p, slots = cfg.workers, _asp_cap(cfg) + 1
-        _, base = _schedule(timing.ASPSchedule, cfg, _asp_cap(cfg)).arrivals(step, p)
+        who, base = _schedule(timing.ASPSchedule, cfg, _asp_cap(cfg)).arrivals(step, p)
         n = step * p + np.arange(p)
-        return np.stack([base % slots, n % slots, n - base]).astype(np.int32)
+        rows = [base % slots, n % slots, n - base]
+        if timing.heterogeneous(cfg):  # a 4th row, the arrivals' workers (its presence is static)
+            rows.append(who)
+        elif not np.array_equal(who, np.arange(p)):
+            raise AssertionError(f"ASP with equal speeds: arrival order {who} is not the worker order")
+        return np.stack(rows).astype(np.int32)
 
     def step(self, comm, ctx, phase, s, batch, key, host=None):
         k_loss, k_comm = jax.random.split(key)
@@ -373,24 +382,36 @@ class ASP(SyncMode):
         plan = ex.plan_of(s.params)
         own = jax.eval_shape(lambda: local_grad(comm, ctx, s.params, s.model_state, batch, k_loss)[:3])
 
+        moving = host.shape[0] == 4  # static: arrivals computed away from their rows' device
+        vary = jnp.asarray(rank) * 0  # zeros typed like per-worker values (shard_map's varying axes)
+
+        def rows_of(j):
+            if not moving:
+                return batch
+            # arrival j's rows (device j's shard) on every device: the others add zeros
+            return jax.tree.map(
+                lambda x: comm._psum(jnp.where(rank == j, x, jnp.zeros_like(x))) + vary.astype(x.dtype), batch
+            )
+
         def arrival(carry, j):
             params, opt_state, buf, comp_state, mine = carry
             buf = _put(buf, host[1, j], params)  # version n (the current one) joins the ring
+            rows = rows_of(j)
 
             def compute(comp_state):
-                loss, ms, aux, g = local_grad(comm, ctx, _get(buf, host[0, j]), s.model_state, batch, k_loss)
+                loss, ms, aux, g = local_grad(comm, ctx, _get(buf, host[0, j]), s.model_state, rows, k_loss)
                 u, comp_state = exchange(solo, plan, g, comp_state, jax.random.fold_in(k_comm, j))
-                return u, comp_state, (loss, ms, aux)
+                return u, comp_state, jax.tree.map(jnp.add, mine, (loss, ms, aux))
 
             def skip(comp_state):
                 return jax.tree.map(jnp.zeros_like, params), comp_state, mine
 
-            u, comp_state, mine = lax.cond(rank == j, compute, skip, comp_state)
+            u, comp_state, mine = lax.cond(rank == (host[3, j] if moving else j), compute, skip, comp_state)
             u = comm._psum(u)  # the arriving update on every device (the others add zeros)
             params, opt_state = apply_update(ctx, u, opt_state, params)
             return (params, opt_state, buf, comp_state, mine), None
 
-        vary = jnp.asarray(rank) * 0  # zeros typed like per-worker values (shard_map's varying axes)
+        # this device's sums over the arrivals it computed; averaged over devices, the arrivals' mean
         mine = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype) + vary.astype(x.dtype), own)
         carry = (s.params, s.opt_state, s.sync, s.comp_state, mine)
         (params, opt_state, buf, comp_state, (loss, model_state, aux)), _ = lax.scan(
