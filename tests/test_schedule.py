@@ -411,6 +411,28 @@ def test_survey_finding_mgwfbp_on_par_with_wfbp_ps(table):
             assert s["MG-WFBP"] >= 0.95 * s["WFBP-PS"]
 
 
+def test_survey_finding_rdma_nearly_doubles_mg_wfbp_on_bert_large():
+    """Sec. 4.2.4: "on BERT-Base and BERT-Large, MG-WFBP has nearly 2x speedups on 100GbIB than on
+    100GbE" -- BERT-Large's half (BERT-Base's is an xfail below)."""
+    lays = SV.layers_of("bert-large")
+    s = {n: SV.rows("bert-large", 32, N.get(n), layers=lays, methods=["MG-WFBP"])[0].speedup for n in NETS_E_IB}
+    assert 1.7 < s["survey-100GbIB"] / s["survey-100GbE"] < 2.3
+
+
+NETS_E_IB = ("survey-100GbE", "survey-100GbIB")
+
+
+@pytest.mark.xfail(strict=True, reason="not reproduced: see theory/planner.md, 'Scheduling', findings")
+def test_survey_finding_rdma_gains_resnet50_15_percent_and_bert_base_nearly_2x(table):
+    """Sec. 4.2.4: ResNet-50's WFBP-PS and WFBP-A2A about 15 % faster on 100GbIB than on 100GbE;
+    BERT-Base's MG-WFBP nearly 2x."""
+    r = {n: table[("resnet50", n, 32)] for n in NETS_E_IB}
+    b = {n: table[("bert-base", n, 32)] for n in NETS_E_IB}
+    for m in ("WFBP-PS", "WFBP-A2A"):
+        assert 1.08 < r["survey-100GbIB"][m] / r["survey-100GbE"][m] < 1.25
+    assert b["survey-100GbIB"]["MG-WFBP"] / b["survey-100GbE"]["MG-WFBP"] > 1.7
+
+
 def test_workloads_from_profiles_keep_the_survey_compute():
     """The profile gives the spread over layers, the survey's C the total: t_1 = M C / F."""
     for w in ("resnet50", "bert-base", "bert-large"):
