@@ -210,3 +210,9 @@ def test_size_class_initialisers_equal_jax_initialisers():
         init.lecun_normal(key, (3, 3, 4, 8)), jax.nn.initializers.lecun_normal()(key, (3, 3, 4, 8))
     )
     np.testing.assert_array_equal(init.normal(0.02)(key, (40, 8)), jax.nn.initializers.normal(0.02)(key, (40, 8)))
+
+
+def test_input_dtype_and_abstract_spec_come_from_the_model():
+    assert M.input_dtype("transformer") == "int32" and M.input_dtype("mlp") == "float32"
+    spec = M.abstract("mlp", (8,), 3, hidden=[4])
+    assert {tuple(x.shape) for x in jax.tree.leaves(spec.params)} == {(8, 4), (4,), (4, 3), (3,)}

@@ -114,6 +114,19 @@ def build(name: str, input_shape, num_classes: int, key, **hparams) -> ModelSpec
     return functional(factory(shape, num_classes, rngs=nnx.Rngs(params=_key(key)), **hparams))
 
 
+def abstract(name: str, input_shape, num_classes: int, **hparams) -> ModelSpec:
+    """The ``ModelSpec`` of ``build(name, ...)`` with shape-only parameters (no FLOPs; validated
+    the same way)."""
+    factory, shape = _checked(name, input_shape, num_classes, hparams)
+    return functional(nnx.eval_shape(lambda: factory(shape, int(num_classes), rngs=nnx.Rngs(params=0), **hparams)))
+
+
+def input_dtype(name: str) -> str:
+    """The dtype of model ``name``'s inputs: a model class's ``input_dtype`` (token ids for
+    language models), else float32."""
+    return str(getattr(_lookup(name), "input_dtype", "float32"))
+
+
 def initializer(name: str, input_shape, num_classes: int, **hparams) -> Callable:
     """A pure ``init(key) -> (params, model_state)`` for model ``name``: the same pytrees as
     ``build(name, input_shape, num_classes, key, **hparams)`` gives, but jit- and vmap-able, e.g.
@@ -134,6 +147,8 @@ def initializer(name: str, input_shape, num_classes: int, **hparams) -> Callable
 __all__ = [
     "ModelSpec",
     "build",
+    "abstract",
+    "input_dtype",
     "initializer",
     "names",
     "hparams_of",

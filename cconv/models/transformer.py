@@ -56,6 +56,8 @@ class Block(nnx.Module):
 class TransformerLM(nnx.Module):
     """Token + position embeddings, ``layers`` pre-LN blocks, final LN, untied output layer."""
 
+    input_dtype = "int32"  # token ids (``cconv.models.input_dtype``)
+
     def __init__(
         self,
         input_shape,

@@ -381,21 +381,19 @@ def from_model(
 
 
 def abstract_spec(model: str, input_shape: Sequence[int], num_classes: int, **hparams) -> Any:
-    """The ``ModelSpec`` of ``cconv.models.build`` with shape-only parameters (validated the same way)."""
-    from flax import nnx
-
+    """The ``ModelSpec`` of ``cconv.models.build`` with shape-only parameters (``cconv.models.abstract``)."""
     from cconv import models
-    from cconv.models.base import functional
 
-    factory, shape = models._checked(model, input_shape, num_classes, hparams)
-    return functional(nnx.eval_shape(lambda: factory(shape, int(num_classes), rngs=nnx.Rngs(params=0), **hparams)))
+    return models.abstract(model, input_shape, num_classes, **hparams)
 
 
 def _input(model: str, input_shape: Sequence[int], batch: int, dtype: Any) -> Any:
     import jax
     import jax.numpy as jnp
 
-    dtype = (jnp.int32 if model == "transformer" else jnp.float32) if dtype is None else dtype
+    from cconv import models
+
+    dtype = models.input_dtype(model) if dtype is None else dtype
     return jax.ShapeDtypeStruct((int(batch), *(int(s) for s in input_shape)), jnp.dtype(dtype))
 
 
