@@ -44,8 +44,8 @@ static list of collectives the step performs.  Steps without communication (loca
 ``cconv.engine.timing``) ``t_compute`` is multiplied by the synchronization mode's span of the
 step (``SyncMode.span``): BSP and local SGD wait for the slowest worker every step, SSP and ASP
 follow their event schedules (ASP: one logged step = P gradient arrivals).  SSP and ASP lines
-also carry ``staleness_mean`` / ``staleness_max`` (the mean over the logged steps since the
-previous line).  With ``schedule: bsp | wfbp | mg-wfbp | bytescheduler | fusion`` (and
+also carry ``staleness_mean`` / ``staleness_max`` (a line's mean over the logged steps since the
+previous line, and the largest: a step metric named ``*_max`` is a maximum, the others means).  With ``schedule: bsp | wfbp | mg-wfbp | bytescheduler | fusion`` (and
 ``servers:``) the step is instead one iteration of the event simulator over the run's own model
 profile, with the (spanned) compute and the measured exchange times spread over its layers
 (``cconv.theory.schedule.runs``), so overlap of communication with backpropagation shows in
@@ -703,6 +703,12 @@ def _must_flush(cfg: RunConfig, step: int, pending: int, stop_after: int | None)
     )
 
 
+def _is_max(name: str) -> bool:
+    """A step metric named ``*_max`` is a maximum: a line carries the largest since the previous
+    line; every other step metric, the mean."""
+    return name.endswith("_max")
+
+
 def _accumulate(
     problem: Problem, counters: Counters, clock: SimClock | None, pending: list[tuple[int, dict]]
 ) -> list[tuple[int, int, dict]]:
@@ -726,7 +732,7 @@ def _accumulate(
             a = counters.acc[i]
             for k, v in mi.items():
                 if not k.startswith("bytes_") and k != "density":
-                    a[k] = a.get(k, 0.0) + v
+                    a[k] = max(a.get(k, -math.inf), v) if _is_max(k) else a.get(k, 0.0) + v
             a["_n"] = a.get("_n", 0) + 1
             a["_last"] = mi
             a["_times"] = times
@@ -756,7 +762,7 @@ def _metric_line(
     last = a.pop("_last")
     times = a.pop("_times")
     for k, v in a.items():
-        line[k] = v / n
+        line[k] = v if _is_max(k) else v / n
     if test is not None:
         line.update(test)
     line["bytes_sent"] = last.get("bytes_sent", 0.0)
