@@ -45,9 +45,10 @@ static list of collectives the step performs.  Steps without communication (loca
 step (``SyncMode.span``): BSP and local SGD wait for the slowest worker every step, SSP and ASP
 follow their event schedules (ASP: one logged step = P gradient arrivals).  SSP and ASP lines
 also carry ``staleness_mean`` / ``staleness_max`` (a line's mean over the logged steps since the
-previous line, and the largest: a step metric named ``*_max`` is a maximum, the others means).  With ``schedule: bsp | wfbp | mg-wfbp | bytescheduler | fusion`` (and
-``servers:``) the step is instead one iteration of the event simulator over the run's own model
-profile, with the (spanned) compute and the measured exchange times spread over its layers
+previous line, and the largest: a step metric named ``*_max`` is a maximum, the others means).
+With ``schedule: bsp | wfbp | mg-wfbp | bytescheduler | fusion`` (and ``servers:``) the step
+is instead one iteration of the event simulator over the run's own model profile, with the
+(spanned) compute and the measured exchange times spread over its layers
 (``cconv.theory.schedule.runs``), so overlap of communication with backpropagation shows in
 ``sim_time``; without ``schedule`` the numbers are today's.
 """
