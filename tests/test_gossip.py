@@ -200,3 +200,25 @@ def test_run_config_default_digest_unchanged():
     assert all(getattr(cfg, k) == v for k, v in GOSSIP_FIELDS.items())
     d = cfg.to_dict()
     assert from_dict({"sync": "gossip"}).digest() != cfg.digest() and "sync" in d
+
+
+def test_the_simulated_clock_times_the_gossip_exchange_not_the_unused_gradient_plan():
+    """``SyncMode.exchange_work``: CHOCO's is its own step (compress x - x_hat, decode the
+    neighbours' messages) on a shape-only comm; BSP's is the gradient exchange."""
+    from cconv.engine.gossip import ChocoState
+    from cconv.engine.sync import sync_mode
+
+    params = make_params()
+    for kw, kind in (
+        (dict(sync="gossip", gossip="choco", compressor=C.topk(ratio=0.2), gossip_gamma=0.5), ChocoState),
+        (dict(compressor=C.topk(ratio=0.2)), dict),  # the exchange state: {"units", "server"}
+    ):
+        cfg = EngineConfig(workers=4, **kw)
+        tr = build(loss_fn, params, optax.sgd(0.1), cfg, model_state=make_model_state())
+        phase = tr.sync.phase(cfg, 0)
+        fn, args = sync_mode(cfg).exchange_work(cfg, tr.plan(phase), params)
+        out = fn(*args, jax.random.key(0))
+        assert isinstance(out[1], kind)
+        if kind is ChocoState:  # x_hat moved by the compressed difference: top-k 20 % of each leaf
+            moved = [np.count_nonzero(np.asarray(h)) for h in jax.tree.leaves(out[1].hat)]
+            assert 0 < sum(moved) < sum(x.size for x in jax.tree.leaves(params))

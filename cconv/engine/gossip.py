@@ -48,6 +48,7 @@ import jax.numpy as jnp
 from cconv import compressors as C
 from cconv import memory as M
 from cconv.comm import topology as T
+from cconv.comm.backend import DryComm
 from cconv.compressors.base import Compressor
 from cconv.engine.config import Phase
 from cconv.engine.step import apply_update, local_grad, reduce_metrics
@@ -204,6 +205,14 @@ class Gossip(SyncMode):
 
     def average_view(self, cfg) -> bool:
         return True
+
+    def exchange_work(self, cfg, plan, grads):
+        """The gossip step's own exchange: compress the model (D-PSGD) or x - x_hat (CHOCO) once,
+        decode one message per neighbour (a shape-only ``DryComm`` stands in for the permutes);
+        ``grads`` stands in for the model (same shapes)."""
+        del plan
+        comm, step = DryComm(cfg.workers), step_of(cfg)
+        return jax.jit(lambda x, s, k: gossip(comm, step, x, s, k)), (grads, init(step, grads))
 
     def dry(self, comm, ex, ws, phase) -> None:
         params, _ = gossip(comm, step_of(ex.config), ws.params, ws.sync, jax.random.PRNGKey(0))

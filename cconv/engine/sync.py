@@ -50,7 +50,7 @@ from cconv.comm.backend import DryComm
 from cconv.engine import timing
 from cconv.engine.config import ADAPTIVE, Phase, phase_of
 from cconv.engine.dropin import traffic_metrics
-from cconv.engine.exchange import exchange
+from cconv.engine.exchange import exchange, init_state
 from cconv.engine.step import StepContext, WorkerState, apply_update, local_grad, reduce_metrics
 
 
@@ -92,6 +92,14 @@ class SyncMode(abc.ABC):
 
     def average_view(self, cfg) -> bool:
         return False
+
+    def exchange_work(self, cfg, plan, grads) -> tuple[Any, tuple]:
+        """(jitted fn, args): the compute of one step's exchange that the simulated clock charges
+        (memory, compression, decoding of what a worker receives; the collectives themselves are a
+        shape-only ``DryComm``): by default the phase's gradient exchange ``plan``."""
+        comm = DryComm(cfg.workers)
+        state = init_state(plan, jax.tree.leaves(grads))
+        return jax.jit(lambda g, s, k: exchange(comm, plan, g, s, k)), (grads, state)
 
     def span(self, cfg, step: int) -> float:
         """Compute time of step ``step`` in units of one measured worker step (the simulated

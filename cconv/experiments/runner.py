@@ -299,17 +299,10 @@ class Calibration:
     def exchange_time(self, phase) -> float:
         name = repr(tuple(phase))
         if name not in self.data["exchange_time"]:
-            from cconv.comm.backend import DryComm
-            from cconv.engine.exchange import exchange, init_state
-
             self._setup()
             trainer = self.problem.trainer
-            plan = trainer.plan(phase)
-            leaves = jax.tree.leaves(self._grads)
-            state = init_state(plan, leaves)
-            comm = DryComm(self.problem.cfg.workers)
-            fn = jax.jit(lambda g, s, k: exchange(comm, plan, g, s, k))
-            self.data["exchange_time"][name] = _min_time(fn, self._grads, state, self._key)
+            fn, args = trainer.sync.exchange_work(trainer.cfg, trainer.plan(phase), self._grads)
+            self.data["exchange_time"][name] = _min_time(fn, *args, self._key)
         return self.data["exchange_time"][name]
 
 
