@@ -56,6 +56,20 @@ def test_digits_split_and_standardisation(digits):
     assert flat.input_shape == (64,) and flat.train["x"].shape == (1500, 64)
 
 
+def test_digits_are_read_exactly_as_scikit_learn_loads_them():
+    """cconv reads the digits file sklearn ships without importing sklearn (a speed-up of every
+    process that loads digits); the arrays are load_digits()'s, bit for bit."""
+    from sklearn.datasets import load_digits
+
+    from cconv.data.embedded import _load_digits
+
+    data, target = _load_digits()
+    raw = load_digits()
+    assert data.dtype == raw.data.dtype and data.tobytes() == raw.data.tobytes()
+    assert data.shape == raw.data.shape == (1797, 64)
+    assert target.dtype == raw.target.dtype and np.array_equal(target, raw.target)
+
+
 # ---------------------------------------------------------------------- synthetic known optima
 def test_info_is_json_serialisable(digits):
     for ds in (digits, D.load("least_squares"), D.load("logistic"), D.load("text", max_bytes=4096)):

@@ -1,18 +1,22 @@
-"""Launchers as registry objects: the registry, seeds support, and a fourth launcher added at
-test time (one class + one dict entry: ``jax.vmap`` over the workers on one device) that trains
-exactly like ``shard_map``."""
+"""Launchers as registry objects: the registry, seeds support, and a launcher added at test time
+(one class + one dict entry) that ``build`` finds by name and that trains like ``shard_map``.
+
+The launcher added here is a subclass of the real ``vmap`` launcher (``cconv.engine.launchers.Vmap``)
+under another name: a second, test-only vmap launcher would duplicate it, and ``vmap`` against
+``shard_map`` is tests/test_vmap_launcher.py's subject (CI: top-k + EF at P = 8, QSGD with a
+parameter server under ASP, the sync modes, seeds, P = 64).  CI runs the local-SGD case (top-k + EF
+with two local steps, a path test_vmap_launcher.py does not run); top-k + EF alone and QSGD are
+extended."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 from engine_util import loss_fn, make_model_state, make_params, run
 
 from cconv import compressors as C
-from cconv.comm.backend import MeshComm
 from cconv.engine import LAUNCHERS, EngineConfig, build
-from cconv.engine.launchers import Launcher
+from cconv.engine.launchers import Launcher, Vmap
 
 # every launcher compiles a training step: not in the fast subset (-m 'not slow')
 pytestmark = pytest.mark.slow
@@ -20,39 +24,10 @@ pytestmark = pytest.mark.slow
 W = 4
 
 
-class VmapLauncher(Launcher):
-    """Every worker on one device: the step is vmapped over a named worker axis.  (Partial
-    permutations -- the parameter server's push / pull -- need a full one under vmap.)"""
+class AddedLauncher(Vmap):
+    """A launcher registered at test time (here: the vmap launcher's behaviour under a new name)."""
 
     name = "test_vmap"
-
-    def __init__(self, cfg, devices=None, mpi_comm=None, seeds=None):
-        super().__init__(cfg, devices, mpi_comm, seeds)
-        self.platform = jax.devices()[0].platform
-
-    def comm(self):
-        return MeshComm(self.cfg.axis_name, self.workers, self.platform)
-
-    def init(self, worker_init, params, mstate, like_params=None, like_mstate=None):
-        return jax.jit(
-            lambda p, m: jax.tree.map(lambda x: jnp.broadcast_to(x, (self.workers, *jnp.shape(x))), worker_init(p, m))
-        )(params, mstate)
-
-    def compile(self, trace):
-        step = jax.vmap(
-            lambda ws, b, k: trace(self.comm(), ws, b, k), in_axes=(0, 0, None), axis_name=self.cfg.axis_name
-        )
-
-        @jax.jit
-        def fn(ws, batch, key):
-            batch = jax.tree.map(lambda x: x.reshape(self.workers, -1, *x.shape[1:]), batch)
-            new, metrics = step(ws, batch, key)
-            return new, jax.tree.map(lambda m: m[0], metrics)
-
-        return fn
-
-    def view(self, tree, average):
-        return jax.tree.map(lambda x: x.mean(0).astype(x.dtype) if average else x[0], tree)
 
 
 def test_registry():
@@ -81,14 +56,15 @@ def test_unknown_launcher_is_a_one_line_value_error():
 @pytest.mark.parametrize(
     "kw",
     [
-        dict(compressor=C.topk(ratio=0.2), memory="ef"),
-        dict(compressor=C.qsgd(levels=4)),
-        dict(compressor=C.topk(ratio=0.2), memory="ef", local_steps=2),
+        # extended: covered by test_vmap_launcher.py::test_vmap_equals_shard_map[topk-a2a-P8] and
+        # ::test_sync_modes_under_vmap_equal_shard_map[asp] (QSGD), and by local-sgd below
+        pytest.param(dict(compressor=C.topk(ratio=0.2), memory="ef"), marks=pytest.mark.extended, id="topk-ef"),
+        pytest.param(dict(compressor=C.qsgd(levels=4)), marks=pytest.mark.extended, id="qsgd"),
+        pytest.param(dict(compressor=C.topk(ratio=0.2), memory="ef", local_steps=2), id="local-sgd"),
     ],
-    ids=["topk-ef", "qsgd", "local-sgd"],
 )
 def test_a_launcher_added_at_test_time_equals_shard_map(monkeypatch, kw):
-    monkeypatch.setitem(LAUNCHERS, VmapLauncher.name, VmapLauncher)
+    monkeypatch.setitem(LAUNCHERS, AddedLauncher.name, AddedLauncher)
     mk = lambda launcher: build(
         loss_fn,
         make_params(),
@@ -97,6 +73,7 @@ def test_a_launcher_added_at_test_time_equals_shard_map(monkeypatch, kw):
         model_state=make_model_state(),
     )
     tv = mk("test_vmap")
+    assert type(tv.launcher) is AddedLauncher  # build found the added launcher by its name
     sv, hv = run(tv, 4)
     ts = mk("shard_map")
     ss, hs = run(ts, 4)

@@ -35,6 +35,10 @@ logistic
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
+import os
+
 import numpy as np
 
 from cconv.data.base import Dataset, numpy_rng, standardise_channels
@@ -62,14 +66,32 @@ def _check_float(name: str, value, low: float, strict: bool = False) -> float:
     return float(value)
 
 
+def _load_digits() -> tuple[np.ndarray, np.ndarray]:
+    """(data float64 (1797, 64), target) exactly as ``sklearn.datasets.load_digits()`` returns them:
+    its bundled ``datasets/data/digits.csv.gz`` parsed the way it parses it (``np.loadtxt``, comma
+    separated, the last column the label), without importing scikit-learn (about 2 s of imports,
+    scipy included, in every process that loads digits).  Falls back to ``load_digits`` where the
+    file is not at that place."""
+    spec = importlib.util.find_spec("sklearn")  # locates the package without importing it
+    path = None
+    if spec is not None and spec.origin is not None:
+        path = os.path.join(os.path.dirname(spec.origin), "datasets", "data", "digits.csv.gz")
+    if path is None or not os.path.isfile(path):
+        from sklearn.datasets import load_digits
+
+        raw = load_digits()
+        return raw.data, raw.target
+    with gzip.open(path, mode="rt", encoding="utf-8") as fh:
+        data = np.loadtxt(fh, delimiter=",")
+    return data[:, :-1], data[:, -1].astype(int)
+
+
 def digits(train_size: int = 1500, flat: bool = False) -> Dataset:
     """scikit-learn's 8x8 digits, standardised, fixed split (module docstring)."""
-    from sklearn.datasets import load_digits
-
     train_size = _check_int("train_size", train_size, 1, DIGITS_SIZE - 1)
-    raw = load_digits()
-    x = raw.data.reshape(-1, 8, 8, 1).astype(np.float64)
-    y = raw.target.astype(np.int32)
+    data, target = _load_digits()
+    x = data.reshape(-1, 8, 8, 1).astype(np.float64)
+    y = target.astype(np.int32)
     order = np.argsort(np.random.PCG64(0).random_raw(len(y)), kind="stable")
     tr, te = order[:train_size], order[train_size:]
     xtr, xte, mean, std = standardise_channels(x[tr], x[te])
