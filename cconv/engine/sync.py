@@ -392,14 +392,17 @@ class ASP(SyncMode):
 
         moving = host.shape[0] == 4  # static: arrivals computed away from their rows' device
         vary = jnp.asarray(rank) * 0  # zeros typed like per-worker values (shard_map's varying axes)
+        if moving:  # every device's rows on every device, once per step (one unrecorded sum)
+            slot = jnp.arange(comm.size) == rank
+            everyone = jax.tree.map(
+                lambda x: comm._psum(jnp.where(slot.reshape((-1,) + (1,) * x.ndim), x[None], jnp.zeros((), x.dtype))),
+                batch,
+            )
 
         def rows_of(j):
             if not moving:
                 return batch
-            # arrival j's rows (device j's shard) on every device: the others add zeros
-            return jax.tree.map(
-                lambda x: comm._psum(jnp.where(rank == j, x, jnp.zeros_like(x))) + vary.astype(x.dtype), batch
-            )
+            return jax.tree.map(lambda x: x[j] + vary.astype(x.dtype), everyone)  # arrival j's rows
 
         def arrival(carry, j):
             params, opt_state, buf, comp_state, mine = carry

@@ -199,7 +199,9 @@ class WandbWriter:
                 self.run.summary[k] = v
 
     def flush(self) -> None:
-        pass  # wandb's service process writes asynchronously; ``finish`` waits for it
+        """Nothing to force: wandb has no public flush (0.31); its service process writes the
+        run asynchronously and ``close`` (``run.finish``) waits for it.  The run's durable
+        record is ``metrics.jsonl`` (``JsonlWriter.flush``), not the wandb mirror."""
 
     def close(self, failed: bool = False) -> None:
         self.run.finish(exit_code=1 if failed else None)

@@ -163,15 +163,16 @@ class ParameterServer(NamedTuple):
         return ("pcie",) if self.dedicated else ()
 
     @property
+    def one_machine(self) -> bool:
+        """All workers in one node of a two-level network (BytePS then runs NCCL, no server)."""
+        return isinstance(self.net, N.Hierarchical) and self.workers <= self.net.per_node
+
+    @property
     def workers_decode_gathered(self) -> bool:
         """Whether the workers decode gathered payloads: with dedicated servers on several machines
         the servers do (their CPUs; not modelled) and reply dense; co-located, the server is a
         worker; on one machine BytePS runs NCCL's all-gather."""
-        if not self.dedicated:
-            return True
-        return _levels(self.net, self.workers)[1] == 1 or (
-            isinstance(self.net, N.Hierarchical) and self.workers <= self.net.per_node
-        )
+        return not self.dedicated or self.one_machine or self.workers == 1
 
     def stages(self, kind: str, nbytes: float, reply: float | None = None) -> tuple[tuple[str, float], ...]:
         if kind not in ("allreduce", "allgather"):
@@ -188,7 +189,7 @@ class ParameterServer(NamedTuple):
             t = N.collective_time("ps_push", n, p, self.net, servers=s)
             return (("push", t), ("pull", t))
         g, nodes, i, e = _levels(self.net, p)
-        if isinstance(self.net, N.Hierarchical) and p <= self.net.per_node:  # one machine: NCCL, no server
+        if self.one_machine:  # NCCL, no server
             g, nodes = p, 1
         local = (g - 1) * (i.alpha + n / g * i.beta)  # intra-node reduce-scatter (and all-gather)
         if nodes == 1:
@@ -214,7 +215,7 @@ class ParameterServer(NamedTuple):
                 ("pull", N.collective_time("ps_pull", d, p, self.net, servers=s)),
             )
         g, nodes, i, e = _levels(self.net, p)
-        if isinstance(self.net, N.Hierarchical) and p <= self.net.per_node:  # one machine: NCCL all-gather
+        if self.one_machine:  # NCCL's all-gather
             return (("pcie", N.collective_time("allgather", n, p, i)),)
         push = e.alpha + max(1.0, nodes / s) * g * n * e.beta  # the node's NIC carries its g payloads
         pull = e.alpha + max(1.0, nodes / s) * d * e.beta  # one reply per node
