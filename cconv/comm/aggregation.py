@@ -102,6 +102,7 @@ class AllToAll:
     """Collectives between the workers; every worker ends with the aggregate."""
 
     name = "all-to-all"
+    via_server = False  # messages go between the workers
 
     def mean(self, comm, tree):
         """Dense average: one allreduce."""
@@ -132,6 +133,7 @@ class ParameterServer:
     """Push to the server (rank 0), aggregate there, pull the reply (``comm.push`` / ``pull``)."""
 
     name = "parameter-server"
+    via_server = True  # messages are pushed to and pulled from a server
 
     def mean(self, comm, tree):
         """Dense average: push, server mean, pull."""

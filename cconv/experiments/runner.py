@@ -56,6 +56,7 @@ is instead one iteration of the event simulator over the run's own model profile
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -68,6 +69,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cconv.comm.aggregation import TRANSPORTS
 from cconv.engine.launchers import LAUNCHERS
 from cconv.experiments import io, writers
 from cconv.experiments.checkpoint import Checkpointer, CheckpointError, decode_host_state, encode_host_state
@@ -349,7 +351,7 @@ class SimClock:
             return compute + exchange + self._network.step_comm_time(colls, self.workers, net)
         from cconv.theory.schedule import runs
 
-        ps = cfg.architecture in ("parameter-server", "ps")
+        ps = TRANSPORTS[self.trainer.cfg.architecture].via_server
         return runs.step_time(
             self.profile,
             colls,
@@ -362,17 +364,15 @@ class SimClock:
             ps=ps,
         )
 
-    @property
+    @functools.cached_property
     def profile(self):
         """The run's model as layers (``cconv.theory.profiles.from_spec`` on the local batch)."""
-        if getattr(self, "_profile", None) is None:
-            from cconv.theory import profiles
+        from cconv.theory import profiles
 
-            p, cfg = self.calib.problem, self.cfg
-            x = np.asarray(p.ds.train["x"][:1])
-            b = jax.ShapeDtypeStruct((cfg.batch_size // cfg.workers, *x.shape[1:]), x.dtype)
-            self._profile = profiles.from_spec(cfg.model["name"], p.specs[0], b)
-        return self._profile
+        p, cfg = self.calib.problem, self.cfg
+        x = np.asarray(p.ds.train["x"][:1])
+        b = jax.ShapeDtypeStruct((cfg.batch_size // cfg.workers, *x.shape[1:]), x.dtype)
+        return profiles.from_spec(cfg.model["name"], p.specs[0], b)
 
 
 # --------------------------------------------------------------------------- the loop
