@@ -105,3 +105,68 @@ def test_device_sustained_rates_follow_their_derivation():
     for dev in D.DEVICES.values():
         assert dev.source and 0 < dev.flops < dev.peak_flops, dev.name  # sustained below the datasheet peak
         assert math.isfinite(dev.mem_bw) and dev.mem_bw > 1e11
+
+
+# --------------------------------------------------------------------------- cconv plan --cluster
+
+
+def _plan(*argv):
+    from cconv.theory import plan_cli
+
+    parser = argparse.ArgumentParser(prog="cconv plan")
+    plan_cli.add_arguments(parser)
+    return plan_cli.run(parser.parse_args(list(argv)))
+
+
+def test_plan_cluster_json_rows(capsys):
+    argv = ("--cluster", "2x4", "--intra", "NVLink", "--network", "25GbE", "--device", "v100", "--workload", "lstm")
+    assert _plan(*argv, "--methods", "none,topk,none-ps", "--ratios", "0.01", "--json") == 0
+    import json
+
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["method"] for r in rows] == ["none", "topk", "none-ps"]
+    assert rows[1]["knobs"] == {"ratio": 0.01} and rows[1]["compress_s"] > 0 == rows[0]["compress_s"]
+    for r in rows:
+        assert r["workers"] == 8 and r["network"] == "25GbE" and r["device"] == "v100"
+        parts = r["compute_s"] + r["compress_s"] + r["comm_s"]
+        assert r["iteration_time_s"] == pytest.approx(parts)
+        assert r["scaling_factor"] == pytest.approx(r["speedup"] / 8) and 0 < r["scaling_factor"] <= 1 + 1e-9
+    assert rows[0]["architecture"] == "hierarchical" and rows[2]["architecture"] == "byteps"
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--cluster", "0x8", "--workload", "resnet50"], "must be >= 1"),
+        (["--cluster", "2x8", "--device", "tpu", "--workload", "resnet50"], "unknown device"),
+        (["--cluster", "2x8", "--workload", "resnet50", "--overlap"], "cannot be combined with --cluster"),
+        (["--cluster", "2x8", "--workload", "resnet50", "--device-flops", "1e12"], "cannot be combined"),
+        (["--cluster", "2x8", "--workload", "resnet50", "--workers", "8"], "disagrees"),
+        (["--cluster", "2x8", "--params", "1000"], "cannot be combined"),
+        (["--cluster", "2x8"], "needs --workload"),
+        (["--cluster", "2x8", "--workload", "resnet50", "--methods", "survey"], "method sets"),
+        (["--cluster", "2x8", "--workload", "resnet50", "--methods", "zip"], "unknown method"),
+    ],
+)
+def test_plan_cluster_bad_input_one_line(argv, match, capsys):
+    assert _plan(*argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and match in err
+
+
+def test_predict_bounds_and_decomposition():
+    """Dense on one node of NVLink is near-linear; on 3 Gb/s Ethernet it is communication bound,
+    and a 1 % top-k then scales better than dense on 2 nodes (its all-gather moves (N-1) g = 8
+    payloads of 1/50 of the gradient per NIC, the dense all-reduce one gradient)."""
+    from cconv.theory import predict as PR
+
+    fast = PR.predict(CL.parse("1x8", "NVLink", "10GbE", "v100"), "resnet50", ["none"])[0]
+    assert fast.scaling_factor > 0.9
+    slow = CL.parse("2x8", "NVLink", "3GbE", "v100")
+    dense, topk = PR.predict(slow, "vgg16", ["none", "topk"], sweep={"ratio": [0.01]})
+    assert dense.scaling_factor < 0.5 < topk.scaling_factor
+    assert (
+        dense.comm_s > dense.compute_s > 0
+        and topk.compress_s > 0
+        and topk.bytes == pytest.approx(dense.bytes / 50, rel=1e-3)
+    )
