@@ -22,7 +22,7 @@ device      precision  sustained FLOP/s    peak (datasheet)  throughput it is de
 p100        fp32       5.32e12 (50 %)      10.6e12           219 img/s ResNet-50, TF benchmarks, DGX-1
 v100        fp32       8.92e12 (57 %)      15.7e12           367 img/s ResNet-50, NVIDIA DLE, DGX-1
 a100        tf32       2.28e13 (15 %)      156e12            938 img/s ResNet-50, NVIDIA DLE, DGX A100
-h100        tf32       4.94e13 (15 %)      (a100's share)    a100's sustained/peak x 494.7e12 (rule)
+h100        tf32       7.23e13 (15 %)      494.7e12          a100 share of peak (14.6 %) x 494.7e12 (rule)
 rtx2080ti   fp32       5.75e12 (43 %)      13.4e12           BERT-Large 163 ms at batch 8 (survey)
 ==========  =========  ==================  ===============  =========================================
 

@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 from cconv.theory import cluster as CL
 from cconv.theory import devices as D
+from cconv.theory import planner as PL
 from cconv.theory import predict as PR
 from cconv.theory import profiles as P
 from cconv.theory.schedule.survey import INTERFERENCE
@@ -45,8 +46,10 @@ KNOWN_MISSES = {
 }
 
 # the survey's seven methods as (schedule, planner method): BSP/WFBP/ByteScheduler x PS/all-to-all, MG-WFBP
-SURVEY_SEVEN = tuple((s, m) for s in ("bsp", "wfbp", "bytescheduler") for m in ("none-ps", "none")) + (
-    ("mg-wfbp", "none"),
+DENSE = PL.identity_name()
+DENSE_PS = f"{DENSE}-{PL.PS}"
+SURVEY_SEVEN = tuple((s, m) for s in ("bsp", "wfbp", "bytescheduler") for m in (DENSE_PS, DENSE)) + (
+    ("mg-wfbp", DENSE),
 )
 
 
@@ -87,7 +90,7 @@ CASES: tuple[Case, ...] = (
         "scaling",
         2855 / (8 * 367),
         DLE,
-        note="batch 112 (the repository's DGX-1V FP32 launch config)",
+        note="batch 112 (the repository's configs.yml, DGX1V FP32)",
     ),
     Case(
         "DGX A100 8xA100 TF32 ResNet-50",
@@ -100,7 +103,7 @@ CASES: tuple[Case, ...] = (
         "scaling",
         7248 / (8 * 938),
         DLE,
-        note="batch 256 (DGX A100 TF32 launch config)",
+        note="batch 256 (configs.yml, DGXA100 TF32)",
     ),
     Case(
         "DGX-1 8xV100 AMP ResNet-50",
@@ -115,7 +118,7 @@ CASES: tuple[Case, ...] = (
         DLE,
         one_gpu=1200,
         mem_bw=900e9,
-        note="device from the 1-GPU AMP 1200 img/s",
+        note="batch 256 (configs.yml); device from the 1-GPU AMP 1200 img/s",
     ),
     Case(
         "DGX A100 8xA100 AMP ResNet-50",
@@ -130,7 +133,7 @@ CASES: tuple[Case, ...] = (
         DLE,
         one_gpu=2470,
         mem_bw=2039e9,
-        note="device from the 1-GPU AMP 2470 img/s",
+        note="batch 256 (configs.yml); device from the 1-GPU AMP 2470 img/s",
     ),
     Case(
         "4xV100 NVLink BERT-Large b128",
@@ -282,7 +285,7 @@ def predict(case: Case) -> float:
     if case.best_of_survey:
         rows = [PR.predict(c, case.workload, [m], schedule=s, **kw)[0] for s, m in SURVEY_SEVEN]
     else:
-        rows = PR.predict(c, case.workload, ["none"], schedule=case.schedule, architecture=case.architecture, **kw)
+        rows = PR.predict(c, case.workload, [DENSE], schedule=case.schedule, architecture=case.architecture, **kw)
     best = max(rows, key=lambda r: r.speedup)
     return best.scaling_factor if case.metric == "scaling" else best.speedup
 
