@@ -35,3 +35,11 @@ def test_calibration_is_not_the_validated_number():
     case = next(c for c in V.CASES if c.one_gpu)
     one = case._replace(cluster="1x1", metric="speedup", schedule="bsp")  # no fusion cycle to wait for
     assert V.predict(one) == pytest.approx(1.0)
+
+
+def test_docs_table_is_the_models(rows):
+    """docs/clusters.md shows the table this code computes (regenerate it with the command there)."""
+    import pathlib
+
+    doc = pathlib.Path(__file__).resolve().parents[1] / "docs" / "clusters.md"
+    assert V.markdown(rows) in doc.read_text()
