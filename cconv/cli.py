@@ -280,7 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
         "Safe to interrupt at any moment and run again. Several sweeps may share "
         "one --out: a run another process is training (its directory is locked) "
         "is skipped and reported as in use, not waited for; run the sweep again "
-        "afterwards for the complete report.",
+        "afterwards for the complete report. A run already in --out whose stored config differs "
+        "from the sweep file's is refused (exit 2, nothing written), as is a non-empty --out that "
+        "is not a sweep directory (it has no sweep.json).",
     )
     s.add_argument("config", help="sweep file (YAML with 'base' and 'grid')")
     s.add_argument("--out", help="sweep directory (default: results/<sweep name>)")

@@ -24,8 +24,6 @@ from cconv.experiments import io, plotting, report
 from cconv.experiments.config import from_dict
 from cconv.experiments.runner import execute
 
-pytestmark = pytest.mark.slow  # trains tiny runs (a few seconds each)
-
 TINY = {
     "model": {"name": "mlp", "hidden": [8]},
     "data": "digits",
@@ -107,6 +105,7 @@ def _sweep_file(tmp_path, base_changes=None, lrs=(0.1,), name="s.yaml"):
     return str(spec)
 
 
+@pytest.mark.slow  # trains tiny runs (a few seconds each)
 def test_sweep_refuses_a_changed_config_before_writing_anything(tmp_path, capsys):
     """Before: the finished run was silently reused and report.csv mixed the old and new configs."""
     out = str(tmp_path / "sw")
@@ -120,6 +119,7 @@ def test_sweep_refuses_a_changed_config_before_writing_anything(tmp_path, capsys
     assert snapshot(out) == before  # nothing written, not even the new run lr=0.05
 
 
+@pytest.mark.slow  # trains tiny runs (a few seconds each)
 def test_sweep_reuses_only_runs_whose_config_is_unchanged(tmp_path, capsys):
     """A grid point added to the sweep file: the finished run (same config) is kept, the new one
     runs, and report.csv holds both, each with its own config."""
@@ -136,6 +136,7 @@ def test_sweep_reuses_only_runs_whose_config_is_unchanged(tmp_path, capsys):
     assert set(index["configs"]) == {"lr=0.1", "lr=0.05"}
 
 
+@pytest.mark.slow  # trains tiny runs (a few seconds each)
 def test_sweep_out_refuses_a_nonempty_directory_that_is_not_a_sweep(tmp_path, capsys):
     """Before: the sweep wrote its runs, sweep.json and report.csv among the user's files."""
     out = tmp_path / "mine"
@@ -195,6 +196,7 @@ FOREIGN = {
 }
 
 
+@pytest.mark.slow  # trains tiny runs (a few seconds each)
 @pytest.mark.timeout(120)  # before: a FIFO opened for writing blocked forever without a reader
 @pytest.mark.parametrize("case", FOREIGN)
 def test_a_link_or_foreign_file_in_a_run_directory_is_refused_untouched(case, interrupted, tmp_path, capsys):
@@ -214,6 +216,7 @@ def test_a_link_or_foreign_file_in_a_run_directory_is_refused_untouched(case, in
         assert snapshot(target.parent) == outside
 
 
+@pytest.mark.slow  # trains tiny runs (a few seconds each)
 def test_a_sweep_run_directory_that_is_a_link_is_refused(tmp_path, capsys):
     out = str(tmp_path / "sw")
     assert cli.main(["sweep", _sweep_file(tmp_path), "--out", out, "--no-figure"]) == 0
@@ -227,6 +230,7 @@ def test_a_sweep_run_directory_that_is_a_link_is_refused(tmp_path, capsys):
     assert snapshot(out) == before and snapshot(elsewhere) == outside
 
 
+@pytest.mark.slow  # trains tiny runs (a few seconds each)
 def test_report_and_figure_outputs_never_follow_a_link(finished, tmp_path, capsys):
     """``cconv report --csv`` and ``cconv plot --out`` replace only regular files of their own."""
     target = tmp_path / "outside.txt"
@@ -264,6 +268,7 @@ def test_open_file_refuses_links_and_foreign_types_without_blocking(tmp_path):
 # --------------------------------------------------------------------------- rule 3: a failed resume loses nothing
 
 
+@pytest.mark.slow  # trains tiny runs (a few seconds each)
 def test_a_resume_whose_checkpoint_path_is_not_a_directory_loses_no_metric_line(interrupted, tmp_path, capsys):
     """Before: metrics.jsonl was emptied (no checkpoint found), then the first save failed (exit 1)."""
     d = _copy(interrupted, tmp_path)
@@ -275,6 +280,7 @@ def test_a_resume_whose_checkpoint_path_is_not_a_directory_loses_no_metric_line(
     assert snapshot(d) == before
 
 
+@pytest.mark.slow  # trains tiny runs (a few seconds each)
 def test_a_resume_that_fails_to_start_cuts_nothing(interrupted, tmp_path, monkeypatch):
     """Any failure between the restore and the first new step (here: the metric writers cannot be
     opened) leaves metrics.jsonl as it was.  Before: it was cut back to the checkpoint's step 8."""
@@ -336,6 +342,7 @@ def writes_under(root):
         _WATCH["root"] = None
 
 
+@pytest.mark.slow  # trains tiny runs (a few seconds each)
 def test_a_finished_run_again_writes_nothing(finished, tmp_path, capsys):
     """Before: the CLI probed its parent directory with a temporary file and ``execute`` created
     and removed a .lock, so a finished run failed on a read-only file system."""
@@ -355,6 +362,7 @@ def test_a_finished_run_again_writes_nothing(finished, tmp_path, capsys):
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.slow  # trains tiny runs (a few seconds each)
 def test_a_finished_sweep_again_writes_nothing(tmp_path, capsys):
     """Before: sweep.json and report.csv were rewritten (and the write probe created) every time."""
     out = str(tmp_path / "sw")
@@ -369,27 +377,29 @@ def test_a_finished_sweep_again_writes_nothing(tmp_path, capsys):
     assert snapshot(tmp_path) == before
 
 
-def _unshare_ro_works() -> bool:
+RO_MOUNT = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && ! touch "$0/.probe" 2>/dev/null'
+
+
+def _unshare_ro_works(path) -> bool:
+    """Can this user mount ``path`` read-only in a private mount namespace (``unshare -rm``)?"""
     if not shutil.which("unshare"):
         return False
-    probe = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", "mount --bind /tmp /tmp && mount -o remount,bind,ro /tmp && ! touch /tmp/.x"],
-        capture_output=True,
-    )
-    return probe.returncode == 0
+    return subprocess.run(["unshare", "-rm", "sh", "-c", RO_MOUNT, str(path)], capture_output=True).returncode == 0
 
 
-@pytest.mark.skipif(not _unshare_ro_works(), reason="needs unshare -rm and a read-only bind mount (user namespaces)")
+@pytest.mark.slow  # trains tiny runs (a few seconds each)
 def test_a_finished_run_again_succeeds_on_a_read_only_file_system(finished, tmp_path):
     """A real process in a private mount namespace where the results tree is mounted read-only
     (EROFS applies to root too): ``cconv run`` of the finished run exits 0 and says nothing to do."""
+    ro = str(tmp_path / "ro")  # the run directory and its parent (where a write probe would go)
     d = _copy(finished, tmp_path / "ro")
     cfg = _config(tmp_path)
+    if not _unshare_ro_works(ro):
+        pytest.skip("needs unshare -rm and a read-only bind mount (unprivileged user namespaces)")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env.update(JAX_PLATFORMS="cpu", CCONV_PROGRESS="0", PYTHONPATH=root)
-    ro = str(tmp_path / "ro")
-    script = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && ! touch "$0/x" 2>/dev/null && exec "$@"'
+    script = RO_MOUNT + ' && exec "$@"'
     argv = ["unshare", "-rm", "sh", "-c", script, ro, sys.executable, "-m", "cconv", "run", cfg, "--out", d]
     r = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -413,6 +423,7 @@ def _damage(d):
     return good
 
 
+@pytest.mark.slow  # trains tiny runs (a few seconds each)
 def test_report_of_a_sweep_with_one_damaged_run(finished, tmp_path, capsys):
     """Before: the step "abc" was shown as the run's final step (or the report failed)."""
     sw = tmp_path / "sw"
@@ -433,6 +444,7 @@ def test_report_of_a_sweep_with_one_damaged_run(finished, tmp_path, capsys):
     assert good_dir
 
 
+@pytest.mark.slow  # trains tiny runs (a few seconds each)
 def test_plot_of_a_sweep_with_one_damaged_run(finished, tmp_path, capsys):
     sw = tmp_path / "sw"
     sw.mkdir()
@@ -449,6 +461,7 @@ def test_plot_of_a_sweep_with_one_damaged_run(finished, tmp_path, capsys):
     assert all(isinstance(s, int) for s in df["step"])
 
 
+@pytest.mark.slow  # trains tiny runs (a few seconds each)
 def test_a_run_with_a_damaged_config_is_left_out_with_one_warning(finished, tmp_path, capsys):
     sw = tmp_path / "sw"
     sw.mkdir()
@@ -461,6 +474,7 @@ def test_a_run_with_a_damaged_config_is_left_out_with_one_warning(finished, tmp_
     assert out.count("\n") == 2 and ",completed," in out  # the header and run a
 
 
+@pytest.mark.slow  # trains tiny runs (a few seconds each)
 def test_a_damaged_summary_is_status_unknown_not_data(finished, tmp_path):
     d = _copy(finished, tmp_path)
     for text in ('{"status": 5}', '{"status": "completed", "per_seed": [1]}', "\xff"):

@@ -5,11 +5,14 @@ The loop (``execute``) is the whole protocol that makes results survive a kill:
 1. ``metrics.jsonl`` lines for steps ``<= s`` are written (one fsync'ed write each) before the
    checkpoint of step ``s`` is saved; orbax saves atomically (temporary directory + rename).
 2. On start, if a checkpoint exists, the state, the data iterator, the PRNG position and the
-   running counters (cumulative bytes, simulated time, wall time) are restored from it and the
+   running counters (cumulative bytes, simulated time, wall time) are restored from it and, once
+   the restart is known to proceed (checkpoint restored, clock calibrated, writers open), the
    metrics file is cut back to the lines with ``step <= s`` (a partial last line included; a
-   damaged line before that point is kept and reported, never a reason to cut).  With no
-   checkpoint the metrics file is emptied.  Per-step PRNG keys are ``fold_in(key, step)``, so
-   the resumed run computes exactly the steps it lost.
+   damaged line before that point is kept and reported, never a reason to cut): a resume that
+   fails loses no line.  With no checkpoint the metrics file is emptied (at the same point).
+   Per-step PRNG keys are ``fold_in(key, step)``, so the resumed run computes exactly the steps
+   it lost.  Run files are opened through ``io.open_file`` / ``io.ensure_dir`` (no links, no
+   foreign file types), and a finished run is recognized reading only (``stored_run``).
 3. ``summary.json`` is replaced atomically: ``running`` at start, then ``completed``, ``diverged``
    (a non-finite loss; the run stops, the sweep goes on) or ``failed`` (with the error).
 4. The final checkpoint (step ``steps``, or the step at which every seed had diverged) is saved

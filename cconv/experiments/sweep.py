@@ -271,10 +271,12 @@ def read_index(out: str) -> dict | None:
 def check_out(out: str, source: str, runs: list[SweepRun]) -> dict | None:
     """Refuse, reading only, a sweep into ``out`` that would mix configs or touch what cconv did not
     create (module docstring, step 2); returns the existing index (``read_index``)."""
-    from cconv.experiments import runner
+    from cconv.experiments import runner  # imports jax: only after the CLI set the device count
 
     index = read_index(out)
-    made = (index or {}).get("configs") or {}
+    if index is None:  # a new (absent or empty) directory, or not one at all (check_writable says so)
+        return None
+    made = index.get("configs") or {}
     for r in runs:
         rd = os.path.join(out, r.name)
         if not io.check_entry(rd, want_dir=True):
