@@ -240,19 +240,14 @@ def check(combo: Combo, platforms=PLATFORMS) -> list[Result]:
     return out
 
 
-def run_checks(platforms=PLATFORMS, full: bool = False, progress=None) -> list[Result]:
-    """``check`` over ``combos(full)``; ``progress(i, n, combo)`` is called before each."""
+def run_checks(platforms=PLATFORMS, full: bool = False) -> list[Result]:
+    """``check`` over ``combos(full)``."""
     if len(jax.devices("cpu")) < WORKERS:
         raise ValueError(
             f"cconv doctor needs {WORKERS} CPU devices: set XLA_FLAGS=--xla_force_host_platform_device_count="
             f"{WORKERS} before jax starts (the cconv CLI does)"
         )
-    todo, out = combos(full), []
-    for i, combo in enumerate(todo):
-        if progress is not None:
-            progress(i, len(todo), combo)
-        out += check(combo, platforms)
-    return out
+    return [r for combo in combos(full) for r in check(combo, platforms)]
 
 
 # ----------------------------------------------------------------------------- the table
