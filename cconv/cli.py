@@ -373,6 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--csv", metavar="FILE", help="also write the full table as CSV ('-' prints CSV only)")
     rp.set_defaults(func=cmd_report)
 
+    from cconv import doctor
+
+    doctor.register(sub)
     from cconv.theory import plan_cli
 
     plan = plan_cli.register(sub)
