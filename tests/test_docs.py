@@ -88,3 +88,17 @@ def test_pages_render_in_chromium_with_images_and_links(site):
     import check_docs_site
 
     assert check_docs_site.main([site, "--pages", "index.html", "dropin.html"]) == 0
+
+
+README = os.path.join(ROOT, "README.md")
+
+
+def test_readme_is_short_runs_as_printed_and_links_to_pages_that_exist(capsys):
+    text = open(README, encoding="utf-8").read()
+    assert len(text.splitlines()) <= 200
+    (block,) = FENCE.findall(text)  # the drop-in example
+    exec(compile(block, "README.md", "exec"), {"__name__": "readme"})
+    assert "56.0 B sent per worker per step" in capsys.readouterr().out  # top-k of 32 entries: k = 1, 8 B, 7 peers
+    links = re.findall(r"\]\(((?:docs|theory|paper_figures)/[^)#]+)\)", text)
+    assert len(links) >= 13 and all(os.path.exists(os.path.join(ROOT, p)) for p in links), links
+    assert "<!-- BEGIN quickstart-main -->" in text and "<!-- END quickstart-main -->" in text
