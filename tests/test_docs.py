@@ -102,3 +102,22 @@ def test_readme_is_short_runs_as_printed_and_links_to_pages_that_exist(capsys):
     links = re.findall(r"\]\(((?:docs|theory|paper_figures)/[^)#]+)\)", text)
     assert len(links) >= 13 and all(os.path.exists(os.path.join(ROOT, p)) for p in links), links
     assert "<!-- BEGIN quickstart-main -->" in text and "<!-- END quickstart-main -->" in text
+
+
+def test_every_compressor_factory_has_help_with_its_formula_knobs_and_defaults():
+    """help(cconv.compressors.<name>) gives the module's text (formula, paper, bytes) and the knobs,
+    defaults and aggregation read from the registry entry (before: the private factory's docstring)."""
+    import pydoc
+
+    import cconv
+
+    for name in cconv.compressors.names():
+        factory = getattr(cconv.compressors, name)
+        entry = cconv.compressors.entry(name)
+        text = pydoc.render_doc(factory, renderer=pydoc.plaintext)
+        first = sys.modules[entry.factory.__module__].__doc__.strip().splitlines()[0]
+        assert first in text and "Hyper-parameters" in text, name
+        for p in entry.schema.params:
+            assert f"{p.name}={p.default!r}: {p.describe()}" in text, (name, p.name)
+        assert "Aggregation:" in text, name
+    assert "A tie" in cconv.compressors.signsgd.__doc__ and "resolves to +1" in cconv.compressors.signsgd.__doc__
