@@ -37,7 +37,7 @@ from jax.sharding import PartitionSpec as P
 
 import cconv
 
-LAYERS, WIDTH, BATCH = 8, 512, 512
+LAYERS, WIDTH = 8, 512
 CONFIGS = {"dense (none)": ("none", "none"), "top-k 1% + EF": ("topk", "ef")}
 
 
@@ -87,10 +87,10 @@ def timed(f, *args, reps=5):
     return (time.perf_counter() - t) / reps
 
 
-def measure(workers: int, rounds: int) -> dict:
+def measure(workers: int, rounds: int, batch: int) -> dict:
     mesh = jax.make_mesh((workers,), ("data",), devices=jax.devices()[:workers])
     params = make_params(jax.random.PRNGKey(0))
-    x = jax.device_put(jax.random.normal(jax.random.PRNGKey(1), (BATCH, WIDTH)), NamedSharding(mesh, P("data")))
+    x = jax.device_put(jax.random.normal(jax.random.PRNGKey(1), (batch, WIDTH)), NamedSharding(mesh, P("data")))
     key = jax.random.PRNGKey(2)
     progs = {}
     for label, (name, memory) in CONFIGS.items():
@@ -125,7 +125,7 @@ def figure(result: dict, path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     labels = list(result)
-    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
     y = np.arange(len(labels))
     for i, label in enumerate(labels):
         r = result[label]
@@ -143,7 +143,7 @@ def figure(result: dict, path: str, title: str) -> None:
     ax.set_yticks(y, labels)
     ax.set_xlabel("milliseconds per call (median)")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=3, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -152,9 +152,10 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--batch", type=int, default=64, help="global batch (small: backward comparable to the exchange)")
     ap.add_argument("--out", default=None, help="directory for overlap_<backend>.json/.png (default: print only)")
     args = ap.parse_args(argv)
-    result = measure(args.workers, args.rounds)
+    result = measure(args.workers, args.rounds, args.batch)
     backend = jax.default_backend()
     for label, r in result.items():
         print(
@@ -165,10 +166,11 @@ def main(argv=None) -> dict:
         )
     if args.out:
         meta = {"backend": backend, "workers": args.workers, "rounds": args.rounds, "jax": jax.__version__}
-        meta.update(layers=LAYERS, width=WIDTH, batch=BATCH, cpu_count=os.cpu_count())
+        meta.update(layers=LAYERS, width=WIDTH, batch=args.batch, cpu_count=os.cpu_count())
         with open(os.path.join(args.out, f"overlap_{backend}.json"), "w") as f:
             json.dump({"meta": meta, "result": result}, f, indent=1)
-        title = f"{LAYERS}-layer MLP ({WIDTH} wide), {args.workers} workers, {backend}, jax {jax.__version__}"
+        title = f"{LAYERS}-layer MLP ({WIDTH} wide, batch {args.batch}), {args.workers} workers, {backend}"
+        title += f", jax {jax.__version__}"
         figure(result, os.path.join(args.out, f"overlap_{backend}.png"), title)
     return result
 
