@@ -3,14 +3,22 @@ move exactly the bytes their compressor's payloads have, keep cconv's state per 
 BatchNorm statistics equal on every worker (or warn when they are left to drift)."""
 
 import math
+import os
+import socket
+import subprocess
+import sys
 import warnings
 
 import jax
 import numpy as np
+import pytest
 
 import cconv
 from cconv.engine.ddp import ModelStateDivergenceWarning
-from examples import flax_linen, flax_nnx, optax_plain
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # examples/ is not installed: import it from the checkout
+from examples import flax_linen, flax_nnx, optax_plain  # noqa: E402
 
 W, STEPS = 2, 48
 quiet = lambda *a: None
@@ -92,3 +100,33 @@ def test_nnx_recipe_trains_with_an_optimizer_created_outside_the_map():
     opt = out["state"][1]["opt_state"][0]
     res = [v.get_value() for v in jax.tree.leaves(opt["exchange"], is_leaf=lambda x: hasattr(x, "get_value"))]
     assert per_worker(res)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_optax_recipe_two_process_launch_of_its_docs_page():
+    """The console commands of docs/dropin.md: two processes (jax.distributed, gloo), one simulated
+    device each; both finish and report the same losses (one program over both processes)."""
+    root = ROOT
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=1", PYTHONPATH=root, JAX_PLATFORMS="cpu")
+    env.update(CCONV_COORDINATOR=f"127.0.0.1:{port}", CCONV_NUM_PROCESSES="2")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "examples/optax_plain.py"],
+            cwd=root,
+            env={**env, "CCONV_PROCESS_ID": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=540)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    losses = [[line for line in out.splitlines() if line.startswith("step ")] for out in outs]
+    assert len(losses[0]) == 14 and losses[0] == losses[1]
+    assert "over 2 workers" in outs[0]
