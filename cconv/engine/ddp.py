@@ -178,9 +178,16 @@ def nnx_split(model, optimizer, mesh, axis_name: str = "data"):
 
     def is_per_worker(path) -> bool:
         names = _path_names(path)
+        names = names[:-1] if names[-1:] == ("value",) else names  # the Variable's array
         return "opt_state" in names and names[names.index("opt_state") + 1 :] in per_worker
 
     specs = jax.tree_util.tree_map_with_path(lambda path, _: P(axis_name) if is_per_worker(path) else P(), state)
+    found = sum(is_per_worker(path) for path, _ in jax.tree_util.tree_leaves_with_path(state))
+    if found != len(per_worker):  # never fall back to replicating cconv's state silently
+        raise ValueError(
+            f"nnx_split: found {found} of the {len(per_worker)} per-worker leaves of the optimizer's cconv state "
+            f"in nnx.state((model, optimizer)); was the optimizer built as nnx.Optimizer(model, tx, wrt=...)?"
+        )
 
     def place(path, x):
         if is_per_worker(path):
