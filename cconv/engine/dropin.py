@@ -22,6 +22,10 @@ the engine's also carries its metrics' all-reduce).
 Compression needs each worker's *own* gradient.  Under ``jax.shard_map``'s default
 ``check_vma=True``, ``jax.grad`` of replicated parameters is already summed over the axis;
 ``Exchange`` detects such gradients (their type does not vary along the axis) and raises.
+
+What DDP users expect around it (the optimizer state laid out per worker and its partition specs,
+per-worker PRNG keys, BatchNorm statistics kept in sync) is in ``cconv.engine.ddp``; recipes for
+optax, Flax Linen and Flax NNX are in ``examples/`` and ``docs/dropin.md``.
 """
 
 from __future__ import annotations
