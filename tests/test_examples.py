@@ -54,6 +54,7 @@ def test_optax_recipe_trains_moves_the_payload_bytes_and_keeps_residuals_per_wor
     assert per_worker(res)  # one residual per worker, not worker 0's copied
 
 
+@pytest.mark.slow  # the fast subset keeps the optax recipe and the drift warning
 def test_linen_recipe_trains_with_batchnorm_dropout_and_per_worker_residuals():
     c = cconv.compressors.topk(ratio=0.05)
     out = flax_linen.main(steps=STEPS, workers=W, compressor=c, log=quiet)
@@ -76,6 +77,7 @@ def test_linen_recipe_warns_once_when_batch_statistics_drift_apart():
     )
 
 
+@pytest.mark.slow  # the fast subset keeps the optax recipe and the drift warning
 def test_linen_recipe_with_synchronized_batchnorm_does_not_drift():
     cconv.engine.ddp._WARNED.clear()
     with warnings.catch_warnings(record=True) as caught:
@@ -86,6 +88,7 @@ def test_linen_recipe_with_synchronized_batchnorm_does_not_drift():
     assert not drift, [str(w.message) for w in drift]
 
 
+@pytest.mark.slow  # the fast subset keeps the optax recipe and the drift warning
 def test_nnx_recipe_trains_with_an_optimizer_created_outside_the_map():
     c = cconv.compressors.topk(ratio=0.05)
     out = flax_nnx.main(steps=STEPS, workers=W, compressor=c, log=quiet)
