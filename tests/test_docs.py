@@ -70,6 +70,7 @@ def site(tmp_path_factory):
     return str(out)
 
 
+@pytest.mark.slow  # 8 s on a quiet machine, 30 s at load 34 (its browser check shares the build)
 def test_site_builds_without_warnings_and_has_the_generated_table(site):
     import cconv
 
@@ -79,6 +80,7 @@ def test_site_builds_without_warnings_and_has_the_generated_table(site):
     assert os.path.exists(os.path.join(site, "api.html")) and "Exchange" in open(os.path.join(site, "api.html")).read()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     shutil.which("chromium") is None, reason="Debian's chromium is not installed (scripts/setup.sh installs it)"
 )
