@@ -851,6 +851,48 @@ def warn_error_feedback(cfg: RunConfig, shapes: Iterable) -> None:
     )
 
 
+class SignLearningRateWarning(UserWarning):
+    """A compressor whose output is not bounded by its input (signSGD's +-1 per coordinate) under
+    plain SGD with a learning rate of SGD's range (the CLI prints it as one line)."""
+
+    one_line = True
+
+
+# SGD's learning rates (0.01 to 1) are chosen for gradients whose entries are far below 1; with
+# outputs of size 1 per coordinate they move every coordinate by lr per step.
+SGD_TUNED_LR = 0.01
+
+
+def warn_sign_learning_rate(cfg: RunConfig, shapes: Iterable) -> None:
+    """Warn once per compressor and lr when plain SGD with lr >= SGD_TUNED_LR runs a compressor
+    whose registry bound says it is not even non-expansive (``Bound(kind="biased", delta=None)``,
+    ``cconv.theory.constants``): its update is not scaled to the gradient, so the learning rate
+    must be retuned (decided from the entry; no compressor is named here)."""
+    from cconv.theory import constants
+
+    if cfg.optimizer.get("name") != "sgd" or not isinstance(cfg.lr, (int, float)) or cfg.lr < SGD_TUNED_LR:
+        return
+    c = make_compressor(cfg.compressor)
+    for s in sorted(set(compressed_shapes(cfg, shapes))):
+        try:
+            k = constants.constants(c, s)
+        except ValueError:  # no constants for this compressor: nothing to say
+            return
+        if k.kind == "biased" and k.delta is None and (c.name, cfg.lr) not in _WARNED:
+            _WARNED.add((c.name, cfg.lr))
+            import warnings
+
+            warnings.warn(
+                f"{c.name} is not scaled to the gradient (not even non-expansive, cconv.theory.constants: "
+                f"each coordinate of its update is +-1) and runs under optimizer sgd with lr {cfg.lr:g}, a "
+                f"learning rate for SGD: every coordinate moves by lr per step; retune lr (e.g. 10-100x smaller) "
+                f"or use a scaled variant",
+                SignLearningRateWarning,
+                stacklevel=2,
+            )
+            return
+
+
 # --------------------------------------------------------------------------- engine
 
 
@@ -886,6 +928,7 @@ def engine_config(cfg: RunConfig, shapes: Iterable | None = None) -> EngineConfi
     if shapes is not None:
         shapes = list(shapes)
         warn_error_feedback(cfg, shapes)
+        warn_sign_learning_rate(cfg, shapes)
         ef_scale = ef_scale_of(cfg, shapes)
     else:
         ef_scale = 1.0 if cfg.ef_scale in (None, "auto") else cfg.ef_scale
