@@ -27,6 +27,8 @@ import os
 import sys
 import threading
 
+from cconv.experiments.signals import Interrupted
+
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
 
@@ -461,6 +463,10 @@ def main(argv: list[str] | None = None) -> int:
 
             return int(plan_cli.run(args) or 0)
         return int(args.func(args) or 0)
+    except Interrupted as e:  # SIGTERM/SIGINT during training: checkpointed, summary says interrupted
+        at = f"checkpoint saved at step {e.step}" if e.step is not None else "stopped at once (second signal)"
+        print(f"cconv: {e.name}: {at}; run the same command again to resume", file=sys.stderr)
+        return e.exit_code  # 128 + signal: 143 (SIGTERM), 130 (SIGINT)
     except KeyboardInterrupt:
         print("cconv: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
