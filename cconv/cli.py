@@ -464,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
             return int(plan_cli.run(args) or 0)
         return int(args.func(args) or 0)
     except Interrupted as e:  # SIGTERM/SIGINT during training: checkpointed, summary says interrupted
-        at = f"checkpoint saved at step {e.step}" if e.step is not None else "stopped at once (second signal)"
+        at = f"checkpoint saved at step {e.step}" if e.step is not None else "stopped at the last checkpoint"
         print(f"cconv: {e.name}: {at}; run the same command again to resume", file=sys.stderr)
         return e.exit_code  # 128 + signal: 143 (SIGTERM), 130 (SIGINT)
     except KeyboardInterrupt:
