@@ -22,13 +22,17 @@ errors``); a survivor blocked at exit waits for that.  ``initialize`` instead se
 timeout to ``HEARTBEAT_TIMEOUT`` seconds, turns on ``jax_enable_recoverability`` (a task's death
 is no longer a fatal error pushed to the others) and starts a ``PeerWatch`` thread in every
 process: it asks the coordination service which processes are alive (``get_live_nodes``, a
-barrier of the live processes, once per ``WATCH_PERIOD``).  When one is missing, or the service
-itself (on process 0) is unreachable, every survivor prints one line naming the lost process and
-exits at once with ``PEER_LOST_EXIT`` (75, ``EX_TEMPFAIL``: start the run again; it resumes from
-its last checkpoint).  A collective that fails because its peer died (gloo: "Connection closed
-by peer") leaves the decision to the watch (``sys.excepthook`` waits for its next round), so
-that error too ends in that one line.  ``shutdown`` (also run at exit) first waits at a barrier
-for every process, so that process 0, which hosts the service, never leaves before the others.
+barrier of the live processes, once per ``WATCH_PERIOD``).  When one is missing, every survivor
+prints one line naming the lost process and exits at once with ``PEER_LOST_EXIT`` (75,
+``EX_TEMPFAIL``: start the run again; it resumes from its last checkpoint).  A collective that
+fails because its peer died (gloo: "Connection closed by peer") leaves the decision to the watch
+(``sys.excepthook`` waits for its next round), so that error too ends in that one line; an
+uncaught error of the process itself is printed as usual and the process leaves at once (the
+others then find it lost).  ``shutdown`` (also run at exit) first waits at a barrier for every
+process, so that process 0, which hosts the service, never leaves before the others.  When
+process 0 dies, the service dies with it and JAX's client aborts the others at once from its own
+thread (SIGABRT, with its C++ stack trace); jaxlib 0.10 gives Python no way to replace that
+(its ``missed_heartbeat_callback`` aborts with ``std::bad_cast`` when given a Python function).
 """
 
 from __future__ import annotations
@@ -141,7 +145,8 @@ class PeerWatch:
         previous = sys.excepthook
 
         def excepthook(*exc):  # an error of this process, or a collective whose peer died?
-            cls.settle()
+            cls.settle()  # a lost peer ends the process here, with the watch's line
+            cls.thread = None  # an error of its own: leave without waiting for the others (finish)
             previous(*exc)
 
         sys.excepthook = excepthook
@@ -156,7 +161,10 @@ class PeerWatch:
             except Exception as e:  # noqa: BLE001 - the service is gone: process 0 hosts it
                 lost, why = [0], f"the coordination service on process 0 is unreachable ({type(e).__name__})"
             else:
-                lost, why = sorted(set(range(n)) - set(live)), f"no heartbeat for {cls.heartbeat} s"
+                lost, why = (
+                    sorted(set(range(n)) - set(live)),
+                    f"gone from the coordination service; heartbeat timeout {cls.heartbeat} s",
+                )
             if lost and me not in lost:
                 # at the normal end the others leave (and process 0's service stops) right after
                 # the end barrier: not a loss if this process passed it too

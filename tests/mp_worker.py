@@ -8,6 +8,7 @@ Writes OUT (rank 0): the loss trajectory and the final parameters, as .npz.
 
     python tests/mp_worker.py ckpt-single OUT              # the checkpointed run, 1 process, 2 devices
     python tests/mp_worker.py ckpt-jaxdist OUT RANK PORT   # the same, 2 processes
+    mpirun -np 2 python tests/mp_worker.py mpi-long OUT    # 2000 steps under mpirun (to kill a rank)
 
 The checkpointed run (top-k + EF, ``CKPT_STEPS`` steps) saves a cconv checkpoint (orbax, every
 process writes its shards) into ``OUT.ckpt`` every ``CKPT_EVERY`` steps and resumes from the
@@ -43,7 +44,7 @@ CKPT_STEPS, CKPT_EVERY = 40, 8
 if mode in ("jaxdist", "ckpt-jaxdist"):
     rank, port = int(sys.argv[3]), int(sys.argv[4])
     distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=rank, initialization_timeout=60)
-launcher = "mpi" if mode == "mpi" else "shard_map"
+launcher = "mpi" if mode.startswith("mpi") else "shard_map"
 
 
 def checkpointed_run() -> None:
@@ -72,6 +73,23 @@ def checkpointed_run() -> None:
     params = {k: np.asarray(jax.device_get(v)) for k, v in tr.params(state).items()}
     if tr.launcher.is_main():
         np.savez(out, resumed_from=np.array(start), **params)
+
+
+def long_mpi_run() -> None:
+    """Steps until killed; each rank writes ``PID STEP`` to ``OUT.progress<RANK>``."""
+    tr = build(
+        loss_fn,
+        make_params(),
+        optax.sgd(0.1),
+        EngineConfig(workers=2, launcher="mpi", compressor=C.topk(ratio=0.2), memory="ef"),
+        model_state=make_model_state(),
+    )
+    state, rank = tr.init(), tr.launcher.mpi.rank()
+    for t in range(2000):
+        state, m = tr.step(state, make_batch(t % 8), jax.random.PRNGKey(t))
+        float(m["loss"])
+        with open(f"{out}.progress{rank}", "w") as fh:
+            fh.write(f"{os.getpid()} {t + 1}")
 
 
 def equivalence_run() -> None:
@@ -105,5 +123,7 @@ def equivalence_run() -> None:
         np.savez(out, **result)
 
 
-checkpointed_run() if mode.startswith("ckpt-") else equivalence_run()
+{"ckpt-single": checkpointed_run, "ckpt-jaxdist": checkpointed_run, "mpi-long": long_mpi_run}.get(
+    mode, equivalence_run
+)()
 distributed.shutdown()

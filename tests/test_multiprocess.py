@@ -90,9 +90,10 @@ def test_mpirun_two_processes_equal_one_process_two_devices(runs):
 
 
 def _progress(path: str) -> int:
+    """The last step a worker reported (``STEP`` or ``PID STEP``), 0 before its first."""
     try:
         with open(path) as fh:
-            return int(fh.read() or 0)
+            return int((fh.read().split() or ["0"])[-1])
     except (FileNotFoundError, ValueError):
         return 0
 
@@ -134,3 +135,25 @@ def test_a_sigkilled_rank_ends_the_other_with_one_line_and_the_run_resumes(tmp_p
     assert int(a["resumed_from"]) == 0 and 8 <= int(b["resumed_from"]) < 40
     for k in ("w1", "b1", "w2"):  # the resumed run ends where the uninterrupted one does
         np.testing.assert_allclose(b[k], a[k], rtol=1e-6, atol=1e-7, err_msg=k)
+
+
+@pytest.mark.extended  # OpenMPI's behaviour, checked for the mpi launcher (mpi4jax) not to defeat it
+def test_mpirun_ends_the_other_ranks_and_names_the_lost_one(tmp_path):
+    pytest.importorskip("mpi4py", reason="the mpi extra is not installed (pip install -e '.[mpi]')")
+    pytest.importorskip("mpi4jax", reason="the mpi extra is not installed (pip install -e '.[mpi]')")
+    if not shutil.which("mpirun"):
+        pytest.skip("OpenMPI's mpirun is not installed (scripts/setup.sh installs it)")
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    out = str(tmp_path / "long")
+    argv = ["mpirun", "--allow-run-as-root", "-np", "2", sys.executable, WORKER, "mpi-long", out]
+    p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and p.poll() is None and _progress(out + ".progress1") < 10:
+        time.sleep(0.01)
+    assert p.poll() is None, p.communicate()[0][-2000:]
+    with open(out + ".progress1") as fh:
+        os.kill(int(fh.read().split()[0]), signal.SIGKILL)
+    text = p.communicate(timeout=60)[0]
+    assert p.returncode != 0 and _progress(out + ".progress0") < 2000
+    assert "process rank 1" in text and "signal 9" in text, text[-2000:]

@@ -157,11 +157,12 @@ def test_a_signal_mid_interval_checkpoints_that_step_and_the_resume_loses_nothin
     assert execute(cfg, ref).status == "completed"
     problem = build_problem(cfg)
     _signal_at(monkeypatch, problem, {6: signal.SIGTERM})
+    before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(signals.Interrupted) as e:
         execute(cfg, d, problem=problem)
     assert (e.value.step, e.value.exit_code) == (6, 143)
     assert io.read_summary(d)["status"] == "interrupted" and [ln["step"] for ln in _lines(d)] == [4]
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone with the run
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is gone with the run
     assert execute(cfg, d).status == "completed"
     assert _lines(d) == _lines(ref)
     _assert_same_state(_final_state(cfg, d), _final_state(cfg, ref))
