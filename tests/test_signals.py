@@ -24,7 +24,7 @@ from cconv.experiments.runner import build_problem, execute, initial_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_YAML = (
-    "model: {name: mlp, hidden: [8]}\ndata: digits\nworkers: 2\nbatch_size: 16\nsteps: 400\nlr: 0.1\n"
+    "model: {name: mlp, hidden: [8]}\ndata: digits\nworkers: 2\nbatch_size: 16\nsteps: 200\nlr: 0.1\n"
     "compressor: {name: topk, ratio: 0.1}\nmemory: ef\nlog_every: 4\ncheckpoint_every: 1000\n"
 )  # no periodic checkpoint before the end: the only resume point is the one the signal makes
 
@@ -89,13 +89,13 @@ def test_sigterm_checkpoints_the_step_exits_143_and_resumes_bit_identically(tmp_
     s = io.read_summary(d)
     assert s["status"] == "interrupted" and s["signal"] == "SIGTERM" and s["error"] is None
     at = s["step"]
-    assert 4 * seen <= at < 400  # the step reached when the signal came, not an earlier resume point
+    assert 4 * seen <= at < 200  # the step reached when the signal came, not an earlier resume point
     assert Checkpointer(os.path.join(d, io.CHECKPOINTS)).all_steps() == [at]  # saved at that step
     assert [ln["step"] for ln in _lines(d)] == list(range(4, at + 1, 4))
     r = _cconv("run", str(spec), "--out", d)
     assert r.returncode == 0 and "completed" in r.stdout, r.stderr[-2000:]
     got, want = _lines(d), _lines(ref)
-    assert [ln["step"] for ln in got] == list(range(4, 401, 4))  # each step once
+    assert [ln["step"] for ln in got] == list(range(4, 201, 4))  # each step once
     assert got == want  # loss, test metrics, bytes: equal floats
     _assert_same_state(_final_state(cfg, d), _final_state(cfg, ref))
 
@@ -104,7 +104,7 @@ def test_sigterm_checkpoints_the_step_exits_143_and_resumes_bit_identically(tmp_
 def test_sigint_stops_a_sweep_after_the_run_and_the_sweep_resumes(tmp_path):
     """Before: exit 130 with nothing saved, the run left ``running``."""
     spec = tmp_path / "s.yaml"
-    base = "".join(f"  {line}\n" for line in RUN_YAML.replace("steps: 400", "steps: 200").splitlines())
+    base = "".join(f"  {line}\n" for line in RUN_YAML.splitlines())
     spec.write_text(f"base:\n{base}grid:\n  lr: [0.1, 0.05]\n")
     out = tmp_path / "sw"
     first, second = out / "lr=0.1", out / "lr=0.05"
