@@ -31,10 +31,11 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _state = {"depth": 0, "received": None}
 
 
-class Interrupted(BaseException):
-    """Training stopped on a signal (a BaseException, like KeyboardInterrupt: it is no failure to
-    record).  ``step``: the step the run was checkpointed at, None when a second signal stopped it
-    before that checkpoint; ``exit_code``: ``128 + signum``."""
+class Interrupted(KeyboardInterrupt):
+    """Training stopped on a signal: a KeyboardInterrupt (the user's or the scheduler's will, no
+    failure to record; ``except Exception`` lets it through).  ``step``: the step the run was
+    checkpointed at, None when it stopped without a new checkpoint (a second signal, or between
+    two runs of a sweep); ``exit_code``: ``128 + signum``."""
 
     def __init__(self, signum: int, step: int | None = None):
         self.signum, self.step = signum, step
