@@ -115,7 +115,11 @@ def initialize(
 
 
 def shutdown() -> None:
-    """Leave ``jax.distributed``: wait for every process (``PeerWatch.finish``), then shut down."""
+    """Leave ``jax.distributed``: wait for every process (``PeerWatch.finish``), then shut down.
+
+    Call this, not ``jax.distributed.shutdown()`` alone: with recoverable tasks JAX's own shutdown
+    no longer waits for the others, so process 0 could stop the coordination service while another
+    process is still shutting down (that process then aborts).  At exit it runs by itself."""
     if jax.process_count() > 1:
         PeerWatch.finish()
         jax.distributed.shutdown()
@@ -159,6 +163,8 @@ class PeerWatch:
             try:
                 live = client.get_live_nodes(list(range(n)))
             except Exception as e:  # noqa: BLE001 - the service is gone: process 0 hosts it
+                if _client() is None:  # jax.distributed.shutdown() was called directly: the end
+                    return
                 lost, why = [0], f"the coordination service on process 0 is unreachable ({type(e).__name__})"
             else:
                 lost, why = (
