@@ -136,6 +136,7 @@ class PeerWatch:
 
     thread: threading.Thread | None = None
     ended = threading.Event()  # this process passed the end barrier: every process got there
+    departed = threading.Event()  # process 0: every other process has left (shut down its client)
     rounds = 0  # liveness rounds completed with every process alive
     rounds_done = threading.Condition()
     heartbeat = HEARTBEAT_TIMEOUT
@@ -144,6 +145,7 @@ class PeerWatch:
     def start(cls, heartbeat: int) -> None:
         cls.heartbeat, cls.rounds = heartbeat, 0
         cls.ended.clear()
+        cls.departed.clear()
         cls.thread = threading.Thread(target=cls._run, name="cconv-peer-watch", daemon=True)
         cls.thread.start()
         previous = sys.excepthook
@@ -159,23 +161,25 @@ class PeerWatch:
     @classmethod
     def _run(cls) -> None:
         client, n, me = _client(), jax.process_count(), jax.process_index()
-        while not cls.ended.is_set():
+        while True:
             try:
-                live = client.get_live_nodes(list(range(n)))
+                live, why = set(client.get_live_nodes(list(range(n)))), ""
             except Exception as e:  # noqa: BLE001 - the service is gone: process 0 hosts it
                 if _client() is None:  # jax.distributed.shutdown() was called directly: the end
                     return
-                lost, why = [0], f"the coordination service on process 0 is unreachable ({type(e).__name__})"
-            else:
-                lost, why = (
-                    sorted(set(range(n)) - set(live)),
-                    f"gone from the coordination service; heartbeat timeout {cls.heartbeat} s",
-                )
+                live, why = None, f"the coordination service on process 0 is unreachable ({type(e).__name__})"
+            if cls.ended.is_set():  # every process reached the end barrier
+                if me != 0 or live is None or live == {0}:  # process 0: once the others have left
+                    cls.departed.set()
+                    return
+                continue  # a round returns when each live process has called it, or has left
+            lost = [0] if live is None else sorted(set(range(n)) - live)
             if lost and me not in lost:
                 # at the normal end the others leave (and process 0's service stops) right after
                 # the end barrier: not a loss if this process passed it too
                 if cls.ended.wait(timeout=2.0):
-                    return
+                    continue
+                why = why or f"gone from the coordination service; heartbeat timeout {cls.heartbeat} s"
                 cls._exit(lost, n, me, why)
             with cls.rounds_done:
                 cls.rounds += 1
@@ -206,9 +210,13 @@ class PeerWatch:
     @classmethod
     def finish(cls) -> None:
         """At the end: wait at a barrier for every process (a lost one ends the wait through the
-        watch), then let the watch go."""
+        watch), then let the watch go; process 0, whose coordination service the others need to
+        shut down, waits until they have left (a process still shutting down when the service
+        stops aborts)."""
         if cls.thread is None:
             return
         cls.thread = None
         _client().wait_at_barrier("cconv_end", END_BARRIER_TIMEOUT * 1000)
         cls.ended.set()
+        if jax.process_index() == 0:
+            cls.departed.wait(timeout=cls.heartbeat + 10)
