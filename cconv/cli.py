@@ -92,19 +92,21 @@ def cmd_run(args) -> int:
 
     runner.check_devices(cfg.workers, cfg.launcher)
     out = args.out or os.path.join("results", os.path.splitext(os.path.basename(args.config))[0])
-    io.check_creatable(out)  # nothing is created before the data and the model are known to load
-    problem = runner.build_problem(cfg)
-    if io.is_finished(out):
-        runner.prepare_run_dir(out, cfg)  # refuses a different config; otherwise nothing to do
+    # a finished run of this config: nothing to do, nothing written (also on a read-only file
+    # system); a different config or a file cconv did not create there is refused
+    if os.path.isdir(out) and runner.stored_run(out, cfg) == "finished":
         s = io.read_summary(out)
         print(f"{out}: already {s['status']}; nothing to do")
         return 0
+    io.check_creatable(out)  # nothing is created before the data and the model are known to load
+    problem = runner.build_problem(cfg)
     from cconv.experiments.config import ConfigError
 
     try:
         res = runner.execute(cfg, out, problem=problem)
-    except (ConfigError, io.RunLocked, io.OutputError):  # refused before training: another run's
-        # directory, one another process is training, an unusable output path
+    except (ConfigError, io.RunLocked, io.OutputError, io.ForeignFileError):  # refused before training:
+        # another run's directory, one another process is training, an unusable output path, a
+        # file cconv did not create
         raise
     except Exception as e:
         if getattr(args, "debug", False):
@@ -280,7 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
         "Safe to interrupt at any moment and run again. Several sweeps may share "
         "one --out: a run another process is training (its directory is locked) "
         "is skipped and reported as in use, not waited for; run the sweep again "
-        "afterwards for the complete report.",
+        "afterwards for the complete report. A run already in --out whose stored config differs "
+        "from the sweep file's is refused (exit 2, nothing written), as is a non-empty --out that "
+        "is not a sweep directory (it has no sweep.json).",
     )
     s.add_argument("config", help="sweep file (YAML with 'base' and 'grid')")
     s.add_argument("--out", help="sweep directory (default: results/<sweep name>)")

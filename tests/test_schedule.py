@@ -302,8 +302,7 @@ def test_cli_methods_survey_table_and_json(capsys):
         (["--workload", "resnet50", *SURVEY, "--topology", "ring"], "unknown topology"),
         (["--params", "10", "--flops-per-sample", "1", "--batch", "1", *SURVEY], "needs --workload"),
         (["--workload", "resnet50", "--methods", "survey,none", "--workers", "4", "--network", "10GbE"], "alone"),
-        (["--workload", "resnet50", "--workers", "4", "--network", "10GbE", "--json"], "method set"),
-        (["--workload", "resnet50", *SURVEY, "--interference", "-1"], "interference"),
+        (["--workload", "resnet50", "--workers", "4", "--network", "10GbE", "--interference", "0.5"], "method set"),
         (["--workload", "resnet50", "--methods", "survey", "--workers", "4", "--network", "mesh"], "unknown network"),
     ],
 )

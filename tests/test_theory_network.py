@@ -202,7 +202,7 @@ def test_from_config_forms():
 @pytest.mark.parametrize(
     "call,match",
     [
-        (lambda: N.get("40GbE"), "valid presets"),
+        (lambda: N.get("40GbX"), "valid presets"),  # 40GbE is a link by rate (presets.py)
         (lambda: N.from_config({"alpha": 1e-5}), "needs both"),
         (lambda: N.from_config({"alpha": 1e-5, "beta": 0}), "beta"),
         (lambda: N.from_config({"alpha": 1e-5, "beta": 1e-9, "rtt": 1}), "unknown key"),

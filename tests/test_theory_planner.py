@@ -1,6 +1,7 @@
 """cconv plan: hand-computed cases, the survey's workloads and measurements, the CLI contract."""
 
 import argparse
+import json
 
 import pytest
 
@@ -204,7 +205,7 @@ def test_cli_custom_and_several_networks(capsys):
     [
         (["--params", "1000", "--workers", "2", "--network", "10GbE"], "missing --flops-per-sample, --batch"),
         (["--workload", "gpt3", "--workers", "2", "--network", "10GbE"], "valid: resnet50"),
-        (["--workload", "resnet50", "--workers", "2", "--network", "40GbE"], "valid presets"),
+        (["--workload", "resnet50", "--workers", "2", "--network", "40GbX"], "valid presets"),
         (["--workload", "resnet50", "--workers", "2", "--network", "x", "--alpha", "1e-5"], "both --alpha"),
         (["--workload", "resnet50", "--workers", "2", "--network", "10GbE", "--methods", "zip"], "unknown method"),
         (["--workload", "resnet50", "--workers", "2", "--network", "10GbE", "--servers", "3"], "servers"),
@@ -386,3 +387,75 @@ def test_encoded_bytes_and_fixed_hyper_parameters():
     assert CLI.run(_args(*base, "--hparam", "positions=golomb", "--bytes", "encoded", "--methods", "stc")) == 0
     assert CLI.run(_args(*base, "--hparam", "positions=gz")) == 2
     assert CLI.run(_args(*base, "--hparam", "nope=1")) == 2
+
+
+# --------------------------------------------------------------------------- issue 26, rule 9
+
+
+BASE = ("--workload", "resnet50", "--workers", "4", "--network", "10GbE")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--workers", "1e30"],
+        ["--ranks", "1e30"],
+        ["--levels", "1e30"],
+        ["--ratios", ",,,,"],
+        ["--ranks", ","],
+        ["--ratios", ",".join(["0.1"] * 100)],
+        ["--servers", "1e30"],
+        ["--batch", "1e30"],
+        ["--params", "1e30"],
+        ["--device-flops", "nan"],
+        ["--device-flops", "1e300"],
+        ["--interference", "-1"],
+        ["--interference", "nan"],
+        ["--alpha", "inf"],
+        ["--beta", "-1e-9"],
+    ],
+)
+def test_plan_refuses_absurd_numbers_in_one_line(argv, capsys):
+    """Rule 9: every number a plan takes is checked at parse time; the error is one line, exit 2."""
+    with pytest.raises(SystemExit) as e:
+        _args(*BASE, *argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("cconv plan: error:")
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--ratio-method", "bogus"], "needs --per-layer-ratios"),
+        (["--ratio-method", "MG-WFBP"], "needs --per-layer-ratios"),
+        (["--per-layer-ratios", "topk=0.01", "--ratio-method", "bogus"], "valid: BSP-PS"),
+        (["--sweep", "rank=1e30"], "|v| <="),
+        (["--sweep", "ratio=nan"], "finite"),
+        (["--hparam", "ratio=inf"], "finite"),
+        (["--intra", "NVLink"], "need(s) --cluster"),
+        (["--device", "v100"], "need(s) --cluster"),
+        (["--schedule", "wfbp"], "need(s) --cluster"),
+    ],
+)
+def test_plan_refuses_options_it_would_ignore_or_could_not_plan(argv, match, capsys):
+    assert CLI.run(_args(*BASE, *argv)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and match in err
+
+
+def test_plan_without_workers_or_network_is_one_line(capsys):
+    assert CLI.run(_args("--workload", "resnet50", "--network", "10GbE")) == 2
+    assert "--workers" in capsys.readouterr().err
+
+
+def test_plan_json_for_any_method_list(capsys):
+    """--json prints every row of the plain planner too, with the fields the issue names."""
+    assert CLI.run(_args(*BASE, "--methods", "none,topk", "--ratios", "0.01,0.1", "--json")) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["method"] for r in rows] == ["none", "topk", "topk"]
+    assert [r["knobs"] for r in rows] == [{}, {"ratio": 0.01}, {"ratio": 0.1}]
+    for r in rows:
+        assert r["iteration_time_s"] == pytest.approx(r["compute_s"] + r["comm_s"])
+        assert r["scaling_factor"] == pytest.approx(r["speedup"] / 4)
+        assert r["compress_s"] is None  # not modelled without --cluster

@@ -5,11 +5,14 @@ The loop (``execute``) is the whole protocol that makes results survive a kill:
 1. ``metrics.jsonl`` lines for steps ``<= s`` are written (one fsync'ed write each) before the
    checkpoint of step ``s`` is saved; orbax saves atomically (temporary directory + rename).
 2. On start, if a checkpoint exists, the state, the data iterator, the PRNG position and the
-   running counters (cumulative bytes, simulated time, wall time) are restored from it and the
+   running counters (cumulative bytes, simulated time, wall time) are restored from it and, once
+   the restart is known to proceed (checkpoint restored, clock calibrated, writers open), the
    metrics file is cut back to the lines with ``step <= s`` (a partial last line included; a
-   damaged line before that point is kept and reported, never a reason to cut).  With no
-   checkpoint the metrics file is emptied.  Per-step PRNG keys are ``fold_in(key, step)``, so
-   the resumed run computes exactly the steps it lost.
+   damaged line before that point is kept and reported, never a reason to cut): a resume that
+   fails loses no line.  With no checkpoint the metrics file is emptied (at the same point).
+   Per-step PRNG keys are ``fold_in(key, step)``, so the resumed run computes exactly the steps
+   it lost.  Run files are opened through ``io.open_file`` / ``io.ensure_dir`` (no links, no
+   foreign file types), and a finished run is recognized reading only (``stored_run``).
 3. ``summary.json`` is replaced atomically: ``running`` at start, then ``completed``, ``diverged``
    (a non-finite loss; the run stops, the sweep goes on), ``failed`` (with the error) or
    ``interrupted`` (SIGTERM/SIGINT: checkpointed at the step reached, resumed by the next run;
@@ -96,7 +99,7 @@ MAX_INFLIGHT = 16
 PARTITION_KEYS = ("partition", "alpha", "min_size", "shards_per_worker")
 EVAL_CHUNK = 1024
 KEEP_CHECKPOINTS = 2  # checkpoints kept per run: a damaged latest one falls back to the previous
-TENSORBOARD = "tensorboard"  # event files of a run with tensorboard: true (one directory per seed)
+TENSORBOARD = io.TENSORBOARD  # event files of a run with tensorboard: true (one directory per seed)
 
 
 # --------------------------------------------------------------------------- building
@@ -434,30 +437,58 @@ def _refuse_foreign(run_dir: str) -> None:
         raise ConfigError(f"{run_dir} is not empty and holds no cconv run; choose another --out")
 
 
-def prepare_run_dir(run_dir: str, cfg: RunConfig) -> str:
-    """Create/validate a run directory; returns 'finished', 'resume' or 'new'.  Never modifies a
-    directory that holds a different config."""
+def stored_config_diff(run_dir: str, cfg: RunConfig) -> list[str] | None:
+    """How the config stored in ``run_dir`` differs from ``cfg`` (``diff``'s dotted ``key: old ->
+    new`` entries; [] when equal), or None when the directory holds no config.  Reads only."""
     import yaml
 
-    io.check_writable(os.path.dirname(os.path.abspath(run_dir)) or ".")
-    cpath = os.path.join(run_dir, io.CONFIG)
-    if os.path.exists(cpath):
-        try:
-            with open(cpath) as fh:
-                old = yaml.safe_load(fh)
-        except (OSError, yaml.YAMLError):
-            old = None
-        if isinstance(old, dict):  # written before a field existed: it held the default
-            old = {**{k: v for k, v in ADDED_FIELDS.items() if k not in old}, **old}
-        if old != yaml.safe_load(to_yaml(cfg)):
-            from cconv.experiments.config import diff
+    from cconv.experiments.config import diff
 
-            d = diff(old if isinstance(old, dict) else {}, cfg.to_dict())
-            raise ConfigError(
-                f"{run_dir} already holds a run with a different config ({'; '.join(d[:3])}"
-                f"{'; ...' if len(d) > 3 else ''}); choose another --out"
-            )
-        return "finished" if io.is_finished(run_dir) else "resume"
+    cpath = os.path.join(run_dir, io.CONFIG)
+    if not io.check_entry(cpath):
+        return None
+    try:
+        old = yaml.safe_load(io.read_text(cpath))
+    except (OSError, ValueError, yaml.YAMLError, RecursionError):
+        old = None
+    if not isinstance(old, dict):
+        return [f"{cpath} is damaged (not a config mapping)"]
+    old = {**{k: v for k, v in ADDED_FIELDS.items() if k not in old}, **old}  # fields added since: defaults
+    if old == yaml.safe_load(to_yaml(cfg)):
+        return []
+    return diff(old, cfg.to_dict()) or ["(the stored config.yaml is written differently)"]
+
+
+def different_config(run_dir: str, d: list[str]) -> ConfigError:
+    """The one-line refusal of a run directory that holds another config."""
+    return ConfigError(
+        f"{run_dir} already holds a run with a different config ({'; '.join(d[:3])}"
+        f"{'; ...' if len(d) > 3 else ''}); choose another --out"
+    )
+
+
+def stored_run(run_dir: str, cfg: RunConfig) -> str | None:
+    """'finished' or 'resume' for a run directory that holds ``cfg``, None for one that holds no
+    config.  Refuses (one line) a different config and entries cconv did not create
+    (``io.check_run_dir``).  Reads only: deciding that a finished run has nothing to do writes
+    nothing, also on a read-only file system."""
+    io.check_run_dir(run_dir)
+    d = stored_config_diff(run_dir, cfg)
+    if d:
+        raise different_config(run_dir, d)
+    if d is None:
+        return None
+    return "finished" if io.is_finished(run_dir) else "resume"
+
+
+def prepare_run_dir(run_dir: str, cfg: RunConfig) -> str:
+    """Create/validate a run directory; returns 'finished', 'resume' or 'new'.  Never modifies a
+    directory that holds a different config, nor one whose run has finished."""
+    kind = stored_run(run_dir, cfg)
+    if kind is not None:
+        return kind
+    cpath = os.path.join(run_dir, io.CONFIG)
+    io.check_writable(os.path.dirname(os.path.abspath(run_dir)) or ".")
     io.check_writable(run_dir)
     _refuse_foreign(run_dir)
     io.atomic_write_text(cpath, to_yaml(cfg))
@@ -483,6 +514,9 @@ def execute(
     """
     if problem is None:
         problem = build_problem(cfg)
+    if stored_run(run_dir, cfg) == "finished":  # a no-op that writes nothing (no lock either)
+        s = io.read_summary(run_dir)
+        return RunResult(s["status"], s, trained=False)
     io.check_writable(os.path.dirname(os.path.abspath(run_dir)) or ".")
     _refuse_foreign(run_dir)  # before a lock file is put there
     io.check_writable(run_dir)
@@ -609,14 +643,14 @@ def initial_state(problem: Problem) -> Any:
     return trainer.init()
 
 
-def _restore(problem: Problem, ckpt: Checkpointer, state: Any, mpath: str) -> tuple[int, Any, Counters]:
-    """(first step, state, counters): from the latest checkpoint (metrics.jsonl cut back to its
-    step, the batchers' positions restored), or fresh (metrics.jsonl emptied)."""
+def _restore(problem: Problem, ckpt: Checkpointer, state: Any) -> tuple[int, Any, Counters]:
+    """(first step, state, counters): from the latest checkpoint (the batchers' positions
+    restored), or fresh.  Touches no metric line: ``_train`` cuts metrics.jsonl back to the first
+    step once the restart is known to proceed."""
     template = state
     while True:
         latest = ckpt.latest_step()
         if latest is None:
-            io.repair_jsonl(mpath, -1)
             return 0, template, Counters.fresh(len(problem.seeds))
         try:
             start, state, meta = ckpt.restore(template, latest)
@@ -645,7 +679,6 @@ def _restore(problem: Problem, ckpt: Checkpointer, state: Any, mpath: str) -> tu
     problem.trainer.load_host_state(meta.get("sync_host"))  # e.g. AdaComm's period
     for b, st in zip(problem.batchers, host):
         b.load_state_dict(st)
-    io.repair_jsonl(mpath, start)
     return start, state, counters
 
 
@@ -914,16 +947,22 @@ def _train(problem: Problem, run_dir: str, desc: str, stop_after: int | None, ne
     cfg = problem.cfg
     ckpt = Checkpointer(os.path.join(run_dir, io.CHECKPOINTS), keep=KEEP_CHECKPOINTS)
     mpath = os.path.join(run_dir, io.METRICS)
-    start, state, counters = _restore(problem, ckpt, initial_state(problem), mpath)
+    start, state, counters = _restore(problem, ckpt, initial_state(problem))
     if _ended(cfg, start, counters):  # killed after the final checkpoint, before the summary
         ckpt.close()
+        io.repair_jsonl(mpath, start)
         return _recover_summary(problem, run_dir, desc, start, counters)
     clock = _make_clock(problem, counters, start)  # measured before the wall clock starts
-
-    summary_base = _summary_base(problem, desc, counters)
-    io.write_json(os.path.join(run_dir, io.SUMMARY), {**summary_base, "status": "running", "step": start})
-
     writer = open_writers(cfg, run_dir, desc, start)
+    # Everything the restart needs is in place: only now is metrics.jsonl cut back to the step it
+    # resumes at (emptied for a fresh start), so a restart that fails loses no line.
+    try:
+        io.repair_jsonl(mpath, start if start > 0 else -1)
+        summary_base = _summary_base(problem, desc, counters)
+        io.write_json(os.path.join(run_dir, io.SUMMARY), {**summary_base, "status": "running", "step": start})
+    except BaseException:
+        writer.close(failed=True)
+        raise
     out = _Outputs(
         writer,
         progress(cfg.steps, desc, initial=start, position=1 if nested else None, leave=not nested),

@@ -4,7 +4,11 @@
   exact x-dependent values, for every registered compressor.
 * ``cconv.theory.network``: ``Network(name, alpha, beta)``, presets calibrated on the survey's
   measurements, collective times, ``step_comm_time`` for the engine's ``Collective`` lists.
-* ``cconv.theory.workloads``: ResNet-50, BERT-Base, BERT-Large with their tensor shapes.
+* ``cconv.theory.workloads``: ResNet-50/101, VGG-16, BERT-Base/Large, GPT-2, the LSTM LM with their
+  tensor shapes (``cconv.theory.profiles``: their per-layer FLOPs and bytes).
+* ``cconv.theory.devices``, ``cconv.theory.cluster``: GPUs with sustained FLOP/s, and a cluster of N
+  nodes x G GPUs on an intra-node link and a network; ``cconv.theory.predict``: every method's
+  iteration time on a cluster; ``cconv.theory.validation``: the model against published measurements.
 * ``cconv.theory.planner``: predicted iteration time and speedup of every registered compressor
   (methods, sweeps and byte models read from the compressor registry); ``cconv.theory.plan_cli``:
   the ``cconv plan`` command (both imported on demand).

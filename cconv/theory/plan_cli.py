@@ -18,9 +18,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cconv import compressors as C
+from cconv.theory import cluster as CL
 from cconv.theory import network as N
 from cconv.theory import planner as PL
+from cconv.theory import predict as PR
 from cconv.theory import workloads as W
+from cconv.theory.schedule import schedules as S
 
 # --------------------------------------------------------------------------- printing
 
@@ -79,32 +82,66 @@ def format_plan(p: PL.Plan, overlap: bool = False, granularity: str = "fused") -
 # --------------------------------------------------------------------------- arguments
 
 
-def _pos_int(text: str) -> int:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if not math.isfinite(v) or v < 1 or v != int(v):
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return int(v)
+# Upper bounds on the numbers a plan takes: beyond them a value is a typo, and planning it would
+# overflow or take unbounded time (issue 26, rule 9).
+MAX_INT = 2**31 - 1  # any integer knob value (ranks, levels, ...)
+MAX_RANK = 1 << 16
+MAX_PARAMS = 10**13
+MAX_BATCH = 1 << 24
+MAX_FLOPS = 1e18  # FLOPs per sample or FLOP/s of one device
+MAX_LIST = 64  # values in one list option
+_SHOWN = 40  # characters of a bad value echoed in a message
 
 
-def _pos_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not math.isfinite(v) or v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return v
+def _int_in(limit: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive integer, got {text[:_SHOWN]!r}") from None
+        if not math.isfinite(v) or v < 1 or v != int(v):
+            raise argparse.ArgumentTypeError(f"expected a positive integer, got {text[:_SHOWN]!r}")
+        if v > limit:
+            raise argparse.ArgumentTypeError(f"expected an integer <= {limit}, got {text[:_SHOWN]!r}")
+        return int(v)
+
+    return parse
+
+
+_pos_int = _int_in(MAX_INT)
+
+
+def _float_in(limit: float, zero: bool = False) -> Callable[[str], float]:
+    what = "a number >= 0" if zero else "a positive number"
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text[:_SHOWN]!r}") from None
+        if not math.isfinite(v) or v < 0 or (v == 0 and not zero):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text[:_SHOWN]!r}")
+        if v > limit:
+            raise argparse.ArgumentTypeError(f"expected a number <= {limit:g}, got {text[:_SHOWN]!r}")
+        return v
+
+    return parse
+
+
+_pos_float = _float_in(MAX_FLOPS)
 
 
 def _list(conv: Callable[[str], Any]) -> Callable[[str], list]:
     def parse(text: str) -> list:
+        items = [t for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of values, got {text[:_SHOWN]!r}")
+        if len(items) > MAX_LIST:
+            raise argparse.ArgumentTypeError(f"at most {MAX_LIST} values, got {len(items)}")
         try:
-            return [conv(t) for t in text.split(",") if t.strip()]
+            return [conv(t) for t in items]
         except (ValueError, argparse.ArgumentTypeError) as e:
-            raise argparse.ArgumentTypeError(f"bad list {text!r}: {e}") from None
+            raise argparse.ArgumentTypeError(f"bad list {text[:_SHOWN]!r}: {e}") from None
 
     return parse
 
@@ -120,7 +157,9 @@ def _sweep_item(text: str) -> tuple[str, list[str]]:
     name, eq, values = text.partition("=")
     items = [v.strip() for v in values.split(",") if v.strip()]
     if not eq or not name.strip() or not items:
-        raise argparse.ArgumentTypeError(f"expected NAME=v1,v2,..., got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected NAME=v1,v2,..., got {text[:_SHOWN]!r}")
+    if len(items) > MAX_LIST:
+        raise argparse.ArgumentTypeError(f"at most {MAX_LIST} values, got {len(items)}")
     return name.strip(), items
 
 
@@ -148,6 +187,8 @@ def knob_value(name: str, text: str, option: str = "--sweep", knobs_only: bool =
         if kind == "str":
             return text
         v = float(text)
+        if not math.isfinite(v) or abs(v) > MAX_INT:
+            raise ValueError
         if kind == "float":
             return v
         if kind == "int" or (kind == "any" and v.is_integer() and "." not in text and "e" not in text.lower()):
@@ -156,8 +197,9 @@ def knob_value(name: str, text: str, option: str = "--sweep", knobs_only: bool =
             return int(v)
         return v
     except ValueError:
+        bound = "" if kind in ("bool", "str") else f", finite, |v| <= {MAX_INT}"
         raise ValueError(
-            f"{option} {name}: bad value {text!r} (expected {kind if kind != 'any' else 'a number'})"
+            f"{option} {name}: bad value {text[:_SHOWN]!r} (expected {kind if kind != 'any' else 'a number'}{bound})"
         ) from None
 
 
@@ -187,24 +229,37 @@ def fixed_of(args: argparse.Namespace) -> dict[str, Any]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``plan`` options on ``p``."""
-    p.add_argument("--workload", help=f"a survey workload preset: {', '.join(W.names())}")
-    p.add_argument("--params", type=_pos_int, help="D, number of parameters")
+    p.add_argument("--workload", help=f"a workload preset: {', '.join(W.names())}")
+    p.add_argument("--params", type=_int_in(MAX_PARAMS), help="D, number of parameters")
     p.add_argument("--flops-per-sample", type=_pos_float, help="C, FLOPs per sample (forward + backward)")
-    p.add_argument("--batch", type=_pos_int, help="M, local mini-batch per worker")
-    p.add_argument("--workers", type=_pos_int, required=True, help="P, number of workers")
+    p.add_argument("--batch", type=_int_in(MAX_BATCH), help="M, local mini-batch per worker")
+    p.add_argument("--workers", type=_int_in(CL.MAX_WORKERS), help="P, number of workers (not with --cluster)")
     p.add_argument(
         "--network",
-        required=True,
-        help=f"preset(s), comma-separated: {', '.join(N.names())}; or a name for --alpha/--beta",
+        help=f"preset(s), comma-separated: {', '.join(N.names())}, any <N>GbE, <N>GbIB, <N>GbRoCE, FDR, EDR, "
+        "HDR, NDR, K x LINK; or a name for --alpha/--beta.  With --cluster: the inter-node network(s)",
     )
-    p.add_argument("--alpha", type=float, help="custom network: seconds per message")
-    p.add_argument("--beta", type=float, help="custom network: seconds per byte")
+    p.add_argument("--alpha", type=_float_in(1.0, zero=True), help="custom network: seconds per message")
+    p.add_argument("--beta", type=_float_in(1.0), help="custom network: seconds per byte")
     p.add_argument(
         "--device-flops",
         type=_pos_float,
-        default=W.SURVEY_DEVICE_FLOPS,
+        default=None,
         help="F, sustained FLOP/s of one worker (default: the survey's RTX 2080Ti on "
-        "BERT-Large, 597e9/0.163 s = 3.66e12)",
+        "BERT-Large, 597e9/0.163 s = 3.66e12; with --cluster use --device)",
+    )
+    CL.add_arguments(p, network=False)
+    p.add_argument(
+        "--schedule",
+        choices=S.names(),
+        default=None,
+        help="with --cluster: how messages are issued (default fusion: Horovod's tensor fusion with WFBP)",
+    )
+    p.add_argument(
+        "--architecture",
+        choices=PR.A2A,
+        default=None,
+        help="with --cluster: the all-reduce algorithm (default hierarchical, as NCCL/Horovod on multi-GPU nodes)",
     )
     p.add_argument(
         "--sweep",
@@ -219,7 +274,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="alias of --sweep ratio=... (sparsifier ratios k/d; default 0.1,0.01,0.001)",
     )
-    p.add_argument("--ranks", type=_list(_pos_int), default=None, help="alias of --sweep rank=... (PowerSGD ranks)")
+    p.add_argument(
+        "--ranks", type=_list(_int_in(MAX_RANK)), default=None, help="alias of --sweep rank=... (PowerSGD ranks)"
+    )
     p.add_argument("--levels", type=_list(_pos_int), default=None, help="alias of --sweep levels=... (QSGD levels s)")
     p.add_argument(
         "--methods",
@@ -228,7 +285,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"subset of: {', '.join(PL.all_methods())}; or a method set: survey (the survey's seven lossless "
         "schedule x architecture methods, simulated per layer)",
     )
-    p.add_argument("--granularity", choices=("fused", "layerwise"), default="fused")
+    p.add_argument("--granularity", choices=("fused", "layerwise"), default=None, help="default fused")
     p.add_argument("--gossip", action="store_true", help="also print gossip steps (ring, torus, exponential, complete)")
     p.add_argument(
         "--overlap",
@@ -237,7 +294,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--servers",
-        type=_pos_int,
+        type=_int_in(CL.MAX_WORKERS),
         default=None,
         help="parameter servers for the -ps method (default: one per worker, as BytePS in the survey)",
     )
@@ -250,17 +307,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--bytes",
         choices=PL.BYTES,
-        default="moved",
+        default=None,
         help="payload sizes: the buffers the collectives move (default), or the expected encoded messages "
         "of entropy-coded formats (what a variable-length transport would send)",
     )
-    p.add_argument("--json", action="store_true", help="with a method set (--methods survey): the rows as JSON")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON (any method list)")
     p.add_argument(
         "--interference",
-        type=float,
+        type=_float_in(1e3, zero=True),
         default=None,
-        help="with a method set: kappa, the share of the GPU communication kernels take while overlapping "
-        "(default: fitted to the survey's 4-GPU BERT-Large 1.2x, cconv.theory.schedule.survey.INTERFERENCE)",
+        help="with a method set or --cluster: kappa, the share of the GPU communication kernels take while "
+        "overlapping (method sets' default: fitted to the survey's 4-GPU BERT-Large 1.2x, "
+        "cconv.theory.schedule.survey.INTERFERENCE; --cluster's default 0, see cconv.theory.predict)",
     )
     p.add_argument("--topology", default=None, help="with a method set: fat-tree, bcube or torus (beta factors)")
     p.add_argument(
@@ -272,7 +330,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--ratio-method",
-        default="MG-WFBP",
+        default=None,
         help="with --per-layer-ratios: the survey method (schedule x architecture) to simulate (default MG-WFBP)",
     )
 
@@ -283,8 +341,19 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "plan", help="predict iteration time and speedup of every compressor", description=__doc__.split("\n\n")[0]
     )
     add_arguments(p)
+    p.error = _one_line_error(p.prog)  # type: ignore[method-assign]
     p.set_defaults(func=run)
     return p
+
+
+def _one_line_error(prog: str) -> Callable[[str], None]:
+    """argparse's ``error`` without the usage block: one line on stderr, exit 2 (bad input)."""
+
+    def error(message: str) -> None:
+        print(f"{prog}: error: {' '.join(message.split())[:400]}", file=sys.stderr)
+        sys.exit(2)
+
+    return error
 
 
 def _workload(args: argparse.Namespace) -> W.Workload:
@@ -399,57 +468,203 @@ def run_per_layer_ratios(args: argparse.Namespace) -> str:
     return json.dumps(records, indent=1, default=str) if args.json else "\n\n".join(out)
 
 
+def _refuse_outside_mode(args: argparse.Namespace) -> None:
+    """Options that mean something only in one mode are refused in the others (never ignored)."""
+    if args.cluster is None:
+        given = [f"--{k}" for k in ("intra", "device", "schedule", "architecture") if getattr(args, k) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} need(s) --cluster NODESxGPUS")
+        if args.workers is None or args.network is None:
+            raise ValueError("give --workers P and --network NAME, or --cluster NODESxGPUS (e.g. --cluster 8x8)")
+    else:
+        given = [
+            f"--{k.replace('_', '-')}"
+            for k in ("params", "flops_per_sample", "device_flops", "granularity", "bytes", "alpha", "beta")
+            if getattr(args, k) is not None
+        ] + [f"--{k.replace('_', '-')}" for k in ("overlap", "gossip") if getattr(args, k)]
+        if args.per_layer_ratios is not None:
+            given.append("--per-layer-ratios")
+        if given:
+            raise ValueError(
+                f"{', '.join(given)} cannot be combined with --cluster (the workload's layer profile, --device "
+                "and --schedule set them)"
+            )
+    if args.ratio_method is not None:
+        from cconv.theory.schedule.survey import METHODS
+
+        if args.per_layer_ratios is None:
+            raise ValueError("--ratio-method needs --per-layer-ratios METHOD=VALUE")
+        if args.ratio_method not in METHODS:
+            raise ValueError(f"--ratio-method {args.ratio_method[:40]!r}: valid: {', '.join(METHODS)}")
+
+
+def _legacy_defaults(args: argparse.Namespace) -> None:
+    for key, value in (("device_flops", W.SURVEY_DEVICE_FLOPS), ("granularity", "fused"), ("bytes", "moved")):
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.ratio_method is None:
+        args.ratio_method = "MG-WFBP"
+
+
+def format_cluster(c: CL.Cluster, workload: str, rows: list[PR.Row], notes: list[str]) -> str:
+    """The rows of ``cconv plan --cluster`` as a table."""
+    r0 = rows[0]
+    lines = [
+        f"workload {workload} on {c.name} (P={c.workers}); schedule {r0.schedule}, all-reduce {r0.architecture}",
+        f"device {c.device.name}: {c.device.flops:.3g} FLOP/s sustained ({c.device.precision}), "
+        f"{c.device.mem_bw / 1e9:.0f} GB/s; network {_describe(c.network())}",
+        "",
+        f"{'method':<12} {'setting':<14} {'bytes/worker':>12} {'iter ms':>9} {'compute':>8} {'compress':>9} "
+        f"{'comm ms':>8} {'speedup':>8} {'scaling':>8}",
+    ]
+    for r in rows:
+        lines.append(
+            f"{r.method:<12} {r.setting:<14} {human_bytes(r.bytes):>12} {r.iteration_time_s * 1e3:>9.1f} "
+            f"{r.compute_s * 1e3:>8.1f} {r.compress_s * 1e3:>9.2f} {r.comm_s * 1e3:>8.1f} {r.speedup:>7.2f}x "
+            f"{r.scaling_factor:>8.2f}"
+        )
+    top = max(rows, key=lambda r: r.speedup)
+    lines += ["", f"fastest: {top.method} ({top.setting}) {top.speedup:.2f}x, scaling factor {top.scaling_factor:.2f}"]
+    lines.append("speedups are per iteration, not time-to-accuracy (lossy methods may need more steps)")
+    return "\n".join(lines + [f"note: {n}" for n in notes])
+
+
+def run_cluster(args: argparse.Namespace) -> str:
+    """``cconv plan --cluster``: every method on each named cluster (cconv.theory.predict)."""
+    import json
+
+    from cconv.theory import profiles as P
+    from cconv.theory.schedule.survey import METHOD_SETS
+
+    if args.workload is None or args.workload.lower() not in P.names():
+        raise ValueError(f"--cluster needs --workload with a layer profile: {', '.join(P.names())}")
+    if any(m in METHOD_SETS for m in args.methods or []):
+        raise ValueError("method sets are not planned on a --cluster; give --schedule and --architecture instead")
+    nets = [n.strip() for n in (args.network or CL.DEFAULT_NETWORK).split(",") if n.strip()]
+    if not nets:
+        raise ValueError("--network is empty")
+    intra, device = args.intra or CL.DEFAULT_INTRA, args.device or CL.DEFAULT_DEVICE
+    clusters = [CL.parse(args.cluster, intra, n, device) for n in nets]
+    if args.workers is not None and args.workers != clusters[0].workers:
+        raise ValueError(f"--workers {args.workers} disagrees with --cluster {args.cluster} ({clusters[0].workers})")
+    sweep = PL._sweep(sweep_of(args), {"ratios": args.ratios, "ranks": args.ranks, "levels": args.levels})
+    w, out, records = args.workload.lower(), [], []
+    for c in clusters:
+        notes: list[str] = []
+        rows = PR.predict(
+            c,
+            w,
+            args.methods,
+            sweep=sweep,
+            fixed=fixed_of(args),
+            schedule=args.schedule or "fusion",
+            architecture=args.architecture or "hierarchical",
+            interference=args.interference or 0.0,
+            batch=args.batch,
+            servers=args.servers,
+            topology=args.topology,
+            notes=notes,
+        )
+        out.append(format_cluster(c, w, rows, notes))
+        head = {"workload": w, "cluster": f"{c.nodes}x{c.gpus_per_node}", "intra": c.intra.name}
+        head |= {"network": c.inter.name, "device": c.device.name, "workers": c.workers}
+        records += [{**head, **r.as_dict()} for r in rows]
+    return json.dumps(records, indent=1) if args.json else "\n\n".join(out)
+
+
+def plan_records(p: PL.Plan) -> list[dict]:
+    """A plan's rows as ``--json`` records (compression compute is not modelled here: compress_s null)."""
+    out = []
+    for r in p.rows:
+        out.append(
+            {
+                "workload": p.workload.name,
+                "network": p.network.name,
+                "workers": p.workers,
+                "method": r.method,
+                "knobs": dict(r.knobs),
+                "setting": r.setting,
+                "iteration_time_s": r.iter_s,
+                "compute_s": p.compute_s,
+                "comm_s": r.comm_s,
+                "compress_s": None,
+                "speedup": r.speedup,
+                "scaling_factor": r.speedup / p.workers,
+                "payload_bytes": r.payload_bytes,
+                "sent_bytes": r.sent_bytes,
+                "lossless": r.lossless,
+                "constant": r.constant,
+            }
+        )
+    return out
+
+
+def run_plan(args: argparse.Namespace) -> str:
+    """The planner's table (or ``--json`` records) for every network."""
+    import json
+
+    w = _workload(args)
+    nets = _networks(args)
+    if not nets:
+        raise ValueError(f"--network is empty; presets: {', '.join(N.names())}")
+    sweep, fixed = sweep_of(args), fixed_of(args)
+    out, records = [], []
+    for net in nets:
+        p = PL.plan(
+            w,
+            args.workers,
+            net,
+            args.device_flops,
+            sweep=sweep,
+            ratios=args.ratios,
+            ranks=args.ranks,
+            levels=args.levels,
+            granularity=args.granularity,
+            overlap=args.overlap,
+            methods=args.methods,
+            servers=args.servers,
+            nbytes=args.bytes,
+            fixed=fixed,
+        )
+        records += plan_records(p)
+        out.append(format_plan(p, args.overlap, args.granularity))
+        if args.gossip:  # dense gossip steps next to the all-reduce (cconv.theory.gossip)
+            from cconv.theory import gossip as G
+
+            rows = G.gossip_rows(4.0 * w.params, args.workers, net)
+            out[-1] += "\n\n" + G.format_rows(rows, p.compute_s, human_bytes)
+    return json.dumps(records, indent=1) if args.json else "\n\n".join(out)
+
+
+def _dispatch(args: argparse.Namespace) -> str:
+    from cconv.theory.schedule.survey import METHOD_SETS
+
+    _refuse_outside_mode(args)
+    if args.cluster is not None:
+        return run_cluster(args)
+    _legacy_defaults(args)
+    if args.per_layer_ratios is not None:
+        return run_per_layer_ratios(args)
+    sets = [m for m in args.methods or [] if m in METHOD_SETS]
+    if sets:
+        if len(args.methods) != 1:
+            raise ValueError(f"--methods {sets[0]} is a method set: give it alone")
+        return run_method_set(args, sets[0])
+    if args.interference is not None or args.topology is not None:
+        raise ValueError(
+            f"--interference and --topology need a method set (--methods {', '.join(METHOD_SETS)}) or --cluster"
+        )
+    return run_plan(args)
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the plan; 0 on success, 2 with one line on stderr for bad input."""
     try:
-        from cconv.theory.schedule.survey import METHOD_SETS
-
-        if args.per_layer_ratios is not None:
-            print(run_per_layer_ratios(args))
-            return 0
-        sets = [m for m in args.methods or [] if m in METHOD_SETS]
-        if sets:
-            if len(args.methods) != 1:
-                raise ValueError(f"--methods {sets[0]} is a method set: give it alone")
-            print(run_method_set(args, sets[0]))
-            return 0
-        if args.json or args.interference is not None or args.topology is not None:
-            raise ValueError(
-                f"--json, --interference and --topology need a method set (--methods {', '.join(METHOD_SETS)})"
-            )
-        w = _workload(args)
-        nets = _networks(args)
-        if not nets:
-            raise ValueError(f"--network is empty; presets: {', '.join(N.names())}")
-        sweep, fixed = sweep_of(args), fixed_of(args)
-        out = []
-        for net in nets:
-            p = PL.plan(
-                w,
-                args.workers,
-                net,
-                args.device_flops,
-                sweep=sweep,
-                ratios=args.ratios,
-                ranks=args.ranks,
-                levels=args.levels,
-                granularity=args.granularity,
-                overlap=args.overlap,
-                methods=args.methods,
-                servers=args.servers,
-                nbytes=args.bytes,
-                fixed=fixed,
-            )
-            out.append(format_plan(p, args.overlap, args.granularity))
-            if args.gossip:  # dense gossip steps next to the all-reduce (cconv.theory.gossip)
-                from cconv.theory import gossip as G
-
-                rows = G.gossip_rows(4.0 * w.params, args.workers, net)
-                out[-1] += "\n\n" + G.format_rows(rows, p.compute_s, human_bytes)
+        text = _dispatch(args)
     except ValueError as e:
-        print(f"cconv plan: error: {' '.join(str(e).split())}", file=sys.stderr)
+        print(f"cconv plan: error: {' '.join(str(e).split())[:400]}", file=sys.stderr)
         return 2
-    print("\n\n".join(out))
+    print(text)
     return 0
 
 
@@ -457,6 +672,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m cconv.theory.plan_cli ...`` (the same as ``cconv plan ...``)."""
     parser = argparse.ArgumentParser(prog="cconv plan", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
+    parser.error = _one_line_error(parser.prog)  # type: ignore[method-assign]
     return run(parser.parse_args(argv))
 
 

@@ -100,6 +100,7 @@ class Row(NamedTuple):
     speedup: float
     lossless: bool
     constant: str = ""  # the compressor's class on a D-vector: omega=..., delta=..., biased
+    knobs: tuple = ()  # (name, value) pairs of the setting's hyper-parameters
 
 
 class Plan(NamedTuple):
@@ -402,6 +403,7 @@ def plan(
                     workers * compute / it,
                     method.lossless,
                     constant(c, workload, per_tensor(kind_of(method, c))),
+                    tuple(hp.items()),
                 )
             )
     if not rows:

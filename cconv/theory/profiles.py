@@ -167,8 +167,13 @@ def _backprop(name: str, forward: list[tuple[str, float, float]], batch: int, so
 # --------------------------------------------------------------------------- presets
 
 
-def resnet50(batch: int = 64, image: int = 224, num_classes: int = 1000) -> Profile:
-    """torchvision ResNet-50 (v1.5) at ``batch`` images of ``image`` x ``image`` x 3 (module doc)."""
+RESNET_BLOCKS = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3)}  # He et al. 2016, Table 1
+
+
+def resnet(depth: int = 50, batch: int = 64, image: int = 224, num_classes: int = 1000) -> Profile:
+    """torchvision ResNet-50/101 (v1.5) at ``batch`` images of ``image`` x ``image`` x 3 (module doc)."""
+    if depth not in RESNET_BLOCKS:
+        raise ValueError(f"resnet depth must be one of {', '.join(map(str, RESNET_BLOCKS))}, got {depth!r}")
     fwd: list[tuple[str, float, float]] = []
 
     def conv(name: str, k: int, cin: int, cout: int, hw_out: int) -> None:
@@ -179,7 +184,7 @@ def resnet50(batch: int = 64, image: int = 224, num_classes: int = 1000) -> Prof
     conv("conv1", 7, 3, 64, hw)
     hw = (hw + 1) // 2  # max-pool 3x3 stride 2, padding 1
     cin = 64
-    for s, (width, blocks) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3)), start=1):
+    for s, (width, blocks) in enumerate(zip((64, 128, 256, 512), RESNET_BLOCKS[depth]), start=1):
         for b in range(blocks):
             stride = 2 if (s > 1 and b == 0) else 1
             out = hw // stride
@@ -192,11 +197,37 @@ def resnet50(batch: int = 64, image: int = 224, num_classes: int = 1000) -> Prof
             cin, hw = 4 * width, out
     fwd.append(("fc", 2.0 * cin * num_classes * batch, cin * num_classes + num_classes))
     return _backprop(
-        "resnet50",
+        f"resnet{depth}",
         fwd,
         batch,
-        f"torchvision ResNet-50 v1.5, {image}x{image}x3 inputs, local batch {batch} (the survey's)",
+        f"torchvision ResNet-{depth} v1.5, {image}x{image}x3 inputs, local batch {batch}",
     )
+
+
+def resnet50(batch: int = 64, image: int = 224, num_classes: int = 1000) -> Profile:
+    """torchvision ResNet-50 (v1.5), the survey's workload."""
+    return resnet(50, batch, image, num_classes)
+
+
+VGG16_CONVS = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
+
+
+def vgg16(batch: int = 64, image: int = 224, num_classes: int = 1000) -> Profile:
+    """VGG-16 (Simonyan & Zisserman 2015, configuration D; torchvision, no BatchNorm): 13 3x3
+    convolutions with biases, 5 max-pools, fc 25088 -> 4096 -> 4096 -> classes.  138.4 M
+    parameters, 15.5 G multiply-accumulates per 224 x 224 image forward."""
+    fwd: list[tuple[str, float, float]] = []
+    cin, hw, i = 3, image, 0
+    for v in VGG16_CONVS:
+        if v == "M":
+            hw //= 2
+            continue
+        fwd.append((f"features.conv{i}", 2.0 * hw * hw * 9 * cin * v * batch, 9 * cin * v + v))
+        cin, i = v, i + 1
+    dims = (cin * 7 * 7, 4096, 4096, num_classes)  # adaptive average pool to 7 x 7
+    for j, (a, b) in enumerate(zip(dims, dims[1:])):
+        fwd.append((f"classifier.fc{j}", 2.0 * a * b * batch, a * b + b))
+    return _backprop("vgg16", fwd, batch, f"VGG-16 (configuration D), {image}x{image}x3 inputs, local batch {batch}")
 
 
 def bert(
@@ -231,10 +262,49 @@ def bert(
     )
 
 
+def gpt2(
+    batch: int = 8, seq: int = 1024, hidden: int = 768, layers: int = 12, vocab: int = 50257, positions: int = 1024
+) -> Profile:
+    """GPT-2 small (Radford et al. 2019; Hugging Face GPT2LMHeadModel, 124 M parameters) at ``batch``
+    sequences of ``seq`` tokens: token and position embeddings (no FLOPs), per block the fused
+    query/key/value projection, the attention products (Q K^T and A V, 2 x 2 seq h MACs per token,
+    folded into the output projection), the MLP (h -> 4h -> h), LayerNorms with the layer after
+    them; the LM head reuses the token embedding (tied), so its FLOPs sit with the final LayerNorm
+    at the end of the forward pass and the embedding's gradient is complete only when
+    backpropagation reaches the first layer."""
+    h, tokens = hidden, batch * seq
+    fwd: list[tuple[str, float, float]] = [("wte+wpe", 0.0, vocab * h + positions * h)]
+    for i in range(layers):
+        pre = f"h.{i}"
+        fwd.append((f"{pre}.attn.c_attn", 2.0 * h * 3 * h * tokens, 2 * h + h * 3 * h + 3 * h))  # ln_1 + qkv
+        fwd.append((f"{pre}.attn.c_proj", 2.0 * (h * h + 2 * seq * h) * tokens, h * h + h))
+        fwd.append((f"{pre}.mlp.c_fc", 2.0 * h * 4 * h * tokens, 2 * h + h * 4 * h + 4 * h))  # ln_2 + fc
+        fwd.append((f"{pre}.mlp.c_proj", 2.0 * 4 * h * h * tokens, 4 * h * h + h))
+    fwd.append(("ln_f+lm_head", 2.0 * h * vocab * tokens, 2 * h))  # the head is tied to wte: no parameters
+    return _backprop("gpt2", fwd, batch, f"GPT-2 small (124 M), {seq}-token sequences, local batch {batch}")
+
+
+def lstm(batch: int = 20, seq: int = 35, hidden: int = 1500, layers: int = 2, vocab: int = 10000) -> Profile:
+    """The two-layer LSTM language model of the compression papers: Zaremba et al. 2014's "large"
+    LSTM on Penn Treebank (2 layers of 1,500 units, 10,000-word vocabulary, 35 unrolled steps,
+    batch 20, untied softmax: 66 M parameters), as trained by DGC (Lin et al. 2018) and others.
+    Per token and layer the four gates cost 2 x 4 (in + h) h FLOPs; the softmax 2 h V."""
+    h, tokens = hidden, batch * seq
+    fwd: list[tuple[str, float, float]] = [("embedding", 0.0, vocab * h)]
+    for i in range(layers):
+        fwd.append((f"lstm.{i}", 2.0 * 4 * (h + h) * h * tokens, 4 * (h + h) * h + 2 * 4 * h))  # W_ih, W_hh, 2 biases
+    fwd.append(("decoder", 2.0 * h * vocab * tokens, h * vocab + vocab))
+    return _backprop("lstm", fwd, batch, f"2-layer LSTM LM ({h} units, vocabulary {vocab}), {seq} steps, batch {batch}")
+
+
 PRESETS: dict[str, Callable[[], Profile]] = {
     "resnet50": lambda: resnet50(64),
     "bert-base": lambda: bert("bert-base", 768, 12, 3072, 64),
     "bert-large": lambda: bert("bert-large", 1024, 24, 4096, 8),
+    "resnet101": lambda: resnet(101, 64),
+    "vgg16": lambda: vgg16(64),
+    "gpt2": lambda: gpt2(8),
+    "lstm": lambda: lstm(20),
 }
 
 

@@ -31,6 +31,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from cconv.theory import profiles as P
+
 BERT_LARGE_FLOPS_PER_ITER = 597e9
 BERT_LARGE_COMPUTE_S = 0.163
 SURVEY_DEVICE_FLOPS = BERT_LARGE_FLOPS_PER_ITER / BERT_LARGE_COMPUTE_S
@@ -52,11 +54,12 @@ class Workload(NamedTuple):
         return self.flops_per_sample / self.params
 
 
-def resnet50_shapes(num_classes: int = 1000) -> list[tuple[int, ...]]:
-    """Trainable tensors of ResNet-50 (He et al. 2016; torchvision layout, Flax kernel order)."""
+def resnet50_shapes(num_classes: int = 1000, blocks_per_stage: tuple[int, ...] = (3, 4, 6, 3)) -> list[tuple[int, ...]]:
+    """Trainable tensors of ResNet-50 (He et al. 2016; torchvision layout, Flax kernel order);
+    ``blocks_per_stage=(3, 4, 23, 3)`` gives ResNet-101."""
     shapes: list[tuple[int, ...]] = [(7, 7, 3, 64), (64,), (64,)]
     cin = 64
-    for width, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
+    for width, blocks in zip((64, 128, 256, 512), blocks_per_stage):
         for b in range(blocks):
             shapes += [
                 (1, 1, cin, width),
@@ -88,6 +91,36 @@ def bert_shapes(
         shapes += [(h, ffn), (ffn,), (ffn, h), (h,), (h,), (h,)]  # FFN + LayerNorm
     shapes += [(h, h), (h,)]  # pooler
     return shapes
+
+
+def vgg16_shapes(num_classes: int = 1000) -> list[tuple[int, ...]]:
+    """Trainable tensors of VGG-16 (configuration D, torchvision without BatchNorm)."""
+    shapes: list[tuple[int, ...]] = []
+    cin = 3
+    for v in (64, 64, 128, 128, 256, 256, 256, 512, 512, 512, 512, 512, 512):
+        shapes += [(3, 3, cin, v), (v,)]
+        cin = v
+    for a, b in ((512 * 7 * 7, 4096), (4096, 4096), (4096, num_classes)):
+        shapes += [(a, b), (b,)]
+    return shapes
+
+
+def gpt2_shapes(h: int = 768, layers: int = 12, vocab: int = 50257, positions: int = 1024) -> list[tuple[int, ...]]:
+    """Trainable tensors of GPT-2 small (Hugging Face GPT2LMHeadModel; the LM head tied to wte)."""
+    shapes: list[tuple[int, ...]] = [(vocab, h), (positions, h)]
+    for _ in range(layers):
+        shapes += [(h,), (h,), (h, 3 * h), (3 * h,), (h, h), (h,)]  # ln_1, c_attn, attn.c_proj
+        shapes += [(h,), (h,), (h, 4 * h), (4 * h,), (4 * h, h), (h,)]  # ln_2, c_fc, mlp.c_proj
+    return shapes + [(h,), (h,)]  # ln_f
+
+
+def lstm_shapes(hidden: int = 1500, layers: int = 2, vocab: int = 10000) -> list[tuple[int, ...]]:
+    """Trainable tensors of the two-layer LSTM language model (Zaremba et al. 2014, "large")."""
+    h = hidden
+    shapes: list[tuple[int, ...]] = [(vocab, h)]
+    for _ in range(layers):
+        shapes += [(h, 4 * h), (h, 4 * h), (4 * h,), (4 * h,)]  # W_ih, W_hh, b_ih, b_hh
+    return shapes + [(h, vocab), (vocab,)]
 
 
 def embedding_params(w: Workload) -> int:
@@ -126,6 +159,18 @@ WORKLOADS: dict[str, Workload] = {
         "survey: 597 GFLOPs per iteration at local batch 8, 336 M parameters",
     ),
 }
+
+# Workloads beyond the survey's: C is the layer profile's count (cconv.theory.profiles: 2 FLOPs per
+# multiply-accumulate, backward = 2 x forward), M the profile's local batch, the sources there.
+_PROFILED = {
+    "resnet101": (resnet50_shapes(1000, (3, 4, 23, 3)), "torchvision ResNet-101 v1.5, 224x224 images, batch 64"),
+    "vgg16": (vgg16_shapes(), "VGG-16 (configuration D), 224x224 images, batch 64"),
+    "gpt2": (gpt2_shapes(), "GPT-2 small (124 M), 1024-token sequences, batch 8"),
+    "lstm": (lstm_shapes(), "2-layer LSTM LM (Zaremba et al. 2014 large: 1500 units, PTB), 35 steps, batch 20"),
+}
+for _name, (_shapes, _src) in _PROFILED.items():
+    _prof = P.get(_name)
+    WORKLOADS[_name] = _make(_name, _shapes, lambda d, c=_prof.flops_per_sample: c, _prof.batch, _src)
 
 
 def names() -> list[str]:

@@ -13,6 +13,8 @@ Derivations and sources: ``theory/network.md`` and the ``cconv.theory.network`` 
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -118,19 +120,95 @@ HIERARCHICAL: dict[str, Hierarchical] = {
 }
 
 
+# --------------------------------------------------------------------------- rules for named links
+#
+# A link named by its line rate (``25GbE``, ``200GbIB``, ``25GbRoCE``), an InfiniBand generation
+# (``FDR``, ``EDR``, ``HDR``, ``NDR``), or ``K x`` a link (``4x100GbIB``: K NICs per node, striped as
+# NCCL does with one ring per NIC) is derived from the fitted presets by two stated rules:
+#
+# * Ethernet with TCP/IP (``<N>GbE``): alpha of the fitted ``10GbE`` (the TCP/IP stack's latency, not
+#   the line rate's), asymptotic bandwidth = N Gb/s x the fitted ``10GbE``'s efficiency (its
+#   asymptotic 9.06 Gb/s over the 10 Gb/s line rate, 0.906).  The exact name ``100GbE`` stays the
+#   survey's measured IPoIB preset (17.2 Gb/s asymptotic: a single TCP stream over InfiniBand).
+# * RDMA (``<N>GbIB``, ``<N>GbRoCE``, the InfiniBand generations): alpha of the fitted ``100GbIB``,
+#   bandwidth = N Gb/s x its efficiency (89.3 / 100).  RoCE runs the same verbs over Ethernet; its
+#   latency is taken equal to InfiniBand's (an assumption).
+#
+# InfiniBand generations, 4x links, data rates after line coding (InfiniBand Trade Association,
+# "InfiniBand Roadmap"; IBTA Architecture Specification Vol. 2): FDR 4 x 14.0625 Gbaud with 64b/66b =
+# 54.5 Gb/s, EDR 100 Gb/s, HDR 200 Gb/s, NDR 400 Gb/s.
+#
+# Intra-node links beyond the fitted ones (nominal per-direction bandwidth per GPU, upper bounds on
+# what NCCL reaches): ``NVLink3`` (A100: 12 links x 25 GB/s = 300 GB/s, NVIDIA A100 Tensor Core GPU
+# Architecture whitepaper, 2020), ``NVLink4`` (H100: 18 links x 25 GB/s = 450 GB/s, NVIDIA H100
+# whitepaper, 2022); ``NVLink2`` is ``NVLink``.  ``PCIe4x16``: the ``PCIe3x16`` effective bandwidth
+# x 2 (PCIe 4.0 doubles the transfer rate to 16 GT/s, same coding: a rule).
+
+IB_GENERATIONS = {"FDR": 4 * 14.0625 * 64 / 66, "EDR": 100.0, "HDR": 200.0, "NDR": 400.0}  # Gb/s data rate
+NVLINK = {"NVLink2": NVLINK2_V100, "NVLink3": 12 * 25e9, "NVLink4": 18 * 25e9}  # bytes/s per direction
+MAX_RATE_GBPS = 1e5  # a line rate above 100 Tb/s is a typo, not a network
+MAX_NICS = 64
+
+
+def _rate_link(name: str, gbps: float, rdma: bool) -> Network:
+    if not (math.isfinite(gbps) and 0 < gbps <= MAX_RATE_GBPS):
+        raise ValueError(f"network {name!r}: the line rate must be in (0, {MAX_RATE_GBPS:g}] Gb/s")
+    base = PRESETS["100GbIB" if rdma else "10GbE"]
+    line = 100.0 if rdma else 10.0
+    efficiency = base.gbps / line
+    rule = "RDMA: alpha and efficiency of the fitted 100GbIB" if rdma else "TCP/IP: alpha and efficiency of 10GbE"
+    return Network(name, base.alpha, 8.0 / (efficiency * gbps * 1e9), f"{gbps:g} Gb/s line rate; {rule}")
+
+
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)\s*gb(e|ib|roce)$", re.IGNORECASE)
+_MULTI = re.compile(r"^(\d+)\s*x\s*(.+)$", re.IGNORECASE)
+
+
+def _derived(name: str) -> Network | None:
+    """A link by rule (the comment above), or None if ``name`` follows none."""
+    key = name.strip()
+    m = _MULTI.match(key)
+    if m:
+        k, inner = int(m.group(1)), get(m.group(2))
+        if not 1 <= k <= MAX_NICS or not isinstance(inner, Network):
+            raise ValueError(f"network {name!r}: K x LINK needs 1 <= K <= {MAX_NICS} and a single-level link")
+        return Network(key, inner.alpha, inner.beta / k, f"{k} x {inner.name} striped (one ring per NIC)")
+    m = _RATE.match(key)
+    if m:
+        return _rate_link(key, float(m.group(1)), m.group(2).lower() != "e")
+    for gen, gbps in IB_GENERATIONS.items():
+        if key.upper() in (gen, f"{gen}IB", f"{gen}-IB"):
+            return _rate_link(key, gbps, True)._replace(source=f"InfiniBand {gen} 4x: {gbps:.1f} Gb/s data rate (IBTA)")
+    for nv, bw in NVLINK.items():
+        if key.lower() == nv.lower():
+            return Network(nv, INTRA_NODE_ALPHA, 1.0 / bw, f"{nv}: {bw / 1e9:g} GB/s per direction per GPU (NVIDIA)")
+    if key.lower() == "pcie4x16":
+        pcie = PRESETS["PCIe3x16"]
+        rule = "PCIe 4.0 x16: the PCIe3x16 effective bandwidth x 2 (rule)"
+        return Network("PCIe4x16", pcie.alpha, pcie.beta / 2, rule)
+    return None
+
+
 def names() -> list[str]:
-    """Names of the network presets (flat links, then the survey's two-level testbeds)."""
+    """Names of the network presets (flat links, then the survey's two-level testbeds); any
+    ``<N>GbE``, ``<N>GbIB``, ``<N>GbRoCE``, FDR/EDR/HDR/NDR, NVLink2/3/4, PCIe4x16 and ``K x LINK``
+    are accepted too (rules in the comment above)."""
     return list(PRESETS) + list(HIERARCHICAL)
 
 
 def get(name: str) -> Network | Hierarchical:
-    """A preset by name (case-insensitive), e.g. ``get("10GbE")`` or ``get("survey-100GbIB")``."""
+    """A preset by name (case-insensitive), e.g. ``get("10GbE")`` or ``get("survey-100GbIB")``, or a
+    link by rule: ``get("25GbE")``, ``get("HDR")``, ``get("4x100GbIB")``."""
     if isinstance(name, (Network, Hierarchical)):
         return name
     if isinstance(name, str):
         for key, net in {**PRESETS, **HIERARCHICAL}.items():
-            if key.lower() == name.lower():
+            if key.lower() == name.strip().lower():
                 return net
+        net = _derived(name)
+        if net is not None:
+            return net
     raise ValueError(
-        f"unknown network {name!r}; valid presets: {', '.join(names())} (or a dict with name, alpha, beta)"
+        f"unknown network {str(name)[:40]!r}; valid presets: {', '.join(names())}, any <N>GbE / <N>GbIB / "
+        "<N>GbRoCE, FDR, EDR, HDR, NDR, NVLink2/3/4, PCIe4x16, K x LINK (or a dict with name, alpha, beta)"
     )

@@ -40,27 +40,13 @@ from cconv import compressors as C
 from cconv.compressors.base import Compressor
 from cconv.theory import planner as PL
 from cconv.theory import workloads as W
+from cconv.theory.devices import LAUNCH_S, Device
 from cconv.theory.profiles import FLOAT_BYTES, Profile
 from cconv.theory.schedule.schedules import LayerCost
 
 RESULTS = Path(__file__).resolve().parents[3] / "experiments" / "benchmarks" / "results"
 DEFAULT_BENCH = RESULTS / "cpu-tuned-malloc.json"
 RTX2080TI_MEM_BW = 616e9  # bytes/s: 352-bit GDDR6 at 14 Gb/s (NVIDIA's specification)
-LAUNCH_S = 5e-6  # seconds per GPU kernel launch (an assumption, not measured here)
-
-
-class Device(NamedTuple):
-    """A worker's accelerator: sustained FLOP/s, memory bandwidth (bytes/s), per-op launch cost."""
-
-    name: str
-    flops: float
-    mem_bw: float
-    launch_s: float = LAUNCH_S
-    source: str = ""
-
-    def read_floor(self, elements: float) -> float:
-        """Seconds to read ``elements`` fp32 values once."""
-        return FLOAT_BYTES * elements / self.mem_bw
 
 
 SURVEY_DEVICE = Device(

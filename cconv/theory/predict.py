@@ -1,0 +1,174 @@
+"""Per-iteration time of every method on a ``Cluster``: compute, compression and communication.
+
+For a workload's layer profile (``cconv.theory.profiles``: per-layer forward and backward FLOPs
+and gradient bytes, at local batch M) on a cluster of P = N x G devices (``cconv.theory.cluster``):
+
+* compute: every layer's FLOPs / the device's sustained FLOP/s (``cconv.theory.devices``);
+* compression: the compressor's compress and decompress operations on the compute stream, as
+  multiples of the device's memory read floor measured by cconv's benchmark
+  (``cconv.theory.schedule.compress``); the dense baseline adds none;
+* communication: each message's collective on the cluster's two-level network
+  (``Cluster.network()``: hierarchical all-reduce, NCCL/Horovod style), issued as the
+  ``schedule`` says (default ``fusion``: Horovod's tensor fusion, wait-free backpropagation
+  with a 64 MiB buffer and a 5 ms cycle; also ``bsp``, ``wfbp``, ``mg-wfbp``, ``bytescheduler``),
+  simulated by ``cconv.theory.schedule.schedules.run``.  The parameter-server method
+  (``<identity>-ps``) runs on BytePS's architecture with one server per node.
+
+Per row: ``iteration_time_s`` = ``compute_s`` + ``compress_s`` + ``comm_s`` where ``comm_s`` is the
+communication left exposed (not hidden behind backpropagation); ``speedup`` = P t_1 / t_iter with
+t_1 one device's forward + backward (no communication, no compression); ``scaling_factor`` =
+speedup / P (throughput over P x one device's).  Interference of communication kernels with
+compute (``interference``, kappa) is 0 by default: the survey's fitted kappa (0.84,
+``schedule.survey.INTERFERENCE``) describes a PCIe-only RTX 2080Ti server where NCCL copies
+through host memory, not NVLink machines; pass it explicitly to use it.
+
+Compressors whose message of a flat layer vector is not smaller than the gradient (PowerSGD: it
+needs matrix shapes, which a profile does not keep) are left out with a note, as are methods
+whose defaults do not build (a knob without default values).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from cconv import compressors as C
+from cconv.theory import planner as PL
+from cconv.theory import profiles as P
+from cconv.theory.cluster import Cluster
+from cconv.theory.schedule import arch as A
+from cconv.theory.schedule import compress as CC
+from cconv.theory.schedule import schedules as S
+from cconv.theory.schedule.compressed import GATHERABLE, _compresses
+
+A2A = ("hierarchical", "ring", "tree")  # all-reduce algorithms of the all-to-all methods
+MAX_BATCH = 1 << 24
+
+
+class Row(NamedTuple):
+    """One method at one knob setting on the cluster (module docstring for the columns)."""
+
+    method: str
+    knobs: dict
+    schedule: str
+    architecture: str
+    iteration_time_s: float
+    compute_s: float
+    comm_s: float
+    compress_s: float
+    bytes: float  # message bytes per worker per iteration
+    speedup: float
+    scaling_factor: float
+
+    @property
+    def setting(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.knobs.items()) or "-"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self._asdict(), "setting": self.setting}
+
+
+def profile_at(workload: str | P.Profile, batch: int | None = None) -> P.Profile:
+    """The workload's layer profile, its FLOPs rescaled to local batch ``batch`` (linear in M)."""
+    prof = workload if isinstance(workload, P.Profile) else P.get(workload)
+    if batch is None or batch == prof.batch:
+        return prof
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
+        raise ValueError(f"batch must be an integer in [1, {MAX_BATCH}], got {batch!r}")
+    f = batch / prof.batch
+    layers = tuple(lay._replace(fwd_flops=lay.fwd_flops * f, bwd_flops=lay.bwd_flops * f) for lay in prof.layers)
+    return prof._replace(layers=layers, batch=batch)
+
+
+def _layer_costs(prof, method, hp, cluster, bench, notes) -> list[S.LayerCost] | None:
+    c = C.get(method.compressor, **hp)
+    if not _compresses(c, PL.kind_of(method, c)):
+        notes.append(f"{method.name} omitted: a flat layer vector is not compressed (it needs matrix shapes)")
+        return None
+    try:
+        return CC.layer_costs(prof, method, cluster.workers, cluster.device, hparams=hp, bench=bench)
+    except ValueError as e:
+        notes.append(f"{method.name} omitted: {' '.join(str(e).split())}")
+        return None
+
+
+def _planned(methods, sweep, fixed, notes):
+    table = PL.all_methods()
+    chosen = list(table) if methods is None else list(methods)
+    unknown = [m for m in chosen if m not in table]
+    if unknown:
+        raise ValueError(f"unknown method(s) {', '.join(unknown)}; valid: {', '.join(table)}")
+    out = []
+    for name in chosen:
+        try:
+            sets = PL.settings(table[name], dict(sweep or {}), fixed)
+            for hp in sets:
+                C.get(table[name].compressor, **hp)
+        except ValueError as e:
+            if methods is not None:
+                raise
+            notes.append(f"{name} omitted: {' '.join(str(e).split())}")
+            continue
+        out.append((table[name], sets))
+    return out
+
+
+def predict(
+    cluster: Cluster,
+    workload: str | P.Profile,
+    methods: Sequence[str] | None = None,
+    *,
+    sweep: Mapping[str, Sequence] | None = None,
+    fixed: Mapping[str, Any] | None = None,
+    schedule: str = "fusion",
+    architecture: str = "hierarchical",
+    interference: float = 0.0,
+    batch: int | None = None,
+    servers: int | None = None,
+    topology: str | None = None,
+    bench: Mapping | None = None,
+    notes: list[str] | None = None,
+) -> list[Row]:
+    """One ``Row`` per (method, knob value) on ``cluster``; ``notes`` collects what was left out."""
+    if architecture not in A2A:
+        raise ValueError(f"architecture must be one of {', '.join(A2A)} (PS is the <identity>-ps method)")
+    sched = S.get(schedule)
+    notes = [] if notes is None else notes
+    prof = profile_at(workload, batch)
+    t1 = (prof.fwd_flops + prof.bwd_flops) / cluster.device.flops
+    p, net = cluster.workers, cluster.network()
+    rows = []
+    for method, sets in _planned(methods, sweep, fixed, notes):
+        ps = method.collective == PL.PS
+        arch = A.get("byteps" if ps else architecture, net, p, servers if ps else None, topology)
+        for hp in sets:
+            lcs = _layer_costs(prof, method, hp, cluster, bench, notes)
+            if lcs is None:
+                break
+            if ps and any((lc.kind or "allreduce") not in GATHERABLE for lc in lcs):
+                notes.append(f"{method.name} omitted: a parameter server aggregates summable or gathered payloads")
+                break
+            r = S.run(lcs, sched, arch, interference=interference)
+            fb = sum(lc.fwd_s + lc.bwd_s for lc in lcs)
+            cx = sum(lc.compress_s + lc.decompress_s for lc in lcs)
+            rows.append(
+                Row(
+                    method.name,
+                    dict(hp),
+                    sched.name,
+                    arch.name,
+                    r.iter_s,
+                    fb,
+                    max(0.0, r.iter_s - fb - cx),
+                    cx,
+                    sum(lc.nbytes for lc in lcs),
+                    p * t1 / r.iter_s,
+                    t1 / r.iter_s,
+                )
+            )
+    if not rows:
+        raise ValueError("no method left to plan: " + "; ".join(notes[:3]))
+    return rows
+
+
+__all__ = ["Row", "predict", "profile_at", "A2A"]
