@@ -10,7 +10,9 @@
 
 Bad input (malformed YAML, unknown key/compressor, out-of-range value, missing data, unwritable
 output directory) prints one line ``cconv: error: ...`` and exits with status 2 before anything is
-written; ``--debug`` shows the traceback instead.
+written; ``--debug`` shows the traceback instead.  SIGTERM / SIGINT while ``run`` or ``sweep``
+trains: the step is finished and checkpointed, the run marked ``interrupted``, exit 143 / 130
+(``cconv.experiments.signals``, docs/signals.md).
 
 Devices: on CPU, ``workers`` data-parallel workers are simulated as CPU devices.  Before jax
 starts its backend, the CLI appends ``--xla_force_host_platform_device_count=<workers>`` (the
@@ -450,6 +452,13 @@ def _quiet_library_logs() -> None:
         logger.addFilter(quiet)
 
 
+def _interruption(e: KeyboardInterrupt) -> str:
+    """What a stop by a signal did (``signals.Interrupted`` carries the signal and the step)."""
+    if not hasattr(e, "signum"):
+        return "interrupted"
+    return f"{e.name}: " + (f"checkpoint saved at step {e.step}" if e.step is not None else "stopped")
+
+
 def main(argv: list[str] | None = None) -> int:
     _one_line_warnings()
     parser = build_parser()
@@ -468,9 +477,10 @@ def main(argv: list[str] | None = None) -> int:
 
             return int(plan_cli.run(args) or 0)
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("cconv: interrupted; run the same command again to resume", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, or cconv.experiments.signals.Interrupted (SIGTERM/SIGINT
+        # during training: checkpointed, the summary says interrupted)
+        print(f"cconv: {_interruption(e)}; run the same command again to resume", file=sys.stderr)
+        return getattr(e, "exit_code", 130)  # 128 + signal: 143 (SIGTERM), 130 (SIGINT)
     except BrokenPipeError:  # the reader went away (`cconv plan ... | head`): not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 141  # 128 + SIGPIPE, as a shell reports it

@@ -5,7 +5,7 @@ A run directory holds::
     config.yaml      the resolved config (written once, atomically)
     metrics.jsonl    one JSON object per logged step; each line is written with one write(),
                      flushed and fsync'ed, so a kill leaves at most one partial *last* line
-    summary.json     status (running | completed | diverged | failed), final metrics, error
+    summary.json     status (running | completed | diverged | failed | interrupted), final metrics, error
     checkpoints/     orbax checkpoints (resume points)
     .lock            while a process trains the run: its pid, under an exclusive ``flock``
 
@@ -45,7 +45,7 @@ LOCK = ".lock"
 TENSORBOARD = "tensorboard"  # event files of a run with tensorboard: true (one directory per seed)
 SWEEP_INDEX = "sweep.json"  # marks a sweep directory: its grid points, configs and sweep file
 FINISHED = ("completed", "diverged")
-STATUSES = ("running", "completed", "diverged", "failed")
+STATUSES = ("running", "completed", "diverged", "failed", "interrupted")  # interrupted: SIGTERM/SIGINT (signals.py)
 # what cconv creates in a run directory: name -> is a directory
 RUN_ENTRIES = {
     CONFIG: False,

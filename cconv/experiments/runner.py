@@ -14,7 +14,9 @@ The loop (``execute``) is the whole protocol that makes results survive a kill:
    it lost.  Run files are opened through ``io.open_file`` / ``io.ensure_dir`` (no links, no
    foreign file types), and a finished run is recognized reading only (``stored_run``).
 3. ``summary.json`` is replaced atomically: ``running`` at start, then ``completed``, ``diverged``
-   (a non-finite loss; the run stops, the sweep goes on) or ``failed`` (with the error).
+   (a non-finite loss; the run stops, the sweep goes on), ``failed`` (with the error) or
+   ``interrupted`` (SIGTERM/SIGINT: checkpointed at the step reached, resumed by the next run;
+   ``cconv.experiments.signals``).
 4. The final checkpoint (step ``steps``, or the step at which every seed had diverged) is saved
    before the final summary.  A run restored from it has ended: its summary is rebuilt from the
    checkpoint's counters and the last metric line of each seed, nothing is trained or saved again
@@ -74,7 +76,7 @@ import numpy as np
 
 from cconv.comm.aggregation import TRANSPORTS
 from cconv.engine.launchers import LAUNCHERS
-from cconv.experiments import io, writers
+from cconv.experiments import io, signals, writers
 from cconv.experiments.checkpoint import Checkpointer, CheckpointError, decode_host_state, encode_host_state
 from cconv.experiments.config import (
     ADDED_FIELDS,
@@ -826,7 +828,9 @@ def _train_steps(
     """The step loop from ``step`` to ``cfg.steps`` (or until every seed diverged): steps are
     dispatched without waiting; every ``_must_flush`` the finished steps' metrics are fetched,
     counted, written (with a test evaluation) and the run is checkpointed.  Returns (step, state);
-    raises ``_Stopped`` after ``stop_after``."""
+    raises ``_Stopped`` after ``stop_after``.  A pending SIGTERM/SIGINT (``signals.pending``) ends
+    the loop after the step just dispatched: its steps are flushed and written, a checkpoint is saved
+    at it and ``signals.Interrupted`` is raised (at the last step the run simply ends)."""
     cfg = problem.cfg
     step_fn = problem.trainer.step
     step_keys = [seed_keys(s)["steps"] for s in problem.seeds]
@@ -837,7 +841,8 @@ def _train_steps(
         state, m = step_fn(state, batch, key)
         pending.append((step, m))
         step += 1
-        if not _must_flush(cfg, step, len(pending), stop_after):
+        stop = signals.pending() is not None and step < cfg.steps  # SIGTERM/SIGINT: stop at this step
+        if not stop and not _must_flush(cfg, step, len(pending), stop_after):
             continue
         host = jax.device_get([p[1] for p in pending])
         records = _accumulate(problem, counters, clock, [(p[0], h) for p, h in zip(pending, host)])
@@ -856,9 +861,11 @@ def _train_steps(
         out.bar.update(steps_done)
         if counters.all_diverged():
             break
-        if step % cfg.checkpoint_every == 0 and step < cfg.steps:
+        if stop or (step % cfg.checkpoint_every == 0 and step < cfg.steps):
             counters.wall = time.perf_counter() - t0
             _save(problem, out.ckpt, step, state, counters)
+        if stop:
+            raise signals.Interrupted(signals.pending(), step)
         if stop_after is not None and step >= stop_after:
             raise _Stopped()
     return step, state
@@ -922,8 +929,19 @@ def _recover_summary(problem: Problem, run_dir: str, desc: str, step: int, count
     return RunResult(summary["status"], summary)
 
 
+def _mark_interrupted(run_dir: str, base: dict, e: signals.Interrupted, ckpt: Checkpointer, counters: Counters) -> None:
+    """summary.json of a run stopped by a signal: ``interrupted`` at the step of its checkpoint
+    (``e.step``; after a second signal, the latest checkpoint's step, which is where it resumes)."""
+    step = e.step if e.step is not None else (ckpt.latest_step() or 0)
+    ckpt.close()
+    summary = {**base, "status": "interrupted", "error": None, "signal": e.name, "step": step}
+    io.write_json(os.path.join(run_dir, io.SUMMARY), {**summary, "wall_time": counters.wall})
+
+
+@signals.deferring
 def _train(problem: Problem, run_dir: str, desc: str, stop_after: int | None, nested: bool = False) -> RunResult:
-    """Restore or start, train, write the summary (the protocol of the module docstring)."""
+    """Restore or start, train, write the summary (the protocol of the module docstring); a
+    SIGTERM/SIGINT received meanwhile stops it at a checkpoint (``cconv.experiments.signals``)."""
     from cconv.experiments.loggers import progress
 
     cfg = problem.cfg
@@ -959,6 +977,11 @@ def _train(problem: Problem, run_dir: str, desc: str, stop_after: int | None, ne
         ckpt.close()
         writer.close()
         return RunResult("running", io.read_summary(run_dir))
+    except signals.Interrupted as e:
+        out.bar.close()
+        _mark_interrupted(run_dir, summary_base, e, ckpt, counters)
+        writer.close()
+        raise
     except BaseException:
         out.bar.close()
         writer.close(failed=True)

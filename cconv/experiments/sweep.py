@@ -36,6 +36,8 @@ A rule's ``set`` does not change the run's directory name (which lists the grid 
 3. for each run directory ``<out>/<grid point name>``: ``completed`` or ``diverged`` -> skipped;
    a checkpoint -> resumed; otherwise started.  A run that raises is recorded ``failed`` (with
    its error) and the sweep goes on; ``failed`` runs are retried the next time the sweep runs;
+   ``interrupted`` runs (SIGTERM/SIGINT, ``cconv.experiments.signals``) are resumed; such a signal
+   stops the sweep after the run it interrupts (the CLI exits 143 / 130);
    a run directory locked by another process (another sweep or ``cconv run`` on it, see
    ``io.run_lock``) is skipped and counted ``busy``: it is that process's to finish;
 4. writes ``<out>/sweep.json`` (the grid points; per run its config digest and the sweep file
@@ -62,7 +64,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cconv.experiments import io
+from cconv.experiments import io, signals
 from cconv.experiments.config import (
     FIELDS,
     ConfigError,
@@ -314,6 +316,7 @@ def _log(msg: str, file: Any = None) -> None:
     tqdm.write(msg, file=file or sys.stdout)
 
 
+@signals.deferring  # SIGTERM/SIGINT: the run it interrupts is checkpointed, then the sweep stops
 def run_sweep(path: str, out: str | None = None, figure: bool = True, log: Callable[..., None] = _log) -> dict:
     """Run a sweep file; returns counts {completed, diverged, failed, skipped, busy} and the outputs."""
     from cconv.experiments import runner
@@ -335,6 +338,7 @@ def run_sweep(path: str, out: str | None = None, figure: bool = True, log: Calla
     bar = progress(len(runs), f"sweep {name}", leave=True, position=0)
     bar.unit = "run"
     for i, r in enumerate(runs):
+        signals.check()  # a signal between two runs: stop before the next
         rd = os.path.join(out, r.name)
         if io.is_finished(rd):
             counts["skipped"] += 1
@@ -347,6 +351,10 @@ def run_sweep(path: str, out: str | None = None, figure: bool = True, log: Calla
                 log(f"[{i + 1}/{len(runs)}] {r.name}: {res.status}")
             else:  # another process finished it meanwhile
                 counts["skipped"] += 1
+        except signals.Interrupted as e:  # checkpointed and marked interrupted: resumed by the next sweep
+            log(f"[{i + 1}/{len(runs)}] {r.name}: interrupted ({e.name}) at step {e.step}", file=sys.stderr)
+            bar.close()
+            raise
         except io.RunLocked:
             counts["busy"] += 1
             log(f"[{i + 1}/{len(runs)}] {r.name}: skipped, in use by another cconv process")
