@@ -74,12 +74,13 @@ from cconv.engine.launchers import LAUNCHERS
 from cconv.experiments import io, writers
 from cconv.experiments.checkpoint import Checkpointer, CheckpointError, decode_host_state, encode_host_state
 from cconv.experiments.config import (
-    ADDED_FIELDS,
     ConfigError,
     RunConfig,
+    check_batch,
     engine_config,
     make_optimizer,
     network_label,
+    read_stored,
     resolve_network,
     to_yaml,
 )
@@ -169,6 +170,7 @@ def build_problem(cfg: RunConfig) -> Problem:
             raise ConfigError(f"model {cfg.model}: {_first_line(e)}") from None
         if len(specs) == 1:
             check_optimizer(cfg, optimizer, specs[0].params)
+        check_batch(cfg, len(ds.train["y"]))
         parts = data.partition(ds.train["y"], cfg.workers, scheme=scheme, key=s, **pkw)
         batchers.append(data.Batcher(ds.train, parts, cfg.batch_size, keys["data"]))
     ecfg = engine_config(cfg, shapes=[x.shape for x in jax.tree.leaves(specs[0].params)])  # ef_scale: auto
@@ -440,13 +442,7 @@ def prepare_run_dir(run_dir: str, cfg: RunConfig) -> str:
     io.check_writable(os.path.dirname(os.path.abspath(run_dir)) or ".")
     cpath = os.path.join(run_dir, io.CONFIG)
     if os.path.exists(cpath):
-        try:
-            with open(cpath) as fh:
-                old = yaml.safe_load(fh)
-        except (OSError, yaml.YAMLError):
-            old = None
-        if isinstance(old, dict):  # written before a field existed: it held the default
-            old = {**{k: v for k, v in ADDED_FIELDS.items() if k not in old}, **old}
+        old = read_stored(cpath)  # fields added since filled in; a damaged file: one-line ConfigError
         if old != yaml.safe_load(to_yaml(cfg)):
             from cconv.experiments.config import diff
 
