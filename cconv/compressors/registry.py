@@ -255,6 +255,8 @@ class Entry(NamedTuple):
     label        human-readable name for plots and tables
     cases        small hyper-parameter sets the generic tests run (at least one)
     bench        ``Bench`` settings (None: benchmarked with its defaults, no target)
+    votes        its payloads are signs, so sign(sum_w decompress(payload_w)) is signSGD's majority
+                 vote: ``vote=True`` is allowed (refused for every other compressor)
     name         filled in by ``register``
     """
 
@@ -267,6 +269,7 @@ class Entry(NamedTuple):
     label: str = ""
     cases: tuple[dict, ...] = ({},)
     bench: Bench | None = None
+    votes: bool = False
     name: str = ""
 
     def aggregation_of(self, hparams: Mapping[str, Any]) -> str:

@@ -79,12 +79,13 @@ from cconv.engine.launchers import LAUNCHERS
 from cconv.experiments import io, signals, writers
 from cconv.experiments.checkpoint import Checkpointer, CheckpointError, decode_host_state, encode_host_state
 from cconv.experiments.config import (
-    ADDED_FIELDS,
     ConfigError,
     RunConfig,
+    check_batch,
     engine_config,
     make_optimizer,
     network_label,
+    read_stored,
     resolve_network,
     to_yaml,
 )
@@ -174,6 +175,7 @@ def build_problem(cfg: RunConfig) -> Problem:
             raise ConfigError(f"model {cfg.model}: {_first_line(e)}") from None
         if len(specs) == 1:
             check_optimizer(cfg, optimizer, specs[0].params)
+        check_batch(cfg, len(ds.train["y"]))
         parts = data.partition(ds.train["y"], cfg.workers, scheme=scheme, key=s, **pkw)
         batchers.append(data.Batcher(ds.train, parts, cfg.batch_size, keys["data"]))
     ecfg = engine_config(cfg, shapes=[x.shape for x in jax.tree.leaves(specs[0].params)])  # ef_scale: auto
@@ -447,13 +449,7 @@ def stored_config_diff(run_dir: str, cfg: RunConfig) -> list[str] | None:
     cpath = os.path.join(run_dir, io.CONFIG)
     if not io.check_entry(cpath):
         return None
-    try:
-        old = yaml.safe_load(io.read_text(cpath))
-    except (OSError, ValueError, yaml.YAMLError, RecursionError):
-        old = None
-    if not isinstance(old, dict):
-        return [f"{cpath} is damaged (not a config mapping)"]
-    old = {**{k: v for k, v in ADDED_FIELDS.items() if k not in old}, **old}  # fields added since: defaults
+    old = read_stored(cpath)  # fields added since filled in; a damaged file: one-line ConfigError
     if old == yaml.safe_load(to_yaml(cfg)):
         return []
     return diff(old, cfg.to_dict()) or ["(the stored config.yaml is written differently)"]
