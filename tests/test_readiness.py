@@ -188,7 +188,7 @@ def test_gpu_check_dry_run_writes_every_table(tmp_path):
     assert "topk" in {r["name"] for r in bench["a"]["rows"]} and bench["a"]["floors"][0]["read_floor_s"] > 0
     assert {r["config"] for r in bench["b"]["rows"]} == {"dense", "topk 1% + EF"}
     assert "## (a)" in (out / "dry-cpu.md").read_text()
-    sweep = yaml.safe_load((runs / "dry-cpu-quickstart" / "sweep.yaml").read_text())
+    sweep = yaml.safe_load((runs / "dry-cpu-quickstart.yaml").read_text())
     assert sweep["base"]["launcher"] == "vmap" and sweep["base"]["workers"] == 8
     rows = list(csv.DictReader(open(out / "dry-cpu-quickstart.csv")))
     assert [r["compressor"] for r in rows] == ["topk"]

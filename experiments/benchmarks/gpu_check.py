@@ -103,9 +103,11 @@ def main(argv=None, log=print) -> int:
         _run([sys.executable, str(HERE / "run.py"), *bench, "--workers", str(n), "--out", str(out), "--tag", tag], log)
     ]
     sweep_dir = runs / f"{tag}-quickstart"
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    (sweep_dir / "sweep.yaml").write_text(yaml.safe_dump(sweep_config(args.dry_run), sort_keys=False))
-    cmd = [sys.executable, "-m", "cconv", "sweep", str(sweep_dir / "sweep.yaml"), "--out", str(sweep_dir)]
+    # the sweep file lives beside its directory: `cconv sweep --out` takes only its own directories
+    sweep_file = runs / f"{tag}-quickstart.yaml"
+    runs.mkdir(parents=True, exist_ok=True)
+    sweep_file.write_text(yaml.safe_dump(sweep_config(args.dry_run), sort_keys=False))
+    cmd = [sys.executable, "-m", "cconv", "sweep", str(sweep_file), "--out", str(sweep_dir)]
     steps.append(_run(cmd + ["--no-figure"] * args.dry_run, log))
     report = sweep_dir / "report.csv"
     if report.exists():
