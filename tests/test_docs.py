@@ -123,3 +123,22 @@ def test_every_compressor_factory_has_help_with_its_formula_knobs_and_defaults()
             assert f"{p.name}={p.default!r}: {p.describe()}" in text, (name, p.name)
         assert "Aggregation:" in text, name
     assert "A tie" in cconv.compressors.signsgd.__doc__ and "resolves to +1" in cconv.compressors.signsgd.__doc__
+
+
+TEST_REF = re.compile(r"tests/(test_\w+\.py)::(test_\w+)")
+
+
+def test_every_test_a_page_names_exists():
+    """The promises in the docs ("What cconv guarantees", config rules, signals, ...) name their
+    tests as ``tests/<file>::<test>``; each named test must exist, so a renamed or removed test
+    cannot leave a promise pointing at nothing."""
+    named = set()
+    for page in glob.glob(os.path.join(DOCS, "*.md")) + [README]:
+        named |= {(page, f, t) for f, t in TEST_REF.findall(open(page, encoding="utf-8").read())}
+    assert len(named) >= 20
+    missing = []
+    for page, f, t in sorted(named):
+        path = os.path.join(ROOT, "tests", f)
+        if not os.path.exists(path) or not re.search(rf"^def {t}\(", open(path, encoding="utf-8").read(), re.M):
+            missing.append(f"{os.path.basename(page)}: tests/{f}::{t}")
+    assert not missing, missing
