@@ -17,6 +17,7 @@ __all__ = [
     "distributed",
     "Exchange",
     "as_optax",
+    "advise",
     "__version__",
 ]
 
@@ -35,6 +36,10 @@ def __getattr__(name):
         import importlib
 
         return importlib.import_module(f"cconv.{name}")
+    if name == "advise":  # the advisor (cconv.advisor.advise; `cconv advise`)
+        from cconv.advisor import advise
+
+        return advise
     if name in _DROPIN:  # the drop-in API (cconv.engine.dropin)
         from cconv.engine import dropin
 

@@ -369,6 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--csv", metavar="FILE", help="also write the full table as CSV ('-' prints CSV only)")
     rp.set_defaults(func=cmd_report)
 
+    from cconv.advisor import cli as advise_cli
+
+    advise_cli.register(sub, common)
     from cconv.theory import plan_cli
 
     plan = plan_cli.register(sub)
