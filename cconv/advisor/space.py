@@ -14,14 +14,17 @@ The block (every key optional)::
         - {local_steps: 4}
       architectures: [all-to-all]  # or parameter-server / ps
       schedules: [wfbp]            # communication schedules: timing only, no extra probes
+      include:                     # further candidates, each a mapping of run-config keys
+        - {compressor: {name: topk, ratio: 0.1}, memory: ef, local_steps: 4}
       target: test_accuracy=0.9    # --target
       probe: 0.1                   # --probe (fraction of the config's steps)
       seeds: 3                     # --seeds
 
 Default (no block, or a key left out): ``compressors`` = every registered compressor with a
 ``knob`` that lists values (``Entry.knob``), at its smallest and largest value; ``memory`` =
-``[none, ef]``; ``sync`` = ``[bsp, {local_steps: H}]`` with H the config's ``local_steps_init``
-default (local SGD, the common non-BSP mode); ``architectures`` = the config's own; ``schedules`` =
+``[none, ef]``; ``sync`` = ``[bsp]``; ``include`` (when ``sync`` is not given either) = the dense
+model under local SGD, ``[{local_steps: H}]`` with H the config's ``local_steps_init`` default
+(the common non-BSP mode); ``architectures`` = the config's own; ``schedules`` =
 the config's ``schedule`` or ``wfbp`` (PyTorch DDP's and Horovod's overlap of communication with
 backpropagation).  The dense baseline (compressor ``none``, memory ``none``, the first sync and
 architecture) is always a candidate.  A combination the config loader or the engine refuses (e.g.
@@ -33,7 +36,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, NamedTuple
 
-KEYS = ("compressors", "memory", "sync", "architectures", "schedules", "target", "probe", "seeds")
+KEYS = ("compressors", "memory", "sync", "architectures", "schedules", "include", "target", "probe", "seeds")
 DENSE = "none"
 
 
@@ -56,6 +59,7 @@ class Space(NamedTuple):
     sync: tuple
     architectures: tuple
     schedules: tuple
+    include: tuple = ()
     target: str | None = None
     probe: float | None = None
     seeds: int | None = None
@@ -122,11 +126,7 @@ def parse(block: Any, cfg: Any) -> Space:
         if not isinstance(m, str):
             raise ValueError(f"advise.memory: expected names (none, ef, dgc), got {m!r}")
     sync = _list(block, "sync")
-    sync_points = (
-        [_sync_point(s) for s in sync]
-        if sync is not None
-        else [{"sync": "bsp"}, {"local_steps": FIELDS["local_steps_init"].default}]
-    )
+    sync_points = [_sync_point(s) for s in sync] if sync is not None else [{"sync": "bsp"}]
     arch = _list(block, "architectures") or [cfg.architecture]
     scheds = _list(block, "schedules") or [cfg.schedule or "wfbp"]
     from cconv.theory.schedule import schedules as S
@@ -142,7 +142,26 @@ def parse(block: Any, cfg: Any) -> Space:
     target = block.get("target")
     if target is not None and not isinstance(target, str):
         raise ValueError(f"advise.target: expected METRIC=VALUE, got {target!r}")
-    return Space(tuple(points), tuple(memory), tuple(sync_points), tuple(arch), tuple(scheds), target, probe, seeds)
+    include = _list(block, "include")
+    if include is None:  # default: the dense model under local SGD, the common non-BSP mode
+        include = [{"local_steps": FIELDS["local_steps_init"].default}] if sync is None else []
+    for inc in include:
+        if not isinstance(inc, dict) or not inc:
+            raise ValueError(f"advise.include: expected mappings of run-config keys, got {inc!r}")
+        bad = [k for k in inc if k not in FIELDS]
+        if bad:
+            raise ValueError(f"advise.include: unknown config key(s) {', '.join(map(str, bad))}")
+    return Space(
+        tuple(points),
+        tuple(memory),
+        tuple(sync_points),
+        tuple(arch),
+        tuple(scheds),
+        tuple(include),
+        target,
+        probe,
+        seeds,
+    )
 
 
 def _label(comp: dict, memory: str, sync: dict, arch: str, arch0: str, sync0: dict) -> str:
@@ -174,4 +193,9 @@ def candidates(space: Space) -> list[Candidate]:
         if comp["name"] == DENSE and memory != "none":
             continue
         add(comp, memory, sync, arch)
+    for inc in space.include:
+        comp = inc.get("compressor", dense)
+        comp = {"name": comp} if isinstance(comp, str) else dict(comp)
+        sync = {k: v for k, v in inc.items() if k not in ("compressor", "memory", "architecture")}
+        add(comp, inc.get("memory", "none"), sync or sync0, inc.get("architecture", arch0))
     return list(out.values())
