@@ -212,9 +212,8 @@ def advise(
     if figure and any(r.rank for r in rows):
         from cconv.advisor import figure as F
 
-        title = (
-            f"{plan.source}: {plan.target} on {plan.cluster.name} (probes {plan.probe:g} of {plan.base.steps} steps)"
-        )
+        src = os.path.basename(plan.source)
+        title = f"{src}: {plan.target} on {plan.cluster.name} (probes {plan.probe:g} of {plan.base.steps} steps)"
         outputs["figure"] = F.plot(
             rows, plan.target.metric, plan.target.kind.higher, title, os.path.join(plan.out, FIGURE_NAME)
         )

@@ -68,7 +68,9 @@ def plot(rows: list[Row], metric: str, higher: bool, title: str, out: str) -> st
         )
     ax.set_xscale("log")
     ax.set_xlabel("predicted time to target on the cluster (s, log); bars: interval")
-    ax.set_ylabel(f"{metric} at the full step budget (fitted curve)")
+    ax.set_ylabel(f"{metric} at the full step budget (fitted curve; up: better)")
+    if not higher:
+        ax.invert_yaxis()
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3, which="both")
     if front:

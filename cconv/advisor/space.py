@@ -24,11 +24,13 @@ Default (no block, or a key left out): ``compressors`` = every registered compre
 ``knob`` that lists values (``Entry.knob``), at its smallest and largest value; ``memory`` =
 ``[none, ef]``; ``sync`` = ``[bsp]``; ``include`` (when ``sync`` is not given either) = the dense
 model under local SGD, ``[{local_steps: H}]`` with H the config's ``local_steps_init`` default
-(the common non-BSP mode); ``architectures`` = the config's own; ``schedules`` =
-the config's ``schedule`` or ``wfbp`` (PyTorch DDP's and Horovod's overlap of communication with
-backpropagation).  The dense baseline (compressor ``none``, memory ``none``, the first sync and
-architecture) is always a candidate.  A combination the config loader or the engine refuses (e.g.
-``asp`` without a parameter server) is skipped and reported, not run.
+(the common non-BSP mode); ``architectures`` = the config's own; ``schedules`` = the config's
+``schedule`` or ``mg-wfbp`` (MG-WFBP, Shi et al., INFOCOM 2019: communication overlapped with
+backpropagation, small gradients merged into larger messages, as PyTorch DDP's buckets and
+Horovod's tensor fusion do; plain ``wfbp`` pays one latency per layer).  The dense baseline
+(compressor ``none``, memory ``none``, the first sync and architecture) is always a candidate.
+A combination the config loader or the engine refuses (e.g. ``asp`` without a parameter server)
+is skipped and reported, not run.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Any, NamedTuple
 
 KEYS = ("compressors", "memory", "sync", "architectures", "schedules", "include", "target", "probe", "seeds")
 DENSE = "none"
+DEFAULT_SCHEDULE = "mg-wfbp"  # merged-gradient WFBP: overlap with backprop, small tensors merged (as DDP buckets)
 
 
 class Candidate(NamedTuple):
@@ -128,7 +131,7 @@ def parse(block: Any, cfg: Any) -> Space:
     sync = _list(block, "sync")
     sync_points = [_sync_point(s) for s in sync] if sync is not None else [{"sync": "bsp"}]
     arch = _list(block, "architectures") or [cfg.architecture]
-    scheds = _list(block, "schedules") or [cfg.schedule or "wfbp"]
+    scheds = _list(block, "schedules") or [cfg.schedule or DEFAULT_SCHEDULE]
     from cconv.theory.schedule import schedules as S
 
     for s in scheds:

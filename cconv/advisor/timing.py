@@ -6,18 +6,21 @@ For a probe (its trainer, built with the cluster's P workers) and a cluster
 * compute: the model's forward + backward FLOPs on the local batch (``cconv.theory.profiles
   .from_spec``, read from the model's jaxpr) / the device's sustained FLOP/s (``Device.flops``),
   times the synchronization mode's span of the step (``SyncMode.span``: 1 without a worker
-  timing model);
+  timing model), plus ``3 x layers x Device.launch_s`` (a forward and two backward kernels per
+  layer, each paying the device's launch cost: small models are launch bound);
 * communication: the step's own collectives (``trainer.collectives(step)``: kind, bytes and count
   as the engine performs them, the same list that the byte ledger records), on the cluster's
   two-level network (``Cluster.network()``), through a parameter server when the candidate's
   transport goes through one (``Transport.via_server``);
 * compression and decompression: the candidate's ``exchange`` (memory, compress, aggregate,
-  decompress of every received payload; ``cconv.experiments.runner.Calibration.exchange_time``)
-  measured on this machine with the collectives stubbed out, then scaled to the device by memory
+  decompress of every received payload, as ``cconv.experiments.runner.Calibration`` times it)
+  measured on this machine with the collectives stubbed out (``exchange_seconds``: the fastest of
+  5 calls on a standard-normal stand-in gradient), then scaled to the device by memory
   bandwidth, the rule of ``cconv.theory.schedule.compress`` (compression kernels are memory
-  bound, so a kernel's time is the same multiple of its read floor on both machines):
+  bound, so a kernel's time is the same multiple of its read floor on both machines), plus one
+  launch per layer for compression and one for decompression, as ``compress.layer_cost`` charges:
 
-      t_device = t_host x B_host / B_device,
+      t_device = t_host x B_host / B_device + 2 x layers x Device.launch_s,
 
   with B_host measured here (``host_bandwidth``: the fastest read of a 64 MiB fp32 array) and
   B_device the datasheet's (``Device.mem_bw``);
@@ -37,6 +40,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 STEPS = 64  # steps averaged (covers the usual local-SGD periods)
+KERNELS_PER_LAYER = 3  # forward, backward to the input, backward to the weights
 
 
 class StepTime(NamedTuple):
@@ -78,25 +82,63 @@ def profile_of(problem: Any):
     return profiles.from_spec(cfg.model["name"], problem.specs[0], b)
 
 
+def _fastest(fn, *args, repeats: int = 5) -> float:
+    """Fastest of ``repeats`` timed calls after a warm-up (compiling) call: interference from other
+    processes only ever adds time, so the minimum is the least disturbed estimate."""
+    import jax
+
+    jax.block_until_ready(fn(*args))
+    best = np.inf
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        best = min(best, time.perf_counter() - t)
+    return float(best)
+
+
+@functools.cache
+def _gradient(params_shapes: tuple, seed: int = 0):
+    """A stand-in gradient (standard normal) of the given leaf shapes: what compression costs does
+    not depend on the values' history, and one is shared by every candidate of a model."""
+    import jax
+
+    keys = jax.random.split(jax.random.key(seed), len(params_shapes))
+    return [jax.random.normal(k, shape, dtype) for k, (shape, dtype) in zip(keys, params_shapes)]
+
+
+def exchange_seconds(problem: Any, phase: Any) -> float:
+    """One worker's ``exchange`` of ``phase`` on this machine (``SyncMode.exchange_work``, the
+    engine's memory + compress + decompress with the collectives stubbed out by ``DryComm``)."""
+    import jax
+
+    trainer = problem.trainer
+    params = problem.specs[0].params
+    leaves, tree = jax.tree.flatten(params)
+    grads = jax.tree.unflatten(tree, _gradient(tuple((x.shape, x.dtype) for x in leaves)))
+    fn, args = trainer.sync.exchange_work(trainer.cfg, trainer.plan(phase), grads)
+    return _fastest(fn, *args, jax.random.key(0))
+
+
 def step_times(problem: Any, cluster: Any, schedules: tuple, profile: Any = None) -> list[StepTime]:
     """``StepTime`` of the probe's ``problem`` on ``cluster`` under each schedule (module docstring)."""
     from cconv.comm.aggregation import TRANSPORTS
-    from cconv.experiments.runner import Calibration
     from cconv.theory import network as N
     from cconv.theory.schedule import runs
 
     profile = profile if profile is not None else profile_of(problem)
     trainer, dev, net, P = problem.trainer, cluster.device, cluster.network(), cluster.workers
-    compute = (profile.fwd_flops + profile.bwd_flops) / dev.flops
+    layers = len(profile.layers)
+    compute = (profile.fwd_flops + profile.bwd_flops) / dev.flops + KERNELS_PER_LAYER * layers * dev.launch_s
     scale = host_bandwidth() / dev.mem_bw
-    calib, sync, ps = Calibration(problem), trainer.sync, TRANSPORTS[trainer.cfg.architecture].via_server
+    sync, ps = trainer.sync, TRANSPORTS[trainer.cfg.architecture].via_server
     steps = range(min(STEPS, problem.cfg.steps))
     per_phase: dict = {}
     for s in steps:
         ph = trainer.phase(s)
         if ph not in per_phase:
             colls = [c for c in trainer.collectives(s) if not getattr(c, "control", False)]
-            ex = calib.exchange_time(ph) * scale if sync.communicates(ph) and colls else 0.0
+            talks = sync.communicates(ph) and colls
+            ex = exchange_seconds(problem, ph) * scale + 2 * layers * dev.launch_s if talks else 0.0
             per_phase[ph] = (colls, ex, N.step_comm_time(colls, P, net) if colls else 0.0)
     out = []
     for sched in schedules:
