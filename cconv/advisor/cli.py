@@ -11,7 +11,7 @@ from cconv.advisor import report as R
 DESCRIPTION = """\
 Which method reaches the target soonest on this cluster?  Trains every candidate of the config's
 `advise:` block (default: the registries' compressors at their knob's extreme values, with and
-without error feedback, BSP and local SGD, and the dense baseline) for a fraction of the config's
+without error feedback, under BSP; the dense baseline under BSP and local SGD) for a fraction of the config's
 steps (--probe), several seeds as one program; extrapolates each learning curve to the target with
 an interval; times a step on the cluster with the systems simulator (FLOPs / device, the step's own
 collectives on the two-level network, compression measured here and scaled by memory bandwidth,

@@ -73,7 +73,7 @@ TASKS = {
             optimizer={"name": "adam"},
             steps=160,
         ),
-        target="test_loss=2.8",
+        target="test_loss=2.4",
         log_every=2,
     ),
 }
@@ -100,7 +100,7 @@ def candidates(cfg):
     return SP.candidates(SP.parse(SPACE, cfg))
 
 
-def full_runs(task: str, spec: dict, out: str) -> tuple:
+def full_runs(task: str, spec: dict, out: str, only: list | None = None) -> tuple:
     """(target, [(candidate, curve)]) of every candidate's full run (resumed when present)."""
     from cconv.advisor import api, probes
     from cconv.advisor import target as T
@@ -110,7 +110,9 @@ def full_runs(task: str, spec: dict, out: str) -> tuple:
     cands = candidates(cfg)
     tgt = None
     res = []
-    for c in cands:
+    for i, c in enumerate(cands):
+        if only is not None and i not in only:
+            continue
         rc = probes.probe_config(cfg, c, cfg.steps, SEEDS, WORKERS, log_every=spec["log_every"])
         if tgt is None:
             tgt = T.parse(spec["target"], api.task_metrics(runner.build_problem(rc)))
@@ -337,7 +339,14 @@ def main(argv=None) -> int:
         "--calibrate", action="store_true", help="set kappa on the first task; the others are checked with it"
     )
     ap.add_argument("--results", default=HERE, help="where results.json/.md and validation.png go")
+    ap.add_argument(
+        "--candidates", help="train only these candidates (comma-separated indices) and stop: to share the work"
+    )
     args = ap.parse_args(argv)
+    if args.candidates:  # a worker process: train its share of the full runs, score nothing
+        for task in args.tasks:
+            full_runs(task, TASKS[task], args.out, [int(i) for i in args.candidates.split(",")])
+        return 0
     command = "PYTHONPATH=. python experiments/advise/validate.py " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
