@@ -12,11 +12,12 @@ transient is not a power law).  The steps to the target gap e* solve it:
 
     log t* = (a - log e*) / b.
 
-Interval on log t* (``z`` standard errors each side), three independent sources:
+Interval on log t*: ``z`` standard errors of the noise each side, plus the model's error:
 
-* fit: the delta method on the least-squares covariance of (a, b) (residual variance s^2
-  (X^T X)^-1), gradient (-1/b, -log t*/b) -- the classical inverse-regression interval;
-* seeds: the spread of the same prediction made on each seed's own curve, var_s / S;
+* noise, two estimates of the same variance, the larger taken: the delta method on the
+  least-squares covariance of (a, b) (residual variance s^2 (X^T X)^-1, gradient (1/b, -log t*/b),
+  the classical inverse-regression interval), and the spread of the same prediction made on each
+  seed's own curve, var_s / S (the mean of S curves);
 * extrapolation: ``kappa * log(t* / t_end)`` -- the model's own error grows with how far past the
   probe's last step t_end it reaches.  ``kappa`` was set on the digits task of the validation
   benchmark (``experiments/advise``) and is checked on the other tasks there.
@@ -153,7 +154,7 @@ def predict(curve: Curve, target: Target, settings: Settings = Settings()) -> Pr
         var_seed = float(per_seed.var(ddof=1) / len(per_seed)) if len(per_seed) > 1 else 0.0
     t_end = float(xs[-1])
     ext = math.exp(lt) / t_end
-    half = settings.z * math.sqrt(var_fit + var_seed) + settings.kappa * max(math.log(max(ext, 1.0)), 0.0)
+    half = settings.z * math.sqrt(max(var_fit, var_seed)) + settings.kappa * max(math.log(max(ext, 1.0)), 0.0)
     t, lo, hi = math.exp(lt), math.exp(lt - half), math.exp(lt + half)
     lo = max(lo, t_end)  # not reached by the probe's last step
     if ext > settings.max_extrapolation:
