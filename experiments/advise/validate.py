@@ -100,11 +100,11 @@ def candidates(cfg):
     return SP.candidates(SP.parse(SPACE, cfg))
 
 
-def full_runs(task: str, spec: dict, out: str, only: list | None = None) -> tuple:
+def full_runs(task: str, spec: dict, out: str, only: list | None = None, finished_only: bool = False) -> tuple:
     """(target, [(candidate, curve)]) of every candidate's full run (resumed when present)."""
     from cconv.advisor import api, probes
     from cconv.advisor import target as T
-    from cconv.experiments import runner
+    from cconv.experiments import io, runner
 
     cfg, _ = api.load_config(dict(spec["base"]))
     cands = candidates(cfg)
@@ -113,11 +113,15 @@ def full_runs(task: str, spec: dict, out: str, only: list | None = None) -> tupl
     for i, c in enumerate(cands):
         if only is not None and i not in only:
             continue
+        run_dir = os.path.join(out, task, probes.slug(c.name))
+        if finished_only and not io.is_finished(run_dir):
+            print(f"  {task} {c.name}: not finished, left out", flush=True)
+            continue
         rc = probes.probe_config(cfg, c, cfg.steps, SEEDS, WORKERS, log_every=spec["log_every"])
         if tgt is None:
             tgt = T.parse(spec["target"], api.task_metrics(runner.build_problem(rc)))
         t = time.perf_counter()
-        pr = probes.run(rc, c, os.path.join(out, task, probes.slug(c.name)), nested=False)
+        pr = probes.run(rc, c, run_dir, nested=False)
         print(f"  {task} {c.name}: {pr.status} ({time.perf_counter() - t:.0f} s)", flush=True)
         res.append((c, pr.curve(tgt.metric)))
     return tgt, res
@@ -344,6 +348,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--candidates", help="train only these candidates (comma-separated indices) and stop: to share the work"
     )
+    ap.add_argument("--finished-only", action="store_true", help="score only the full runs that have finished")
     args = ap.parse_args(argv)
     if args.candidates:  # a worker process: train its share of the full runs, score nothing
         for task in args.tasks:
@@ -357,7 +362,7 @@ def main(argv=None) -> int:
     settings, results = Settings(), []
     for i, task in enumerate(args.tasks):
         t = time.perf_counter()
-        tgt, runs = full_runs(task, TASKS[task], args.out)
+        tgt, runs = full_runs(task, TASKS[task], args.out, finished_only=args.finished_only)
         gt_s = time.perf_counter() - t
         if i == 0 and args.calibrate:
             settings = Settings(kappa=calibrate(tgt, runs, TASKS[task]["base"]["steps"]))
