@@ -165,7 +165,11 @@ def score(tgt, runs: list, steps: int, frac: float, settings=None) -> dict:
     tau = float(kendalltau(pred, act).statistic)
     best = act.min()
     pick = int(np.argmin(pred))
-    regret = float(act[pick] / best) if best < big and act[pick] < big else math.inf
+    if pred[pick] >= big:  # nothing ranked: the advisor makes no recommendation
+        regret, pick_name = math.nan, "no recommendation"
+    else:
+        regret = float(act[pick] / best) if best < big and act[pick] < big else math.inf
+        pick_name = rows[pick]["candidate"]
     cov = [
         r["lo"] <= r["actual"] <= r["hi"] for r in rows if math.isfinite(r["predicted"]) and math.isfinite(r["actual"])
     ]
@@ -173,7 +177,7 @@ def score(tgt, runs: list, steps: int, frac: float, settings=None) -> dict:
         budget=frac,
         tau=tau,
         regret=regret,
-        pick=rows[pick]["candidate"],
+        pick=pick_name,
         coverage=float(np.mean(cov)) if cov else math.nan,
         covered=int(sum(cov)),
         checked=len(cov),
