@@ -72,7 +72,7 @@ class Settings(NamedTuple):
     fit_fraction: float = 0.6
     min_points: int = 4
     z: float = 1.645  # two-sided 90 % under a normal error on log t*
-    kappa: float = 0.25
+    kappa: float = 0.2  # calibrated on the digits task of experiments/advise (validate.py --calibrate)
     min_rate: float = 0.05
     max_extrapolation: float = 50.0
     max_width: float = 20.0
