@@ -268,3 +268,29 @@ def test_advise_end_to_end_on_digits(tmp_path):
     assert os.path.getsize(adv.outputs["figure"]) > 10_000
     (v,) = adv.verify
     assert v.candidate == top.candidate and math.isfinite(v.actual)
+
+
+def test_speedups_are_over_the_dense_bsp_baseline():
+    """Two dense rows (BSP and local SGD): speedups are over the named baseline (BSP), not over
+    whichever dense row came last (a bug this test caught)."""
+    from cconv.advisor import report as R
+    from cconv.advisor.timing import StepTime
+
+    def row(name, over, steps, step_s):
+        p = X.Prediction("predicted", steps, steps / 2, steps * 2, extrapolation=2.0)
+        return R.Row(name, over, "mg-wfbp", p, StepTime("mg-wfbp", step_s, 0, 0, 0), 1.0, 0.9)
+
+    rows = R.rank(
+        [
+            row("none", {"compressor": {"name": "none"}}, 100, 1.0),
+            row("none local_steps=4", {"compressor": {"name": "none"}, "local_steps": 4}, 100, 0.25),
+            row("topk", {"compressor": {"name": "topk"}}, 100, 0.5),
+        ],
+        budget=1000,
+        baseline="none",
+    )
+    speed = {r.candidate: r.speedup for r in rows}
+    assert speed == {"none local_steps=4": 4.0, "topk": 2.0, "none": 1.0}
+    assert [r.rank for r in rows] == [1, 2, 3]
+    ok, line = R.recommendation(rows, "test_accuracy>=0.9", "1x8", "none")
+    assert ok and line.startswith("Recommended: none local_steps=4 (mg-wfbp)") and "4.00x dense" in line

@@ -164,7 +164,7 @@ def evaluate(plan: Plan, probes: list, settings: X.Settings = X.Settings()) -> l
             rows.append(
                 R.Row(pr.candidate.name, pr.candidate.overrides, st.schedule, pred, st, pr.bytes_per_step(), final)
             )
-    return R.rank(rows, plan.base.steps)
+    return R.rank(rows, plan.base.steps, plan.candidates[0].name)
 
 
 def verify(plan: Plan, rows: list, n: int) -> list:
@@ -207,7 +207,7 @@ def advise(
     probes = PR.run_all(plan.configs, plan.candidates, os.path.join(plan.out, "probes"))
     probe_wall = time.perf_counter() - t0
     rows = evaluate(plan, probes)
-    ok, line = R.recommendation(rows, str(plan.target), plan.cluster.name)
+    ok, line = R.recommendation(rows, str(plan.target), plan.cluster.name, plan.candidates[0].name)
     outputs = {"json": os.path.join(plan.out, JSON_NAME)}
     if figure and any(r.rank for r in rows):
         from cconv.advisor import figure as F

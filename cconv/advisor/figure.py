@@ -38,7 +38,7 @@ def plot(rows: list[Row], metric: str, higher: bool, title: str, out: str) -> st
     fig, ax = plt.subplots(figsize=(8, 5.5), constrained_layout=True)
     for r in ranked:
         on = r in front
-        dense = r.overrides.get("compressor", {}).get("name") == "none"
+        dense = r.speedup == 1.0 and r.overrides.get("compressor", {}).get("name") == "none"
         ax.errorbar(
             r.time_s,
             r.final_metric,

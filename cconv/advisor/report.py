@@ -7,7 +7,7 @@ A row is one probed candidate under one communication schedule.  Rows whose pred
 
 fastest first; the others (diverged, stalled, not approached, noisy) are listed after them with
 the reason and no rank.  ``speedup`` is the dense baseline's predicted time over the row's (the
-dense row under the same schedule).  Risk flags:
+dense candidate under the first sync mode and architecture, same schedule).  Risk flags:
 
     wide         the interval spans more than a factor 3
     over-budget  the interval's upper end exceeds the config's step budget
@@ -48,10 +48,11 @@ def _times(r: Row) -> Row:
     return r._replace(time_s=p.steps * s, time_lo=p.lo * s, time_hi=p.hi * s) if p.ok else r
 
 
-def rank(rows: list[Row], budget: int) -> list[Row]:
-    """Rows with times, speedups, flags and ranks; ranked rows first (fastest first)."""
+def rank(rows: list[Row], budget: int, baseline: str = "none") -> list[Row]:
+    """Rows with times, speedups, flags and ranks; ranked rows first (fastest first).  ``baseline``:
+    the dense candidate's name (dense under the first sync mode and architecture)."""
     rows = [_times(r) for r in rows]
-    dense = {r.schedule: r for r in rows if r.overrides.get("compressor", {}).get("name") == "none"}
+    dense = {r.schedule: r for r in rows if r.candidate == baseline}
     ok = sorted((r for r in rows if r.prediction.ok), key=lambda r: r.time_s)
     best = ok[0] if ok else None
     out = []
@@ -113,14 +114,14 @@ def table(rows: list[Row], multi_schedule: bool) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def recommendation(rows: list[Row], target: str, cluster: str) -> tuple[bool, str]:
+def recommendation(rows: list[Row], target: str, cluster: str, baseline: str = "none") -> tuple[bool, str]:
     """(supported, one line): the fastest ranked row, or why the probes support no ranking."""
     ok = [r for r in rows if r.rank]
     if not ok:
         counts: dict[str, int] = {}
         for r in rows:
             counts[r.prediction.status] = counts.get(r.prediction.status, 0) + 1
-        dense = next((r for r in rows if r.overrides.get("compressor", {}).get("name") == "none"), None)
+        dense = next((r for r in rows if r.candidate == baseline), None)
         why = f"; dense: {dense.prediction.reason}" if dense is not None else ""
         what = ", ".join(f"{n} {k}" for k, n in counts.items())
         return False, f"No recommendation: the probes support no prediction of {target} ({what}){why}."

@@ -209,9 +209,11 @@ def wall_times(task: str, spec: dict, out: str, measure: bool = True) -> dict | 
     t = time.perf_counter()
     adv = cconv.advise(base, f"1x{WORKERS}", probe=0.1, seeds=SEEDS, out=os.path.join(out, task, "_wall_advise"))
     advise_s = time.perf_counter() - t
-    return dict(
-        dense_s=dense_s, advise_s=advise_s, ratio=advise_s / dense_s, candidates=len({r.candidate for r in adv.rows})
-    )
+    n = len({r.candidate for r in adv.rows})
+    res = dict(dense_s=dense_s, advise_s=advise_s, ratio=advise_s / dense_s, candidates=n)
+    with open(cache, "w") as fh:
+        json.dump(res, fh)
+    return res
 
 
 KAPPAS = tuple(round(0.05 * i, 2) for i in range(31))  # the extrapolation term's grid, 0 ... 1.5
