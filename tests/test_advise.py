@@ -294,3 +294,17 @@ def test_speedups_are_over_the_dense_bsp_baseline():
     assert [r.rank for r in rows] == [1, 2, 3]
     ok, line = R.recommendation(rows, "test_accuracy>=0.9", "1x8", "none")
     assert ok and line.startswith("Recommended: none local_steps=4 (mg-wfbp)") and "4.00x dense" in line
+
+
+def test_mnist1d_is_generated_offline_as_a_width_one_image():
+    """MNIST-1D (the validation's second task): make_dataset's signals as (40, 1, 1) images,
+    standardised with the training statistics, 10 classes; bad arguments are one-line errors."""
+    pytest.importorskip("mnist1d")
+    from cconv import data
+
+    ds = data.load("mnist1d", num_samples=200)
+    assert ds.input_shape == (40, 1, 1) and ds.num_classes == 10 and ds.task == "classification"
+    assert len(ds.train["y"]) == 160 and len(ds.test["y"]) == 40
+    assert abs(float(ds.train["x"].mean())) < 1e-5 and abs(float(ds.train["x"].std()) - 1) < 1e-4
+    with pytest.raises(ValueError, match="num_samples must be an integer >= 20"):
+        data.load("mnist1d", num_samples=5)

@@ -160,7 +160,7 @@ def predict(curve: Curve, target: Target, settings: Settings = Settings()) -> Pr
     if ext > settings.max_extrapolation:
         return _none(
             "not-approached",
-            f"the fit puts the target at ~{t:.3g} steps, {ext:.0f}x the probe (limit {settings.max_extrapolation:g}x)",
+            f"the fit puts the target at ~{t:.3g} steps, {ext:.3g}x the probe (limit {settings.max_extrapolation:g}x)",
             rate=b,
             extrapolation=ext,
         )

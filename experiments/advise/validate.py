@@ -297,7 +297,8 @@ def figure(results: list, path: str) -> None:
     fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4.6), constrained_layout=True, squeeze=False)
     for ax, r in zip(axes[0], results):
         b = next(x for x in r["budgets"] if abs(x["budget"] - 0.1) < 1e-9)
-        lim = r["steps"] * 1.6
+        his = [row["hi"] for row in b["rows"] if math.isfinite(row["hi"])]
+        lim = max([r["steps"] * 1.6, *(1.3 * h for h in his)])
         for row in b["rows"]:
             act = row["actual"] if math.isfinite(row["actual"]) else lim
             if not math.isfinite(row["predicted"]):
