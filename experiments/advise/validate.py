@@ -246,6 +246,8 @@ def task_result(task: str, spec: dict, tgt, runs: list, gt_s: float, settings) -
 
 
 def _f(x: float, fmt: str = "{:.2f}") -> str:
+    if isinstance(x, float) and math.isinf(x):
+        return "inf (the pick never reaches the target)"
     return fmt.format(x) if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"
 
 
