@@ -78,7 +78,7 @@ def _fmt_t(x: float) -> str:
     for unit, f in (("h", 3600), ("min", 60), ("s", 1), ("ms", 1e-3)):
         if x >= f:
             return f"{x / f:.3g} {unit}"
-    return f"{x * 1e6:.3g} us"
+    return f"{x * 1e6:.4g} us"
 
 
 def _fmt_b(x: float) -> str:

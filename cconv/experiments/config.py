@@ -223,7 +223,7 @@ class RunConfig:
     )
     advise: Any = field(
         default=None,
-        metadata={"help": "`cconv advise`: its search space and options (cconv.advisor.space); other commands ignore it"},
+        metadata={"help": "`cconv advise`: its search space and options (cconv.advisor.space); others ignore it"},
     )
     # --- gossip (decentralized training, cconv.engine.gossip) -------------------------------------
     gossip: str = field(
