@@ -23,6 +23,7 @@ __all__ = [
     "worker_key",
     "sync_model_state",
     "nnx_split",
+    "advise",
     "__version__",
 ]
 
@@ -42,6 +43,10 @@ def __getattr__(name):
         import importlib
 
         return importlib.import_module(f"cconv.{name}")
+    if name == "advise":  # the advisor (cconv.advisor.advise; `cconv advise`)
+        from cconv.advisor import advise
+
+        return advise
     if name in _DROPIN:  # the drop-in API (cconv.engine.dropin)
         from cconv.engine import dropin
 

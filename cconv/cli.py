@@ -378,6 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
     from cconv import doctor
 
     doctor.register(sub)
+    from cconv.advisor import cli as advise_cli
+
+    advise_cli.register(sub, common)
     from cconv.theory import plan_cli
 
     plan = plan_cli.register(sub)

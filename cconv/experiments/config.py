@@ -107,6 +107,7 @@ ADDED_FIELDS: dict[str, Any] = {
     "local_steps_init": 4,
     "schedule": None,
     "servers": None,
+    "advise": None,
 }
 # gossip (decentralized training, sync: gossip): EngineConfig's fields of the same names
 GOSSIP_FIELDS: dict[str, Any] = {
@@ -223,6 +224,10 @@ class RunConfig:
     )
     tensorboard: bool = field(
         default=False, metadata={"help": "also write TensorBoard event files to <run>/tensorboard/seed_<s>/"}
+    )
+    advise: Any = field(
+        default=None,
+        metadata={"help": "`cconv advise`: its search space and options (cconv.advisor.space); others ignore it"},
     )
     # --- gossip (decentralized training, cconv.engine.gossip) -------------------------------------
     gossip: str = field(
@@ -696,6 +701,8 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
         cfg.servers = _int("servers", cfg.servers)
         if cfg.schedule is None:
             raise ConfigError("servers: the parameter servers of the simulated time need a schedule")
+    if cfg.advise is not None and not isinstance(cfg.advise, dict):
+        raise ConfigError(f"advise must be a mapping (cconv.advisor.space), got {shown(cfg.advise)}")
 
     _check_gossip(cfg)
     nets = cfg.network
