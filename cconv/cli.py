@@ -1,4 +1,4 @@
-"""The ``cconv`` command line: run, sweep, plot, report, plan.
+"""The ``cconv`` command line: run, sweep, plot, report, doctor, advise, plan.
 
     cconv run CONFIG [--set key=value ...] [--out DIR]
     cconv sweep SWEEP [--out DIR]
@@ -6,7 +6,11 @@
                [--network NAME] [--panels single|family] [--band minmax|std|sem|ci95|none]
                [--legend auto|outside|inside|none] [--target VALUE] [--metric loss] [--out FILE]
     cconv report RESULTS... [--target LOSS] [--metric loss] [--aggregate] [--csv FILE]
+    cconv doctor [--platform cuda|rocm|tpu|all] [--full] [--json FILE]
+    cconv advise CONFIG --cluster NODESxGPUS [--intra LINK] [--network NET] [--device GPU]
+                 [--target METRIC=VALUE] [--probe FRACTION] [--verify N] [--json] [--out DIR]
     cconv plan --params D --flops-per-sample C --batch M --workers P --network NAME
+    cconv plan --workload NAME --cluster NODESxGPUS [--intra LINK] [--network NET] [--device GPU] [--json]
 
 Bad input (malformed YAML, unknown key/compressor, out-of-range value, missing data, unwritable
 output directory) prints one line ``cconv: error: ...`` and exits with status 2 before anything is
@@ -242,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="cconv",
         description="Gradient compression for data-parallel training in JAX: "
-        "runs, sweeps, figures, reports and a planner.",
+        "runs, sweeps, figures, reports, a GPU/TPU readiness check, an advisor and a planner.",
         epilog="`cconv COMMAND --help` describes each command.",
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
