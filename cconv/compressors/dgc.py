@@ -62,6 +62,7 @@ from cconv.compressors.sparse import (
     DensePayload,
     SparsePayload,
     decompress_sparse,
+    gathered_sum,
     sparse_bytes,
 )
 
@@ -203,6 +204,7 @@ def _dgc(
         unbiased=False,
         encoded=encoded if coded else None,
         sparse=sparse if coded else None,
+        gathered_sum=gathered_sum(decompress, sparse if coded else None),
     )
 
 

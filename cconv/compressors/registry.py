@@ -6,7 +6,8 @@ A compressor module builds its ``Compressor`` with a plain factory and registers
         factory=_natural,                       # hyper-parameters -> Compressor (no validation)
         schema=Schema(),                        # types, ranges, defaults: the one place bad values
                                                 # are rejected
-        aggregation="allgather",                # or a function of the validated hyper-parameters
+        aggregation="allgather",                # how payloads combine (below), or a function of
+                                                # the validated hyper-parameters
         theory=Theory(wire_bytes=..., bound=..., error_sq=...),   # or None: "no constant"
         label="natural compression",            # plots and the planner
         cases=({},),                            # small hyper-parameter sets the generic tests run
@@ -18,6 +19,15 @@ import line in ``cconv/compressors/__init__.py`` and (optionally) its own test f
 test (contract, wire bytes, error-feedback invariant, bad input from the schema, determinism,
 unbiasedness when the compressor says so, contraction when its theory says so) parametrizes over
 ``names()`` and each entry's ``cases``.
+
+The aggregation declares the algebra of the payloads, and every architecture (all-reduce,
+all-gather, parameter server, gossip) follows it:
+
+    "allreduce"   summable payloads: sum (same key on every worker), then decode once
+    "allgather"   decode each payload, then sum
+    an ``Aggregation`` instance (or the name of a registered one): the compressor's own reducer,
+                  defined in its own module (e.g. PowerSGD's two all-reduces); registered by name
+                  when the compressor is (``register_aggregation``)
 
 Outside a compressor's own module nothing names a compressor: the engine reads ``aggregation``
 and ``collectives``, ``cconv.theory.constants`` calls the ``theory`` oracle, the planner and the
@@ -38,7 +48,18 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from cconv.compressors.base import AGGREGATIONS, Compressor
+from cconv.compressors.base import (
+    AGGREGATIONS,
+    ALGEBRAS,
+    DECODE,
+    OWN,
+    SUM,
+    Aggregation,
+    Compressor,
+    aggregation,
+    algebra_of,
+    register_aggregation,
+)
 
 # --------------------------------------------------------------------------- schema
 
@@ -245,8 +266,10 @@ class Entry(NamedTuple):
 
     factory      validated hyper-parameters -> Compressor
     schema       hyper-parameter types, ranges, defaults (``Schema``)
-    aggregation  "allreduce" | "allgather" | "powersgd" | "intsum", or a function of the
-                 hyper-parameters
+    aggregation  how its payloads combine: "allreduce" (summable: sum, then decode once),
+                 "allgather" (decode each, then sum), the name of a registered aggregation
+                 ("intsum") or an ``Aggregation`` instance (its own reducer); or a function of
+                 the validated hyper-parameters returning one of these
     collectives  other exchange algorithms it supports besides its aggregation ("gtopk" for
                  top-k selections)
     theory       ``Theory`` oracle, or None ("no constant": theory functions raise ValueError)
@@ -259,7 +282,7 @@ class Entry(NamedTuple):
 
     factory: Callable[..., Compressor]
     schema: Schema = Schema()
-    aggregation: str | Callable[[dict], str] = "allgather"
+    aggregation: str | Aggregation | Callable[[dict], str | Aggregation] = "allgather"
     collectives: tuple[str, ...] = ()
     theory: Theory | None = None
     knob: Knob | None = None
@@ -269,7 +292,20 @@ class Entry(NamedTuple):
     name: str = ""
 
     def aggregation_of(self, hparams: Mapping[str, Any]) -> str:
-        return self.aggregation(dict(hparams)) if callable(self.aggregation) else self.aggregation
+        """The name of the aggregation method for ``hparams`` (an ``Aggregation`` instance is
+        registered under its name)."""
+        agg = self.aggregation
+        if callable(agg) and not isinstance(agg, Aggregation):
+            agg = agg(dict(hparams))
+        if isinstance(agg, Aggregation):
+            return register_aggregation(agg).name
+        if not isinstance(agg, str) or not agg:
+            raise ValueError(f"compressor {self.name!r}: aggregation must be a name or an Aggregation, got {agg!r}")
+        return agg
+
+    def algebra_of(self, hparams: Mapping[str, Any]) -> str:
+        """How its payloads combine for ``hparams``: ``SUM``, ``DECODE`` or ``OWN``."""
+        return algebra_of(self.aggregation_of(hparams))
 
     def build(self, **hparams) -> Compressor:
         """Validate ``hparams`` against the schema and build the compressor."""
@@ -297,9 +333,12 @@ def register(name: str, entry: Entry) -> Callable[..., Compressor]:
         raise ValueError(f"register: entry must be a cconv.compressors.Entry, got {type(entry).__name__}")
     if not entry.cases:
         raise ValueError(f"register: {name!r} needs at least one test case (cases=({{}},) for defaults)")
-    if not callable(entry.aggregation) and entry.aggregation not in AGGREGATIONS:
+    if isinstance(entry.aggregation, Aggregation):
+        register_aggregation(entry.aggregation)
+    elif not callable(entry.aggregation) and not (isinstance(entry.aggregation, str) and entry.aggregation):
         raise ValueError(
-            f"register: {name!r} aggregation must be one of {', '.join(AGGREGATIONS)}, got {entry.aggregation!r}"
+            f"register: {name!r} aggregation must be a name ('allreduce', 'allgather', ...), an Aggregation "
+            f"or a function of the hyper-parameters, got {entry.aggregation!r}"
         )
     old = _REGISTRY.get(name)
     if (
@@ -441,4 +480,12 @@ __all__ = [
     "RATIO",
     "K",
     "AGGREGATIONS",
+    "ALGEBRAS",
+    "SUM",
+    "DECODE",
+    "OWN",
+    "Aggregation",
+    "aggregation",
+    "algebra_of",
+    "register_aggregation",
 ]

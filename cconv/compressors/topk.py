@@ -32,6 +32,7 @@ from cconv.compressors.sparse import (
     DensePayload,
     decompress_sparse,
     gather_sparse,
+    gathered_sum,
     sparse_bytes,
 )
 
@@ -74,6 +75,7 @@ def _topk(ratio: float | None = None, k: int | None = None, positions: str = "in
         unbiased=False,
         encoded=golomb.payload_encoded_bytes if coded else None,
         sparse=golomb.to_sparse if coded else None,
+        gathered_sum=gathered_sum(decompress if coded else decompress_sparse, golomb.to_sparse if coded else None),
     )
 
 
