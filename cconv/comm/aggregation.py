@@ -233,9 +233,10 @@ class Compressed(NamedTuple):
 
 
 class _Method(Aggregation):
-    """The methods' shared steps: ``_compress`` (keys, agreement, memory), ``_finish`` (totals ->
-    averages; a subclass may override it, e.g. a vote or a top-k of the aggregate) and
-    ``_reply`` (the transport's reply: a parameter server's downlink)."""
+    """The methods' shared steps: ``_compress`` (keys, agreement, memory), ``average`` (the
+    summed decodings -> what every worker applies; a subclass overrides it, e.g. to keep the
+    heavy hitters of a sketch, or ``_finish`` for a vote) and ``_reply`` (the transport's reply:
+    a parameter server's downlink)."""
 
     def _compress(self, comm, plan, units, state, key) -> Compressed:
         """Every unit compressed by ``plan.comp``, or, with an ``Agreement``, by ``plan.comp``
@@ -255,6 +256,11 @@ class _Method(Aggregation):
     def _finish(self, comm, totals):
         return [t / comm.size for t in totals]
 
+    def average(self, comm, plan, totals) -> list:
+        """sum_w of the decoded payloads per unit -> the update every worker applies (the same
+        on every worker): the mean by default."""
+        return self._finish(comm, totals)
+
     def _reply(self, comm, plan, agg, units, states, state, key):
         agg, server = plan.transport.reply(comm, agg, units, state["server"], plan.downlink, key)
         return agg, {"units": tuple(states), "server": server}
@@ -272,7 +278,7 @@ class AllReduce(_Method):
     def aggregate(self, comm, plan, units, state, key):
         payloads, states, coders, _ = self._compress(comm, plan, units, state, key)
         totals = _per_coder(plan.transport.reduce, comm, coders, payloads, units)
-        return self._reply(comm, plan, self._finish(comm, totals), units, states, state, key)
+        return self._reply(comm, plan, self.average(comm, plan, totals), units, states, state, key)
 
 
 class AllGather(_Method):
@@ -290,7 +296,7 @@ class AllGather(_Method):
     def aggregate(self, comm, plan, units, state, key):
         payloads, states, coders, _ = self._compress(comm, plan, units, state, key)
         totals = _per_coder(plan.transport.gather, comm, coders, payloads, units)
-        return self._reply(comm, plan, self._finish(comm, totals), units, states, state, key)
+        return self._reply(comm, plan, self.average(comm, plan, totals), units, states, state, key)
 
 
 class Vote(AllGather):
@@ -397,7 +403,7 @@ class IntSum(_Method):
             else (next(summed).astype(jnp.float32) * agree.level_value(agreed[j])).reshape(u.shape).astype(u.dtype)
             for j, (u, dt) in enumerate(zip(units, dts))
         ]
-        return self._reply(comm, plan, self._finish(comm, totals), units, states, state, key)
+        return self._reply(comm, plan, self.average(comm, plan, totals), units, states, state, key)
 
 
 for _m in (AllReduce(), AllGather(), Vote(), GTopK(), IntSum()):
@@ -450,7 +456,7 @@ def method_of(c: Compressor, collective: str = "auto", vote: bool = False) -> st
 def check(cfg, c: Compressor) -> None:
     """Reject what the aggregation methods ``cfg`` asks of ``c`` cannot do (one-line ValueError)."""
     own = aggregation(c.aggregation)
-    if getattr(cfg, "sync", None) == "gossip" and own.algebra == OWN:
+    if getattr(cfg, "sync", None) == "gossip" and (own.algebra == OWN or not own.gossip):
         raise ValueError(
             f"sync='gossip' mixes payloads (summed or decoded); {c.name}'s aggregation {own.name!r} is its own "
             "reducer, which gossip cannot follow"

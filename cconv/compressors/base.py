@@ -99,6 +99,8 @@ class Aggregation:
     selectable  a configuration may ask for it by name (``collective=NAME``)
     shared_key  every worker compresses with the same key (summable payloads need it)
     gatherable  ``collective="allgather"`` may gather its payloads instead
+    gossip      gossip can follow it: mixing the payloads by ``algebra`` is all it does (False
+                for a method that does more, e.g. a top-k of the aggregate; OWN ones never)
 
     ``aggregate(comm, plan, units, state, key) -> (averages, state)`` is the method itself (see
     ``cconv.comm.aggregation``); ``check(cfg, c)`` raises a one-line ValueError for what it cannot
@@ -111,6 +113,7 @@ class Aggregation:
     selectable = False
     shared_key = False
     gatherable = False
+    gossip = True
 
     def compresses(self, c: Compressor, shape: tuple) -> bool:
         """Whether a tensor of ``shape`` is compressed (else it travels in the dense buffer)."""

@@ -233,11 +233,16 @@ class Theory(NamedTuple):
                                                Bernoulli(p) positions, QSGD's Theorem 3.2 bound);
                                                None: the format is fixed, = wire_bytes
     ``c`` is the built Compressor (``c.hparams`` holds the validated hyper-parameters).
+
+    Every part is optional: a compressor claims what it gives (e.g. only ``wire_bytes``, or a
+    ``bound`` without an exact ``error_sq``); the generic tests check each claim made, and
+    ``cconv.theory.constants`` answers "no constant" (a ValueError naming the compressors that
+    have one) for a missing part.
     """
 
-    wire_bytes: Callable[[Compressor, tuple, int], int]
-    bound: Callable[[Compressor, tuple], Bound]
-    error_sq: Callable[[Compressor, np.ndarray, Any], float]
+    wire_bytes: Callable[[Compressor, tuple, int], int] | None = None
+    bound: Callable[[Compressor, tuple], Bound] | None = None
+    error_sq: Callable[[Compressor, np.ndarray, Any], float] | None = None
     variance: Callable[[Compressor, np.ndarray], np.ndarray] | None = None
     worst_case: Callable[[Compressor, tuple], np.ndarray] | None = None
     encoded_bytes: Callable[[Compressor, tuple, int], float] | None = None
