@@ -44,7 +44,20 @@ from cconv.compressors.base import (
     stateless_init,
 )
 from cconv.compressors.oracle import alternating, flat64, sparsifier_k
-from cconv.compressors.registry import RATIO, Bench, Bound, Entry, K, Knob, Param, Schema, Theory, ratio_or_k, register
+from cconv.compressors.registry import (
+    RATIO,
+    Bench,
+    Bound,
+    Entry,
+    K,
+    Knob,
+    Param,
+    Schema,
+    Theory,
+    ratio_or_k,
+    register,
+    with_ratio,
+)
 from cconv.compressors.select import sample_k_distinct
 from cconv.compressors.sparse import (
     SPARSE_RATIOS,
@@ -206,6 +219,7 @@ randomk = register(
         aggregation=lambda hp: "allreduce" if hp["shared"] else "allgather",
         theory=THEORY,
         knob=Knob("ratio", SPARSE_RATIOS),
+        at_density=with_ratio,  # warm-up: ratio = the density
         label="random-k",
         cases=(
             {"ratio": 0.2},

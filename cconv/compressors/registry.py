@@ -282,6 +282,9 @@ class Entry(NamedTuple):
     label        human-readable name for plots and tables
     cases        small hyper-parameter sets the generic tests run (at least one)
     bench        ``Bench`` settings (None: benchmarked with its defaults, no target)
+    at_density   ``(hparams, r) -> hparams`` giving density r (the fraction of coordinates
+                 kept), for warm-up's dense-to-sparse schedule and tables at one density; None:
+                 its density is not a hyper-parameter (warm-up refuses it)
     name         filled in by ``register``
     """
 
@@ -294,6 +297,7 @@ class Entry(NamedTuple):
     label: str = ""
     cases: tuple[dict, ...] = ({},)
     bench: Bench | None = None
+    at_density: Callable[[dict, float], dict] | None = None
     name: str = ""
 
     def aggregation_of(self, hparams: Mapping[str, Any]) -> str:
@@ -454,6 +458,11 @@ def ratio_or_k(owner: str, values: dict, default_ratio: float | None = None) -> 
     return values
 
 
+def with_ratio(hparams: Mapping[str, Any], density: float) -> dict:
+    """``Entry.at_density`` of the sparsifiers: ``ratio`` = the density, ``k`` unset."""
+    return {**{n: v for n, v in hparams.items() if n != "k"}, "ratio": float(density)}
+
+
 RATIO = Param(
     "ratio",
     "float",
@@ -482,6 +491,7 @@ __all__ = [
     "hparams_of",
     "get",
     "ratio_or_k",
+    "with_ratio",
     "RATIO",
     "K",
     "AGGREGATIONS",

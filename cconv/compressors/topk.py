@@ -23,7 +23,7 @@ import numpy as np
 from cconv.compressors import golomb
 from cconv.compressors.base import Compressor, SparsifierSize, check_float, size_of, stateless_init
 from cconv.compressors.oracle import alternating, flat64, sparsifier_k, top_idx
-from cconv.compressors.registry import Bound, Entry, Knob, Schema, Theory, register
+from cconv.compressors.registry import Bound, Entry, Knob, Schema, Theory, register, with_ratio
 from cconv.compressors.select import topk_indices as _select_topk_indices
 from cconv.compressors.sparse import (
     SIZE,
@@ -120,6 +120,7 @@ topk = register(
         collectives=("gtopk",),
         theory=THEORY,
         knob=Knob("ratio", SPARSE_RATIOS),
+        at_density=with_ratio,  # warm-up: ratio = the density
         label="top-k",
         cases=({"ratio": 0.2}, {"k": 5}, {"ratio": 0.2, "positions": "golomb"}),
         bench=SPARSE_BENCH,
