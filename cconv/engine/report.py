@@ -9,9 +9,10 @@ Rows come from the compressor registry: each entry's first test case (at density
 where the entry sets its density, ``Entry.at_density``), with error feedback where the
 compressor is biased, plus one row per extra collective its entry lists (``collectives``, e.g.
 gTop-k), for each architecture asked for.  A configuration the engine rejects (e.g. gTop-k on
-the parameter-server architecture) is "n/a".  Each cell comes from ``trainer.traffic(step)``: the engine's own trace-time ledger of
-the payload arrays handed to the collectives (the same numbers the HLO test checks against the
-compiled program), gradient exchange and model-state averaging included, metric logging not.
+the parameter-server architecture) is "n/a".  Each cell comes from ``trainer.traffic(step)``:
+the engine's own trace-time ledger of the payload arrays handed to the collectives (the same
+numbers the HLO test checks against the compiled program), gradient exchange and model-state
+averaging included, metric logging not.
 """
 
 from __future__ import annotations
