@@ -11,6 +11,8 @@ computed with the algorithm formulas, and compared with (1) the trace-time ledge
 compiled step itself returns.  Exact up to float rounding of the 2(P-1)/P factor.
 """
 
+from typing import NamedTuple
+
 import jax
 import numpy as np
 import optax
@@ -28,11 +30,18 @@ pytestmark = pytest.mark.slow
 P = 4
 
 
+class Registered(NamedTuple):
+    """A registered compressor's case, built when the test runs."""
+
+    name: str
+    hparams: dict
+
+
 def _registered(name: str, arch: str) -> tuple:
     """(id, EngineConfig keywords, step) of a registered compressor: its first declared case
     (``registry_cases.first_case``), built when the test runs (a case that does not build fails
     that test only); error feedback where the compressor is biased and its method allows it."""
-    return (f"{name}-{arch}", dict(compressor=(name, R.first_case(name)), architecture=arch), 0)
+    return (f"{name}-{arch}", dict(compressor=Registered(name, R.first_case(name)), architecture=arch), 0)
 
 
 def _method(name: str, hp: dict) -> str:
@@ -90,8 +99,8 @@ def check_hlo_bytes(kw: dict, step: int = 0) -> None:
     """The bytes logged for ``EngineConfig(workers=P, **kw)`` at ``step`` equal the compiled
     program's collectives (ledger for every device, and the step's own metrics)."""
     comp = kw.get("compressor")
-    if isinstance(comp, tuple):  # (registered name, hyper-parameters): built now
-        kw = {**kw, "compressor": C.get(comp[0], **comp[1])}
+    if isinstance(comp, Registered):  # built now
+        kw = {**kw, "compressor": C.get(comp.name, **comp.hparams)}
         kw.setdefault("memory", "ef" if not kw["compressor"].unbiased and _ef_ok(kw) else "none")
     tr = build(loss_fn, make_params(), optax.sgd(0.1), EngineConfig(workers=P, **kw), model_state=make_model_state())
     state = tr.init().replace(step=step)

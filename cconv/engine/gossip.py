@@ -129,19 +129,23 @@ def _send(comm, step: GossipStep, tree, comp_state, key):
     decode = lambda ps: jax.tree.unflatten(  # noqa: E731
         treedef, [c.decompress(p, x).astype(x.dtype) for p, x in zip(ps, leaves)]
     )
-    received = T.neighbours(comm, step.mixing, payloads)
     if c.summable:  # mix the payloads, decode once
-        return decode(payloads), decode(_mix_payloads(comm, step.mixing, payloads, received)), tuple(states)
+        return decode(payloads), decode(_mix_payloads(comm, step.mixing, payloads)), tuple(states)
     own = decode(payloads)
+    received = T.neighbours(comm, step.mixing, payloads)
     return own, T.combine(comm, step.mixing, own, [decode(r) for r in received]), tuple(states)
 
 
-def _mix_payloads(comm, mixing: T.Mixing, own, received):
-    """sum_j W_ij payload_j of summable payloads: floating leaves mixed in float32 (back in their
-    dtype), integer leaves (a shared key) identical everywhere, kept."""
-    floats = lambda t: [x.astype(jnp.float32) for x in jax.tree.leaves(t) if jnp.issubdtype(x.dtype, jnp.floating)]  # noqa: E731
-    mixed = iter(T.combine(comm, mixing, floats(own), [floats(r) for r in received]))
-    return jax.tree.map(lambda x: next(mixed).astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, own)
+def _mix_payloads(comm, mixing: T.Mixing, own):
+    """sum_j W_ij payload_j of summable payloads: only the floating leaves travel and are mixed
+    (in float32, back in their dtype); integer leaves (a shared key) are identical everywhere and
+    stay home, as in an all-reduce."""
+    leaves, treedef = jax.tree.flatten(own)
+    is_f = [jnp.issubdtype(x.dtype, jnp.floating) for x in leaves]
+    floats = [x for x, f in zip(leaves, is_f) if f]
+    up = lambda xs: [x.astype(jnp.float32) for x in xs]  # noqa: E731
+    mixed = iter(T.combine(comm, mixing, up(floats), [up(r) for r in T.neighbours(comm, mixing, floats)]))
+    return jax.tree.unflatten(treedef, [next(mixed).astype(x.dtype) if f else x for x, f in zip(leaves, is_f)])
 
 
 def gossip(comm, step: GossipStep, params, state, key) -> tuple[Any, Any]:
