@@ -32,6 +32,7 @@ Bonferroni over the coordinates tested together.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable
@@ -47,6 +48,24 @@ import cconv.comm.aggregation  # noqa: F401  (registers the built-in aggregation
 import cconv.compressors as cc
 import cconv.memory as mem
 from cconv.compressors import Compressor, Entry, Theory, payload_bytes
+
+
+@contextlib.contextmanager
+def registries_restored():
+    """Run a block that registers compressors, aggregations or schedules from user code (the
+    extension tests, the docs' examples) and put every registry back as it was afterwards, so
+    that what one test registers never changes what the next one enumerates."""
+    from cconv.compressors import base, registry
+    from cconv.theory.schedule import schedules
+
+    saved = [(d, dict(d)) for d in (registry._REGISTRY, base.AGGREGATIONS, schedules.SCHEDULES)]
+    try:
+        yield
+    finally:
+        for d, before in saved:
+            d.clear()
+            d.update(before)
+
 
 KEY1, KEY2 = jax.random.PRNGKey(7), jax.random.PRNGKey(8)
 F32, BF16, F16 = jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+import registry_cases as R
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
@@ -49,8 +50,9 @@ def test_extraction_finds_the_blocks_of_the_guide():
 @pytest.mark.parametrize("path", pages_with_code())
 def test_python_blocks_run_as_printed(path, capsys):
     ns = {"__name__": "docs"}
-    for i, block in enumerate(python_blocks(path)):
-        exec(compile(block, f"{os.path.basename(path)}[block {i}]", "exec"), ns)
+    with R.registries_restored():  # what a page registers (a schedule, a compressor) stays on the page
+        for i, block in enumerate(python_blocks(path)):
+            exec(compile(block, f"{os.path.basename(path)}[block {i}]", "exec"), ns)
     capsys.readouterr()
 
 
