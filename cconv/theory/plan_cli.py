@@ -24,6 +24,7 @@ from cconv.theory import planner as PL
 from cconv.theory import predict as PR
 from cconv.theory import workloads as W
 from cconv.theory.schedule import schedules as S
+from cconv.theory.schedule.sets import METHOD_SETS
 
 # --------------------------------------------------------------------------- printing
 
@@ -399,7 +400,7 @@ def format_method_set(name: str, workload: str, workers: int, net: N.Network | N
 
 
 def run_method_set(args: argparse.Namespace, name: str) -> str:
-    """Rows of a method set (``cconv.theory.schedule.survey.METHOD_SETS``) for every network."""
+    """Rows of a method set (``cconv.theory.schedule.sets.METHOD_SETS``) for every network."""
     import json
 
     from cconv.theory import profiles as P
@@ -417,7 +418,7 @@ def run_method_set(args: argparse.Namespace, name: str) -> str:
     nets = _networks(args)
     if not nets:
         raise ValueError(f"--network is empty; presets: {', '.join(N.names())}")
-    fn, w = SV.METHOD_SETS[name], args.workload.lower()
+    fn, w = METHOD_SETS[name], args.workload.lower()
     out, records = [], []
     for net in nets:
         rows = fn(
@@ -534,7 +535,6 @@ def run_cluster(args: argparse.Namespace) -> str:
     import json
 
     from cconv.theory import profiles as P
-    from cconv.theory.schedule.survey import METHOD_SETS
 
     if args.workload is None or args.workload.lower() not in P.names():
         raise ValueError(f"--cluster needs --workload with a layer profile: {', '.join(P.names())}")
@@ -637,8 +637,6 @@ def run_plan(args: argparse.Namespace) -> str:
 
 
 def _dispatch(args: argparse.Namespace) -> str:
-    from cconv.theory.schedule.survey import METHOD_SETS
-
     _refuse_outside_mode(args)
     if args.cluster is not None:
         return run_cluster(args)
@@ -653,6 +651,13 @@ def _dispatch(args: argparse.Namespace) -> str:
     if args.interference is not None or args.topology is not None:
         raise ValueError(
             f"--interference and --topology need a method set (--methods {', '.join(METHOD_SETS)}) or --cluster"
+        )
+    table = PL.all_methods()
+    unknown = [m for m in args.methods or [] if m not in table]
+    if unknown:
+        raise ValueError(
+            f"unknown method(s) {', '.join(unknown)}; valid: {', '.join(table)}, "
+            f"or one method set: {', '.join(METHOD_SETS)}"
         )
     return run_plan(args)
 

@@ -338,12 +338,7 @@ def plan(
     chosen = list(table) if methods is None else list(methods)
     unknown = [m for m in chosen if m not in table]
     if unknown:
-        from cconv.theory.schedule.survey import METHOD_SETS
-
-        raise ValueError(
-            f"unknown method(s) {', '.join(unknown)}; valid: {', '.join(table)}, "
-            f"or one method set: {', '.join(METHOD_SETS)}"
-        )
+        raise ValueError(f"unknown method(s) {', '.join(unknown)}; valid: {', '.join(table)}")
     if servers is None:  # one server per worker machine, as the survey's BytePS runs
         servers = max(1, workers // net.per_node) if isinstance(net, N.Hierarchical) else workers
     notes = []

@@ -37,10 +37,13 @@ from typing import Any, NamedTuple
 from cconv import compressors as C
 from cconv.theory import constants as K
 from cconv.theory import planner as PL
+from cconv.theory import workloads as W
 from cconv.theory.profiles import FLOAT_BYTES, Profile
 from cconv.theory.schedule import arch as A
 from cconv.theory.schedule import compress as CC
+from cconv.theory.schedule import compressed as CP
 from cconv.theory.schedule import schedules as S
+from cconv.theory.schedule import survey as SV
 
 
 class RatioPlan(NamedTuple):
@@ -261,10 +264,6 @@ def survey_plan(
 ) -> tuple[RatioPlan, Profile]:
     """``per_layer`` for a survey workload (its profile scaled to the survey's C) under one of
     the survey's seven methods (``survey.METHODS``: schedule and architecture)."""
-    from cconv.theory import workloads as W
-    from cconv.theory.schedule import compressed as CP
-    from cconv.theory.schedule import survey as SV
-
     if survey_method not in SV.METHODS:
         raise ValueError(f"unknown survey method {survey_method!r}; valid: {', '.join(SV.METHODS)}")
     m = SV.METHODS[survey_method]
