@@ -95,6 +95,33 @@ def candidates(method: PL.Method, value: Any, steps: int = 4) -> list:
     return sorted(out)
 
 
+def _knobbed(method: PL.Method | str) -> PL.Method:
+    """The planner method (by name or as is), refused without a knob to vary."""
+    table = PL.all_methods()
+    if isinstance(method, str):
+        if method not in table:
+            raise ValueError(f"unknown method {method!r}; valid: {', '.join(table)}")
+        method = table[method]
+    if method.knob is None:
+        raise ValueError(f"{method.name} has no knob to vary per layer")
+    return method
+
+
+def _layer_tables(
+    profile: Profile, method: PL.Method, comp: Mapping[Any, Any], workers: int, device: CC.Device, bench: Mapping
+) -> tuple[list[dict], list[dict]]:
+    """Per layer, knob value -> its ``LayerCost`` and its compression error (``layer_error``)."""
+    costs: list[dict] = []
+    errs: list[dict] = []
+    for lay in profile.layers:
+        d = int(round(lay.grad_bytes / FLOAT_BYTES))
+        fwd, bwd = lay.fwd_flops / device.flops, lay.bwd_flops / device.flops
+        args = (lay.name, fwd, bwd, d, method)
+        costs.append({v: CC.layer_cost(*args, c, workers, device, bench) for v, c in comp.items()})
+        errs.append({v: layer_error(c, d) if d > 0 else 0.0 for v, c in comp.items()})
+    return costs, errs
+
+
 def per_layer(
     profile: Profile,
     method: PL.Method | str,
@@ -115,13 +142,7 @@ def per_layer(
     """Per-layer knob values minimising the simulated iteration time with the error budget of
     the global ``value`` (module docstring).  ``values``: the candidates (default
     ``candidates``); ``exhaustive``: enumerate every assignment instead (small cases)."""
-    table = PL.all_methods()
-    if isinstance(method, str):
-        if method not in table:
-            raise ValueError(f"unknown method {method!r}; valid: {', '.join(table)}")
-        method = table[method]
-    if method.knob is None:
-        raise ValueError(f"{method.name} has no knob to vary per layer")
+    method = _knobbed(method)
     if isinstance(schedule, str):
         schedule = S.get(schedule)
     name = method.knob.name
@@ -129,16 +150,9 @@ def per_layer(
     if value not in cand:
         cand = sorted(set(cand) | {value})
     bench = CC.load_bench() if bench is None else bench
-    fixed = dict(fixed or {})
-    comp = {v: C.get(method.compressor, **{**fixed, name: v}) for v in cand}
+    comp = {v: C.get(method.compressor, **{**dict(fixed or {}), name: v}) for v in cand}
+    costs, errs = _layer_tables(profile, method, comp, workers, device, bench)
     L = len(profile.layers)
-    dims = [int(round(lay.grad_bytes / FLOAT_BYTES)) for lay in profile.layers]
-    costs: list[dict] = []
-    errs: list[dict] = []
-    for lay, d in zip(profile.layers, dims):
-        fwd, bwd = lay.fwd_flops / device.flops, lay.bwd_flops / device.flops
-        costs.append({v: CC.layer_cost(lay.name, fwd, bwd, d, method, comp[v], workers, device, bench) for v in cand})
-        errs.append({v: layer_error(comp[v], d) if d > 0 else 0.0 for v in cand})
     budget = sum(e[value] for e in errs) * (1 + 1e-12)
     cache: dict[tuple, float] = {}
 
@@ -158,18 +172,8 @@ def per_layer(
         best = min(feasible, key=lambda a: (time_of(a), error_of(a)))
     else:
         best = _search(cand, costs, errs, budget, time_of, error_of, arch, (best_v,) * L, max_evals, transfers, L)
-    return RatioPlan(
-        name,
-        best,
-        time_of(best),
-        error_of(best),
-        budget,
-        value,
-        glob[value],
-        best_v,
-        glob[best_v],
-        len(cache),
-    )
+    t, e = time_of(best), error_of(best)
+    return RatioPlan(name, best, t, e, budget, value, glob[value], best_v, glob[best_v], len(cache))
 
 
 def _isolated(lc: S.LayerCost, arch: A.Architecture) -> float:
