@@ -228,8 +228,8 @@ def fixed_of(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``plan`` options on ``p``."""
+def _add_workload_network(p: argparse.ArgumentParser) -> None:
+    """The workload (preset or D, C, M), the workers and the network."""
     p.add_argument("--workload", help=f"a workload preset: {', '.join(W.names())}")
     p.add_argument("--params", type=_int_in(MAX_PARAMS), help="D, number of parameters")
     p.add_argument("--flops-per-sample", type=_pos_float, help="C, FLOPs per sample (forward + backward)")
@@ -249,6 +249,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="F, sustained FLOP/s of one worker (default: the survey's RTX 2080Ti on "
         "BERT-Large, 597e9/0.163 s = 3.66e12; with --cluster use --device)",
     )
+
+
+def _add_cluster(p: argparse.ArgumentParser) -> None:
+    """The cluster mode: nodes x GPUs, links, device, schedule and all-reduce algorithm."""
     CL.add_arguments(p, network=False)
     p.add_argument(
         "--schedule",
@@ -262,6 +266,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="with --cluster: the all-reduce algorithm (default hierarchical, as NCCL/Horovod on multi-GPU nodes)",
     )
+
+
+def _add_methods(p: argparse.ArgumentParser) -> None:
+    """Which methods are planned and their knob values."""
     p.add_argument(
         "--sweep",
         type=_sweep_item,
@@ -286,6 +294,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"subset of: {', '.join(PL.all_methods())}; or a method set: survey (the survey's seven lossless "
         "schedule x architecture methods, simulated per layer)",
     )
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    """How the exchange is modelled, and the output."""
     p.add_argument("--granularity", choices=("fused", "layerwise"), default=None, help="default fused")
     p.add_argument("--gossip", action="store_true", help="also print gossip steps (ring, torus, exponential, complete)")
     p.add_argument(
@@ -313,6 +325,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "of entropy-coded formats (what a variable-length transport would send)",
     )
     p.add_argument("--json", action="store_true", help="print the rows as JSON (any method list)")
+
+
+def _add_simulated(p: argparse.ArgumentParser) -> None:
+    """Options of the simulated schedules (method sets, --cluster, per-layer values)."""
     p.add_argument(
         "--interference",
         type=_float_in(1e3, zero=True),
@@ -334,6 +350,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="with --per-layer-ratios: the survey method (schedule x architecture) to simulate (default MG-WFBP)",
     )
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``plan`` options on ``p`` (in the order of ``--help``)."""
+    for add in (_add_workload_network, _add_cluster, _add_methods, _add_model, _add_simulated):
+        add(p)
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
