@@ -19,11 +19,15 @@ from typing import Any
 
 from cconv import compressors as C
 from cconv.theory import cluster as CL
+from cconv.theory import gossip as G
 from cconv.theory import network as N
 from cconv.theory import planner as PL
 from cconv.theory import predict as PR
+from cconv.theory import profiles as P
 from cconv.theory import workloads as W
+from cconv.theory.schedule import ratios as R
 from cconv.theory.schedule import schedules as S
+from cconv.theory.schedule import survey as SV
 from cconv.theory.schedule.sets import METHOD_SETS
 
 # --------------------------------------------------------------------------- printing
@@ -425,9 +429,6 @@ def run_method_set(args: argparse.Namespace, name: str) -> str:
     """Rows of a method set (``cconv.theory.schedule.sets.METHOD_SETS``) for every network."""
     import json
 
-    from cconv.theory import profiles as P
-    from cconv.theory.schedule import survey as SV
-
     if args.workload is None or args.workload.lower() not in P.names():
         raise ValueError(f"--methods {name} needs --workload with a layer profile: {', '.join(P.names())}")
     if any(getattr(args, k) is not None for k in ("params", "flops_per_sample", "batch")):
@@ -455,10 +456,6 @@ def run_method_set(args: argparse.Namespace, name: str) -> str:
 def run_per_layer_ratios(args: argparse.Namespace) -> str:
     """``--per-layer-ratios METHOD=VALUE``: the chosen values and the gain over the global value."""
     import json
-
-    from cconv.theory import profiles as P
-    from cconv.theory.schedule import ratios as R
-    from cconv.theory.schedule import survey as SV
 
     name, eq, text = args.per_layer_ratios.partition("=")
     table = PL.all_methods()
@@ -513,12 +510,10 @@ def _refuse_outside_mode(args: argparse.Namespace) -> None:
                 "and --schedule set them)"
             )
     if args.ratio_method is not None:
-        from cconv.theory.schedule.survey import METHODS
-
         if args.per_layer_ratios is None:
             raise ValueError("--ratio-method needs --per-layer-ratios METHOD=VALUE")
-        if args.ratio_method not in METHODS:
-            raise ValueError(f"--ratio-method {args.ratio_method[:40]!r}: valid: {', '.join(METHODS)}")
+        if args.ratio_method not in SV.METHODS:
+            raise ValueError(f"--ratio-method {args.ratio_method[:40]!r}: valid: {', '.join(SV.METHODS)}")
 
 
 def _legacy_defaults(args: argparse.Namespace) -> None:
@@ -555,8 +550,6 @@ def format_cluster(c: CL.Cluster, workload: str, rows: list[PR.Row], notes: list
 def run_cluster(args: argparse.Namespace) -> str:
     """``cconv plan --cluster``: every method on each named cluster (cconv.theory.predict)."""
     import json
-
-    from cconv.theory import profiles as P
 
     if args.workload is None or args.workload.lower() not in P.names():
         raise ValueError(f"--cluster needs --workload with a layer profile: {', '.join(P.names())}")
@@ -651,8 +644,6 @@ def run_plan(args: argparse.Namespace) -> str:
         records += plan_records(p)
         out.append(format_plan(p, args.overlap, args.granularity))
         if args.gossip:  # dense gossip steps next to the all-reduce (cconv.theory.gossip)
-            from cconv.theory import gossip as G
-
             rows = G.gossip_rows(4.0 * w.params, args.workers, net)
             out[-1] += "\n\n" + G.format_rows(rows, p.compute_s, human_bytes)
     return json.dumps(records, indent=1) if args.json else "\n\n".join(out)
