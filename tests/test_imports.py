@@ -26,8 +26,9 @@ PACKAGE = ROOT / "cconv"
 # (issue 27 item 5).  The test fails when one of them disappears (delete its line) or changes, and
 # when any other cycle appears.  Each is the set of modules in one strongly connected component.
 KNOWN_CYCLES: list[frozenset[str]] = [
-    # engine.config imports gossip and sync inside functions (EngineConfig validation of sync modes
-    # and gossip), and both import config (Phase, ADAPTIVE) and the step modules that import it.
+    # EngineConfig._check_gossip imports engine.gossip (GOSSIP) and _check_sync imports engine.sync
+    # inside the methods; gossip and sync import config (Phase, ADAPTIVE) and step/dropin/exchange,
+    # which import config (Phase, EngineConfig, IDENTITY) at module level.
     frozenset(
         {
             "cconv.engine.config",
@@ -38,8 +39,9 @@ KNOWN_CYCLES: list[frozenset[str]] = [
             "cconv.engine.sync",
         }
     ),
-    # experiments.config re-exports the grid expansion from sweep inside a function, sweep imports
-    # config at module level and runner (optimizer and dataset checks, the runs) inside functions.
+    # experiments.config's module __getattr__ re-exports sweep's names (SweepRun, expand_grid, ...)
+    # by importing sweep inside it; sweep imports config at module level and runner (optimizer and
+    # dataset checks, the runs) inside functions; runner imports config at module level.
     frozenset({"cconv.experiments.config", "cconv.experiments.runner", "cconv.experiments.sweep"}),
 ]
 
