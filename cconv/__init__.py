@@ -17,6 +17,13 @@ __all__ = [
     "distributed",
     "Exchange",
     "as_optax",
+    "state_specs",
+    "init_state",
+    "check_specs",
+    "worker_key",
+    "sync_model_state",
+    "nnx_split",
+    "advise",
     "__version__",
 ]
 
@@ -28,6 +35,7 @@ _LAZY = (
     "distributed",
 )  # imported on first use: `import cconv` stays free of flax/sklearn
 _DROPIN = ("Exchange", "as_optax")
+_DDP = ("state_specs", "init_state", "check_specs", "worker_key", "sync_model_state", "nnx_split")
 
 
 def __getattr__(name):
@@ -35,8 +43,16 @@ def __getattr__(name):
         import importlib
 
         return importlib.import_module(f"cconv.{name}")
+    if name == "advise":  # the advisor (cconv.advisor.advise; `cconv advise`)
+        from cconv.advisor import advise
+
+        return advise
     if name in _DROPIN:  # the drop-in API (cconv.engine.dropin)
         from cconv.engine import dropin
 
         return getattr(dropin, name)
+    if name in _DDP:  # what DDP users take for granted, around the drop-in API (cconv.engine.ddp)
+        from cconv.engine import ddp
+
+        return getattr(ddp, name)
     raise AttributeError(f"module 'cconv' has no attribute {name!r}")

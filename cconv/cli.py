@@ -1,4 +1,4 @@
-"""The ``cconv`` command line: run, sweep, plot, report, plan.
+"""The ``cconv`` command line: run, sweep, plot, report, doctor, advise, plan.
 
     cconv run CONFIG [--set key=value ...] [--out DIR]
     cconv sweep SWEEP [--out DIR]
@@ -6,11 +6,17 @@
                [--network NAME] [--panels single|family] [--band minmax|std|sem|ci95|none]
                [--legend auto|outside|inside|none] [--target VALUE] [--metric loss] [--out FILE]
     cconv report RESULTS... [--target LOSS] [--metric loss] [--aggregate] [--csv FILE]
+    cconv doctor [--platform cuda|rocm|tpu|all] [--full] [--json FILE]
+    cconv advise CONFIG --cluster NODESxGPUS [--intra LINK] [--network NET] [--device GPU]
+                 [--target METRIC=VALUE] [--probe FRACTION] [--verify N] [--json] [--out DIR]
     cconv plan --params D --flops-per-sample C --batch M --workers P --network NAME
+    cconv plan --workload NAME --cluster NODESxGPUS [--intra LINK] [--network NET] [--device GPU] [--json]
 
 Bad input (malformed YAML, unknown key/compressor, out-of-range value, missing data, unwritable
 output directory) prints one line ``cconv: error: ...`` and exits with status 2 before anything is
-written; ``--debug`` shows the traceback instead.
+written; ``--debug`` shows the traceback instead.  SIGTERM / SIGINT while ``run`` or ``sweep``
+trains: the step is finished and checkpointed, the run marked ``interrupted``, exit 143 / 130
+(``cconv.experiments.signals``, docs/signals.md).
 
 Devices: on CPU, ``workers`` data-parallel workers are simulated as CPU devices.  Before jax
 starts its backend, the CLI appends ``--xla_force_host_platform_device_count=<workers>`` (the
@@ -90,19 +96,21 @@ def cmd_run(args) -> int:
 
     runner.check_devices(cfg.workers, cfg.launcher)
     out = args.out or os.path.join("results", os.path.splitext(os.path.basename(args.config))[0])
-    io.check_creatable(out)  # nothing is created before the data and the model are known to load
-    problem = runner.build_problem(cfg)
-    if io.is_finished(out):
-        runner.prepare_run_dir(out, cfg)  # refuses a different config; otherwise nothing to do
+    # a finished run of this config: nothing to do, nothing written (also on a read-only file
+    # system); a different config or a file cconv did not create there is refused
+    if os.path.isdir(out) and runner.stored_run(out, cfg) == "finished":
         s = io.read_summary(out)
         print(f"{out}: already {s['status']}; nothing to do")
         return 0
+    io.check_creatable(out)  # nothing is created before the data and the model are known to load
+    problem = runner.build_problem(cfg)
     from cconv.experiments.config import ConfigError
 
     try:
         res = runner.execute(cfg, out, problem=problem)
-    except (ConfigError, io.RunLocked, io.OutputError):  # refused before training: another run's
-        # directory, one another process is training, an unusable output path
+    except (ConfigError, io.RunLocked, io.OutputError, io.ForeignFileError):  # refused before training:
+        # another run's directory, one another process is training, an unusable output path, a
+        # file cconv did not create
         raise
     except Exception as e:
         if getattr(args, "debug", False):
@@ -238,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="cconv",
         description="Gradient compression for data-parallel training in JAX: "
-        "runs, sweeps, figures, reports and a planner.",
+        "runs, sweeps, figures, reports, a GPU/TPU readiness check, an advisor and a planner.",
         epilog="`cconv COMMAND --help` describes each command.",
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
@@ -278,7 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
         "Safe to interrupt at any moment and run again. Several sweeps may share "
         "one --out: a run another process is training (its directory is locked) "
         "is skipped and reported as in use, not waited for; run the sweep again "
-        "afterwards for the complete report.",
+        "afterwards for the complete report. A run already in --out whose stored config differs "
+        "from the sweep file's is refused (exit 2, nothing written), as is a non-empty --out that "
+        "is not a sweep directory (it has no sweep.json).",
     )
     s.add_argument("config", help="sweep file (YAML with 'base' and 'grid')")
     s.add_argument("--out", help="sweep directory (default: results/<sweep name>)")
@@ -369,6 +379,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--csv", metavar="FILE", help="also write the full table as CSV ('-' prints CSV only)")
     rp.set_defaults(func=cmd_report)
 
+    from cconv import doctor
+
+    doctor.register(sub)
+    from cconv.advisor import cli as advise_cli
+
+    advise_cli.register(sub, common)
     from cconv.theory import plan_cli
 
     plan = plan_cli.register(sub)
@@ -443,6 +459,13 @@ def _quiet_library_logs() -> None:
         logger.addFilter(quiet)
 
 
+def _interruption(e: KeyboardInterrupt) -> str:
+    """What a stop by a signal did (``signals.Interrupted`` carries the signal and the step)."""
+    if not hasattr(e, "signum"):
+        return "interrupted"
+    return f"{e.name}: " + (f"checkpoint saved at step {e.step}" if e.step is not None else "stopped")
+
+
 def main(argv: list[str] | None = None) -> int:
     _one_line_warnings()
     parser = build_parser()
@@ -461,9 +484,10 @@ def main(argv: list[str] | None = None) -> int:
 
             return int(plan_cli.run(args) or 0)
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("cconv: interrupted; run the same command again to resume", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, or cconv.experiments.signals.Interrupted (SIGTERM/SIGINT
+        # during training: checkpointed, the summary says interrupted)
+        print(f"cconv: {_interruption(e)}; run the same command again to resume", file=sys.stderr)
+        return getattr(e, "exit_code", 130)  # 128 + signal: 143 (SIGTERM), 130 (SIGINT)
     except BrokenPipeError:  # the reader went away (`cconv plan ... | head`): not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 141  # 128 + SIGPIPE, as a shell reports it

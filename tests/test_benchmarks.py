@@ -104,6 +104,9 @@ def test_part_b_compares_against_dense(result):
     # measured against dense blocks interleaved with its own
     assert rows[1]["ratio_to_dense"] == pytest.approx(rows[1]["step_s"] / rows[1]["dense_step_s"])
     assert rows[1]["target_x"] == 1.3
+    # the CPU-time ratio is the median of per-round ratios, like the wall-clock one
+    spread = rows[1]["cpu_ratio_to_reference_spread"]
+    assert spread["min"] <= rows[1]["cpu_ratio_to_reference"] == spread["median"] <= spread["max"]
 
 
 def test_part_c_bytes_scale_as_the_algorithms_say(result):

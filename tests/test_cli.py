@@ -242,7 +242,7 @@ def test_debug_shows_traceback(tmp_path):
     assert r.returncode != 0 and "Traceback" in r.stderr and "ConfigError" in r.stderr
 
 
-@pytest.mark.parametrize("command", ["run", "sweep", "plot", "report", "plan"])
+@pytest.mark.parametrize("command", ["run", "sweep", "plot", "report", "doctor", "advise", "plan"])
 def test_help(command, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main([command, "--help"])
@@ -257,7 +257,7 @@ def test_top_level_help_lists_commands(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--help"])
     text = capsys.readouterr().out
-    for c in ("run", "sweep", "plot", "report", "plan"):
+    for c in ("run", "sweep", "plot", "report", "doctor", "advise", "plan"):
         assert c in text
 
 

@@ -63,9 +63,20 @@ KEYS = [
     "optimizer.momentum",
     "warmup.steps_per_stage",
     "warmup.densities",
+    # issue 26: keys whose combinations or values crashed or were silently ignored
+    "ef_scale",
+    "sync",
+    "staleness",
+    "topology",
+    "gossip_gamma",
+    "servers",
+    "data.root",
+    "data.alpha",
+    "lr_schedule.alpha",
 ]
 VALUES = st.sampled_from(
     ["abc", "", [1], [8.5], {"a": 1}, -1, 0, 1, 2.5, 0.5, 1e30, -1e-3, 2**70, True, False, None, 16, 3]
+    + [float("nan"), float("inf"), 10**30, "auto", "gossip", "ssp", "x" * 5000]  # issue 26
 )
 BOMB = (
     "{key}: {{tags: [&a [x, x, x, x, x, x, x, x, x, x], &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a], "
@@ -77,11 +88,16 @@ set_value = st.tuples(st.just("set"), st.sampled_from(KEYS), VALUES)
 unknown_key = st.tuples(st.just("unknown"), st.sampled_from(["lrr", "model.width", "compressor.ratioo", "x"]), VALUES)
 alias_bomb = st.tuples(st.just("bomb"), st.sampled_from(["wandb", "model", "optimizer", "network", "data"]), st.none())
 drop_key = st.tuples(st.just("drop"), st.sampled_from(sorted(set(TINY) - {"steps", "data", "model"})), st.none())
+# issue 26: a key given twice (YAML keeps the last silently), a block nested past the depth limit
+duplicate = st.tuples(st.just("duplicate"), st.sampled_from(["lr", "steps", "memory"]), VALUES)
+deep = st.tuples(st.just("deep"), st.sampled_from(["wandb", "model", "network"]), st.none())
 # value mutations weigh most; each may travel through the YAML file or through --set
 # an alias bomb is refused before anything else is looked at: at most one, in about 1 example of 8,
 # so that it does not hide the other mutations (tests/test_reliability.py covers bombs on their own)
 MUTATIONS = st.tuples(
-    st.lists(st.one_of(set_value, set_value, set_value, unknown_key, drop_key), min_size=1, max_size=3),
+    st.lists(
+        st.one_of(set_value, set_value, set_value, unknown_key, drop_key, duplicate, deep), min_size=1, max_size=3
+    ),
     st.sampled_from([None] * 7 + ["bomb"]),
     alias_bomb,
 ).map(lambda t: t[0] + ([t[2]] if t[1] else []))
@@ -95,6 +111,11 @@ def _apply(cfg: dict, mutation) -> str | None:
     if kind == "drop":
         cfg.pop(key, None)
         return None
+    if kind == "duplicate":  # appended after the dumped mapping: the key is then given twice
+        return f"{key}: {yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}\n"
+    if kind == "deep":
+        cfg.pop(key, None)
+        return f"{key}: " + "[" * 200 + "]" * 200 + "\n"
     top, _, sub = key.partition(".")
     if not sub:
         cfg[top] = value

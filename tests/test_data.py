@@ -23,7 +23,9 @@ def digits():
 
 # ------------------------------------------------------------------------------------ registry
 def test_registry_and_bad_names():
-    assert D.names() == sorted(["digits", "least_squares", "logistic", "mnist", "fashion_mnist", "cifar10", "text"])
+    assert D.names() == sorted(
+        ["digits", "least_squares", "logistic", "mnist", "fashion_mnist", "cifar10", "text", "mnist1d"]
+    )
     with pytest.raises(ValueError, match="unknown dataset 'imagenet'; valid names: cifar10, digits"):
         D.load("imagenet")
     with pytest.raises(ValueError, match="unknown hyper-parameter.*bogus; valid: train_size, flat"):

@@ -1,5 +1,5 @@
 """The drop-in API: ``cconv.Exchange`` / ``cconv.as_optax`` inside a user's own shard_map or pmap
-give the engine's averages and bytes for the same configuration; the README loop runs as printed;
+give the engine's averages and bytes for the same configuration; the loop of docs/dropin.md runs as printed;
 the shard_map traps are handled or reported."""
 
 import os
@@ -22,7 +22,7 @@ from cconv.comm import hlo
 from cconv.engine import EngineConfig, build
 
 W = 4
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+PAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "dropin.md")
 
 
 def loss(params, batch):
@@ -207,13 +207,14 @@ def test_as_optax_averages_with_its_own_key_and_counts_steps():
     assert float(state.traffic["bytes_sent"][0]) == float(traffic["bytes_sent"]) > 0
 
 
-def test_readme_dropin_example_runs_and_moves_the_engines_bytes(capsys):
-    text = open(README).read()
+def test_docs_dropin_example_runs_and_moves_the_engines_bytes(capsys):
+    text = open(PAGE).read()
     section = text[text.index("<!-- BEGIN dropin -->") : text.index("<!-- END dropin -->")]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert len(blocks) == 2 and "range(200)" in blocks[0]
+    blocks += re.findall(r"```python\n(.*?)```", text[text.index("<!-- END dropin -->") :], re.S)  # the rest
     ns = {"__name__": "readme"}
-    exec(compile("\n".join(blocks).replace("range(200)", "range(64)"), "README.md", "exec"), ns)
+    exec(compile("\n".join(blocks).replace("range(200)", "range(64)"), "docs/dropin.md", "exec"), ns)
     out = capsys.readouterr().out
     losses = [float(v) for v in re.findall(r"loss (\d+\.\d+)", out)]
     assert len(losses) == 4 and np.isfinite(losses).all() and losses[-1] < losses[0] / 2
@@ -228,3 +229,112 @@ def test_readme_dropin_example_runs_and_moves_the_engines_bytes(capsys):
     for k, v in ns["traffic"].items():
         if k != "bytes_control":
             assert float(v) == float(m[k]), k
+
+
+# ----------------------------------------------------------------------------- first-contact errors and DDP helpers
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: cconv.as_optax("topk", ratio=0.01), lambda: cconv.Exchange("topk", ratio=0.01)]
+)
+def test_compressor_knobs_given_to_the_exchange_are_a_one_line_error_naming_them(make):
+    with pytest.raises(ValueError) as e:  # was: TypeError: unexpected keyword argument 'ratio'
+        make()
+    msg = str(e.value)
+    assert "\n" not in msg and "cconv.compressors.get('topk', ratio=0.01)" in msg
+    assert "ratio, k, positions" in msg and "memory" in msg  # the compressor's knobs and the valid options
+
+
+def test_state_specs_put_cconvs_state_per_worker_and_the_rest_replicated():
+    tx = optax.chain(cconv.as_optax(C.topk(ratio=0.5), memory="ef"), optax.adam(1e-3))
+    params = make_params()
+    specs = cconv.state_specs(jax.eval_shape(tx.init, params))
+    assert set(jax.tree.leaves(specs[0], is_leaf=lambda x: isinstance(x, P))) == {P("data")}
+    assert set(jax.tree.leaves(specs[1], is_leaf=lambda x: isinstance(x, P))) == {P()}
+    opt_state, got = cconv.init_state(tx, params, mesh())
+    assert got == specs and opt_state[0].count.shape == (W,)
+    cconv.check_specs(opt_state, got, workers=W)
+
+
+def test_check_specs_names_the_leaf_of_a_wrong_layout():
+    tx = optax.chain(cconv.as_optax(C.topk(ratio=0.5), memory="ef"), optax.adam(1e-3))
+    opt_state, specs = cconv.init_state(tx, make_params(), mesh())
+    with pytest.raises(ValueError, match=r"opt_state\[0\]\.exchange.*needs spec P\('data'\)"):
+        cconv.check_specs(opt_state, (P(), P()))
+    with pytest.raises(ValueError, match=r"opt_state\[1\].*replicated optimizer state"):
+        cconv.check_specs(opt_state, (specs[0], P("data")))
+    with pytest.raises(ValueError, match="not one row per worker"):
+        cconv.check_specs(opt_state, specs, workers=2 * W)
+
+
+def test_as_optax_refuses_a_state_that_reached_every_worker_whole():
+    tx = cconv.as_optax(C.topk(ratio=0.5), memory="ef")
+    params = make_params()
+    opt_state, _ = cconv.init_state(tx, params, mesh())
+    step = jax.shard_map(  # the per-worker state given as replicated: each worker sees all W rows
+        lambda g, s: tx.update(g, s)[0], mesh=mesh(), in_specs=(P(), P()), out_specs=P(), check_vma=False
+    )
+    with pytest.raises(ValueError, match=r"4 rows inside the map.*P\('data'\)"):
+        jax.jit(step)(params, opt_state)
+
+
+def test_worker_key_differs_per_worker_and_is_deterministic():
+    f = jax.jit(
+        jax.shard_map(
+            lambda k: jax.random.key_data(cconv.worker_key(k))[None], mesh=mesh(), in_specs=P(), out_specs=P("data")
+        )
+    )
+    keys = np.asarray(f(jax.random.PRNGKey(7)))
+    assert len({tuple(k) for k in keys}) == W
+    np.testing.assert_array_equal(keys, np.asarray(f(jax.random.PRNGKey(7))))
+    np.testing.assert_array_equal(keys[1], np.asarray(jax.random.fold_in(jax.random.PRNGKey(7), 1)))
+
+
+def test_sync_model_state_averages_and_check_mode_warns_once():
+    import warnings
+
+    from cconv.engine import ddp
+
+    stats = jnp.arange(W * 3, dtype=jnp.float32).reshape(W, 3)  # different on every worker
+    avg = jax.jit(
+        jax.shard_map(lambda s: cconv.sync_model_state(s), mesh=mesh(), in_specs=P("data"), out_specs=P("data"))
+    )
+    np.testing.assert_allclose(np.asarray(avg(stats)), np.broadcast_to(np.asarray(stats).mean(0), (W, 3)))
+    check = jax.jit(
+        jax.shard_map(
+            lambda s: cconv.sync_model_state(s, mode="check"), mesh=mesh(), in_specs=P("data"), out_specs=P("data")
+        )
+    )
+    ddp._WARNED.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        np.testing.assert_array_equal(np.asarray(check(stats)), np.asarray(stats))  # unchanged
+        check(stats + 1)
+        jax.effects_barrier()
+        check(jnp.ones((W, 3)))  # equal on every worker: nothing to say
+        jax.effects_barrier()
+    drift = [w for w in caught if issubclass(w.category, ddp.ModelStateDivergenceWarning)]
+    assert len(drift) == 1 and "differs across the workers" in str(drift[0].message)
+    with pytest.raises(ValueError, match="mode must be one of mean, check"):
+        cconv.sync_model_state(stats, mode="max")
+
+
+def test_sign_method_under_sgd_with_an_sgd_learning_rate_warns_once():
+    """The rule is read from the registry bound (biased, not even non-expansive), not from a name."""
+    import warnings
+
+    from cconv.experiments import config as EC
+
+    EC._WARNED.clear()
+    base = {"compressor": "signsgd", "optimizer": {"name": "sgd", "momentum": 0.9}}
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        EC.engine_config(EC.from_dict({**base, "lr": 0.1}), [(64, 16)])  # SGD's lr: warns
+        EC.engine_config(EC.from_dict({**base, "lr": 0.1}), [(64, 16)])  # once per process
+        EC.engine_config(EC.from_dict({**base, "lr": 1e-3}), [(64, 16)])  # retuned: silent
+        EC.engine_config(EC.from_dict({**base, "lr": 0.1, "optimizer": {"name": "adam"}}), [(64, 16)])  # adaptive
+        EC.engine_config(EC.from_dict({**base, "lr": 0.1, "compressor": "scaled_sign"}), [(64, 16)])  # scaled
+        EC.engine_config(EC.from_dict({**base, "lr": 0.1, "compressor": {"name": "topk", "ratio": 0.1}}), [(64, 16)])
+    msgs = [str(x.message) for x in w if issubclass(x.category, EC.SignLearningRateWarning)]
+    assert len(msgs) == 1 and "\n" not in msgs[0], msgs
+    assert msgs[0].startswith("signsgd is not scaled to the gradient") and "lr 0.1" in msgs[0]

@@ -1,4 +1,4 @@
-"""The README's engine example runs as printed (fewer steps) and trains."""
+"""The engine example of the docs (docs/engine.md, the Python API page) runs as printed (fewer steps) and trains."""
 
 import os
 import re
@@ -6,18 +6,16 @@ import re
 import numpy as np
 import pytest
 
-# the README example, 64 steps: not in the fast subset (-m 'not slow')
+# the docs' example, 64 steps: not in the fast subset (-m 'not slow')
 pytestmark = pytest.mark.slow
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+PAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "engine.md")
 
 
-def test_readme_engine_example_runs(capsys):
-    text = open(README).read()
-    section = text[text.index("<!-- BEGIN engine -->") : text.index("<!-- END engine -->")]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def test_docs_engine_example_runs(capsys):
+    code = re.search(r"```python\n(.*?)```", open(PAGE).read(), re.S).group(1)
     assert "range(200)" in code
-    exec(compile(code.replace("range(200)", "range(64)"), "README.md", "exec"), {"__name__": "readme"})
+    exec(compile(code.replace("range(200)", "range(64)"), "docs/engine.md", "exec"), {"__name__": "readme"})
     out = capsys.readouterr().out
     losses = [float(m) for m in re.findall(r"loss (\d+\.\d+)", out)]
     assert len(losses) == 4 and np.isfinite(losses).all() and losses[-1] < losses[0]

@@ -344,7 +344,9 @@ def test_schedule_errors_are_one_line(schedule, fragment):
 
 def test_ef_scale_values_and_errors():
     assert C.from_dict({}).ef_scale is None and C.from_dict({"memory": "ef", "ef_scale": 1}).ef_scale == 1.0
-    assert C.from_dict({"ef_scale": "auto"}).ef_scale == "auto"  # auto with another memory: 1 (sweeps)
+    assert C.from_dict({"memory": "ef", "ef_scale": "auto"}).ef_scale == "auto"
+    with pytest.raises(ConfigError, match="ef_scale scales error feedback: it needs memory: ef, got memory: none"):
+        C.from_dict({"ef_scale": "auto"})  # issue 26: silently ignored before
     for bad in ("autoo", 0, 1.5, True, [0.5]):
         with pytest.raises(ConfigError, match="ef_scale must be null, auto or a number in"):
             C.from_dict({"memory": "ef", "ef_scale": bad})
@@ -363,7 +365,6 @@ def test_ef_scale_values_and_errors():
     assert scale(**qsgd, ef_scale="auto", granularity="fused") == pytest.approx(1 / (1 + fused))
     assert scale(**qsgd) == 1.0 and scale(**qsgd, ef_scale=0.25) == 0.25
     assert scale(memory="ef", compressor={"name": "topk", "ratio": 0.1}, ef_scale="auto") == 1.0  # contractive
-    assert scale(memory="none", compressor="qsgd", ef_scale="auto") == 1.0
     eng = C.engine_config(C.from_dict({**qsgd, "workers": 2, "batch_size": 8, "ef_scale": "auto"}), shapes)
     assert eng.ef_scale == pytest.approx(1 / 17) and eng.memory == "ef"
 

@@ -130,14 +130,41 @@ def test_inside_shard_map_on_8_devices():
     np.testing.assert_array_equal(np.asarray(h(xs)), _ref_set(xs, 10))
 
 
-def test_gpu_lowering_uses_lax_top_k():
-    # One jitted function serves every platform: lowered for CUDA it must not contain the
-    # CPU-only custom call (lowering needs no GPU).
-    exp = jax.export.export(jax.jit(lambda v: select.topk_indices(v, 10)), platforms=["cuda"])(
-        jax.ShapeDtypeStruct((1000,), jnp.float32)
-    )
+_TOPK10 = jax.jit(lambda v: select.topk_indices(v, 10))
+_X1000 = jax.ShapeDtypeStruct((1000,), jnp.float32)
+_ALLOW_KERNEL = [jax.export.DisabledSafetyCheck.custom_call(_native.TOPK_TARGET)]
+
+
+@pytest.mark.parametrize("platform", ["cuda", "rocm", "tpu"])
+def test_gpu_and_tpu_lowerings_use_lax_top_k(platform):
+    # One jitted function serves every platform: the path is picked per platform when the
+    # program is lowered (lax.platform_dependent), so lowered for CUDA / ROCm / TPU it holds no
+    # CPU-only custom call and needs no device to check; no error is caught at run time.
+    text = jax.export.export(_TOPK10, platforms=[platform])(_X1000).mlir_module()
+    assert _native.TOPK_TARGET not in text and "chlo.top_k" in text
+
+
+def test_cpu_lowering_calls_the_kernel():
+    assert _native.available()  # this machine has a compiler (test_native_kernel_is_built_here)
+    text = jax.export.export(_TOPK10, platforms=["cpu"], disabled_checks=_ALLOW_KERNEL)(_X1000).mlir_module()
+    assert text.count(f"custom_call @{_native.TOPK_TARGET}(") == 1 and "chlo.top_k" not in text
+
+
+def test_multi_platform_export_keeps_the_kernel_in_the_cpu_branch():
+    # Exporting for CPU and CUDA together lowers both paths into one module; jax refuses a custom
+    # call without a compatibility guarantee unless told, and then the kernel sits in the
+    # CPU branch of the platform switch only (the CUDA branch is lax.top_k).
+    with pytest.raises(ValueError, match="custom calls"):
+        jax.export.export(_TOPK10, platforms=["cpu", "cuda"])(_X1000)
+    exp = jax.export.export(_TOPK10, platforms=["cpu", "cuda"], disabled_checks=_ALLOW_KERNEL)(_X1000)
     text = exp.mlir_module()
-    assert _native.TOPK_TARGET not in text and "topk" in text.lower()
+    main = text[text.index("func.func public @main") :]
+    switch = main[main.rindex('"stablehlo.case"') :]  # the last case picks the top-k path
+    cpu_branch, cuda_branch = switch.split("}, {", 1)
+    assert _native.TOPK_TARGET in cpu_branch and "chlo.top_k" not in cpu_branch
+    assert _native.TOPK_TARGET not in cuda_branch and "chlo.top_k" in cuda_branch
+    x = np.asarray(jax.random.normal(jax.random.PRNGKey(7), (1000,)))
+    np.testing.assert_array_equal(np.asarray(exp.call(x)), _ref_set(x, 10))  # runs on CPU
 
 
 def test_integer_input_uses_the_reference():

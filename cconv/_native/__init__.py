@@ -256,8 +256,8 @@ def load():
             except Exception as e:  # noqa: BLE001 - any failure means "use the fallback"
                 _state["error"] = f"{type(e).__name__}: {e}"
                 warnings.warn(
-                    "cconv: native top-k kernel unavailable, falling back to lax.top_k (exact, "
-                    f"slower): {_state['error']}",
+                    "cconv: native CPU top-k kernel unavailable, falling back to lax.top_k on CPU (exact, "
+                    f"slower; GPU and TPU steps use lax.top_k anyway): {_state['error']}",
                     RuntimeWarning,
                     stacklevel=2,
                 )

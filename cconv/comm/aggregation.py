@@ -299,16 +299,22 @@ class AllGather(_Method):
 
 
 class Vote(AllGather):
-    """Majority vote over gathered payloads: sign(sum_w decompress(payload_w)), sign(0) = +1."""
+    """Majority vote over gathered payloads: sign(sum_w decompress(payload_w)); a tie (sum 0)
+    gives +1.  Defined for sign payloads only: compressors whose registry entry has ``votes``."""
 
     name = "vote"
     selectable = False  # asked for by ``vote=True``, not by ``collective``
 
     def check(self, cfg, c):
-        if c.aggregation != "allgather":
+        try:
+            votes = entry_of(c).votes
+        except ValueError:  # a compressor from a user factory has no entry
+            votes = False
+        if not votes or c.aggregation != "allgather":
+            ok = ", ".join(e.name for e in entries() if e.votes)
             raise ValueError(
-                f"vote=True needs a compressor whose payloads are gathered (a sign compressor), "
-                f"got {c.name!r} (aggregation {c.aggregation!r})"
+                f"vote=True needs a sign compressor ({ok}: its registry entry declares votes) for signSGD's "
+                f"majority vote (a tie gives +1), got {c.name!r}"
             )
 
     def _finish(self, comm, totals):

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from cconv.comm.accounting import Collective, tree_bytes
@@ -158,6 +159,25 @@ def _from_bits(tree, like):
     return jax.tree.map(lambda x, l: lax.bitcast_convert_type(x, l.dtype) if l.dtype == jnp.bfloat16 else x, tree, like)
 
 
+def _byte_concat(leaves) -> jax.Array:
+    """The leaves' bytes, one after the other, as one uint8 vector: several payload arrays travel
+    in ONE all-gather (XLA:CPU does not combine all-gathers; a rendezvous per array of a step's
+    payloads cost more than moving them).  Same bytes on the wire, in the same order."""
+    return jnp.concatenate([lax.bitcast_convert_type(x, jnp.uint8).reshape(-1) for x in leaves])
+
+
+def _byte_split(gathered: jax.Array, leaves) -> list:
+    """Inverse of ``_byte_concat`` for a gathered (P, bytes) array: the leaves stacked (P, ...)."""
+    out, start = [], 0
+    for x in leaves:
+        size = x.dtype.itemsize
+        n = int(np.prod(x.shape, dtype=np.int64)) * size
+        part = gathered[:, start : start + n].reshape(gathered.shape[0], *x.shape, *((size,) if size > 1 else ()))
+        out.append(lax.bitcast_convert_type(part, x.dtype))
+        start += n
+    return out
+
+
 def vmapped_axis(axis_name: str) -> bool:
     """Whether ``axis_name`` is bound by ``jax.vmap`` (its index is a batched iota) rather than by
     an SPMD map (``jax.shard_map`` / ``jax.pmap``, one device per rank).  jax has no public test:
@@ -215,7 +235,11 @@ class MeshComm(Comm):
         return lax.pmax(tree, self.axis_name)
 
     def _all_gather(self, tree):
-        return _from_bits(lax.all_gather(_as_bits(tree), self.axis_name), tree)
+        leaves, treedef = jax.tree.flatten(tree)
+        if len(leaves) < 2 or any(x.dtype == jnp.bool_ for x in leaves):
+            return _from_bits(lax.all_gather(_as_bits(tree), self.axis_name), tree)
+        gathered = lax.all_gather(_byte_concat(leaves), self.axis_name)
+        return jax.tree.unflatten(treedef, _byte_split(gathered, leaves))
 
     def _ppermute(self, tree, perm):
         perm = list(perm)

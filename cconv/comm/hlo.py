@@ -12,6 +12,14 @@ compressor and architecture, that these totals equal what the engine logs.
 Collectives inside ``while`` loops would run a data-dependent number of times: the parser
 reports the computation each instruction is in, and ``per_device_traffic`` refuses programs
 with collectives outside the entry computation unless told to count them once.
+
+``stablehlo_collectives(mlir_text)`` reads the same instructions from a *lowered, not compiled*
+StableHLO module (``jax.export.Exported.mlir_module()``, e.g. exported for a platform that is not
+present: ``cconv.doctor``): ``"stablehlo.all_reduce"`` etc. with their result types.  Nothing is
+combined there yet (one all-reduce per leaf), which changes no byte total.  A function called
+from several sites counts once per call; a collective inside a ``while`` / ``case`` / ``if``
+region (or in a function called from one) is flagged ``entry=False``.  ``traffic(collectives,
+devices)`` applies the formulas to either parser's output.
 """
 
 from __future__ import annotations
@@ -118,8 +126,14 @@ def collectives(hlo_text: str) -> list[HloCollective]:
 
 def per_device_traffic(hlo_text: str, devices: int, allow_nested: bool = False):
     """(sent, received) bytes per device, arrays of length ``devices``."""
+    return traffic(collectives(hlo_text), devices, allow_nested)
+
+
+def traffic(found: list[HloCollective], devices: int, allow_nested: bool = False):
+    """(sent, received) bytes per device of parsed collectives (``collectives`` or
+    ``stablehlo_collectives``), arrays of length ``devices``."""
     sent, recv = np.zeros(devices), np.zeros(devices)
-    for c in collectives(hlo_text):
+    for c in found:
         if not c.entry and not allow_nested:
             raise ValueError(
                 f"collective {c.op} inside computation {c.computation!r} (a loop or "
@@ -148,3 +162,100 @@ def per_device_traffic(hlo_text: str, devices: int, allow_nested: bool = False):
                 sent[dev] += s
                 recv[dev] += r
     return sent, recv
+
+
+# ----------------------------------------------------------------------------- StableHLO text
+
+_SHLO_DTYPE = {"i1": "pred", "i4": "s4", "ui4": "u4", "f8E4M3FN": "f8e4m3fn", "f8E5M2": "f8e5m2"}
+_SHLO_DTYPE.update({f"i{b}": f"s{b}" for b in (8, 16, 32, 64)} | {f"ui{b}": f"u{b}" for b in (8, 16, 32, 64)})
+_SHLO_OP = re.compile(r'"stablehlo\.(all_reduce|all_gather|collective_permute|reduce_scatter|all_to_all)"\(')
+_SHLO_TENSOR = re.compile(r"tensor<((?:\d+x)*)(\w+)>")
+_SYMBOL = r'@([\w.$\-]+|"[^"]*")'  # a function's name; quoted when it has other characters
+_SHLO_FUNC = re.compile(r"^func\.func\s+(?:public\s+|private\s+)?" + _SYMBOL)
+_SHLO_CALL = re.compile(r"\bcall " + _SYMBOL)
+_SHLO_OPENER = re.compile(r'^(?:%[\w#:]+(?:\s*,\s*%[\w#:]+)*\s*=\s*)?"?([a-z_]+\.[a-z_]+)')
+_CONTROL = ("stablehlo.while", "stablehlo.case", "stablehlo.if")
+
+
+def _shlo_result_shapes(signature: str) -> tuple:
+    """The result types of an op's ``(operands) -> results`` signature, in HLO dtype names."""
+    out = []
+    for dims, dt in _SHLO_TENSOR.findall(signature.rpartition("->")[2]):
+        out.append((_SHLO_DTYPE.get(dt, dt), tuple(int(v) for v in dims.split("x") if v)))
+    return tuple(out)
+
+
+def _shlo_groups(text: str, key: str) -> tuple:
+    m = re.search(key + r"\s*=\s*dense<(\[\[[0-9,\s\[\]]*\]\])>", text)
+    if not m:
+        return ()
+    return tuple(tuple(int(v) for v in g.split(",") if v.strip()) for g in re.findall(r"\[([0-9,\s]*)\]", m.group(1)))
+
+
+def _shlo_scan(mlir_text: str):
+    """One pass over the module: per function, its collectives ``(op, attrs, signature, in
+    control flow)`` and its call sites ``(callee, in control flow)``."""
+    funcs: dict[str, dict] = {}
+    stack: list[list] = []  # open regions: [op name, pending collective (op, attrs) or None]
+    func = ""
+    for line in mlir_text.splitlines():
+        s = line.strip()
+        in_control = any(op in _CONTROL for op, _ in stack)
+        if s.startswith("}"):
+            op, pending = stack.pop()
+            if s.endswith("{"):  # "}, {" / "} do {": the next region of the same op
+                stack.append([op, pending])
+            elif pending is not None:
+                funcs[func]["colls"].append((*pending, s, any(o in _CONTROL for o, _ in stack)))
+            continue
+        fm = _SHLO_FUNC.match(s)
+        if fm:
+            func = fm.group(1)
+            funcs[func] = {"colls": [], "calls": []}
+            stack.append(["func.func", None])
+            continue
+        for callee in _SHLO_CALL.findall(s):
+            funcs.setdefault(func, {"colls": [], "calls": []})["calls"].append((callee, in_control))
+        cm = _SHLO_OP.search(s)
+        if cm and s.endswith("({"):  # a reduction region follows; the signature closes it
+            stack.append([f"stablehlo.{cm.group(1)}", (cm.group(1), s)])
+        elif cm:
+            funcs[func]["colls"].append((cm.group(1), s, s, in_control))
+        elif s == "cond {":
+            stack.append(["stablehlo.while", None])
+        elif s.endswith("{"):
+            om = _SHLO_OPENER.match(s)
+            stack.append([om.group(1) if om else s.split()[0], None])
+    return funcs
+
+
+def stablehlo_collectives(mlir_text: str) -> list[HloCollective]:
+    """Every collective of a lowered StableHLO module's text, once per time it runs (module
+    docstring): op named as in HLO (``all-reduce``...), result shapes, replica groups / pairs."""
+    funcs = _shlo_scan(mlir_text)
+    runs: dict[str, tuple[int, bool]] = {}
+
+    def calls_of(name: str) -> tuple[int, bool]:  # (times the function runs, under control flow)
+        if name not in runs:
+            sites = [(f, ctl) for f, d in funcs.items() for callee, ctl in d["calls"] if callee == name]
+            if name == "main" or not sites:
+                runs[name] = (1 if name == "main" else 0, False)
+            else:
+                parents = [(calls_of(f), ctl) for f, ctl in sites]
+                runs[name] = (sum(n for (n, _), _ in parents), any(nested or ctl for (_, nested), ctl in parents))
+        return runs[name]
+
+    found = []
+    for name, d in funcs.items():
+        times, nested = calls_of(name)
+        for op, attrs, signature, ctl in d["colls"]:
+            c = HloCollective(
+                op.replace("_", "-"),
+                _shlo_result_shapes(signature),
+                _shlo_groups(attrs, "replica_groups"),
+                _shlo_groups(attrs, "source_target_pairs"),
+                name,
+                not (nested or ctl),
+            )
+            found += [c] * times
+    return found

@@ -99,6 +99,16 @@ class Compressor(NamedTuple):
     agree: Agreement | None = None  # a statistic the workers agree on before compressing
     sparse: Callable[[Payload, Any], Any] | None = None  # coded payload -> its (values, indices)
     gathered_sum: Callable[[Payload, Any], Array] | None = None  # stacked payloads -> their decompressed sum
+    subtract: Callable[[Array, Payload], Array] | None = None  # (y, payload) -> y - decompress(payload, y), cheaper
+
+    def minus(self, y: Array, payload: Payload) -> Array:
+        """``y - decompress(payload, y)``: what error feedback keeps.  A compressor whose payload
+        is sparse says how to compute it without the dense decompressed array (``subtract``: a
+        scatter-add of the negated values into ``y``, bit for bit the same for distinct indices);
+        otherwise the dense difference."""
+        if self.subtract is not None:
+            return self.subtract(y, payload)
+        return y - self.decompress(payload, y)
 
     def encoded_bytes(self, payload: Payload) -> Array:
         """Bytes of the message a variable-length transport would send (traced float32 scalar):

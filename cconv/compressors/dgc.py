@@ -63,6 +63,7 @@ from cconv.compressors.sparse import (
     SparsePayload,
     decompress_sparse,
     sparse_bytes,
+    subtract_sparse,
 )
 
 
@@ -203,6 +204,7 @@ def _dgc(
         unbiased=False,
         encoded=encoded if coded else None,
         sparse=sparse if coded else None,
+        subtract=None if coded else subtract_sparse,
     )
 
 

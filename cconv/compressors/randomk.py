@@ -46,7 +46,14 @@ from cconv.compressors.base import (
 from cconv.compressors.oracle import alternating, flat64, sparsifier_k
 from cconv.compressors.registry import RATIO, Bench, Bound, Entry, K, Knob, Param, Schema, Theory, ratio_or_k, register
 from cconv.compressors.select import sample_k_distinct
-from cconv.compressors.sparse import SPARSE_RATIOS, SparsePayload, decompress_sparse, scatter, sparse_bytes
+from cconv.compressors.sparse import (
+    SPARSE_RATIOS,
+    SparsePayload,
+    decompress_sparse,
+    scatter,
+    sparse_bytes,
+    subtract_sparse,
+)
 
 
 class SharedKeyPayload(NamedTuple):
@@ -120,6 +127,7 @@ def _randomk(
         unbiased=bool(scaled),
         encoded=golomb.payload_encoded_bytes if coded else None,
         sparse=golomb.to_sparse if coded else None,
+        subtract=None if coded or shared else subtract_sparse,
     )
 
 

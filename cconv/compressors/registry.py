@@ -33,6 +33,7 @@ import functools
 import importlib
 import inspect
 import math
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -254,6 +255,8 @@ class Entry(NamedTuple):
     label        human-readable name for plots and tables
     cases        small hyper-parameter sets the generic tests run (at least one)
     bench        ``Bench`` settings (None: benchmarked with its defaults, no target)
+    votes        its payloads are signs, so sign(sum_w decompress(payload_w)) is signSGD's majority
+                 vote: ``vote=True`` is allowed (refused for every other compressor)
     name         filled in by ``register``
     """
 
@@ -266,6 +269,7 @@ class Entry(NamedTuple):
     label: str = ""
     cases: tuple[dict, ...] = ({},)
     bench: Bench | None = None
+    votes: bool = False
     name: str = ""
 
     def aggregation_of(self, hparams: Mapping[str, Any]) -> str:
@@ -323,8 +327,36 @@ def _public_factory(entry: Entry) -> Callable[..., Compressor]:
         return_annotation=Compressor,
     )
     factory.__name__ = entry.name
+    factory.__doc__ = describe(entry)
     factory.entry = entry  # type: ignore[attr-defined]
     return factory
+
+
+def describe(entry: Entry) -> str:
+    """``help(cconv.compressors.<name>)``: the compressor module's docstring (formula, paper,
+    bytes) or the factory's, then the knobs and their defaults read from the schema and the
+    aggregation read from the entry (one source of truth: the text cannot drift from the code)."""
+    module = sys.modules.get(getattr(entry.factory, "__module__", ""), None)
+    own = module.__doc__ if module is not None and module.__name__.startswith("cconv.compressors.") else None
+    text = inspect.cleandoc(own or entry.factory.__doc__ or entry.label or entry.name)
+    lines = [text, "", "Hyper-parameters (from the registry schema; a bad value is a one-line ValueError):"]
+    for p in entry.schema.params:
+        allowed = p.describe() + (", or None" if p.optional else "")
+        lines.append(f"    {p.name}={p.default!r}: {allowed}" + (f"; {p.help}" if p.help else ""))
+    if not entry.schema.params:
+        lines.append("    (none)")
+    try:  # what the schema's rule makes of no arguments: a required knob, or defaults it fills in
+        filled = entry.schema.validate(entry.name, {})
+        extra = {k: v for k, v in filled.items() if v != entry.schema.defaults().get(k)}
+        if extra:
+            lines.append("    with no arguments: " + ", ".join(f"{k}={v!r}" for k, v in extra.items()))
+    except ValueError as e:
+        lines.append("    required: " + str(e).split(": ", 1)[-1])
+    agg = "depends on the hyper-parameters" if callable(entry.aggregation) else entry.aggregation
+    lines.append("")
+    lines.append(f"Aggregation: {agg}" + (f"; also {', '.join(entry.collectives)}" if entry.collectives else ""))
+    lines.append(f"Entry: cconv.compressors.entry({entry.name!r}) (theory constants, knob, label, test cases).")
+    return "\n".join(lines)
 
 
 def _from_path(path: str) -> Entry:
@@ -431,6 +463,7 @@ __all__ = [
     "Bench",
     "Entry",
     "register",
+    "describe",
     "entry",
     "entry_of",
     "names",

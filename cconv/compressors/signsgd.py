@@ -3,7 +3,9 @@
 Wire format: sign bits packed 8 per byte, bit = (x >= 0), so sign(0) = +1: ceil(d/8) bytes.
 Biased and not scaled (the learning rate carries the magnitude).  Aggregation: payloads are
 gathered; the engine averages the signs, or applies the paper's majority vote
-sign(sum_w sign(x_w)) (``cconv`` engine option ``vote``).  The gathered sum is computed in the
+sign(sum_w sign(x_w)) (``cconv`` engine option ``vote``; its entry declares ``votes=True``, the
+only compressors ``vote`` is allowed with).  A tie (sum_w sign(x_w)_i = 0, possible with an even
+number of workers) resolves to +1, as sign(0) = +1 on the wire.  The gathered sum is computed in the
 packed domain (``gathered_sum``): sum_w sign(x_w)_i = 2 c_i - P with c_i the number of set bits
 at position i over the P payloads, counted by a bit-sliced popcount (``packing.bit_counts``);
 exact, so the sum and the vote equal the unpacked path's bit for bit.  Non-finite input: NaN fails x >= 0
@@ -68,4 +70,7 @@ THEORY = Theory(
     error_sq=_error_sq,
 )
 
-signsgd = register("signsgd", Entry(_signsgd, theory=THEORY, label="signSGD", bench=Bench(target_x=4.0)))
+# votes: its payloads are signs, so the engine's ``vote=True`` is the paper's majority vote
+signsgd = register(
+    "signsgd", Entry(_signsgd, theory=THEORY, label="signSGD", bench=Bench(target_x=4.0), votes=True)
+)

@@ -20,6 +20,7 @@ __all__ = [
     "DensePayload",
     "scatter",
     "decompress_sparse",
+    "subtract_sparse",
     "sparse_bytes",
     "gather_sparse",
     "SIZE",
@@ -50,6 +51,17 @@ def decompress_sparse(payload, like) -> Array:
     if isinstance(payload, DensePayload):
         return payload.values.reshape(shape).astype(dtype)
     return scatter(payload.values, payload.indices, like)
+
+
+def subtract_sparse(y: Array, payload) -> Array:
+    """``y - decompress_sparse(payload, y)`` as one scatter-add of the negated values into ``y``
+    (``Compressor.subtract``): no dense zeros, no dense scatter, no dense subtraction.  For
+    distinct indices each entry is y_i + (-v) = y_i - v exactly (IEEE negation is exact); padding
+    slots (value 0 at index 0) add zero."""
+    if isinstance(payload, DensePayload):
+        return y - payload.values.reshape(y.shape).astype(y.dtype)
+    flat = y.reshape(-1).at[payload.indices.reshape(-1)].add(-payload.values.reshape(-1).astype(y.dtype))
+    return flat.reshape(y.shape)
 
 
 def sparse_bytes(k: int, d: int, dtype) -> int:

@@ -31,7 +31,7 @@ from cconv.compressors.base import Compressor, SparsifierSize, check_float, item
 from cconv.compressors.oracle import flat64, sparsifier_k, top_idx
 from cconv.compressors.registry import RATIO, Bench, Bound, Entry, K, Knob, Param, Schema, Theory, ratio_or_k, register
 from cconv.compressors.select import topk_indices
-from cconv.compressors.sparse import SparsePayload, decompress_sparse
+from cconv.compressors.sparse import SparsePayload, decompress_sparse, subtract_sparse
 
 
 def _threshold(tau: float, ratio: float | None = None, k: int | None = None) -> Compressor:
@@ -55,7 +55,14 @@ def _threshold(tau: float, ratio: float | None = None, k: int | None = None) -> 
         return kof(shape) * (itemsize(dtype) + 4)
 
     return Compressor(
-        stateless_init, compress, decompress_sparse, wire_bytes, size.density, name="threshold", unbiased=False
+        stateless_init,
+        compress,
+        decompress_sparse,
+        wire_bytes,
+        size.density,
+        name="threshold",
+        unbiased=False,
+        subtract=subtract_sparse,
     )
 
 

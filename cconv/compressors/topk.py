@@ -33,6 +33,7 @@ from cconv.compressors.sparse import (
     decompress_sparse,
     gather_sparse,
     sparse_bytes,
+    subtract_sparse,
 )
 
 
@@ -74,6 +75,7 @@ def _topk(ratio: float | None = None, k: int | None = None, positions: str = "in
         unbiased=False,
         encoded=golomb.payload_encoded_bytes if coded else None,
         sparse=golomb.to_sparse if coded else None,
+        subtract=None if coded else subtract_sparse,
     )
 
 

@@ -18,6 +18,7 @@ logistic        classification synthetic binary, generating w and optimum in ``i
 mnist           classification IDX files in a local directory (``cconv.data.files``)
 fashion_mnist   classification IDX files in a local directory
 cifar10         classification python pickle batches in a local directory
+mnist1d         classification MNIST-1D, generated offline by the mnist1d package (``cconv.data.mnist1d``)
 text            lm             bytes of CPython's standard library (``cconv.data.text``)
 =============== ============== ======================================================================
 
@@ -35,6 +36,7 @@ from cconv.data.base import TASKS, Dataset, key_words, numpy_rng
 from cconv.data.batcher import Batcher
 from cconv.data.embedded import digits, least_squares, logistic
 from cconv.data.files import cifar10, fashion_mnist, mnist, read_cifar_batch, read_idx, write_idx
+from cconv.data.mnist1d import mnist1d
 from cconv.data.partition import SCHEMES, label_histograms, mean_tv_distance, partition
 from cconv.data.text import text
 
@@ -46,6 +48,7 @@ _REGISTRY: dict[str, Callable[..., Dataset]] = {
     "fashion_mnist": fashion_mnist,
     "cifar10": cifar10,
     "text": text,
+    "mnist1d": mnist1d,
 }
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from cconv import compressors as C
 from cconv import memory as M
+from cconv._text import shown
 from cconv.comm import aggregation as A
 from cconv.compressors.base import Compressor
 from cconv.engine.launchers import LAUNCHERS  # name -> Launcher class
@@ -59,12 +60,12 @@ class Warmup:
     def __post_init__(self):
         d = self.densities
         if isinstance(d, (str, bytes)) or not isinstance(d, Sequence) or not all(_real(x) and 0 < x <= 1 for x in d):
-            raise ValueError(f"Warmup: densities must be a sequence of numbers in (0, 1], got {d!r}")
+            raise ValueError(f"Warmup: densities must be a sequence of numbers in (0, 1], got {shown(d)}")
         object.__setattr__(self, "densities", tuple(float(x) for x in d))
         for name, lo in (("steps_per_stage", 1), ("dense_steps", 0)):
             v = getattr(self, name)
             if not _integer(v) or v < lo:
-                raise ValueError(f"Warmup: {name} must be an integer >= {lo}, got {v!r}")
+                raise ValueError(f"Warmup: {name} must be an integer >= {lo}, got {shown(v)}")
             object.__setattr__(self, name, int(v))
 
     def density(self, step: int) -> float | None:
@@ -112,7 +113,9 @@ class EngineConfig:
     collective         "auto" (the compressor's aggregation) | "allgather" | "gtopk"
                        (recursive-doubling global top-k; compressors whose registry entry lists
                        it in ``collectives``, P a power of 2)
-    vote               signSGD majority vote: update = sign(sum_w decompress(payload_w))
+    vote               signSGD majority vote: update = sign(sum_w decompress(payload_w)); a tie
+                       (sum 0, possible with an even number of workers) gives +1.  Only for
+                       compressors whose registry entry declares ``votes`` (sign compressors)
     ps_downlink        compressor for the server's reply (error feedback on the server)
     launcher           a key of ``LAUNCHERS``: shard_map (default), pmap, vmap (all workers on
                        one device) or mpi
@@ -135,7 +138,9 @@ class EngineConfig:
                        complete, matrix (Metropolis-Hastings weights, except ``matrix``)
     torus              (rows, cols) of the torus (None: the most square factorisation of P)
     mixing             the explicit P x P mixing matrix of ``topology="matrix"``
-    gossip_gamma       consensus step size gamma in (0, 1] (CHOCO; naive compressed D-PSGD)
+    gossip_gamma       consensus step size gamma in (0, 1] (CHOCO; naive compressed D-PSGD); None:
+                       the compressor's safe value, gamma = delta per tensor
+                       (``cconv.engine.gossip.safe_gamma``); an explicit value above it warns
     """
 
     workers: int = 1
@@ -172,13 +177,13 @@ class EngineConfig:
     topology: str = "ring"
     torus: tuple | None = None
     mixing: tuple | None = None
-    gossip_gamma: float = 1.0
+    gossip_gamma: float | None = None
 
     def __post_init__(self):
         def choice(field, valid):
             v = getattr(self, field)
             if not isinstance(v, str) or v not in valid:
-                raise ValueError(f"EngineConfig.{field}={v!r}; valid: {', '.join(valid)}")
+                raise ValueError(f"EngineConfig.{field}={shown(v)}; valid: {', '.join(valid)}")
 
         if self.architecture == "ps":
             object.__setattr__(self, "architecture", "parameter-server")
@@ -189,7 +194,7 @@ class EngineConfig:
             if isinstance(v, str):
                 object.__setattr__(self, name, C.get(v))
             elif v is not None and not isinstance(v, Compressor):
-                raise ValueError(f"EngineConfig.{name} must be a Compressor or a registered name, got {v!r}")
+                raise ValueError(f"EngineConfig.{name} must be a Compressor or a registered name, got {shown(v)}")
         choice("memory", MEMORIES)
         choice("granularity", GRANULARITIES)
         choice("architecture", ARCHITECTURES)
@@ -198,18 +203,18 @@ class EngineConfig:
         for name in ("masking", "compress_delta", "compress_vectors", "vote"):
             v = getattr(self, name)
             if not isinstance(v, (bool, np.bool_)):
-                raise ValueError(f"EngineConfig.{name} must be True or False, got {v!r}")
+                raise ValueError(f"EngineConfig.{name} must be True or False, got {shown(v)}")
         m = self.momentum
         if not _real(m) or not 0 <= m < 1:
-            raise ValueError(f"EngineConfig.momentum must be a number in [0, 1), got {m!r}")
+            raise ValueError(f"EngineConfig.momentum must be a number in [0, 1), got {shown(m)}")
         if not _real(self.ef_scale) or not 0 < self.ef_scale <= 1:
-            raise ValueError(f"EngineConfig.ef_scale must be a number in (0, 1], got {self.ef_scale!r}")
+            raise ValueError(f"EngineConfig.ef_scale must be a number in (0, 1], got {shown(self.ef_scale)}")
         if self.ef_scale != 1 and self.memory != "ef":
             raise ValueError(f"EngineConfig.ef_scale scales error feedback: needs memory='ef', got {self.memory!r}")
         if self.clip is not None and (not _real(self.clip) or not self.clip > 0):
-            raise ValueError(f"EngineConfig.clip must be a number > 0 or None, got {self.clip!r}")
+            raise ValueError(f"EngineConfig.clip must be a number > 0 or None, got {shown(self.clip)}")
         if not isinstance(self.axis_name, str) or not self.axis_name:
-            raise ValueError(f"EngineConfig.axis_name must be a non-empty string, got {self.axis_name!r}")
+            raise ValueError(f"EngineConfig.axis_name must be a non-empty string, got {shown(self.axis_name)}")
         ints = [("workers", 1), ("post_local_switch", 0), ("min_compress_size", 0)]
         ints += [("local_steps_init", 1), ("adapt_every", 1)] + (
             [] if self.local_steps == ADAPTIVE else [("local_steps", 1)]
@@ -218,7 +223,7 @@ class EngineConfig:
             v = getattr(self, name)
             if not _integer(v) or v < lo:
                 also = f" or {ADAPTIVE!r}" if name == "local_steps" else ""
-                raise ValueError(f"EngineConfig.{name} must be an integer >= {lo}{also}, got {v!r}")
+                raise ValueError(f"EngineConfig.{name} must be an integer >= {lo}{also}, got {shown(v)}")
         if self.warmup is not None and not isinstance(self.warmup, Warmup):
             raise ValueError("EngineConfig.warmup must be a cconv.engine.Warmup (e.g. dgc_warmup(...)) or None")
         c = self.compressor
@@ -231,7 +236,7 @@ class EngineConfig:
             ok = [e.name for e in C.entries() if "ratio" in e.schema.names]
             raise ValueError(
                 f"warmup changes the density: needs a compressor with a ratio "
-                f"hyper-parameter ({', '.join(ok)}), got {c.name!r}"
+                f"hyper-parameter ({', '.join(ok)}), got {shown(c.name)}"
             )
 
     def _check_gossip(self):
@@ -240,13 +245,13 @@ class EngineConfig:
         from cconv.engine.gossip import GOSSIP
 
         if not isinstance(self.gossip, str) or self.gossip not in GOSSIP:
-            raise ValueError(f"EngineConfig.gossip={self.gossip!r}; valid: {', '.join(GOSSIP)}")
+            raise ValueError(f"EngineConfig.gossip={shown(self.gossip)}; valid: {', '.join(GOSSIP)}")
         if not isinstance(self.topology, str):
-            raise ValueError(f"EngineConfig.topology must be a string, got {self.topology!r}")
+            raise ValueError(f"EngineConfig.topology must be a string, got {shown(self.topology)}")
         g = self.gossip_gamma
-        if not _real(g) or not 0 < g <= 1:
-            raise ValueError(f"EngineConfig.gossip_gamma must be a number in (0, 1], got {g!r}")
-        object.__setattr__(self, "gossip_gamma", float(g))
+        if g is not None and (not _real(g) or not 0 < g <= 1):
+            raise ValueError(f"EngineConfig.gossip_gamma must be None or a number in (0, 1], got {shown(g)}")
+        object.__setattr__(self, "gossip_gamma", None if g is None else float(g))
         for name in ("torus", "mixing"):  # lists (YAML) -> tuples (hashable, frozen)
             v = getattr(self, name)
             if isinstance(v, (list, tuple, np.ndarray)):
@@ -257,13 +262,14 @@ class EngineConfig:
         from cconv.engine import sync, timing  # sync imports this module
 
         if not isinstance(self.sync, str) or self.sync not in sync.public_names():
-            raise ValueError(f"EngineConfig.sync={self.sync!r}; valid: {', '.join(sync.public_names())}")
+            raise ValueError(f"EngineConfig.sync={shown(self.sync)}; valid: {', '.join(sync.public_names())}")
         if not _integer(self.staleness) or self.staleness < 0:
-            raise ValueError(f"EngineConfig.staleness must be an integer >= 0, got {self.staleness!r}")
+            raise ValueError(f"EngineConfig.staleness must be an integer >= 0, got {shown(self.staleness)}")
         if self.max_staleness is not None and (not _integer(self.max_staleness) or self.max_staleness < 1):
-            raise ValueError(f"EngineConfig.max_staleness must be an integer >= 1 or None, got {self.max_staleness!r}")
+            got = shown(self.max_staleness)
+            raise ValueError(f"EngineConfig.max_staleness must be an integer >= 1 or None, got {got}")
         if not _integer(self.timing_seed):
-            raise ValueError(f"EngineConfig.timing_seed must be an integer, got {self.timing_seed!r}")
+            raise ValueError(f"EngineConfig.timing_seed must be an integer, got {shown(self.timing_seed)}")
         timing.check(self)
         sync.sync_mode(self).check(self)
 

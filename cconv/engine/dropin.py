@@ -22,10 +22,15 @@ the engine's also carries its metrics' all-reduce).
 Compression needs each worker's *own* gradient.  Under ``jax.shard_map``'s default
 ``check_vma=True``, ``jax.grad`` of replicated parameters is already summed over the axis;
 ``Exchange`` detects such gradients (their type does not vary along the axis) and raises.
+
+What DDP users expect around it (the optimizer state laid out per worker and its partition specs,
+per-worker PRNG keys, BatchNorm statistics kept in sync) is in ``cconv.engine.ddp``; recipes for
+optax, Flax Linen and Flax NNX are in ``examples/`` and ``docs/dropin.md``.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -38,6 +43,7 @@ from cconv import memory as M
 from cconv.comm.accounting import Collective, encoded_traffic, total_traffic, traffic
 from cconv.comm.aggregation import TRANSPORTS
 from cconv.comm.backend import Comm, MeshComm
+from cconv.compressors import registry
 from cconv.compressors.base import Compressor
 from cconv.engine.config import EngineConfig
 from cconv.engine.exchange import Plan, exchange, init_state, make_plan
@@ -127,7 +133,10 @@ class Exchange:
         momentum: float = 0.9,
         masking: bool = True,
         platform: str | None = None,
+        **unknown,
     ):
+        if unknown:
+            raise ValueError(_unknown_options("Exchange", compressor, unknown))
         cfg = EngineConfig(
             workers=1 if workers is None else workers,
             compressor=compressor,
@@ -215,6 +224,31 @@ class Exchange:
         return avg, jax.tree.map(lambda x: x[None], new), traffic_metrics(comm, self.report_rank(size), kinds, table)
 
 
+OPTIONS = tuple(
+    p for p in inspect.signature(Exchange.__init__).parameters if p not in ("self", "compressor", "unknown")
+)
+
+
+def _unknown_options(owner: str, compressor, unknown: dict) -> str:
+    """One line naming the valid options, and the compressor's hyper-parameters when the unknown
+    ones are those (``as_optax("topk", ratio=0.01)``: the ratio belongs to the compressor)."""
+    names = ", ".join(sorted(unknown))
+    msg = f"{owner}: unknown option(s) {names}; valid: {', '.join(OPTIONS)}"
+    base = compressor if isinstance(compressor, str) else getattr(compressor, "name", None)
+    try:
+        schema = registry.entry(base).schema.names if base else []
+    except ValueError:
+        schema = []
+    hp = {k: v for k, v in unknown.items() if k in schema}
+    if hp:
+        args = ", ".join(f"{k}={v!r}" for k, v in hp.items())
+        msg += (
+            f". {', '.join(hp)} belong(s) to the compressor: pass cconv.compressors.get({base!r}, {args}) "
+            f"({base}'s hyper-parameters: {', '.join(schema)})"
+        )
+    return msg
+
+
 def _check_per_worker(grads, axis: str) -> None:
     """Under check_vma, floating gradients that do not vary along ``axis`` were summed by
     ``jax.grad`` already (replicated parameters): compressing them would be wrong."""
@@ -252,6 +286,9 @@ def as_optax(
     vmap over ``axis_name``; chain an optimizer after it.  Step t uses key fold_in(PRNGKey(seed), t)."""
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"as_optax: seed must be an integer, got {seed!r}")
+    unknown = {k: v for k, v in options.items() if k not in OPTIONS}
+    if unknown:
+        raise ValueError(_unknown_options("as_optax", compressor, unknown).replace("valid: ", "valid: seed, ", 1))
     ex = Exchange(compressor, memory=memory, axis_name=axis_name, **options)
     keys = TRAFFIC_KEYS + (SERVER_KEYS if ex.config.architecture != "all-to-all" else ())
 
@@ -265,6 +302,11 @@ def as_optax(
 
     def update_fn(updates, state, params=None):
         del params
+        if state.count.shape != (1,):  # the whole (P, ...) state reached every worker
+            raise ValueError(
+                f"as_optax: its state has {state.count.shape[0]} rows inside the map, one per worker expected: "
+                f"its partition spec must be P({axis_name!r}) (cconv.state_specs / cconv.init_state)"
+            )
         key = jax.random.fold_in(state.key[0], state.count[0])
         avg, new, tr = ex(updates, state.exchange, key)
         return avg, CompressedState(new, state.key, state.count + 1, {k: tr[k][None] for k in keys})

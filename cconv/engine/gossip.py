@@ -19,7 +19,9 @@ converge: the compression error on the *models* never vanishes)::
     x_i^{t+1} = x_i^{t+1/2} + gamma sum_j W_ij (Q(x_j^{t+1/2}) - Q(x_i^{t+1/2}))
 
 **CHOCO-SGD** (Koloskova, Stich & Jaggi 2019, ICML, Algorithm 2), ``gossip: choco`` with
-``gossip_gamma`` = gamma in (0, 1]: public copies x_hat (initially 0) known to all neighbours;
+``gossip_gamma`` = gamma in (0, 1] (None, the default: gamma = delta of the compressor on each
+tensor, ``cconv.theory.gossip.safe_gamma``; an explicit value above it warns once): public
+copies x_hat (initially 0) known to all neighbours;
 only compressed *differences* travel::
 
     q_i       = Q(x_i^{t+1/2} - x_hat_i)                 (any cconv compressor; its payload is sent)
@@ -53,6 +55,7 @@ from cconv.compressors.base import Compressor
 from cconv.engine.config import Phase
 from cconv.engine.step import apply_update, local_grad, reduce_metrics
 from cconv.engine.sync import SYNC_MODES, SyncMode
+from cconv.theory.gossip import safe_gamma
 
 GOSSIP = ("dpsgd", "choco")
 
@@ -71,7 +74,48 @@ class GossipStep(NamedTuple):
     algorithm: str  # "dpsgd" | "choco"
     mixing: T.Mixing
     compressor: Compressor | None  # None: models (dpsgd) / differences (choco) travel dense
-    gamma: float = 1.0
+    gamma: float | None = None  # None: safe_gamma(compressor, shape) per tensor
+
+
+class GossipGammaWarning(UserWarning):
+    """An explicit ``gossip_gamma`` above the compressor's safe value (printed as one line)."""
+
+    one_line = True
+
+
+def gammas(step: GossipStep, tree) -> Any:
+    """The consensus step of each leaf of ``tree``: the explicit gamma, or the safe one of its shape."""
+    if step.gamma is not None:
+        return jax.tree.map(lambda x: step.gamma, tree)
+    return jax.tree.map(lambda x: safe_gamma(step.compressor, x.shape), tree)
+
+
+_WARNED: set = set()  # (compressor, gamma, safe) already warned about in this process
+
+
+def check_gamma(cfg, shapes) -> None:
+    """The consensus step of a gossip config on tensors of ``shapes``: with the default (None), a
+    one-line ValueError when some tensor has no safe value; an explicit gamma above the smallest
+    safe value (or where none exists) warns once (``GossipGammaWarning``)."""
+    step = step_of(cfg)
+    if step.compressor is None:
+        return
+    try:
+        safe = min((safe_gamma(step.compressor, tuple(s)) for s in shapes), default=1.0)
+    except ValueError as e:
+        if step.gamma is None:
+            raise ValueError(f"sync='gossip': {str(e).splitlines()[0]}; set gossip_gamma explicitly") from None
+        safe, reason = None, f"{str(e).splitlines()[0]}: convergence is not guaranteed"
+    else:
+        if step.gamma is None or step.gamma <= safe:
+            return
+        reason = f"is above the safe value {safe:.3g} (delta of {step.compressor.name}) and can diverge"
+    if (step.compressor.name, step.gamma, safe) in _WARNED:
+        return
+    _WARNED.add((step.compressor.name, step.gamma, safe))
+    import warnings
+
+    warnings.warn(f"gossip_gamma {step.gamma:g} {reason}", GossipGammaWarning, stacklevel=2)
 
 
 @functools.lru_cache(maxsize=64)
@@ -135,14 +179,15 @@ def gossip(comm, step: GossipStep, params, state, key) -> tuple[Any, Any]:
         mixed = T.combine(comm, step.mixing, own, received)
         if step.compressor is None:
             return mixed, {"comp": comp}
-        gamma = step.gamma  # naive compressed gossip: x + gamma (sum_j W_ij Q(x_j) - Q(x_i))
-        return jax.tree.map(lambda x, m, o: (x + gamma * (m - o)).astype(x.dtype), params, mixed, own), {"comp": comp}
+        gamma = gammas(step, params)  # naive compressed gossip: x + gamma (sum_j W_ij Q(x_j) - Q(x_i))
+        new = jax.tree.map(lambda x, m, o, g: (x + g * (m - o)).astype(x.dtype), params, mixed, own, gamma)
+        return new, {"comp": comp}
     diff = jax.tree.map(jnp.subtract, params, state.hat)
     q, received, comp = _send(comm, step, diff, state.comp, key)
     hat = jax.tree.map(jnp.add, state.hat, q)
     s = jax.tree.map(jnp.add, state.s, T.combine(comm, step.mixing, q, received))
-    gamma = step.gamma
-    new = jax.tree.map(lambda x, si, hi: (x + gamma * (si - hi)).astype(x.dtype), params, s, hat)
+    gamma = gammas(step, params)
+    new = jax.tree.map(lambda x, si, hi, g: (x + g * (si - hi)).astype(x.dtype), params, s, hat, gamma)
     return new, ChocoState(hat, s, comp)
 
 
@@ -193,8 +238,11 @@ class Gossip(SyncMode):
         if bad:
             raise ValueError(f"sync='gossip' does not combine with {', '.join(bad)} (gossip mixes models directly)")
         mixing_of(cfg)  # validates topology, torus and mixing
+        if cfg.gossip_gamma is None:  # a default without a safe value; the model's shapes: init, runner
+            check_gamma(cfg, [(1000,)])
 
     def init(self, cfg, params):
+        check_gamma(cfg, [x.shape for x in jax.tree.leaves(params)])
         return init(step_of(cfg), params)
 
     def phase(self, cfg, step: int) -> Phase:
@@ -245,6 +293,9 @@ __all__ = [
     "GOSSIP",
     "ChocoState",
     "GossipStep",
+    "GossipGammaWarning",
+    "gammas",
+    "check_gamma",
     "init",
     "gossip",
     "consensus_distance",

@@ -219,6 +219,17 @@ class Trainer:
         batch, key = self._inputs(batch, key)
         return self.launcher.lower(fn, state.worker(), batch, self._with_host(key, state.step))
 
+    def export(self, state: EngineState, batch, key, platforms):
+        """``jax.export.Exported`` of this state's step lowered (not compiled) for ``platforms``,
+        e.g. ``("cuda",)``: no device of that kind is needed (``cconv.doctor``).  ``state`` may
+        be abstract (``jax.eval_shape(trainer.init)``).  jit launchers only (jax.export refuses
+        pmap's program)."""
+        fn = self._fn(self.phase(state.step))
+        batch, key = self._inputs(batch, key)
+        return jax.export.export(fn, platforms=tuple(platforms))(
+            state.worker(), batch, self._with_host(key, state.step)
+        )
+
     # ------------------------------------------------------------------ views
     def params(self, state: EngineState):
         """The model to evaluate: worker 0's replica, or the workers' average (local SGD, gossip:

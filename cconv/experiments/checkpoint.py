@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from cconv.experiments import io
 from cconv.experiments.io import _jsonable
 
 
@@ -82,7 +83,7 @@ class Checkpointer:
         import orbax.checkpoint as ocp
 
         self._ocp = ocp
-        self.directory = os.path.abspath(directory)
+        self.directory = io.ensure_dir(os.path.abspath(directory))  # a real directory, never a link
         opts = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=True, enable_async_checkpointing=False, cleanup_tmp_directories=True
         )
@@ -101,8 +102,7 @@ class Checkpointer:
     def set_aside(self, step: int) -> str:
         """Move the checkpoint of ``step`` out of the way (to ``<directory>.damaged/<step>``, kept
         for inspection), so that an earlier one becomes the latest; returns its new path."""
-        dest_dir = self.directory + ".damaged"
-        os.makedirs(dest_dir, exist_ok=True)
+        dest_dir = io.ensure_dir(self.directory + ".damaged")
         dest = os.path.join(dest_dir, str(int(step)))
         n = 1
         while os.path.exists(dest):

@@ -62,6 +62,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from cconv._text import shown
+from cconv.comm.aggregation import TRANSPORTS, AllReduce, method_of
 from cconv.engine.config import ADAPTIVE, ARCHITECTURES, COLLECTIVES, GRANULARITIES, LAUNCHERS, MEMORIES
 from cconv.engine.sync import public_names as sync_names
 
@@ -105,6 +107,7 @@ ADDED_FIELDS: dict[str, Any] = {
     "local_steps_init": 4,
     "schedule": None,
     "servers": None,
+    "advise": None,
 }
 # gossip (decentralized training, sync: gossip): EngineConfig's fields of the same names
 GOSSIP_FIELDS: dict[str, Any] = {
@@ -112,7 +115,7 @@ GOSSIP_FIELDS: dict[str, Any] = {
     "topology": "ring",
     "torus": None,
     "mixing": None,
-    "gossip_gamma": 1.0,
+    "gossip_gamma": None,  # null: the compressor's safe consensus step (cconv.theory.gossip.safe_gamma)
 }
 ADDED_FIELDS.update(GOSSIP_FIELDS)
 
@@ -192,7 +195,9 @@ class RunConfig:
         },
     )
     collective: str = field(default="auto", metadata={"help": "auto (the compressor's) | allgather | gtopk"})
-    vote: bool = field(default=False, metadata={"help": "signSGD majority vote"})
+    vote: bool = field(
+        default=False, metadata={"help": "signSGD majority vote (sign compressors only); a tie gives +1"}
+    )
     ps_downlink: Any = field(default=None, metadata={"help": "PS downlink compressor (name or mapping) or null"})
     launcher: str = field(
         default="shard_map",
@@ -220,6 +225,10 @@ class RunConfig:
     tensorboard: bool = field(
         default=False, metadata={"help": "also write TensorBoard event files to <run>/tensorboard/seed_<s>/"}
     )
+    advise: Any = field(
+        default=None,
+        metadata={"help": "`cconv advise`: its search space and options (cconv.advisor.space); others ignore it"},
+    )
     # --- gossip (decentralized training, cconv.engine.gossip) -------------------------------------
     gossip: str = field(
         default="dpsgd",
@@ -230,7 +239,13 @@ class RunConfig:
     )
     torus: Any = field(default=None, metadata={"help": "topology torus: [rows, cols] (null: most square)"})
     mixing: Any = field(default=None, metadata={"help": "topology matrix: the P x P mixing matrix (list of rows)"})
-    gossip_gamma: float = field(default=1.0, metadata={"help": "consensus step size in (0, 1] (choco)"})
+    gossip_gamma: Any = field(
+        default=None,
+        metadata={
+            "help": "consensus step size in (0, 1] (choco; dpsgd with a compressor); null: the compressor's "
+            "contraction delta (1 uncompressed); a value above it warns"
+        },
+    )
 
     # ------------------------------------------------------------------ helpers
     def to_dict(self) -> dict:
@@ -269,9 +284,61 @@ def field_help() -> str:
 
 # --------------------------------------------------------------------------- loading
 
+MAX_CONFIG_BYTES = 1 << 20  # a config file is a few KB; a 64 x 64 mixing matrix ~80 KB
+MAX_CONFIG_VALUES = 100_000  # YAML nodes of a file (counted while composing), values once aliases expand
+MAX_ITEMS = 10_000  # items of one YAML list or mapping (counted while composing)
+MAX_DEPTH = 32  # nesting of YAML lists and mappings (a config nests 3 deep)
+
+
+class ConfigLimit(yaml.MarkedYAMLError):
+    """A YAML file past a size limit or with a duplicate key, found while it is read."""
+
 
 class _Loader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that also reads exponent floats without a dot (``1e-3``, YAML 1.2)."""
+    """``yaml.SafeLoader`` for configs: also reads exponent floats without a dot (``1e-3``, YAML
+    1.2); counts nodes (``MAX_CONFIG_VALUES``), items per list or mapping (``MAX_ITEMS``) and
+    depth (``MAX_DEPTH``) while composing, so an oversized file is refused after reading at most
+    that many nodes; refuses a key given twice in one mapping (naming it and both lines)."""
+
+    def __init__(self, stream: Any):
+        super().__init__(stream)
+        self._nodes = 0
+        self._depth = 0
+
+    def _limit(self, problem: str) -> ConfigLimit:
+        return ConfigLimit(problem=problem, problem_mark=self.peek_event().start_mark)
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._nodes += 1
+        if self._nodes > MAX_CONFIG_VALUES:
+            raise self._limit(f"more than {MAX_CONFIG_VALUES} values (limit MAX_CONFIG_VALUES)")
+        if parent is not None and len(parent.value) >= MAX_ITEMS:
+            raise self._limit(f"more than {MAX_ITEMS} items in one list or mapping (limit MAX_ITEMS)")
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise self._limit(f"nested more than {MAX_DEPTH} levels deep (limit MAX_DEPTH)")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict:
+        seen: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # '<<' merges: explicit keys override merged ones (YAML's rule)
+            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: SafeLoader's own error follows
+                continue
+            if first is not None:
+                raise ConfigLimit(
+                    problem=f"duplicate key {shown(key)} (lines {first} and {line}); YAML keeps the last one silently",
+                    problem_mark=key_node.start_mark,
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep)
 
 
 _Loader.add_implicit_resolver(
@@ -284,7 +351,8 @@ def _safe_load(text: str) -> Any:
 
 
 MAX_SEED = 2**63 - 1  # jax.random.key takes a signed 64-bit seed
-MAX_CONFIG_VALUES = 100_000  # values in a resolved config (YAML aliases can expand a small file)
+MAX_SEEDS = 1_000  # seeds of one run (one vmapped program holds a model and optimizer state per seed)
+MAX_INT = 2**31 - 1  # any other integer of a config (JAX's default integers are 32-bit)
 
 
 def check_size(obj: Any, where: str, limit: int = MAX_CONFIG_VALUES) -> Any:
@@ -305,31 +373,72 @@ def check_size(obj: Any, where: str, limit: int = MAX_CONFIG_VALUES) -> Any:
     return obj
 
 
-def load_yaml(path: str) -> Any:
-    """Load a YAML file (safe loader, ``1e-3`` is a float); errors become one-line ConfigErrors."""
+def read_text(path: str) -> str:
+    """The text of a config file: at most ``MAX_CONFIG_BYTES`` (checked before parsing), UTF-8;
+    anything else is a one-line ConfigError naming the file."""
     try:
-        with open(path) as fh:
-            text = fh.read()
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except OSError as e:
         raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path} is larger than {MAX_CONFIG_BYTES} bytes (limit MAX_CONFIG_BYTES); refusing it")
     try:
-        return check_size(_safe_load(text), path)
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path} is not UTF-8 text (byte {e.start}): not a YAML config") from None
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """YAML text through ``_Loader`` (limits, duplicate keys) and ``check_size`` (aliases); a
+    one-line ConfigError naming ``where`` and the line otherwise."""
+    try:
+        return check_size(_safe_load(text), where)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"malformed YAML in {path}{where}: {problem}") from None
+        if isinstance(e, ConfigLimit):
+            raise ConfigError(f"{where}{at}: {problem}; refusing it") from None
+        raise ConfigError(f"malformed YAML in {where}{at}: {problem}") from None
+
+
+def load_yaml(path: str) -> Any:
+    """Load a YAML config file (``read_text``, ``parse_yaml``); an empty file (or only comments)
+    is a ConfigError: it would silently train the defaults."""
+    value = parse_yaml(read_text(path), path)
+    if value is None:
+        raise ConfigError(f"{path} holds no config (the file is empty or only comments)")
+    return value
+
+
+def read_stored(path: str) -> dict:
+    """A run directory's ``config.yaml`` as a mapping, fields added since it was written filled with
+    the defaults they held (``ADDED_FIELDS``); a damaged file (not UTF-8, not YAML, not a mapping)
+    is a one-line ConfigError naming it."""
+    try:
+        raw = parse_yaml(read_text(path), path)
+    except ConfigError as e:
+        raise ConfigError(f"damaged run config: {e}; move the run directory aside or choose another --out") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"damaged run config {path}: not a mapping of config keys; move the run directory aside")
+    if raw.get("sync", "bsp") != "gossip" and raw.get("gossip_gamma") == 1.0:  # written when 1.0 was the
+        raw["gossip_gamma"] = None  # default (moot outside gossip); today's default is null
+    return {**{k: v for k, v in ADDED_FIELDS.items() if k not in raw}, **raw}
 
 
 def parse_value(text: str) -> Any:
-    """A --set value: a YAML scalar/flow value (``0.01``, ``true``, ``null``, ``[1, 2]``, ``ef``)."""
+    """A --set value: a YAML scalar/flow value (``0.01``, ``true``, ``null``, ``[1, 2]``, ``ef``);
+    text that is not YAML stays a string, but a value past a limit is refused."""
     try:
         value = _safe_load(text)
+    except ConfigLimit as e:
+        raise ConfigError(f"--set value {shown(text)}: {e.problem}; refusing it") from None
     except yaml.YAMLError:
         return text
-    return check_size(value, f"--set value {text[:40]!r}")
+    return check_size(value, f"--set value {shown(text)}")
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
@@ -337,7 +446,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     out = copy.deepcopy(raw)
     for item in overrides or []:
         if "=" not in item:
-            raise ConfigError(f"--set expects key=value, got {item!r}")
+            raise ConfigError(f"--set expects key=value, got {shown(item)}")
         key, text = item.split("=", 1)
         set_path(out, key.strip(), parse_value(text))
     return out
@@ -347,10 +456,10 @@ def set_path(d: dict, dotted: str, value: Any) -> None:
     """Set a dotted key of a raw config in place (a name given as a string becomes {name: ...})."""
     parts = dotted.split(".")
     if not all(parts):
-        raise ConfigError(f"bad key {dotted!r}")
+        raise ConfigError(f"bad key {shown(dotted)}")
     top = parts[0]
     if top not in FIELDS:
-        raise ConfigError(f"unknown config key {top!r}; valid keys: {', '.join(FIELDS)}")
+        raise ConfigError(f"unknown config key {shown(top)}; valid keys: {', '.join(FIELDS)}")
     if len(parts) == 1:
         d[top] = value
         return
@@ -369,11 +478,54 @@ def set_path(d: dict, dotted: str, value: Any) -> None:
         for p in parts[1:-1]:
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"cannot set {dotted!r}: {p!r} is not a mapping")
+                raise ConfigError(f"cannot set {shown(dotted)}: {shown(p)} is not a mapping")
         node[parts[-1]] = value
         d[top] = cur
         return
-    raise ConfigError(f"cannot set {dotted!r}: {top!r} is not a mapping")
+    raise ConfigError(f"cannot set {shown(dotted)}: {shown(top)} is not a mapping")
+
+
+PATH_KEYS = ("data.root",)  # config keys that hold a file-system path (a string)
+
+
+def check_values(raw: dict) -> None:
+    """The rules every value of a config obeys, wherever it sits (top level, a block, a list): a
+    float is finite (no NaN or inf: a NaN momentum or schedule argument trains garbage); an integer
+    is at most ``MAX_INT`` in magnitude (a seed has its own rule, [0, ``MAX_SEED``]): a 31-digit
+    batch size or staleness would otherwise reach NumPy/JAX and crash the run after its directory
+    is written.
+    A one-line ConfigError naming the dotted key."""
+    stack = list(raw.items())
+    while stack:  # bounded: ``check_size`` has counted the values
+        where, v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend((f"{where}.{k}", x) for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((f"{where}[{i}]", x) for i, x in enumerate(v))
+        elif isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"{where} is {v}: every number in a config must be finite")
+        elif isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_INT and str(where)[:4] != "seed":
+            raise ConfigError(f"{where} is {shown(v)}: integers in a config are at most 2**31 - 1 in magnitude")
+
+
+def _check_bounds(cfg: RunConfig) -> None:
+    """Numbers that size what a run allocates, bounded by what can change the run: SSP keeps
+    staleness + 1 model versions and ASP max_staleness + 1, but a bound past the run's length
+    (steps clocks; ASP: steps x workers arrivals) never binds."""
+    if cfg.staleness > cfg.steps:
+        raise ConfigError(f"staleness {cfg.staleness} is more than steps {cfg.steps} (a bound past the run is moot)")
+    if cfg.max_staleness is not None and cfg.max_staleness > cfg.steps * cfg.workers:
+        raise ConfigError(
+            f"max_staleness {cfg.max_staleness} is more than steps x workers = {cfg.steps * cfg.workers} "
+            "(a bound past the run never binds)"
+        )
+
+
+def check_batch(cfg: RunConfig, train_size: int) -> None:
+    """The global batch is at most the training set (a larger batch repeats samples within a step and
+    allocates batch_size samples per step); called once the dataset is loaded, before anything is written."""
+    if cfg.batch_size > train_size:
+        raise ConfigError(f"batch_size {cfg.batch_size} is more than the {train_size} training samples of the dataset")
 
 
 def _named(value: Any, what: str) -> dict:
@@ -381,14 +533,14 @@ def _named(value: Any, what: str) -> dict:
         return {"name": value}
     if isinstance(value, dict):
         if "name" not in value or not isinstance(value["name"], str):
-            raise ConfigError(f"{what}: a mapping needs a 'name' string, got {value!r}")
+            raise ConfigError(f"{what}: a mapping needs a 'name' string, got {shown(value)}")
         return dict(value)
-    raise ConfigError(f"{what}: expected a name or a mapping with 'name', got {value!r}")
+    raise ConfigError(f"{what}: expected a name or a mapping with 'name', got {shown(value)}")
 
 
 def _int(name: str, v: Any, lo: int = 1) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ConfigError(f"{name} must be an integer >= {lo}, got {v!r}")
+        raise ConfigError(f"{name} must be an integer >= {lo}, got {shown(v)}")
     return v
 
 
@@ -396,16 +548,16 @@ def _num(name: str, v: Any, lo: float | None = None, allow_none: bool = False, s
     if v is None and allow_none:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ConfigError(f"{name} must be a number, got {v!r}")
+        raise ConfigError(f"{name} must be a number, got {shown(v)}")
     if lo is not None and (v <= lo if strict else v < lo):
-        raise ConfigError(f"{name} must be {'>' if strict else '>='} {lo}, got {v!r}")
+        raise ConfigError(f"{name} must be {'>' if strict else '>='} {lo}, got {shown(v)}")
     return float(v)
 
 
 def _choice(name: str, v: Any, choices: Iterable[str]) -> str:
     choices = tuple(choices)
     if v not in choices:
-        raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {v!r}")
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {shown(v)}")
     return v
 
 
@@ -421,11 +573,17 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
         raise ConfigError(
             f"{source}: unknown config key(s) {', '.join(map(str, unknown))}; valid keys: {', '.join(FIELDS)}"
         )
+    check_values(raw)
     cfg = RunConfig(**copy.deepcopy(raw))
     for n in _NAMED:
         setattr(cfg, n, _named(getattr(cfg, n), n))
+    for dotted in PATH_KEYS:
+        top, key = dotted.split(".")
+        v = getattr(cfg, top).get(key)
+        if v is not None and not isinstance(v, str):
+            raise ConfigError(f"{dotted} is a path: it must be a string, got {shown(v)}")
     if not isinstance(cfg.name, str):
-        raise ConfigError(f"name must be a string, got {cfg.name!r}")
+        raise ConfigError(f"name must be a string, got {shown(cfg.name)}")
     cfg.workers = _int("workers", cfg.workers)
     cfg.steps = _int("steps", cfg.steps)
     cfg.batch_size = _int("batch_size", cfg.batch_size)
@@ -444,10 +602,12 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
             isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= MAX_SEED for s in cfg.seed
         ):
             raise ConfigError(
-                f"seed must be an integer in [0, 2**63 - 1] or a non-empty list of them, got {str(cfg.seed)[:80]}"
+                f"seed must be an integer in [0, 2**63 - 1] or a non-empty list of them, got {shown(cfg.seed)}"
             )
+        if len(cfg.seed) > MAX_SEEDS:
+            raise ConfigError(f"seed: {len(cfg.seed)} seeds (more than {MAX_SEEDS}, limit MAX_SEEDS); split the run")
         if len(set(cfg.seed)) != len(cfg.seed):
-            raise ConfigError(f"seed list has duplicates: {cfg.seed!r}")
+            raise ConfigError(f"seed list has duplicates: {shown(cfg.seed)}")
     else:
         cfg.seed = _int("seed", cfg.seed, 0)
         if cfg.seed > MAX_SEED:
@@ -455,13 +615,15 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
     cfg.memory = _choice("memory", "none" if cfg.memory is None else cfg.memory, MEMORIES)
     cfg.momentum = _num("momentum", cfg.momentum, 0.0)
     if cfg.momentum >= 1:
-        raise ConfigError(f"momentum must be in [0, 1), got {cfg.momentum!r}")
-    if cfg.ef_scale is not None and cfg.ef_scale != "auto":
-        if isinstance(cfg.ef_scale, bool) or not isinstance(cfg.ef_scale, (int, float)) or not 0 < cfg.ef_scale <= 1:
-            raise ConfigError(f"ef_scale must be null, auto or a number in (0, 1], got {cfg.ef_scale!r}")
+        raise ConfigError(f"momentum must be in [0, 1), got {shown(cfg.momentum)}")
+    if cfg.ef_scale is not None:
+        if cfg.ef_scale != "auto" and (
+            isinstance(cfg.ef_scale, bool) or not isinstance(cfg.ef_scale, (int, float)) or not 0 < cfg.ef_scale <= 1
+        ):
+            raise ConfigError(f"ef_scale must be null, auto or a number in (0, 1], got {shown(cfg.ef_scale)}")
         if cfg.memory != "ef":
             raise ConfigError(f"ef_scale scales error feedback: it needs memory: ef, got memory: {cfg.memory}")
-        cfg.ef_scale = float(cfg.ef_scale)
+        cfg.ef_scale = cfg.ef_scale if cfg.ef_scale == "auto" else float(cfg.ef_scale)
     cfg.clip = _num("clip", cfg.clip, 0.0, allow_none=True, strict=True)
     if cfg.local_steps != ADAPTIVE:
         cfg.local_steps = _int("local_steps", cfg.local_steps)
@@ -471,16 +633,17 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
     cfg.staleness = _int("staleness", cfg.staleness, 0)
     if cfg.max_staleness is not None:
         cfg.max_staleness = _int("max_staleness", cfg.max_staleness)
+    _check_bounds(cfg)
     if cfg.stragglers is not None:
         st = cfg.stragglers
         if not isinstance(st, dict) or set(st) - {"fraction", "slowdown"}:
-            raise ConfigError(f"stragglers must be null or a mapping {{fraction, slowdown}}, got {st!r}")
+            raise ConfigError(f"stragglers must be null or a mapping {{fraction, slowdown}}, got {shown(st)}")
         cfg.stragglers = {k: _num(f"stragglers.{k}", v) for k, v in st.items()}
     cfg.jitter = _num("jitter", cfg.jitter, 0.0)
     if cfg.worker_speeds is not None:
         if not isinstance(cfg.worker_speeds, list):
             raise ConfigError(
-                f"worker_speeds must be null or a list of {cfg.workers} numbers, got {cfg.worker_speeds!r}"
+                f"worker_speeds must be null or a list of {cfg.workers} numbers, got {shown(cfg.worker_speeds)}"
             )
         cfg.worker_speeds = [_num("worker_speeds[]", v, 0.0, strict=True) for v in cfg.worker_speeds]
     cfg.post_local_switch = _int("post_local_switch", cfg.post_local_switch, 0)
@@ -488,11 +651,11 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
     cfg.collective = _choice("collective", cfg.collective, COLLECTIVES)
     for flag in ("masking", "compress_delta", "compress_vectors"):
         if not isinstance(getattr(cfg, flag), bool):
-            raise ConfigError(f"{flag} must be true or false, got {getattr(cfg, flag)!r}")
+            raise ConfigError(f"{flag} must be true or false, got {shown(getattr(cfg, flag))}")
     if cfg.warmup is not None:
         if not isinstance(cfg.warmup, dict):
             raise ConfigError(
-                f"warmup must be null or a mapping {{densities, steps_per_stage, dense_steps}}, got {cfg.warmup!r}"
+                f"warmup must be null or a mapping {{densities, steps_per_stage, dense_steps}}, got {shown(cfg.warmup)}"
             )
         bad = [k for k in cfg.warmup if k not in WARMUP_KEYS]
         if bad:
@@ -502,11 +665,11 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
             not isinstance(d, list)
             or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x <= 1 for x in d)
         ):
-            raise ConfigError(f"warmup.densities must be 'dgc' or a list of numbers in (0, 1], got {d!r}")
+            raise ConfigError(f"warmup.densities must be 'dgc' or a list of numbers in (0, 1], got {shown(d)}")
     cfg.min_compress_size = _int("min_compress_size", cfg.min_compress_size, 0)
     cfg.architecture = _choice("architecture", cfg.architecture, (*ARCHITECTURES, *ARCHITECTURE_ALIASES))
     if not isinstance(cfg.vote, bool):
-        raise ConfigError(f"vote must be true or false, got {cfg.vote!r}")
+        raise ConfigError(f"vote must be true or false, got {shown(cfg.vote)}")
     if cfg.ps_downlink is not None:
         cfg.ps_downlink = _named(cfg.ps_downlink, "ps_downlink")
     # the runner is one process: launchers that need one process per worker (mpirun) are for the
@@ -518,7 +681,8 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
     cfg.checkpoint_every = _int("checkpoint_every", cfg.checkpoint_every)
     cfg.target_loss = _num("target_loss", cfg.target_loss, allow_none=True)
     if not isinstance(cfg.wandb, (bool, dict)):
-        raise ConfigError(f"wandb must be true, false or a mapping {{project, mode, entity, group}}, got {cfg.wandb!r}")
+        got = shown(cfg.wandb)
+        raise ConfigError(f"wandb must be true, false or a mapping {{project, mode, entity, group}}, got {got}")
     if isinstance(cfg.wandb, dict):
         bad = set(cfg.wandb) - {"project", "mode", "entity", "group", "tags"}
         if bad:
@@ -526,7 +690,7 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
                 f"wandb: unknown key(s) {', '.join(sorted(bad))}; valid: project, mode, entity, group, tags"
             )
     if not isinstance(cfg.tensorboard, bool):
-        raise ConfigError(f"tensorboard must be true or false, got {cfg.tensorboard!r}")
+        raise ConfigError(f"tensorboard must be true or false, got {shown(cfg.tensorboard)}")
     if cfg.schedule is not None:
         from cconv.theory.schedule import schedules
 
@@ -537,13 +701,16 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
         cfg.servers = _int("servers", cfg.servers)
         if cfg.schedule is None:
             raise ConfigError("servers: the parameter servers of the simulated time need a schedule")
+    if cfg.advise is not None and not isinstance(cfg.advise, dict):
+        raise ConfigError(f"advise must be a mapping (cconv.advisor.space), got {shown(cfg.advise)}")
+
     _check_gossip(cfg)
     nets = cfg.network
     if nets is not None:
         for n in nets if isinstance(nets, list) else [nets]:
             if not isinstance(n, (str, dict)):
                 raise ConfigError(
-                    f"network entries must be a preset name or a mapping {{name, alpha, beta}}, got {n!r}"
+                    f"network entries must be a preset name or a mapping {{name, alpha, beta}}, got {shown(n)}"
                 )
     return cfg
 
@@ -552,17 +719,35 @@ def _check_gossip(cfg: RunConfig) -> None:
     """The gossip keys' types (their values and combinations: ``EngineConfig``, in ``check_names``)."""
     for name in ("gossip", "topology"):
         if not isinstance(getattr(cfg, name), str):
-            raise ConfigError(f"{name} must be a string, got {getattr(cfg, name)!r}")
+            raise ConfigError(f"{name} must be a string, got {shown(getattr(cfg, name))}")
     g = cfg.gossip_gamma
-    if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1:
-        raise ConfigError(f"gossip_gamma must be a number in (0, 1], got {g!r}")
-    cfg.gossip_gamma = float(g)
+    if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1):
+        raise ConfigError(f"gossip_gamma must be null (the compressor's safe value) or in (0, 1], got {shown(g)}")
+    cfg.gossip_gamma = None if g is None else float(g)
+    if cfg.sync != "gossip":
+        set_keys = [k for k, default in GOSSIP_FIELDS.items() if getattr(cfg, k) != default]
+        if set_keys:
+            raise ConfigError(f"{', '.join(set_keys)}: gossip keys, but sync is {cfg.sync} (they need sync: gossip)")
     if cfg.torus is not None and not isinstance(cfg.torus, list):
-        raise ConfigError(f"torus must be a list [rows, cols] or null, got {cfg.torus!r}")
+        raise ConfigError(f"torus must be a list [rows, cols] or null, got {shown(cfg.torus)}")
     if cfg.mixing is not None and not (isinstance(cfg.mixing, list) and all(isinstance(r, list) for r in cfg.mixing)):
         raise ConfigError("mixing must be a list of rows (a P x P matrix) or null")
     if cfg.sync == "gossip" and cfg.workers < 2:
         raise ConfigError(f"sync: gossip needs at least 2 workers, got workers: {cfg.workers}")
+
+
+def _check_servers(cfg: RunConfig, ecfg: EngineConfig) -> None:
+    """``servers`` on an all-to-all engine simulates its all-reduce through parameter servers
+    (``cconv.theory.schedule.runs``); other exchanges (gathered payloads, gossip) have no server
+    form there: refused (they go through servers with ``architecture: parameter-server``)."""
+    if cfg.servers is None or TRANSPORTS[ecfg.architecture].via_server:
+        return
+    method = "gossip" if cfg.sync == "gossip" else method_of(ecfg.compressor, ecfg.collective, ecfg.vote)
+    if method != AllReduce.name:
+        raise ConfigError(
+            f"servers: {cfg.servers} simulates an all-reduce through parameter servers; this run's exchange is "
+            f"{method} ({cfg.compressor['name']}): use architecture: parameter-server"
+        )
 
 
 def check_names(cfg: RunConfig) -> None:
@@ -584,14 +769,15 @@ def check_names(cfg: RunConfig) -> None:
     except ValueError as e:
         raise ConfigError(str(e).splitlines()[0]) from None
     except TypeError as e:  # a plain user factory called with arguments it does not take
-        raise ConfigError(f"compressor {cfg.compressor!r}: {e}") from None
+        raise ConfigError(f"compressor {shown(cfg.compressor)}: {e}") from None
     opt = cfg.optimizer
     _check_arguments(f"optimizer {opt['name']!r}", optimizer_function(opt["name"]), opt, given=("learning_rate",))
     check_schedule(cfg)
     try:
-        engine_config(cfg)
+        ecfg = engine_config(cfg)
     except ValueError as e:
         raise ConfigError(str(e).splitlines()[0]) from None
+    _check_servers(cfg, ecfg)
     if cfg.ef_scale == "auto" and cfg.memory == "ef":
         ef_scale_of(cfg, [(8,)])  # the compressor has the constants auto needs
     if cfg.memory == "dgc" and (cfg.optimizer["name"] != "sgd" or cfg.optimizer.get("momentum")):
@@ -659,7 +845,7 @@ def optimizer_function(name: str) -> Any:
     fn = _optax_attr(name, optax) if isinstance(name, str) else None
     if not inspect.isfunction(fn) or "learning_rate" not in _parameters(fn):
         raise ConfigError(
-            f"optimizer {name!r} is not an optax optimizer (a function of optax taking learning_rate); "
+            f"optimizer {shown(name)} is not an optax optimizer (a function of optax taking learning_rate); "
             f"valid: {_closest(str(name), optimizer_names())}"
         )
     return fn
@@ -686,7 +872,7 @@ def schedule_function(name: str) -> Any:
     real = SCHEDULE_ALIASES.get(name, name) if isinstance(name, str) else None
     if real not in schedule_names():
         raise ConfigError(
-            f"lr_schedule {name!r} is not an optax schedule; valid: {', '.join(LR_SCHEDULES)}, "
+            f"lr_schedule {shown(name)} is not an optax schedule; valid: {', '.join(LR_SCHEDULES)}, "
             f"{_closest(str(name), schedule_names())}"
         )
     return getattr(optax.schedules, real)
@@ -851,6 +1037,48 @@ def warn_error_feedback(cfg: RunConfig, shapes: Iterable) -> None:
     )
 
 
+class SignLearningRateWarning(UserWarning):
+    """A compressor whose output is not bounded by its input (signSGD's +-1 per coordinate) under
+    plain SGD with a learning rate of SGD's range (the CLI prints it as one line)."""
+
+    one_line = True
+
+
+# SGD's learning rates (0.01 to 1) are chosen for gradients whose entries are far below 1; with
+# outputs of size 1 per coordinate they move every coordinate by lr per step.
+SGD_TUNED_LR = 0.01
+
+
+def warn_sign_learning_rate(cfg: RunConfig, shapes: Iterable) -> None:
+    """Warn once per compressor and lr when plain SGD with lr >= SGD_TUNED_LR runs a compressor
+    whose registry bound says it is not even non-expansive (``Bound(kind="biased", delta=None)``,
+    ``cconv.theory.constants``): its update is not scaled to the gradient, so the learning rate
+    must be retuned (decided from the entry; no compressor is named here)."""
+    from cconv.theory import constants
+
+    if cfg.optimizer.get("name") != "sgd" or not isinstance(cfg.lr, (int, float)) or cfg.lr < SGD_TUNED_LR:
+        return
+    c = make_compressor(cfg.compressor)
+    for s in sorted(set(compressed_shapes(cfg, shapes))):
+        try:
+            k = constants.constants(c, s)
+        except ValueError:  # no constants for this compressor: nothing to say
+            return
+        if k.kind == "biased" and k.delta is None and (c.name, cfg.lr) not in _WARNED:
+            _WARNED.add((c.name, cfg.lr))
+            import warnings
+
+            warnings.warn(
+                f"{c.name} is not scaled to the gradient (not even non-expansive, cconv.theory.constants: "
+                f"each coordinate of its update is +-1) and runs under optimizer sgd with lr {cfg.lr:g}, a "
+                f"learning rate for SGD: every coordinate moves by lr per step; retune lr (e.g. 10-100x smaller) "
+                f"or use a scaled variant",
+                SignLearningRateWarning,
+                stacklevel=2,
+            )
+            return
+
+
 # --------------------------------------------------------------------------- engine
 
 
@@ -886,10 +1114,11 @@ def engine_config(cfg: RunConfig, shapes: Iterable | None = None) -> EngineConfi
     if shapes is not None:
         shapes = list(shapes)
         warn_error_feedback(cfg, shapes)
+        warn_sign_learning_rate(cfg, shapes)
         ef_scale = ef_scale_of(cfg, shapes)
     else:
         ef_scale = 1.0 if cfg.ef_scale in (None, "auto") else cfg.ef_scale
-    return EngineConfig(
+    ecfg = EngineConfig(
         workers=cfg.workers,
         compressor=make_compressor(cfg.compressor),
         memory=cfg.memory,
@@ -919,6 +1148,11 @@ def engine_config(cfg: RunConfig, shapes: Iterable | None = None) -> EngineConfi
         **topology,
         ps_downlink=None if cfg.ps_downlink is None else make_compressor(cfg.ps_downlink),
     )
+    if shapes is not None and cfg.sync == "gossip":
+        from cconv.engine.gossip import check_gamma
+
+        check_gamma(ecfg, shapes)  # gossip compresses every tensor; before anything is written
+    return ecfg
 
 
 def resolve_network(spec: str | dict) -> Network:
@@ -928,7 +1162,7 @@ def resolve_network(spec: str | dict) -> Network:
     try:
         return network.from_config(spec)
     except (ValueError, TypeError, KeyError) as e:
-        raise ConfigError(f"network {spec!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        raise ConfigError(f"network {shown(spec)}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
 def network_label(spec: str | dict) -> str:
@@ -959,7 +1193,7 @@ def diff(a: dict, b: dict, prefix: str = "") -> list[str]:
         if isinstance(x, dict) and isinstance(y, dict):
             out += diff(x, y, f"{prefix}{k}.")
         elif x != y:
-            out.append(f"{prefix}{k}: {x!r} -> {y!r}")
+            out.append(f"{prefix}{k}: {shown(x)} -> {shown(y)}")
     return out
 
 

@@ -5,9 +5,15 @@ A run directory holds::
     config.yaml      the resolved config (written once, atomically)
     metrics.jsonl    one JSON object per logged step; each line is written with one write(),
                      flushed and fsync'ed, so a kill leaves at most one partial *last* line
-    summary.json     status (running | completed | diverged | failed), final metrics, error
+    summary.json     status (running | completed | diverged | failed | interrupted), final metrics, error
     checkpoints/     orbax checkpoints (resume points)
     .lock            while a process trains the run: its pid, under an exclusive ``flock``
+
+cconv touches only what it created (``RUN_ENTRIES``): every file of a run or sweep directory is
+opened through ``open_file`` (``O_NOFOLLOW``, then ``fstat``: a regular file), every directory
+through ``ensure_dir``, every atomic replace checks its target first; a symbolic link or a file of
+another type (a directory, a FIFO, a device) where cconv expects its own file is refused with a
+one-line ``ForeignFileError`` (a ValueError: exit 2 from the CLI) and is left untouched.
 
 ``repair_jsonl`` is the resume half of the protocol: it drops a partial last line and every line
 whose step is beyond the last checkpoint, so lines are neither lost nor duplicated.  A damaged
@@ -18,11 +24,14 @@ line elsewhere is never a reason to drop data: it is reported (file and line) an
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import math
 import os
+import stat
 import tempfile
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -33,7 +42,119 @@ METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 CHECKPOINTS = "checkpoints"
 LOCK = ".lock"
+TENSORBOARD = "tensorboard"  # event files of a run with tensorboard: true (one directory per seed)
+SWEEP_INDEX = "sweep.json"  # marks a sweep directory: its grid points, configs and sweep file
 FINISHED = ("completed", "diverged")
+STATUSES = ("running", "completed", "diverged", "failed", "interrupted")  # interrupted: SIGTERM/SIGINT (signals.py)
+# what cconv creates in a run directory: name -> is a directory
+RUN_ENTRIES = {
+    CONFIG: False,
+    METRICS: False,
+    SUMMARY: False,
+    LOCK: False,
+    CHECKPOINTS: True,
+    CHECKPOINTS + ".damaged": True,
+    TENSORBOARD: True,
+    "wandb": True,
+}
+
+
+# --------------------------------------------------------------------------- only our own files
+
+
+class ForeignFileError(ValueError):
+    """A path where cconv expects a file or directory of its own holds something it did not
+    create: a symbolic link, or another type of file.  cconv refuses it and leaves it as it is."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return name
+    return "a file of an unknown type"
+
+
+def _foreign(path: str, mode: int, want_dir: bool = False) -> ForeignFileError:
+    want = "a directory" if want_dir else "a regular file"
+    return ForeignFileError(
+        f"{path} is {_kind(mode)}, not {want} cconv created; cconv does not follow or replace it "
+        f"(remove it, or choose another output directory)"
+    )
+
+
+def check_entry(path: str, want_dir: bool = False) -> bool:
+    """Is ``path`` absent (False) or cconv's kind of entry (True: a real directory / regular file,
+    no link)?  Anything else raises ``ForeignFileError``.  Reads nothing, follows nothing."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISDIR(st.st_mode) if want_dir else stat.S_ISREG(st.st_mode):
+        return True
+    raise _foreign(path, st.st_mode, want_dir)
+
+
+def check_run_dir(run_dir: str) -> None:
+    """Refuse (``ForeignFileError``) a run directory whose cconv entries (``RUN_ENTRIES``) are
+    links or of the wrong type, before anything is written; a run directory that is itself a
+    symbolic link is allowed only where the user named it (the callers decide)."""
+    if not os.path.isdir(run_dir):
+        return
+    for name, is_dir in RUN_ENTRIES.items():
+        check_entry(os.path.join(run_dir, name), is_dir)
+
+
+def open_file(path: str, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
+    """``os.open`` of a file of cconv's own: never follows a symbolic link at ``path``
+    (``O_NOFOLLOW``), never blocks on a FIFO, and returns only a descriptor of a regular file;
+    anything else raises ``ForeignFileError`` without having read or written it."""
+    check_entry(path)
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):  # replaced by a link/dir/FIFO since
+            raise _foreign(path, os.lstat(path).st_mode) from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise _foreign(path, st.st_mode)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def ensure_dir(path: str) -> str:
+    """Create the directory ``path`` of a run (parents included) or accept the real directory
+    that is there; a link or a file there raises ``ForeignFileError``."""
+    if not check_entry(path, want_dir=True):
+        try:
+            os.makedirs(path)
+        except FileExistsError:  # created meanwhile: it must still be a directory
+            check_entry(path, want_dir=True)
+    return path
+
+
+def read_bytes(path: str) -> bytes:
+    """The content of a file of cconv's own (``open_file``'s checks)."""
+    with os.fdopen(open_file(path), "rb") as fh:
+        return fh.read()
+
+
+def read_text(path: str) -> str:
+    """The UTF-8 text of a file of cconv's own; undecodable bytes raise a one-line ValueError
+    naming the file."""
+    try:
+        return read_bytes(path).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is damaged: not UTF-8 text (byte {e.start})") from None
 
 
 def _jsonable(x: Any) -> Any:
@@ -69,13 +190,16 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def atomic_write_text(path: str, text: str) -> None:
-    """Write a file so that readers see either the old or the new content, never a mix."""
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    """Write a file so that readers see either the old or the new content, never a mix.  The file
+    replaced must be a regular file (no link: ``check_entry``); the temporary file is created with
+    ``O_EXCL`` next to it."""
+    check_entry(path)
     d = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=d)
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -88,13 +212,27 @@ def atomic_write_text(path: str, text: str) -> None:
     fsync_dir(d)
 
 
+def atomic_write_text(path: str, text: str) -> None:
+    """``atomic_write_bytes`` of UTF-8 text."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def write_if_changed(path: str, data: bytes) -> bool:
+    """``atomic_write_bytes`` unless the file already holds exactly ``data`` (then nothing is
+    written: a finished sweep run again writes nothing).  Returns whether it wrote."""
+    if check_entry(path) and read_bytes(path) == data:
+        return False
+    atomic_write_bytes(path, data)
+    return True
+
+
 def write_json(path: str, obj: Any) -> None:
     atomic_write_text(path, json.dumps(_jsonable(obj), indent=2, allow_nan=False) + "\n")
 
 
 def read_json(path: str) -> Any:
-    with open(path) as fh:
-        return json.load(fh)
+    """The JSON content of a file of cconv's own (``read_text``'s checks)."""
+    return json.loads(read_text(path))
 
 
 class JsonlWriter:
@@ -102,7 +240,8 @@ class JsonlWriter:
 
     def __init__(self, path: str):
         self.path = path
-        self._fh = open(path, "a", encoding="utf-8")
+        fd = open_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        self._fh = os.fdopen(fd, "a", encoding="utf-8")
 
     def write(self, record: dict) -> None:
         self._fh.write(dumps(record) + "\n")
@@ -135,42 +274,91 @@ class MetricsWarning(RecoveryWarning):
     """A damaged line in a metrics file (skipped by readers, kept on disk)."""
 
 
+class DamagedRunWarning(MetricsWarning):
+    """One run's damage (metric lines that are not records, an unreadable summary or config),
+    summarized in one warning naming the run by ``cconv report`` / ``cconv plot``, which skip the
+    damaged records and show the rest."""
+
+
+SHOWN_LINES = 5  # a warning about damaged lines names this many of them, then counts the rest
+NUMBER_WORDS = ("inf", "-inf", "nan")  # how ``dumps`` writes non-finite numbers (NaN: null)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def valid_record(rec: Any) -> bool:
+    """Is ``rec`` a metric line as cconv writes it: a JSON object with an integer ``step`` >= 0,
+    an integer ``seed`` (when present), and numbers (``null``, ``"inf"``, ``"-inf"`` for
+    non-finite ones) everywhere else?  Anything else is damage, never data."""
+    if not isinstance(rec, dict) or not _is_int(rec.get("step")) or rec["step"] < 0:
+        return False
+    if "seed" in rec and not _is_int(rec["seed"]):
+        return False
+    return all(
+        v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) or v in NUMBER_WORDS
+        for k, v in rec.items()
+        if k not in ("step", "seed")
+    )
+
+
 def _parse_line(raw: bytes) -> dict | None:
-    """The record of one complete line; None when it is damaged (not a JSON object)."""
+    """The record of one complete line; None when it is damaged (not UTF-8 JSON, or not a metric
+    line: ``valid_record``)."""
     try:
         rec = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         return None
-    return rec if isinstance(rec, dict) else None
+    return rec if valid_record(rec) else None
+
+
+def describe_lines(numbers: list[int]) -> str:
+    """``line 7`` / ``3 lines (2, 5, 9)`` / ``120 lines (2, 5, 9, 11, 12, ...)``: a summary that
+    stays one short line however many lines are damaged."""
+    if len(numbers) == 1:
+        return f"line {numbers[0]}"
+    shown = ", ".join(map(str, numbers[:SHOWN_LINES])) + (", ..." if len(numbers) > SHOWN_LINES else "")
+    return f"{len(numbers)} lines ({shown})"
 
 
 def _warn_damaged(path: str, numbers: list[int], what: str) -> None:
     if numbers:
-        import warnings
+        warnings.warn(
+            f"{path}: {describe_lines(numbers)} damaged (not a metric record); {what}", MetricsWarning, stacklevel=3
+        )
 
-        where = f"line {numbers[0]}" if len(numbers) == 1 else f"lines {', '.join(map(str, numbers))}"
-        warnings.warn(f"{path}: {where} damaged (not a JSON object); {what}", MetricsWarning, stacklevel=3)
 
-
-def read_jsonl(path: str) -> list[dict]:
-    """Complete lines of a JSONL file.  A partial last line (a kill in the middle of a write) is
-    ignored; a damaged complete line (not a JSON object) is skipped with a ``MetricsWarning``
-    naming the file and line, and reading goes on."""
-    if not os.path.exists(path):
-        return []
-    out, bad = [], []
-    with open(path, "rb") as fh:
+def _lines(path: str) -> Iterator[tuple[int, bytes]]:
+    """(number, bytes) of the complete lines of a file of cconv's own (``open_file``); a partial
+    last line (a kill in the middle of a write) is not one."""
+    with os.fdopen(open_file(path), "rb") as fh:
         for n, raw in enumerate(fh, 1):
             if not raw.endswith(b"\n"):
-                break
-            if not raw.strip():
-                continue
-            rec = _parse_line(raw)
-            if rec is None:
-                bad.append(n)
-            else:
-                out.append(rec)
-    _warn_damaged(path, bad, "skipped")
+                return
+            yield n, raw
+
+
+def read_jsonl(path: str, damaged: list[int] | None = None) -> list[dict]:
+    """Complete metric records of a JSONL file.  A partial last line (a kill in the middle of a
+    write) is ignored; a damaged complete line (``valid_record`` fails) is skipped and reading goes
+    on: its number is appended to ``damaged`` when given, else one ``MetricsWarning`` names the
+    file and summarizes the lines (``describe_lines``)."""
+    if not os.path.lexists(path):
+        return []
+    out, bad = [], []
+    for n, raw in _lines(path):
+        if not raw.strip():
+            continue
+        rec = _parse_line(raw)
+        if rec is None:
+            bad.append(n)
+        else:
+            out.append(rec)
+    if damaged is not None:
+        damaged.extend(bad)
+    else:
+        _warn_damaged(path, bad, "skipped")
     return out
 
 
@@ -179,32 +367,30 @@ def repair_jsonl(path: str, max_step: int | None) -> int:
     record with ``step <= max_step`` (all complete records when None; everything when
     max_step < 0), i.e. the lines of steps after the checkpoint and a partial last line.  Damaged
     lines before that point are not the tail: they stay (readers skip them) and are reported with
-    a ``MetricsWarning`` naming file and line.  Returns the number of records kept."""
-    if not os.path.exists(path):
+    a ``MetricsWarning`` naming file and lines.  Returns the number of records kept."""
+    if not os.path.lexists(path):
         return 0
     keep_bytes = pos = kept = 0
     records, bad = 0, []
-    with open(path, "rb") as fh:
-        for n, raw in enumerate(fh, 1):
-            if not raw.endswith(b"\n"):
-                break
-            pos += len(raw)
-            if not raw.strip():
-                continue
-            rec = _parse_line(raw)
-            if rec is None:
-                bad.append((n, pos))
-                continue
-            records += 1
-            step = rec.get("step", 0)
-            if max_step is None or (max_step >= 0 and isinstance(step, (int, float)) and step <= max_step):
-                keep_bytes, kept = pos, records
+    for n, raw in _lines(path):
+        pos += len(raw)
+        if not raw.strip():
+            continue
+        rec = _parse_line(raw)
+        if rec is None:
+            bad.append((n, pos))
+            continue
+        records += 1
+        if max_step is None or (max_step >= 0 and rec["step"] <= max_step):
+            keep_bytes, kept = pos, records
     _warn_damaged(path, [n for n, end in bad if end <= keep_bytes], "kept in place, skipped by readers")
-    if os.path.getsize(path) != keep_bytes:
-        with open(path, "r+b") as fh:
-            fh.truncate(keep_bytes)
-            fh.flush()
-            os.fsync(fh.fileno())
+    fd = open_file(path, os.O_RDWR)
+    try:
+        if os.fstat(fd).st_size != keep_bytes:
+            os.ftruncate(fd, keep_bytes)
+            os.fsync(fd)
+    finally:
+        os.close(fd)
     return kept
 
 
@@ -238,13 +424,16 @@ def check_writable(directory: str) -> None:
 
 
 def read_summary(run_dir: str) -> dict | None:
+    """A run's summary.json; None when it is absent or damaged (not a JSON object whose
+    ``status`` is one of ``STATUSES``: e.g. garbled, not UTF-8, a link)."""
     p = os.path.join(run_dir, SUMMARY)
-    if not os.path.exists(p):
+    if not os.path.lexists(p):
         return None
     try:
-        return read_json(p)
-    except (OSError, json.JSONDecodeError):
+        s = read_json(p)
+    except (OSError, ValueError, RecursionError):
         return None
+    return s if isinstance(s, dict) and s.get("status") in STATUSES else None
 
 
 def is_finished(run_dir: str) -> bool:
@@ -258,9 +447,8 @@ class RunLocked(ValueError):
 
 def _lock_holder(path: str) -> str:
     try:
-        with open(path) as fh:
-            pid = fh.read().strip()
-    except OSError:
+        pid = read_text(path).strip()
+    except (OSError, ValueError):
         return ""
     return f" (pid {pid})" if pid.isdigit() else ""
 
@@ -279,7 +467,7 @@ def run_lock(run_dir: str) -> Iterator[None]:
     """
     path = os.path.join(run_dir, LOCK)
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_file(path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -291,11 +479,7 @@ def run_lock(run_dir: str) -> Iterator[None]:
         except BaseException:
             os.close(fd)
             raise
-        try:
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
+        if _same_file(fd, path):
             break
         os.close(fd)  # unlinked by its previous holder after we opened it: take the new file
     try:
@@ -304,7 +488,17 @@ def run_lock(run_dir: str) -> Iterator[None]:
         yield
     finally:
         try:
-            os.unlink(path)
+            if _same_file(fd, path):  # only the file we locked, never what replaced it
+                os.unlink(path)
         except OSError:
             pass
         os.close(fd)
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Is ``path`` (not followed) the file open as ``fd``?"""
+    try:
+        a, b = os.fstat(fd), os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)

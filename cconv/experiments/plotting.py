@@ -29,8 +29,11 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable
+from io import BytesIO
 
 import numpy as np
+
+from cconv.experiments import io
 
 # x axes on a byte scale (log): name -> (column, what it counts)
 BYTE_AXES = {"bytes": ("cum_bytes", "traffic"), "bytes_encoded": ("cum_bytes_encoded", "encoded traffic")}
@@ -407,7 +410,9 @@ def run_order(df) -> list[str]:
 
 
 def save(fig, out: str) -> list[str]:
-    """Save a figure as ``out`` and, for .png, also the .pdf next to it (and vice versa)."""
+    """Save a figure as ``out`` and, for .png, also the .pdf next to it (and vice versa).  Each file
+    is replaced atomically and only if it is a regular file (``io.atomic_write_bytes``: a link or
+    another file type there is refused, never followed)."""
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     root, ext = os.path.splitext(out)
     outs = [out]
@@ -415,7 +420,11 @@ def save(fig, out: str) -> list[str]:
         other = root + (".pdf" if ext.lower() == ".png" else ".png")
         outs.append(other)
     for o in outs:
-        fig.savefig(o, dpi=150, bbox_inches="tight")
+        io.check_entry(o)  # all refusals before the first file is written
+    for o in outs:
+        buf = BytesIO()
+        fig.savefig(buf, format=os.path.splitext(o)[1][1:].lower() or None, dpi=150, bbox_inches="tight")
+        io.atomic_write_bytes(o, buf.getvalue())
     _plt().close(fig)
     return outs
 

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import yaml
 
@@ -95,8 +96,80 @@ def config_columns(cfg: dict) -> dict:
 
 
 def read_config(run_dir: str) -> dict:
-    with open(os.path.join(run_dir, io.CONFIG)) as fh:
-        return yaml.safe_load(fh) or {}
+    """A run's stored config; a one-line ValueError naming the file when it is damaged."""
+    path = os.path.join(run_dir, io.CONFIG)
+    try:
+        cfg = yaml.safe_load(io.read_text(path))
+    except (yaml.YAMLError, RecursionError) as e:
+        raise ValueError(f"{path} is damaged: {str(e).splitlines()[0]}") from None
+    if cfg is not None and not isinstance(cfg, dict):
+        raise ValueError(f"{path} is damaged: not a mapping")
+    return cfg or {}
+
+
+class RunFiles(NamedTuple):
+    """What report and plot read of one run: its config, summary ({} when absent or damaged),
+    metric records (damaged ones skipped) and status."""
+
+    run_dir: str
+    config: dict
+    summary: dict
+    lines: list[dict]
+    status: str
+
+
+def _summary(run_dir: str, problems: list[str], has_lines: bool) -> tuple[dict, str]:
+    """(summary, status) of a run; a missing or damaged summary is a problem when the run has
+    metric lines (it started), and its status is then ``unknown``, never a guess."""
+    s = io.read_summary(run_dir)
+    if s is not None and isinstance(s.get("per_seed") or {}, dict):
+        return s, s["status"]
+    if os.path.lexists(os.path.join(run_dir, io.SUMMARY)):
+        problems.append(f"{io.SUMMARY} damaged")
+    elif has_lines:
+        problems.append(f"no {io.SUMMARY}")
+    else:
+        return {}, "not started"
+    return {}, "unknown"
+
+
+def read_run(run_dir: str) -> RunFiles | None:
+    """One run's files as report and plot use them.  Damage never becomes data: metric lines that
+    are not records (``io.valid_record``: garbage, invalid JSON or UTF-8, a step ``"abc"``) are
+    skipped, a damaged summary gives status ``unknown``, a damaged config skips the run (None);
+    all of a run's damage is one ``DamagedRunWarning`` naming the run (lines summarized)."""
+    problems: list[str] = []
+    try:
+        cfg = read_config(run_dir)
+    except (OSError, ValueError) as e:
+        cfg = None
+        problems.append(f"{io.CONFIG} unreadable ({str(e).splitlines()[0]}); run left out")
+    lines: list[dict] = []
+    if cfg is not None:
+        bad: list[int] = []
+        try:
+            lines = io.read_jsonl(os.path.join(run_dir, io.METRICS), damaged=bad)
+        except (OSError, ValueError) as e:
+            problems.append(f"{io.METRICS} unreadable ({str(e).splitlines()[0]})")
+        if bad:
+            problems.append(f"{io.METRICS} {io.describe_lines(bad)} not metric records, skipped")
+        seed = cfg.get("seed")
+        default = seed[0] if isinstance(seed, list) and seed else seed
+        lines = [l if "seed" in l else {**l, "seed": default} for l in lines]
+        summary, status = _summary(run_dir, problems, bool(lines))
+    if problems:
+        warnings.warn(f"run {run_dir}: {'; '.join(problems)}", io.DamagedRunWarning, stacklevel=3)
+    if cfg is None:
+        return None
+    return RunFiles(run_dir, cfg, summary, lines, status)
+
+
+def read_runs(paths: Iterable[str]) -> list[RunFiles]:
+    """``read_run`` of every run under ``paths``; a ValueError when none can be read."""
+    runs = [r for r in (read_run(rd) for rd in find_runs(paths)) if r is not None]
+    if not runs:
+        raise ValueError(f"no readable cconv runs under: {', '.join(paths)}")
+    return runs
 
 
 def _num(v):
@@ -112,15 +185,21 @@ def load_metrics(paths: Iterable[str]) -> pd.DataFrame:
     import pandas as pd
 
     rows = []
-    for rd in find_runs(paths):
-        cols = {"run": _run_name(rd), "run_dir": rd, **config_columns(read_config(rd))}
-        for line in io.read_jsonl(os.path.join(rd, io.METRICS)):
+    for run in read_runs(paths):
+        rd = run.run_dir
+        cols = {"run": _run_name(rd), "run_dir": rd, **config_columns(run.config)}
+        for line in run.lines:
             rows.append({**cols, **{k: (_num(v) if k not in ("step", "seed") else v) for k, v in line.items()}})
     return pd.DataFrame(rows)
 
 
 def _run_name(rd: str) -> str:
     return os.path.basename(os.path.normpath(rd))
+
+
+def _seed_order(v) -> tuple:
+    """Integer seeds in order, anything else (a config without a seed) after them."""
+    return (not isinstance(v, int), v if isinstance(v, int) else 0)
 
 
 def _first_reaching(lines: list[dict], metric: str, target: float, higher_is_better: bool):
@@ -140,14 +219,11 @@ def load_runs(paths: Iterable[str], target: float | None = None, metric: str = "
 
     higher = "accuracy" in metric
     rows = []
-    for rd in find_runs(paths):
-        cfg = read_config(rd)
-        summary = io.read_summary(rd) or {}
-        lines = io.read_jsonl(os.path.join(rd, io.METRICS))
-        seeds = sorted({l.get("seed") for l in lines}) or (
+    for run in read_runs(paths):
+        rd, cfg, summary, lines, status = run
+        seeds = sorted({l["seed"] for l in lines}, key=_seed_order) or (
             cfg.get("seed") if isinstance(cfg.get("seed"), list) else [cfg.get("seed")]
         )
-        status = summary.get("status", "not started")
         per_seed = summary.get("per_seed") or {}
         tgt = target if target is not None else cfg.get("target_loss")
         for s in seeds:
@@ -156,7 +232,7 @@ def load_runs(paths: Iterable[str], target: float | None = None, metric: str = "
             row = {
                 "run": _run_name(rd),
                 "seed": s,
-                "status": (per_seed.get(str(s)) or {}).get("status", status),
+                "status": ps.get("status", status) if isinstance(ps := per_seed.get(str(s)), dict) else status,
                 "step": last.get("step", 0),
             }
             for k in FINAL_COLUMNS:
@@ -169,7 +245,8 @@ def load_runs(paths: Iterable[str], target: float | None = None, metric: str = "
                 row["encoded_bytes_to_target"] = _num(hit.get("cum_bytes_encoded")) if hit else math.nan
                 row["steps_to_target"] = hit["step"] if hit else math.nan
                 row["time_to_target"] = _num(hit.get("sim_time")) if hit else math.nan
-            row["error"] = summary.get("error")
+            err = summary.get("error")
+            row["error"] = err if err is None or isinstance(err, str) else str(err)
             row.update(config_columns(cfg))
             row["run_dir"] = rd
             rows.append(row)

@@ -5,13 +5,18 @@ The loop (``execute``) is the whole protocol that makes results survive a kill:
 1. ``metrics.jsonl`` lines for steps ``<= s`` are written (one fsync'ed write each) before the
    checkpoint of step ``s`` is saved; orbax saves atomically (temporary directory + rename).
 2. On start, if a checkpoint exists, the state, the data iterator, the PRNG position and the
-   running counters (cumulative bytes, simulated time, wall time) are restored from it and the
+   running counters (cumulative bytes, simulated time, wall time) are restored from it and, once
+   the restart is known to proceed (checkpoint restored, clock calibrated, writers open), the
    metrics file is cut back to the lines with ``step <= s`` (a partial last line included; a
-   damaged line before that point is kept and reported, never a reason to cut).  With no
-   checkpoint the metrics file is emptied.  Per-step PRNG keys are ``fold_in(key, step)``, so
-   the resumed run computes exactly the steps it lost.
+   damaged line before that point is kept and reported, never a reason to cut): a resume that
+   fails loses no line.  With no checkpoint the metrics file is emptied (at the same point).
+   Per-step PRNG keys are ``fold_in(key, step)``, so the resumed run computes exactly the steps
+   it lost.  Run files are opened through ``io.open_file`` / ``io.ensure_dir`` (no links, no
+   foreign file types), and a finished run is recognized reading only (``stored_run``).
 3. ``summary.json`` is replaced atomically: ``running`` at start, then ``completed``, ``diverged``
-   (a non-finite loss; the run stops, the sweep goes on) or ``failed`` (with the error).
+   (a non-finite loss; the run stops, the sweep goes on), ``failed`` (with the error) or
+   ``interrupted`` (SIGTERM/SIGINT: checkpointed at the step reached, resumed by the next run;
+   ``cconv.experiments.signals``).
 4. The final checkpoint (step ``steps``, or the step at which every seed had diverged) is saved
    before the final summary.  A run restored from it has ended: its summary is rebuilt from the
    checkpoint's counters and the last metric line of each seed, nothing is trained or saved again
@@ -71,15 +76,16 @@ import numpy as np
 
 from cconv.comm.aggregation import TRANSPORTS
 from cconv.engine.launchers import LAUNCHERS
-from cconv.experiments import io, writers
+from cconv.experiments import io, signals, writers
 from cconv.experiments.checkpoint import Checkpointer, CheckpointError, decode_host_state, encode_host_state
 from cconv.experiments.config import (
-    ADDED_FIELDS,
     ConfigError,
     RunConfig,
+    check_batch,
     engine_config,
     make_optimizer,
     network_label,
+    read_stored,
     resolve_network,
     to_yaml,
 )
@@ -94,7 +100,7 @@ MAX_INFLIGHT = 16
 PARTITION_KEYS = ("partition", "alpha", "min_size", "shards_per_worker")
 EVAL_CHUNK = 1024
 KEEP_CHECKPOINTS = 2  # checkpoints kept per run: a damaged latest one falls back to the previous
-TENSORBOARD = "tensorboard"  # event files of a run with tensorboard: true (one directory per seed)
+TENSORBOARD = io.TENSORBOARD  # event files of a run with tensorboard: true (one directory per seed)
 
 
 # --------------------------------------------------------------------------- building
@@ -169,6 +175,7 @@ def build_problem(cfg: RunConfig) -> Problem:
             raise ConfigError(f"model {cfg.model}: {_first_line(e)}") from None
         if len(specs) == 1:
             check_optimizer(cfg, optimizer, specs[0].params)
+        check_batch(cfg, len(ds.train["y"]))
         parts = data.partition(ds.train["y"], cfg.workers, scheme=scheme, key=s, **pkw)
         batchers.append(data.Batcher(ds.train, parts, cfg.batch_size, keys["data"]))
     ecfg = engine_config(cfg, shapes=[x.shape for x in jax.tree.leaves(specs[0].params)])  # ef_scale: auto
@@ -432,30 +439,52 @@ def _refuse_foreign(run_dir: str) -> None:
         raise ConfigError(f"{run_dir} is not empty and holds no cconv run; choose another --out")
 
 
-def prepare_run_dir(run_dir: str, cfg: RunConfig) -> str:
-    """Create/validate a run directory; returns 'finished', 'resume' or 'new'.  Never modifies a
-    directory that holds a different config."""
+def stored_config_diff(run_dir: str, cfg: RunConfig) -> list[str] | None:
+    """How the config stored in ``run_dir`` differs from ``cfg`` (``diff``'s dotted ``key: old ->
+    new`` entries; [] when equal), or None when the directory holds no config.  Reads only."""
     import yaml
 
-    io.check_writable(os.path.dirname(os.path.abspath(run_dir)) or ".")
-    cpath = os.path.join(run_dir, io.CONFIG)
-    if os.path.exists(cpath):
-        try:
-            with open(cpath) as fh:
-                old = yaml.safe_load(fh)
-        except (OSError, yaml.YAMLError):
-            old = None
-        if isinstance(old, dict):  # written before a field existed: it held the default
-            old = {**{k: v for k, v in ADDED_FIELDS.items() if k not in old}, **old}
-        if old != yaml.safe_load(to_yaml(cfg)):
-            from cconv.experiments.config import diff
+    from cconv.experiments.config import diff
 
-            d = diff(old if isinstance(old, dict) else {}, cfg.to_dict())
-            raise ConfigError(
-                f"{run_dir} already holds a run with a different config ({'; '.join(d[:3])}"
-                f"{'; ...' if len(d) > 3 else ''}); choose another --out"
-            )
-        return "finished" if io.is_finished(run_dir) else "resume"
+    cpath = os.path.join(run_dir, io.CONFIG)
+    if not io.check_entry(cpath):
+        return None
+    old = read_stored(cpath)  # fields added since filled in; a damaged file: one-line ConfigError
+    if old == yaml.safe_load(to_yaml(cfg)):
+        return []
+    return diff(old, cfg.to_dict()) or ["(the stored config.yaml is written differently)"]
+
+
+def different_config(run_dir: str, d: list[str]) -> ConfigError:
+    """The one-line refusal of a run directory that holds another config."""
+    return ConfigError(
+        f"{run_dir} already holds a run with a different config ({'; '.join(d[:3])}"
+        f"{'; ...' if len(d) > 3 else ''}); choose another --out"
+    )
+
+
+def stored_run(run_dir: str, cfg: RunConfig) -> str | None:
+    """'finished' or 'resume' for a run directory that holds ``cfg``, None for one that holds no
+    config.  Refuses (one line) a different config and entries cconv did not create
+    (``io.check_run_dir``).  Reads only: deciding that a finished run has nothing to do writes
+    nothing, also on a read-only file system."""
+    io.check_run_dir(run_dir)
+    d = stored_config_diff(run_dir, cfg)
+    if d:
+        raise different_config(run_dir, d)
+    if d is None:
+        return None
+    return "finished" if io.is_finished(run_dir) else "resume"
+
+
+def prepare_run_dir(run_dir: str, cfg: RunConfig) -> str:
+    """Create/validate a run directory; returns 'finished', 'resume' or 'new'.  Never modifies a
+    directory that holds a different config, nor one whose run has finished."""
+    kind = stored_run(run_dir, cfg)
+    if kind is not None:
+        return kind
+    cpath = os.path.join(run_dir, io.CONFIG)
+    io.check_writable(os.path.dirname(os.path.abspath(run_dir)) or ".")
     io.check_writable(run_dir)
     _refuse_foreign(run_dir)
     io.atomic_write_text(cpath, to_yaml(cfg))
@@ -481,6 +510,9 @@ def execute(
     """
     if problem is None:
         problem = build_problem(cfg)
+    if stored_run(run_dir, cfg) == "finished":  # a no-op that writes nothing (no lock either)
+        s = io.read_summary(run_dir)
+        return RunResult(s["status"], s, trained=False)
     io.check_writable(os.path.dirname(os.path.abspath(run_dir)) or ".")
     _refuse_foreign(run_dir)  # before a lock file is put there
     io.check_writable(run_dir)
@@ -607,14 +639,14 @@ def initial_state(problem: Problem) -> Any:
     return trainer.init()
 
 
-def _restore(problem: Problem, ckpt: Checkpointer, state: Any, mpath: str) -> tuple[int, Any, Counters]:
-    """(first step, state, counters): from the latest checkpoint (metrics.jsonl cut back to its
-    step, the batchers' positions restored), or fresh (metrics.jsonl emptied)."""
+def _restore(problem: Problem, ckpt: Checkpointer, state: Any) -> tuple[int, Any, Counters]:
+    """(first step, state, counters): from the latest checkpoint (the batchers' positions
+    restored), or fresh.  Touches no metric line: ``_train`` cuts metrics.jsonl back to the first
+    step once the restart is known to proceed."""
     template = state
     while True:
         latest = ckpt.latest_step()
         if latest is None:
-            io.repair_jsonl(mpath, -1)
             return 0, template, Counters.fresh(len(problem.seeds))
         try:
             start, state, meta = ckpt.restore(template, latest)
@@ -643,7 +675,6 @@ def _restore(problem: Problem, ckpt: Checkpointer, state: Any, mpath: str) -> tu
     problem.trainer.load_host_state(meta.get("sync_host"))  # e.g. AdaComm's period
     for b, st in zip(problem.batchers, host):
         b.load_state_dict(st)
-    io.repair_jsonl(mpath, start)
     return start, state, counters
 
 
@@ -793,7 +824,9 @@ def _train_steps(
     """The step loop from ``step`` to ``cfg.steps`` (or until every seed diverged): steps are
     dispatched without waiting; every ``_must_flush`` the finished steps' metrics are fetched,
     counted, written (with a test evaluation) and the run is checkpointed.  Returns (step, state);
-    raises ``_Stopped`` after ``stop_after``."""
+    raises ``_Stopped`` after ``stop_after``.  A pending SIGTERM/SIGINT (``signals.pending``) ends
+    the loop after the step just dispatched: its steps are flushed and written, a checkpoint is saved
+    at it and ``signals.Interrupted`` is raised (at the last step the run simply ends)."""
     cfg = problem.cfg
     step_fn = problem.trainer.step
     step_keys = [seed_keys(s)["steps"] for s in problem.seeds]
@@ -804,7 +837,8 @@ def _train_steps(
         state, m = step_fn(state, batch, key)
         pending.append((step, m))
         step += 1
-        if not _must_flush(cfg, step, len(pending), stop_after):
+        stop = signals.pending() is not None and step < cfg.steps  # SIGTERM/SIGINT: stop at this step
+        if not stop and not _must_flush(cfg, step, len(pending), stop_after):
             continue
         host = jax.device_get([p[1] for p in pending])
         records = _accumulate(problem, counters, clock, [(p[0], h) for p, h in zip(pending, host)])
@@ -823,9 +857,11 @@ def _train_steps(
         out.bar.update(steps_done)
         if counters.all_diverged():
             break
-        if step % cfg.checkpoint_every == 0 and step < cfg.steps:
+        if stop or (step % cfg.checkpoint_every == 0 and step < cfg.steps):
             counters.wall = time.perf_counter() - t0
             _save(problem, out.ckpt, step, state, counters)
+        if stop:
+            raise signals.Interrupted(signals.pending(), step)
         if stop_after is not None and step >= stop_after:
             raise _Stopped()
     return step, state
@@ -889,23 +925,40 @@ def _recover_summary(problem: Problem, run_dir: str, desc: str, step: int, count
     return RunResult(summary["status"], summary)
 
 
+def _mark_interrupted(run_dir: str, base: dict, e: signals.Interrupted, ckpt: Checkpointer, counters: Counters) -> None:
+    """summary.json of a run stopped by a signal: ``interrupted`` at the step of its checkpoint
+    (``e.step``; after a second signal, the latest checkpoint's step, which is where it resumes)."""
+    step = e.step if e.step is not None else (ckpt.latest_step() or 0)
+    ckpt.close()
+    summary = {**base, "status": "interrupted", "error": None, "signal": e.name, "step": step}
+    io.write_json(os.path.join(run_dir, io.SUMMARY), {**summary, "wall_time": counters.wall})
+
+
+@signals.deferring
 def _train(problem: Problem, run_dir: str, desc: str, stop_after: int | None, nested: bool = False) -> RunResult:
-    """Restore or start, train, write the summary (the protocol of the module docstring)."""
+    """Restore or start, train, write the summary (the protocol of the module docstring); a
+    SIGTERM/SIGINT received meanwhile stops it at a checkpoint (``cconv.experiments.signals``)."""
     from cconv.experiments.loggers import progress
 
     cfg = problem.cfg
     ckpt = Checkpointer(os.path.join(run_dir, io.CHECKPOINTS), keep=KEEP_CHECKPOINTS)
     mpath = os.path.join(run_dir, io.METRICS)
-    start, state, counters = _restore(problem, ckpt, initial_state(problem), mpath)
+    start, state, counters = _restore(problem, ckpt, initial_state(problem))
     if _ended(cfg, start, counters):  # killed after the final checkpoint, before the summary
         ckpt.close()
+        io.repair_jsonl(mpath, start)
         return _recover_summary(problem, run_dir, desc, start, counters)
     clock = _make_clock(problem, counters, start)  # measured before the wall clock starts
-
-    summary_base = _summary_base(problem, desc, counters)
-    io.write_json(os.path.join(run_dir, io.SUMMARY), {**summary_base, "status": "running", "step": start})
-
     writer = open_writers(cfg, run_dir, desc, start)
+    # Everything the restart needs is in place: only now is metrics.jsonl cut back to the step it
+    # resumes at (emptied for a fresh start), so a restart that fails loses no line.
+    try:
+        io.repair_jsonl(mpath, start if start > 0 else -1)
+        summary_base = _summary_base(problem, desc, counters)
+        io.write_json(os.path.join(run_dir, io.SUMMARY), {**summary_base, "status": "running", "step": start})
+    except BaseException:
+        writer.close(failed=True)
+        raise
     out = _Outputs(
         writer,
         progress(cfg.steps, desc, initial=start, position=1 if nested else None, leave=not nested),
@@ -920,6 +973,11 @@ def _train(problem: Problem, run_dir: str, desc: str, stop_after: int | None, ne
         ckpt.close()
         writer.close()
         return RunResult("running", io.read_summary(run_dir))
+    except signals.Interrupted as e:
+        out.bar.close()
+        _mark_interrupted(run_dir, summary_base, e, ckpt, counters)
+        writer.close()
+        raise
     except BaseException:
         out.bar.close()
         writer.close(failed=True)

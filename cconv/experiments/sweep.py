@@ -27,13 +27,23 @@ A rule's ``set`` does not change the run's directory name (which lists the grid 
 
 1. loads and validates every grid point (names, hyper-parameters, ranges) and loads each distinct
    dataset once, so bad input fails before anything is written;
-2. for each run directory ``<out>/<grid point name>``: ``completed`` or ``diverged`` -> skipped;
+2. checks the output directory, reading only (``check_out``): a non-empty directory must be a
+   sweep directory (it holds ``sweep.json``, which every sweep writes before its first run); a
+   run directory already there must hold exactly the config this sweep gives it, else the sweep
+   is refused in one line naming the run, the differing key and the sweep file the run came from
+   (a sweep never mixes configs in one results directory, so ``report.csv`` cannot); a link or a
+   foreign file where cconv keeps its own is refused (``io.check_run_dir``);
+3. for each run directory ``<out>/<grid point name>``: ``completed`` or ``diverged`` -> skipped;
    a checkpoint -> resumed; otherwise started.  A run that raises is recorded ``failed`` (with
    its error) and the sweep goes on; ``failed`` runs are retried the next time the sweep runs;
+   ``interrupted`` runs (SIGTERM/SIGINT, ``cconv.experiments.signals``) are resumed; such a signal
+   stops the sweep after the run it interrupts (the CLI exits 143 / 130);
    a run directory locked by another process (another sweep or ``cconv run`` on it, see
    ``io.run_lock``) is skipped and counted ``busy``: it is that process's to finish;
-3. writes ``<out>/sweep.json`` (the grid points), ``<out>/report.csv`` and, with matplotlib, the
-   convergence-vs-traffic figure ``<out>/convergence_vs_traffic.png`` (+ .pdf).
+4. writes ``<out>/sweep.json`` (the grid points; per run its config digest and the sweep file
+   and that file's SHA-256), ``<out>/report.csv`` and, with matplotlib, the convergence-vs-traffic
+   figure ``<out>/convergence_vs_traffic.png`` (+ .pdf).  Each is written only when its content
+   changed: a finished sweep run again writes nothing (also on a read-only file system).
 
 Running the same command again after a kill at any moment loses nothing and duplicates nothing
 (the per-run protocol is in ``cconv.experiments.runner``).
@@ -54,7 +64,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cconv.experiments import io
+from cconv.experiments import io, signals
 from cconv.experiments.config import (
     FIELDS,
     ConfigError,
@@ -236,14 +246,68 @@ def validate(runs: list[SweepRun]) -> None:
             raise ConfigError(f"run {r.name}: {str(e).splitlines()[0]}") from None
 
 
-def write_index(out: str, name: str, source: str, runs: list[SweepRun]) -> None:
-    """Merge this sweep's grid points into ``<out>/sweep.json`` (earlier points are kept)."""
-    path = os.path.join(out, "sweep.json")
-    old = io.read_json(path) if os.path.exists(path) else {"runs": {}}
-    entries = dict(old.get("runs", {}))
+def _sha256(path: str) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
+def read_index(out: str) -> dict | None:
+    """``<out>/sweep.json`` (None when ``out`` is absent or empty: a new sweep directory).  A
+    non-empty directory without one is not a sweep's: refused (one line), as is a damaged one."""
+    if not os.path.isdir(out) or not os.listdir(out):
+        return None
+    path = os.path.join(out, io.SWEEP_INDEX)
+    if not io.check_entry(path):
+        raise ConfigError(
+            f"{out} is not empty and is not a cconv sweep directory (no {io.SWEEP_INDEX}); choose another --out"
+        )
+    try:
+        index = io.read_json(path)
+    except (OSError, ValueError, RecursionError) as e:
+        raise ConfigError(f"{path} is damaged ({str(e).splitlines()[0][:200]}); choose another --out") from None
+    if not isinstance(index, dict) or not isinstance(index.get("runs"), dict):
+        raise ConfigError(f"{path} is damaged (not a sweep index); choose another --out")
+    return index
+
+
+def check_out(out: str, source: str, runs: list[SweepRun]) -> dict | None:
+    """Refuse, reading only, a sweep into ``out`` that would mix configs or touch what cconv did not
+    create (module docstring, step 2); returns the existing index (``read_index``)."""
+    from cconv.experiments import runner  # imports jax: only after the CLI set the device count
+
+    index = read_index(out)
+    if index is None:  # a new (absent or empty) directory, or not one at all (check_writable says so)
+        return None
+    made = index.get("configs") or {}
     for r in runs:
-        entries[r.name] = r.point
-    io.write_json(path, {"name": name, "source": os.path.abspath(source), "runs": entries})
+        rd = os.path.join(out, r.name)
+        if not io.check_entry(rd, want_dir=True):
+            continue
+        io.check_run_dir(rd)
+        d = runner.stored_config_diff(rd, r.config)
+        if d:
+            rec = made.get(r.name) if isinstance(made.get(r.name), dict) else {}
+            src = rec.get("source") or "an earlier sweep"
+            changed = " (changed since)" if rec.get("sha256") not in (None, _sha256(source)) else ""
+            raise ConfigError(
+                f"sweep: run {r.name} in {out} was made by {src}{changed} with a different config "
+                f"({d[0]}{'; ...' if len(d) > 1 else ''}); refusing to mix configs in one results "
+                f"directory: choose another --out or remove that run"
+            )
+    return index
+
+
+def index_bytes(index: dict | None, name: str, source: str, runs: list[SweepRun]) -> bytes:
+    """The content of ``<out>/sweep.json`` with this sweep's points merged in (earlier points are
+    kept): per run its grid point and ``{digest, source, sha256}`` of its config's sweep file."""
+    index = index or {}
+    points, made = dict(index.get("runs") or {}), dict(index.get("configs") or {})
+    src, sha = os.path.abspath(source), _sha256(source)
+    for r in runs:
+        points[r.name] = r.point
+        made[r.name] = {"digest": r.config.digest(), "source": src, "sha256": sha}
+    doc = {"name": name, "source": src, "runs": points, "configs": made}
+    return (json.dumps(io._jsonable(doc), indent=2, allow_nan=False) + "\n").encode()
 
 
 def _log(msg: str, file: Any = None) -> None:
@@ -252,6 +316,7 @@ def _log(msg: str, file: Any = None) -> None:
     tqdm.write(msg, file=file or sys.stdout)
 
 
+@signals.deferring  # SIGTERM/SIGINT: the run it interrupts is checkpointed, then the sweep stops
 def run_sweep(path: str, out: str | None = None, figure: bool = True, log: Callable[..., None] = _log) -> dict:
     """Run a sweep file; returns counts {completed, diverged, failed, skipped, busy} and the outputs."""
     from cconv.experiments import runner
@@ -262,13 +327,18 @@ def run_sweep(path: str, out: str | None = None, figure: bool = True, log: Calla
     validate(runs)
     for launcher in {r.config.launcher for r in runs}:  # before anything is created
         runner.check_devices(max(r.config.workers for r in runs if r.config.launcher == launcher), launcher)
-    io.check_writable(out)
-    write_index(out, name, path, runs)
+    index = check_out(out, path, runs)  # reads only: refusals come before anything is written
+    new_index = index_bytes(index, name, path, runs)
+    todo = [r for r in runs if not io.is_finished(os.path.join(out, r.name))]
+    if todo or index is None or not _holds(os.path.join(out, io.SWEEP_INDEX), new_index):
+        io.check_writable(out)
+        io.write_if_changed(os.path.join(out, io.SWEEP_INDEX), new_index)
     counts = {"completed": 0, "diverged": 0, "failed": 0, "skipped": 0, "busy": 0}
     errors = []
     bar = progress(len(runs), f"sweep {name}", leave=True, position=0)
     bar.unit = "run"
     for i, r in enumerate(runs):
+        signals.check()  # a signal between two runs: stop before the next
         rd = os.path.join(out, r.name)
         if io.is_finished(rd):
             counts["skipped"] += 1
@@ -281,6 +351,10 @@ def run_sweep(path: str, out: str | None = None, figure: bool = True, log: Calla
                 log(f"[{i + 1}/{len(runs)}] {r.name}: {res.status}")
             else:  # another process finished it meanwhile
                 counts["skipped"] += 1
+        except signals.Interrupted as e:  # checkpointed and marked interrupted: resumed by the next sweep
+            log(f"[{i + 1}/{len(runs)}] {r.name}: interrupted ({e.name}) at step {e.step}", file=sys.stderr)
+            bar.close()
+            raise
         except io.RunLocked:
             counts["busy"] += 1
             log(f"[{i + 1}/{len(runs)}] {r.name}: skipped, in use by another cconv process")
@@ -295,8 +369,14 @@ def run_sweep(path: str, out: str | None = None, figure: bool = True, log: Calla
     return {**counts, "errors": errors, "out": out, "outputs": outputs}
 
 
+def _holds(path: str, data: bytes) -> bool:
+    """Does the file ``path`` hold exactly ``data``?"""
+    return io.check_entry(path) and io.read_bytes(path) == data
+
+
 def finish(out: str, runs: list[SweepRun], figure: bool = True) -> list[str]:
-    """report.csv and the convergence-vs-traffic figure of a sweep directory."""
+    """report.csv and the convergence-vs-traffic figure of a sweep directory; returns the files
+    written (none when the report is unchanged and the figure exists: nothing to redo)."""
     from cconv.experiments import report
 
     outputs = []
@@ -305,8 +385,11 @@ def finish(out: str, runs: list[SweepRun], figure: bool = True) -> list[str]:
         return outputs
     table = report.load_runs(dirs)
     csv = os.path.join(out, "report.csv")
-    io.atomic_write_text(csv, table.to_csv(index=False))
-    outputs.append(csv)
+    fig_path = os.path.join(out, "convergence_vs_traffic.png")
+    if io.write_if_changed(csv, table.to_csv(index=False).encode()):
+        outputs.append(csv)
+    elif io.check_entry(fig_path) or not figure:
+        return outputs
     if not figure:
         return outputs
     try:
@@ -321,7 +404,7 @@ def finish(out: str, runs: list[SweepRun], figure: bool = True) -> list[str]:
             df,
             x="bytes",
             y="loss",
-            out=os.path.join(out, "convergence_vs_traffic.png"),
+            out=fig_path,
             title=f"{os.path.basename(os.path.normpath(out))}: training loss vs traffic",
         )
     return outputs

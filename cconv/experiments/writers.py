@@ -119,7 +119,7 @@ class TensorBoardWriter:
         from tensorboardX import SummaryWriter
 
         self._cls = SummaryWriter
-        self.logdir = logdir
+        self.logdir = io.ensure_dir(logdir)  # a real directory of the run, never a link
         self.split = split
         self.start = start
         self._writers: dict[Any, Any] = {}
@@ -173,6 +173,7 @@ class WandbWriter:
         check_available(wandb=True)
         import wandb
 
+        io.ensure_dir(os.path.join(run_dir, "wandb"))  # where wandb writes: a real directory, never a link
         self._wandb = wandb
         self.run = wandb.init(
             project=opts.pop("project", "cconv"),

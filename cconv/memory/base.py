@@ -6,6 +6,11 @@ A memory keeps, per tensor, what compression has not delivered yet.  One step wi
     payload, inner = C.compress(p, inner, key)
     state = settle(s, p, inner, decompress(payload))   # what left is no longer owed
 
+A memory whose new state needs only ``y - sent`` for some ``y`` (error feedback: e = p - sent)
+says so with ``settle_minus(s, p, inner, minus)``, ``minus(y) = y - sent``; ``wrap`` then lets
+the compressor compute it from its payload (``Compressor.minus``: a sparse payload subtracts
+with one scatter-add, without materialising the dense ``sent``).
+
 and an aggregation that drops part of what a worker sent (gTop-k) hands it back:
 
     state = give_back(state, back)
@@ -38,6 +43,10 @@ class Memory(NamedTuple):
     settle     (state', p, inner, sent) -> new state after ``sent`` (decompressed) left
     give_back  (state, back) -> state with ``back`` owed again (entries the aggregation dropped)
     hparams    added to the wrapped compressor's ``hparams``
+    settle_minus  optional (state', p, inner, minus) -> new state, where ``minus(y) = y - sent``:
+               the same state as ``settle``, for a memory that needs ``sent`` only through a
+               difference (``wrap`` prefers it: the compressor computes the difference from the
+               payload, see ``Compressor.minus``)
     transparent  True for "no memory": ``wrap`` returns the compressor itself
     """
 
@@ -48,6 +57,7 @@ class Memory(NamedTuple):
     give_back: Callable[[Any, Array], Any]
     hparams: dict = {}
     transparent: bool = False
+    settle_minus: Callable[[Any, Array, Any, Callable[[Array], Array]], Any] | None = None
 
 
 def no_memory(c: Compressor | None = None, **options) -> Memory:
@@ -74,6 +84,8 @@ def wrap(c: Compressor, memory: Memory) -> Compressor:
     def compress(x, state, key):
         p, inner, state = memory.absorb(x, state)
         payload, inner = c.compress(p, inner, key)
+        if memory.settle_minus is not None:
+            return payload, memory.settle_minus(state, p, inner, lambda y: c.minus(y, payload))
         return payload, memory.settle(state, p, inner, c.decompress(payload, p))
 
     hparams = {**c.hparams, **memory.hparams} if memory.hparams else c.hparams

@@ -58,6 +58,11 @@ def _settle(state: EFState, p, inner, sent) -> EFState:
     return EFState(inner, (p - sent).astype(state.residual.dtype))
 
 
+def _settle_minus(state: EFState, p, inner, minus) -> EFState:
+    # ``_settle`` with p - sent computed by the compressor from its payload (``Compressor.minus``)
+    return EFState(inner, minus(p).astype(state.residual.dtype))
+
+
 def _give_back(state: EFState, back) -> EFState:
     return state._replace(residual=state.residual + back)
 
@@ -75,7 +80,11 @@ def _scaled(a: float):
         del scaled_p
         return EFState(inner, (state.residual - sent).astype(state.residual.dtype))
 
-    return absorb, settle
+    def settle_minus(state: EFState, scaled_p, inner, minus) -> EFState:
+        del scaled_p
+        return EFState(inner, minus(state.residual).astype(state.residual.dtype))
+
+    return absorb, settle, settle_minus
 
 
 def ef_memory(c: Compressor | None = None, ef_scale: float = 1.0, **options) -> Memory:
@@ -87,9 +96,11 @@ def ef_memory(c: Compressor | None = None, ef_scale: float = 1.0, **options) -> 
     if isinstance(ef_scale, bool) or not isinstance(ef_scale, (int, float)) or not 0 < ef_scale <= 1:
         raise ValueError(f"memory.ef: ef_scale must be a number in (0, 1], got {ef_scale!r}")
     if ef_scale == 1:
-        return Memory("ef", _init, _absorb, _settle, _give_back)
-    absorb, settle = _scaled(float(ef_scale))
-    return Memory("ef", _init, absorb, settle, _give_back, hparams={"ef_scale": float(ef_scale)})
+        return Memory("ef", _init, _absorb, _settle, _give_back, settle_minus=_settle_minus)
+    absorb, settle, settle_minus = _scaled(float(ef_scale))
+    return Memory(
+        "ef", _init, absorb, settle, _give_back, hparams={"ef_scale": float(ef_scale)}, settle_minus=settle_minus
+    )
 
 
 def error_feedback(c: Compressor, ef_scale: float = 1.0) -> Compressor:

@@ -15,6 +15,18 @@
   (often 10-100x larger).  An unbiased compressor with variance factor w enters after scaling by
   1/(1 + w), which makes it contractive with omega = 1/(1 + w) (their Remark); a compressor
   without a contraction (e.g. an unscaled sign) has no guarantee (ValueError).
+* **Default consensus step** (``safe_gamma``, what ``gossip_gamma: null`` stands for): gamma = delta,
+  the contraction of the compressor *as the engine applies it* (unscaled):
+  delta for a delta-contraction, 1 - w for an unbiased compressor with variance factor w < 1
+  (E||Q(x) - x||^2 = w ||x||^2), 1 uncompressed.  Why: gamma* above is proportional to delta
+  for small delta (gamma* ~ delta rho^2 / (16 rho + rho^2 + 4 beta^2 + 2 rho beta^2)); its graph
+  factor is the conservative part (gamma* = 0.004 for exact gossip on a ring of 8, where gamma =
+  1 is plain D-PSGD).  gamma = delta keeps the proportionality, is 1 without compression, and
+  measured on ``experiments/quickstart.yaml``'s task (ring of 8, top-k 10 %, delta = 0.1, 150
+  steps; ``tests/test_trust_config.py``): gamma = 1 diverges (loss 1491), 0.5 / 0.3 / 0.1 reach
+  0.150 / 0.146 / 0.131.  Without a contraction (unbiased with w >= 1 unscaled: x_hat's error
+  grows by w per step whatever gamma is; signSGD, DGC, threshold, PowerSGD) there is no safe
+  default: ValueError (give gamma explicitly).
 * **Cost per step** in the alpha-beta model (``cconv.theory.network``): a worker sends its
   payload of n bytes once per neighbour permutation (ring 2, torus 4, exponential ~2 log2 P,
   complete P - 1 messages), one after the other through its link:
@@ -59,6 +71,21 @@ def choco_gamma(gap: float, beta: float, omega: float) -> float:
     if not 0 <= b <= 2:
         raise ValueError(f"beta = ||I - W||_2 must be in [0, 2], got {beta!r}")
     return rho * rho * w / (16 * rho + rho * rho + 4 * b * b + 2 * rho * b * b - 8 * rho * w)
+
+
+def safe_gamma(c: Compressor | str | None, shape: Sequence[int]) -> float:
+    """The default consensus step gamma = delta of ``c`` (unscaled) on a tensor of ``shape``
+    (module docstring): delta, 1 - w for an unbiased compressor with w < 1, 1 for none.  A
+    ValueError (one line) when ``c`` applied unscaled is not a contraction."""
+    if c is None:
+        return 1.0
+    k = K.constants(c, shape)
+    if k.kind == "unbiased" and k.omega is not None and k.omega < 1:
+        return 1.0 - float(k.omega)
+    if k.kind != "unbiased" and k.delta:
+        return float(k.delta)
+    why = f"variance factor omega = {k.omega:.3g} >= 1, unscaled" if k.kind == "unbiased" else f"kind {k.kind}"
+    raise ValueError(f"{k.name} is not a contraction ({why}): no safe consensus step gamma to derive")
 
 
 def compression_quality(c: Compressor | str | None, shape: Sequence[int]) -> float:
@@ -166,6 +193,7 @@ __all__ = [
     "choco",
     "choco_gamma",
     "compression_quality",
+    "safe_gamma",
     "spectral_gaps",
     "gossip_rows",
     "format_rows",

@@ -1,0 +1,13 @@
+"""``cconv advise``: which compression method, synchronization and schedule reaches a target
+soonest on a given cluster, predicted from short probes of the user's own task and the systems
+simulator, with intervals, and checked against full runs (``--verify``, ``experiments/advise``).
+
+Modules, one concept each: ``target`` (METRIC=VALUE), ``space`` (the candidates), ``probes``
+(short runs through the runner), ``extrapolate`` (steps to target from a curve), ``timing``
+(seconds per step on the cluster), ``report`` (ranking, table, JSON), ``figure``, ``api``
+(``advise``), ``cli`` (the sub-command).
+"""
+
+from cconv.advisor.api import Advice, VerifyRow, advise
+
+__all__ = ["advise", "Advice", "VerifyRow"]

@@ -1,0 +1,144 @@
+"""The documentation site: every ```python block of docs/*.md runs as printed, the site builds with
+Sphinx warnings as errors, and its pages render in headless Chromium with images and internal links.
+
+Why extraction and ``exec`` rather than Sphinx's doctest: the pages hold copy-paste programs (no
+``>>>`` prompts), and a page's blocks build on each other as a reader runs them, so each page's
+blocks run in order in one namespace, in this process (the 8 simulated devices of conftest).
+"""
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = os.path.join(ROOT, "docs")
+FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+# pages whose blocks another test runs, in full, with checks of its own (64 of the 200 steps)
+RUN_ELSEWHERE = {
+    "engine.md": "tests/test_engine_readme.py",
+    "dropin.md": "tests/test_dropin.py::test_docs_dropin_example_runs_and_moves_the_engines_bytes",
+}
+
+
+def python_blocks(path: str) -> list[str]:
+    return FENCE.findall(open(path, encoding="utf-8").read())
+
+
+def pages_with_code():
+    out = []
+    for path in sorted(glob.glob(os.path.join(DOCS, "*.md"))):
+        name = os.path.basename(path)
+        if python_blocks(path) and name not in RUN_ELSEWHERE:
+            out.append(pytest.param(path, id=name))
+    return out
+
+
+def test_extraction_finds_the_blocks_of_the_guide():
+    found = {os.path.basename(p.values[0]) for p in pages_with_code()}
+    assert {"concepts.md", "compressors.md", "planner.md"} <= found
+    for name, test in RUN_ELSEWHERE.items():
+        assert python_blocks(os.path.join(DOCS, name)) and os.path.exists(os.path.join(ROOT, test.split("::")[0]))
+    assert not any("```python" in b for p in pages_with_code() for b in python_blocks(p.values[0]))
+
+
+@pytest.mark.parametrize("path", pages_with_code())
+def test_python_blocks_run_as_printed(path, capsys):
+    ns = {"__name__": "docs"}
+    for i, block in enumerate(python_blocks(path)):
+        exec(compile(block, f"{os.path.basename(path)}[block {i}]", "exec"), ns)
+    capsys.readouterr()
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The site built with -W (every Sphinx warning an error) into a temporary directory."""
+    out = tmp_path_factory.mktemp("html")
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "JAX_PLATFORMS": "cpu"}
+    r = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", DOCS, str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return str(out)
+
+
+@pytest.mark.slow  # 8 s on a quiet machine, 30 s at load 34 (its browser check shares the build)
+def test_site_builds_without_warnings_and_has_the_generated_table(site):
+    import cconv
+
+    html = open(os.path.join(site, "compressors.html"), encoding="utf-8").read()
+    for name in cconv.compressors.names():  # one row per registered compressor, from the registry
+        assert f"<p>{name}" in html, name
+    assert os.path.exists(os.path.join(site, "api.html")) and "Exchange" in open(os.path.join(site, "api.html")).read()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    shutil.which("chromium") is None, reason="Debian's chromium is not installed (scripts/setup.sh installs it)"
+)
+def test_pages_render_in_chromium_with_images_and_links(site):
+    pytest.importorskip("playwright", reason="the docs extra is not installed")
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import check_docs_site
+
+    assert check_docs_site.main([site, "--pages", "index.html", "dropin.html"]) == 0
+
+
+README = os.path.join(ROOT, "README.md")
+
+
+def test_readme_is_short_runs_as_printed_and_links_to_pages_that_exist(capsys):
+    text = open(README, encoding="utf-8").read()
+    assert len(text.splitlines()) <= 200
+    (block,) = FENCE.findall(text)  # the drop-in example
+    exec(compile(block, "README.md", "exec"), {"__name__": "readme"})
+    assert "56.0 B sent per worker per step" in capsys.readouterr().out  # top-k of 32 entries: k = 1, 8 B, 7 peers
+    links = re.findall(r"\]\(((?:docs|theory|paper_figures)/[^)#]+)\)", text)
+    assert len(links) >= 13 and all(os.path.exists(os.path.join(ROOT, p)) for p in links), links
+    assert "<!-- BEGIN quickstart-main -->" in text and "<!-- END quickstart-main -->" in text
+
+
+def test_every_compressor_factory_has_help_with_its_formula_knobs_and_defaults():
+    """help(cconv.compressors.<name>) gives the module's text (formula, paper, bytes) and the knobs,
+    defaults and aggregation read from the registry entry (before: the private factory's docstring)."""
+    import pydoc
+
+    import cconv
+
+    for name in cconv.compressors.names():
+        factory = getattr(cconv.compressors, name)
+        entry = cconv.compressors.entry(name)
+        text = pydoc.render_doc(factory, renderer=pydoc.plaintext)
+        first = sys.modules[entry.factory.__module__].__doc__.strip().splitlines()[0]
+        assert first in text and "Hyper-parameters" in text, name
+        for p in entry.schema.params:
+            assert f"{p.name}={p.default!r}: {p.describe()}" in text, (name, p.name)
+        assert "Aggregation:" in text, name
+    assert "A tie" in cconv.compressors.signsgd.__doc__ and "resolves to +1" in cconv.compressors.signsgd.__doc__
+
+
+TEST_REF = re.compile(r"tests/(test_\w+\.py)::(test_\w+)")
+
+
+def test_every_test_a_page_names_exists():
+    """The promises in the docs ("What cconv guarantees", config rules, signals, ...) name their
+    tests as ``tests/<file>::<test>``; each named test must exist, so a renamed or removed test
+    cannot leave a promise pointing at nothing."""
+    named = set()
+    for page in glob.glob(os.path.join(DOCS, "*.md")) + [README]:
+        named |= {(page, f, t) for f, t in TEST_REF.findall(open(page, encoding="utf-8").read())}
+    assert len(named) >= 20
+    missing = []
+    for page, f, t in sorted(named):
+        path = os.path.join(ROOT, "tests", f)
+        if not os.path.exists(path) or not re.search(rf"^def {t}\(", open(path, encoding="utf-8").read(), re.M):
+            missing.append(f"{os.path.basename(page)}: tests/{f}::{t}")
+    assert not missing, missing

@@ -1,0 +1,135 @@
+"""The drop-in recipes in examples/ (plain optax, Flax Linen, Flax NNX) train on 2 simulated devices,
+move exactly the bytes their compressor's payloads have, keep cconv's state per worker, and keep
+BatchNorm statistics equal on every worker (or warn when they are left to drift)."""
+
+import math
+import os
+import socket
+import subprocess
+import sys
+import warnings
+
+import jax
+import numpy as np
+import pytest
+
+import cconv
+from cconv.engine.ddp import ModelStateDivergenceWarning
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # examples/ is not installed: import it from the checkout
+from examples import flax_linen, flax_nnx, optax_plain  # noqa: E402
+
+W, STEPS = 2, 48
+quiet = lambda *a: None
+
+
+def expected_sent(params, compressor, workers=W):
+    """Ring all-gather of every tensor's payload: (P - 1) payloads sent per worker."""
+    return (workers - 1) * sum(compressor.wire_bytes(np.shape(p)) for p in jax.tree.leaves(params))
+
+
+def rows_differ(x) -> bool:
+    x = np.asarray(jax.device_get(x))
+    return x.shape[0] == W and not np.array_equal(x[0], x[1])
+
+
+def per_worker(residuals) -> bool:
+    """Every residual that is not identically zero (tensors sent whole have none) differs between
+    the two workers: each worker kept its own, none was overwritten by worker 0's."""
+    live = [r for r in residuals if np.abs(np.asarray(jax.device_get(r))).sum() > 0]
+    return bool(live) and all(rows_differ(r) for r in live)
+
+
+def residual_rows(tree):
+    return [x for p, x in jax.tree_util.tree_leaves_with_path(tree) if "residual" in jax.tree_util.keystr(p)]
+
+
+def test_optax_recipe_trains_moves_the_payload_bytes_and_keeps_residuals_per_worker():
+    c = cconv.compressors.topk(ratio=0.01)
+    out = optax_plain.main(steps=STEPS, workers=W, compressor=c, log=quiet)
+    assert np.isfinite(out["losses"]).all() and out["losses"][-1] < 0.7 * out["losses"][0]
+    assert out["bytes_sent"] == expected_sent(out["params"], c)
+    res = residual_rows(out["opt_state"][0].exchange)
+    assert per_worker(res)  # one residual per worker, not worker 0's copied
+
+
+@pytest.mark.slow  # the fast subset keeps the optax recipe and the drift warning
+def test_linen_recipe_trains_with_batchnorm_dropout_and_per_worker_residuals():
+    c = cconv.compressors.topk(ratio=0.05)
+    out = flax_linen.main(steps=STEPS, workers=W, compressor=c, log=quiet)
+    assert np.isfinite(out["losses"]).all() and out["losses"][-1] < out["losses"][0]
+    assert out["bytes_sent"] == expected_sent(out["params"], c)
+    assert per_worker(residual_rows(out["opt_state"][0].exchange))
+    mean = np.asarray(out["batch_stats"]["BatchNorm_0"]["mean"])
+    assert mean.shape == (64,) and np.abs(mean).sum() > 0  # the running mean moved
+
+
+def test_linen_recipe_warns_once_when_batch_statistics_drift_apart():
+    cconv.engine.ddp._WARNED.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        flax_linen.main(steps=2, workers=W, stats="check", log=quiet)
+        jax.effects_barrier()
+    ModelStateDivergenceWarning_seen = [w for w in caught if issubclass(w.category, ModelStateDivergenceWarning)]
+    assert len(ModelStateDivergenceWarning_seen) == 1 and "BatchNorm" in str(
+        ModelStateDivergenceWarning_seen[0].message
+    )
+
+
+@pytest.mark.slow  # the fast subset keeps the optax recipe and the drift warning
+def test_linen_recipe_with_synchronized_batchnorm_does_not_drift():
+    cconv.engine.ddp._WARNED.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        flax_linen.main(steps=2, workers=W, sync_bn=True, stats="check", log=quiet)
+        jax.effects_barrier()
+    drift = [w for w in caught if issubclass(w.category, ModelStateDivergenceWarning)]
+    assert not drift, [str(w.message) for w in drift]
+
+
+@pytest.mark.slow  # the fast subset keeps the optax recipe and the drift warning
+def test_nnx_recipe_trains_with_an_optimizer_created_outside_the_map():
+    c = cconv.compressors.topk(ratio=0.05)
+    out = flax_nnx.main(steps=STEPS, workers=W, compressor=c, log=quiet)
+    assert np.isfinite(out["losses"]).all() and out["losses"][-1] < out["losses"][0]
+    params = jax.tree.leaves(out["state"][0])  # the model: Params and BatchStats
+    n_params = sum(math.prod(np.shape(p)) for p in params)
+    assert n_params > 0
+    from flax import nnx
+
+    model_params = nnx.state(out["model"], nnx.Param)
+    assert out["bytes_sent"] == expected_sent(model_params, c)
+    opt = out["state"][1]["opt_state"][0]
+    res = [v.get_value() for v in jax.tree.leaves(opt["exchange"], is_leaf=lambda x: hasattr(x, "get_value"))]
+    assert per_worker(res)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_optax_recipe_two_process_launch_of_its_docs_page():
+    """The console commands of docs/dropin.md: two processes (jax.distributed, gloo), one simulated
+    device each; both finish and report the same losses (one program over both processes)."""
+    root = ROOT
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=1", PYTHONPATH=root, JAX_PLATFORMS="cpu")
+    env.update(CCONV_COORDINATOR=f"127.0.0.1:{port}", CCONV_NUM_PROCESSES="2")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "examples/optax_plain.py"],
+            cwd=root,
+            env={**env, "CCONV_PROCESS_ID": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=540)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    losses = [[line for line in out.splitlines() if line.startswith("step ")] for out in outs]
+    assert len(losses[0]) == 13 and losses[0] == losses[1]  # steps 15, 31, ..., 191 and 199
+    assert "over 2 workers" in outs[0]
