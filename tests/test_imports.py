@@ -43,6 +43,10 @@ KNOWN_CYCLES: list[frozenset[str]] = [
     # by importing sweep inside it; sweep imports config at module level and runner (optimizer and
     # dataset checks, the runs) inside functions; runner imports config at module level.
     frozenset({"cconv.experiments.config", "cconv.experiments.runner", "cconv.experiments.sweep"}),
+    # cconv.cli registers the doctor and advise sub-commands by importing cconv.doctor and
+    # cconv.advisor.cli inside build_parser; doctor imports cli.configure_devices at module level and
+    # advisor.cli imports cli._quiet_libraries inside a function (a shared leaf module would break it).
+    frozenset({"cconv.cli", "cconv.doctor", "cconv.advisor.cli"}),
 ]
 
 # Modules whose import is their run: ``python -m cconv`` (the CLI it calls is imported via cconv.cli).
