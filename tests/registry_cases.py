@@ -7,12 +7,20 @@ here names a compressor.  The checks are plain functions so that a test can run 
 test-local ``Entry`` that is never registered (``tests/test_compressors.py``), and on broken
 compressors to show that each check can fail.
 
-Subsets (decided at collection time from what the entry and the built compressor declare):
+Subsets (decided at collection time from what the entry and the built compressor declare; a
+compressor is tested for the claims it makes, ``claims``):
 
     UNBIASED      ``c.unbiased``
-    SUMMABLE      ``c.aggregation == "allreduce"``
-    WITH_THEORY   the entry has a ``Theory`` oracle (see ``theory_of``)
+    SUMMABLE      ``c.summable`` (its aggregation's algebra is SUM: payloads add up)
+    WITH_WIRE_FORMULA  its ``Theory`` gives ``wire_bytes``
+    WITH_BOUND    its ``Theory`` gives a worst-case ``bound``
+    WITH_ERROR    its ``Theory`` gives the exact error term ``error_sq`` (``WITH_THEORY``: the same)
     CONTRACTIVE   its theory bound at ``PROBE_SHAPE`` is "contractive" with delta > 0
+
+Cases come from the entries (``cases``), lazily built: a case that does not build (a required
+hyper-parameter the entry's ``cases`` omit) is still collected in ``CASES`` and its tests fail
+with the build's one-line error; it is in no subset.  Test ids start with the compressor's
+name, so ``pytest -k NAME`` selects all of its registry-parametrized tests.
 
 Whether a compressor is random is detected, not declared: two keys give different payloads
 (``Subject.is_random``).
@@ -35,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import cconv.comm.aggregation  # noqa: F401  (registers the built-in aggregation methods)
 import cconv.compressors as cc
 import cconv.memory as mem
 from cconv.compressors import Compressor, Entry, Theory, payload_bytes
@@ -252,7 +261,10 @@ class Subject:
         return None if w is None else f64(w).reshape(shape)
 
     def bound(self, shape):
-        return None if self.theory is None else self.theory.bound(self.c, tuple(shape))
+        """The theory's worst-case Bound, or None where the entry claims none."""
+        if self.theory is None or self.theory.bound is None:
+            return None
+        return self.theory.bound(self.c, tuple(shape))
 
 
 @functools.cache
@@ -293,21 +305,37 @@ def _layout(payload) -> tuple:
 # --------------------------------------------------------------------------- cases
 
 
-def cases(pred: Callable[[Subject], bool] | None = None) -> list:
-    """pytest params (name, hp) of every registered case, optionally those whose subject
-    satisfies ``pred`` (evaluated at collection: only static, declared properties).  An entry's
-    first selected case runs in the fast subset; its further cases are marked ``slow`` and
-    ``extended`` (outside the README/CI command: the options they exercise have their own test
-    modules, e.g. tests/test_golomb.py, tests/test_qsgd_elias.py)."""
+def _builds(name: str, hp: dict) -> Subject | None:
+    """The case's subject, or None when the case does not build (a one-line ValueError)."""
+    try:
+        return subject(name, hp)
+    except ValueError:
+        return None
+
+
+def cases(pred: Callable[[Subject], bool] | None = None, names: list[str] | None = None) -> list:
+    """pytest params (name, hp) of every registered case (or those of ``names``), optionally
+    those whose subject satisfies ``pred`` (evaluated at collection: only static, declared
+    properties; a case that does not build is in ``CASES`` only, where its tests fail with the
+    build error).  An entry's first selected case runs in the fast subset; its further cases are
+    marked ``slow`` and ``extended`` (outside the README/CI command: the options they exercise
+    have their own test modules, e.g. tests/test_golomb.py, tests/test_qsgd_elias.py)."""
     out = []
-    for e in cc.entries():
+    for e in cc.entries() if names is None else [cc.entry(n) for n in names]:
         first = True
         for hp in e.cases:
-            if pred is None or pred(subject(e.name, hp)):
+            s = _builds(e.name, hp)
+            if pred is None or (s is not None and pred(s)):
                 marks = () if first else (pytest.mark.slow, pytest.mark.extended)
                 out.append(pytest.param(e.name, dict(hp), id=case_id(e.name, hp), marks=marks))
                 first = False
     return out
+
+
+def first_case(name: str) -> dict:
+    """The hyper-parameters of ``name``'s first declared case (what tables keyed by compressor
+    use instead of hand-written defaults, so a required hyper-parameter is always given)."""
+    return dict(cc.entry(name).cases[0])
 
 
 def _contractive(s: Subject) -> bool:
@@ -315,10 +343,31 @@ def _contractive(s: Subject) -> bool:
     return b is not None and b.kind == "contractive" and (b.delta or 0) > 0
 
 
+def _claims_part(part: str) -> Callable[[Subject], bool]:
+    return lambda s: s.theory is not None and getattr(s.theory, part) is not None
+
+
+def claims(s: Subject) -> dict[str, Callable[[Subject], None]]:
+    """The claims ``s`` makes by its declarations, each with the check that tests it (the
+    generic checks, ``GENERIC_CHECKS``, apply to every compressor)."""
+    out = {}
+    if s.c.unbiased:
+        out["unbiased"] = check_unbiased
+    if _claims_part("error_sq")(s):
+        out["exact error term (Theory.error_sq)"] = check_theory_error
+    if _contractive(s):
+        out["contraction (Theory.bound)"] = check_contraction
+    if s.c.summable:
+        out["summable payloads (algebra SUM)"] = check_summable
+    return out
+
+
 CASES = cases()
 UNBIASED = cases(lambda s: s.c.unbiased)
 SUMMABLE = cases(lambda s: s.c.summable)
-WITH_THEORY = cases(lambda s: s.theory is not None)
+WITH_WIRE_FORMULA = cases(_claims_part("wire_bytes"))
+WITH_BOUND = cases(_claims_part("bound"))
+WITH_ERROR = WITH_THEORY = cases(_claims_part("error_sq"))
 CONTRACTIVE = cases(_contractive)
 
 
@@ -328,8 +377,8 @@ CONTRACTIVE = cases(_contractive)
 def check_static(s: Subject) -> None:
     """Static properties: name, aggregation, density, hparams, the memory wrapper's view."""
     c = s.c
-    assert c.aggregation in cc.registry.AGGREGATIONS
-    assert c.summable == (c.aggregation == "allreduce")
+    assert c.aggregation in cc.AGGREGATIONS
+    assert c.summable == (cc.AGGREGATIONS[c.aggregation].algebra == cc.SUM)
     if s.entry is not None:
         assert c.name == s.entry.name
         assert c.aggregation == s.entry.aggregation_of(c.hparams)
@@ -372,7 +421,7 @@ def check_wire_bytes(s: Subject) -> None:
 
     def expect(shape, dtype, nbytes):
         assert c.wire_bytes(shape, dtype) == nbytes, (shape, str(dtype), c.wire_bytes(shape, dtype), nbytes)
-        if s.theory is not None:
+        if s.theory is not None and s.theory.wire_bytes is not None:
             got = s.theory.wire_bytes(c, tuple(shape), jnp.dtype(dtype).itemsize)
             assert got == nbytes, ("theory", shape, str(dtype), got, nbytes)
 
@@ -518,7 +567,7 @@ def check_unbiased(s: Subject) -> None:
         ys = s.samples(x)
         ok, worst = mean_ok(ys, x)
         assert ok, f"{label}: worst |mean - x| / se = {worst:.2f} > z = {z_for(x.size):.2f}"
-        if s.theory is None:
+        if s.theory is None or s.theory.error_sq is None:
             continue
         err = _err(ys, x)
         expected = s.theory.error_sq(s.c, x, None)
@@ -567,7 +616,7 @@ def check_theory_error(s: Subject) -> None:
     """theory.error_sq(c, x) against the real compressor: exactly-ish for a deterministic one,
     by Monte Carlo for a random one; and the worst-case bound holds for the exact value."""
     t = s.theory
-    assert t is not None
+    assert t is not None and t.error_sq is not None
     b = s.bound(PROBE_SHAPE)
     probes = s.probes()
     if not s.is_random:
@@ -585,6 +634,8 @@ def check_theory_error(s: Subject) -> None:
             ok, z = scalar_mean_ok(_err(s.samples(x), x), expected)
             assert ok, (label, z)
     for label, x in probes.items():
+        if b is None:  # no bound claimed: the exact values are all there is to check
+            break
         ratio = t.error_sq(s.c, x, None) / sq(x)
         if b.kind == "unbiased" and b.omega is not None:
             assert ratio <= b.omega + 1e-9, (label, ratio, b)
@@ -596,9 +647,11 @@ def check_theory_error(s: Subject) -> None:
 
 
 def check_summable(s: Subject, workers: int = 4) -> None:
-    """Summable payloads (aggregation "allreduce"): summing the floating leaves of payloads
-    compressed with the same key (integer leaves, e.g. the shared key, are identical on every
-    worker and not summed) and decompressing once equals the sum of the decompressions."""
+    """Summable payloads (algebra SUM, e.g. aggregation "allreduce"): the payloads of x_1..x_P
+    compressed with the same key sum (floating leaves; integer leaves, e.g. the shared key, are
+    identical on every worker and not summed) to the payload of sum_w x_w, so summing and
+    decoding once (what every architecture does) is decoding the compressed sum.  The decode
+    itself need not be linear (a count sketch's median is not)."""
     c = s.c
     assert c.summable
     xs = jax.random.normal(jax.random.PRNGKey(11), (workers, 4, 5))
@@ -606,17 +659,20 @@ def check_summable(s: Subject, workers: int = 4) -> None:
     @jax.jit
     def run(xs):
         payloads = jax.vmap(lambda x: c.compress(x, c.init(x), KEY1)[0])(xs)
+        of_sum = c.compress(xs.sum(0), c.init(xs[0]), KEY1)[0]
         ints = [leaf for leaf in jax.tree.leaves(payloads) if not jnp.issubdtype(leaf.dtype, jnp.floating)]
-        summed = jax.tree.map(lambda a: jnp.sum(a, 0) if jnp.issubdtype(a.dtype, jnp.floating) else a[0], payloads)
-        each = jax.vmap(lambda p: c.decompress(p, xs[0]))(payloads)
-        return c.decompress(summed, xs[0]), each, ints
+        return payloads, of_sum, ints
 
-    total, each, ints = run(xs)
+    payloads, of_sum, ints = run(xs)
     for leaf in ints:  # identical on every worker
         assert np.all(np.asarray(leaf) == np.asarray(leaf)[:1])
-    each = f64(each)
-    tol = 8 * 2.0**-11 * np.abs(each).sum(0) + 1e-5 * (1 + np.abs(each.sum(0)))
-    assert np.all(np.abs(f64(total) - each.sum(0)) <= tol), np.abs(f64(total) - each.sum(0)).max()
+    for each, want in zip(jax.tree.leaves(payloads), jax.tree.leaves(of_sum)):
+        if not jnp.issubdtype(want.dtype, jnp.floating):
+            assert np.array_equal(np.asarray(each)[0], np.asarray(want))
+            continue
+        each, want = f64(each), f64(want)
+        tol = 8 * 2.0**-11 * np.abs(each).sum(0) + 1e-5 * (1 + np.abs(want))
+        assert np.all(np.abs(each.sum(0) - want) <= tol), np.abs(each.sum(0) - want).max()
 
 
 GENERIC_CHECKS = (

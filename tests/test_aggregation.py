@@ -86,16 +86,23 @@ def _run_exchange(cfg, base, memory, trees, key):
 
 
 def _reference(plan, trees, key):
-    """What the method promises, computed from the compressor on each worker's tensors."""
+    """What the method promises, computed from the compressor on each worker's tensors: summable
+    payloads (the compressor's algebra, also when gathered) compressed with one key, summed in
+    worker order and decoded once; others decoded each and summed."""
     c, outs = plan.comp, []
+    summable = c.summable and plan.mode in ("allreduce", "allgather")
     for j in range(len(SHAPES)):
         xs = [t[j] for t in trees]
-        if plan.mode == "allreduce":
+        if summable:
             ks = [jax.random.fold_in(key, j)] * W
         else:
             ks = [jax.random.fold_in(jax.random.fold_in(key, w), j) for w in range(W)]
-        dec = [c.roundtrip(x, c.init(x), k)[0] for x, k in zip(xs, ks)]
-        total = sum(np.asarray(d, np.float64) for d in dec)
+        if summable:
+            payloads = [c.compress(x, c.init(x), k)[0] for x, k in zip(xs, ks)]
+            stacked = jax.tree.map(lambda *p: jnp.stack(p), *payloads)
+            total = np.asarray(c.decompress(c.sum_payloads(stacked), xs[0]), np.float64)
+        else:
+            total = sum(np.asarray(c.roundtrip(x, c.init(x), k)[0], np.float64) for x, k in zip(xs, ks))
         outs.append(np.where(total >= 0, 1.0, -1.0) if plan.mode == "vote" else total / W)
     return outs
 
@@ -268,3 +275,63 @@ def test_a_compressor_registered_at_test_time_trains_with_error_feedback():
     EngineConfig(workers=W, compressor="test_grid", memory="ef")
     with pytest.raises(ValueError, match=r"top-k selection compressor \(.*topk.*\), got 'test_grid'"):
         EngineConfig(workers=W, compressor="test_grid", collective="gtopk")
+
+
+# ----------------------------------------------------------------------------- the declared algebra
+
+
+def _signed_square(step: float = 1.0) -> Compressor:
+    """Summable payloads with a nonlinear decode: the payload is x (dense), its decode
+    p |p| / step.  Sum-then-decode and decode-then-sum differ, so the architecture must follow
+    the declaration ("allreduce": sum, then decode once)."""
+
+    def compress(x, state, key):
+        return DensePayload(x), state
+
+    def decompress(payload, like):
+        shape, dtype = like_info(like)
+        v = payload.values.reshape(shape).astype(jnp.float32)
+        return (v * jnp.abs(v) / step).astype(dtype)
+
+    return Compressor(
+        lambda x: EmptyState(),
+        compress,
+        decompress,
+        lambda shape, dtype="float32": size_of(shape) * itemsize(dtype),
+        lambda shape: 1.0,
+        name="signed_square",
+        unbiased=False,
+        aggregation="allreduce",
+        hparams={"step": step},
+    )
+
+
+@pytest.mark.parametrize(
+    "arch, collective",
+    [
+        ("all-to-all", "auto"),
+        ("parameter-server", "auto"),
+        ("all-to-all", "allgather"),
+        ("parameter-server", "allgather"),
+    ],
+)
+def test_every_architecture_follows_the_declared_algebra(arch, collective):
+    """A summable compressor with a nonlinear decode: all-reduce, the server's sum and gathered
+    payloads all compute decode(sum_w payload_w) / P (before, the server and the all-gather
+    computed sum_w decode(payload_w) / P: another algorithm, picked by the architecture)."""
+    c = _signed_square()
+    cfg = EngineConfig(workers=W, compressor=c, architecture=arch, collective=collective)
+    rng = np.random.default_rng(2)
+    trees = [[jnp.asarray(rng.normal(size=s), jnp.float32) for s in SHAPES] for _ in range(W)]
+    out, plan = _run_exchange(cfg, c, "none", trees, jax.random.PRNGKey(0))
+    for j, got in enumerate(out):
+        total = sum(np.asarray(t[j], np.float64) for t in trees)
+        np.testing.assert_allclose(np.asarray(got[0]), total * np.abs(total) / W, rtol=1e-5, atol=1e-6)
+        wrong = sum(np.asarray(t[j], np.float64) * np.abs(np.asarray(t[j], np.float64)) for t in trees) / W
+        assert np.abs(np.asarray(got[0]) - wrong).max() > 0.1  # the two algorithms do differ here
+
+
+def test_gossip_refuses_an_aggregation_that_is_its_own_reducer():
+    with pytest.raises(ValueError, match="its own reducer") as e:
+        EngineConfig(workers=W, sync="gossip", compressor=C.powersgd(rank=2))
+    assert len(str(e.value).splitlines()) == 1

@@ -234,22 +234,16 @@ DEMOS = [pytest.param(entry, hp, id=f"{entry.label}-{hp}") for entry in (R.SHRIN
 
 
 def _all_checks(s):
-    """Every generic check that applies to ``s`` by its declared properties; returns their names."""
+    """Every generic check, and every check of a claim ``s`` makes (``R.claims``); returns their names."""
     ran = []
     for check in R.GENERIC_CHECKS:
         check(s)
         ran.append(check.__name__)
     R.check_bad_hparams(s.entry, {})
     ran.append("check_bad_hparams")
-    for applies, check in [
-        (s.c.unbiased, R.check_unbiased),
-        (s.theory is not None, R.check_theory_error),
-        (R._contractive(s), R.check_contraction),
-        (s.c.summable, R.check_summable),
-    ]:
-        if applies:
-            check(s)
-            ran.append(check.__name__)
+    for check in R.claims(s).values():
+        check(s)
+        ran.append(check.__name__)
     return ran
 
 

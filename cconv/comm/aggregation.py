@@ -10,18 +10,20 @@ downlink states}``.  ``plan`` is the engine's static plan (``cconv.engine.exchan
 method reads ``plan.comp`` (the memory-wrapped compressor), ``plan.memory`` (its ``Memory``
 hooks), ``plan.transport`` and ``plan.downlink``.
 
-Methods (``AGGREGATORS``):
-  allreduce  summable payloads (casts, shared-key random-k): every worker compresses with the
-             SAME key, the payloads are summed, decompressed and divided by P.
-  allgather  every payload reaches every worker (or the server), each is decompressed, the
-             sum divided by P.
+Methods (``AGGREGATORS``, the open registry ``cconv.compressors.AGGREGATIONS``: a compressor
+module or user code adds one with ``cconv.compressors.register_aggregation``).  Each states its
+algebra (``Aggregation.algebra``) and every transport follows it, so a configuration computes the
+same algorithm on every architecture or is refused (``check``):
+  allreduce  SUM: summable payloads (casts, shared-key random-k): every worker compresses with
+             the SAME key, the payloads are summed -- by an all-reduce, on the server, or after
+             an all-gather (``collective="allgather"``) -- decompressed ONCE and divided by P.
+  allgather  DECODE: every payload reaches every worker (or the server), each is decompressed
+             (``Compressor.sum_gathered``), the sum divided by P.
   vote       signSGD with majority vote (Bernstein et al. 2018): sign(sum_w decompress(payload_w)),
              sign(0) = +1.
   gtopk      recursive-doubling global top-k (Shi et al. 2019, ``cconv.comm.gtopk``); entries a
              worker sent that did not survive go back to its memory (``Memory.give_back``).
-  powersgd   P = M Q, mean P, orthogonalise, Q = M^T P, mean Q; the update is P Q^T, and the
-             memory's ``absorb`` / ``settle`` run around the *aggregate* (error feedback keeps
-             M - P Q^T; Vogels et al. 2019).
+  powersgd   its own reducer, defined with the compressor (``cconv.compressors.powersgd``).
   intsum     payloads are integer levels times a statistic the workers agreed on (e.g.
              a shared max scaler): per tensor, the levels are summed as int8/int16 by a
              ring all-reduce when that moves fewer bytes than gathering the payloads, else the
@@ -43,6 +45,7 @@ Transports (``TRANSPORTS``, one per architecture) move what a method hands them:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 import jax
@@ -51,28 +54,31 @@ import jax.numpy as jnp
 from cconv import memory as M
 from cconv.comm.accounting import tree_bytes
 from cconv.comm.gtopk import gtopk
-from cconv.compressors.base import Compressor, DensePayload, payload_bytes
-from cconv.compressors.powersgd import PowerSGDState, compute_p, compute_q, is_compressed, matrix_shape, orthogonalize
+from cconv.compressors.base import (
+    AGGREGATIONS,
+    DECODE,
+    OWN,
+    SUM,
+    Aggregation,
+    Compressor,
+    aggregation,
+    payload_bytes,
+    register_aggregation,
+)
 from cconv.compressors.registry import entries, entry_of
-from cconv.compressors.sparse import SparsePayload, scatter
+from cconv.compressors.sparse import scatter
 
 _SERVER_KEY = 1 << 20  # folded into the step key for the server's downlink compression
 
 
-def _gathered_sum(c: Compressor, stacked, like):
-    """Sum of the decompressed payloads of all workers (stacked on a leading axis).  Sparse
-    payloads are one scatter-add of all P*k (value, index) pairs into one dense array, O(d + Pk)
-    (decompressing each into its own dense array and summing costs P dense passes); packed
-    payloads whose compressor has a ``gathered_sum`` hook are summed in the packed domain
-    (e.g. sign bits by a bit-sliced popcount)."""
-    if c.gathered_sum is not None and not isinstance(stacked, DensePayload):
-        return c.gathered_sum(stacked, like)
-    if isinstance(stacked, SparsePayload):
-        return scatter(stacked.values.reshape(-1), stacked.indices.reshape(-1), like)
-    if c.sparse is not None and not isinstance(stacked, DensePayload):  # coded positions
-        pairs = jax.vmap(lambda p: c.sparse(p, like))(stacked)
-        return scatter(pairs.values.reshape(-1), pairs.indices.reshape(-1), like)
-    return jax.vmap(lambda p: c.decompress(p, like))(stacked).sum(0)
+def _gathered_sum(comm, c: Compressor, stacked, like):
+    """sum_w decompress(payload_w) of gathered payloads (stacked on a leading axis), by the
+    compressor's algebra: summable payloads are summed (in ``comm.sum_dtype``) and decoded ONCE,
+    as an all-reduce would; others are decoded and summed (``Compressor.sum_gathered``: the
+    compressor's packed-domain ``gathered_sum`` hook where it has one)."""
+    if c.summable:
+        return c.decompress(c.sum_payloads(stacked, comm.sum_dtype), like)
+    return c.sum_gathered(stacked, like)
 
 
 def _note(comm, kind: str, c: Compressor, payloads) -> None:
@@ -116,7 +122,7 @@ class AllToAll:
         """sum_w decompress(payload_w): allgather, then decompress each."""
         gathered = comm.allgather(payloads)
         _note(comm, "allgather", c, payloads)
-        return [_gathered_sum(c, s, u) for s, u in zip(gathered, units)]
+        return [_gathered_sum(comm, c, s, u) for s, u in zip(gathered, units)]
 
     def reply(self, comm, agg, units, server, downlink, key):
         return agg, server
@@ -142,19 +148,19 @@ class ParameterServer:
 
     def reduce(self, comm, c, payloads, units):
         """Summable payloads: their floating leaves are pushed; integer leaves (a shared key)
-        are identical on every worker and stay home."""
+        are identical on every worker and stay home; the server sums them and decodes once."""
         leaves, treedef = jax.tree.flatten(payloads)
         is_f = [jnp.issubdtype(x.dtype, jnp.floating) for x in leaves]
         got = iter(comm.push([x for x, f in zip(leaves, is_f) if f]))
         stacked = jax.tree.unflatten(
             treedef, [next(got) if f else jnp.broadcast_to(x, (comm.size, *x.shape)) for x, f in zip(leaves, is_f)]
         )
-        return [_gathered_sum(c, s, u) for s, u in zip(stacked, units)]
+        return [_gathered_sum(comm, c, s, u) for s, u in zip(stacked, units)]
 
     def gather(self, comm, c, payloads, units):
         pushed = comm.push(payloads)
         _note(comm, "ps_push", c, payloads)
-        return [_gathered_sum(c, s, u) for s, u in zip(pushed, units)]
+        return [_gathered_sum(comm, c, s, u) for s, u in zip(pushed, units)]
 
     def reply(self, comm, agg, units, server, downlink, key):
         """The server's reply: ``agg`` dense, or compressed by ``downlink`` (whose states are
@@ -196,16 +202,7 @@ def supporting(option: str) -> list[str]:
     return [e.name for e in entries() if option in e.collectives]
 
 
-class Aggregator(Protocol):
-    """One aggregation method (see the module docstring)."""
-
-    name: str
-    fusable: bool  # tensors may be fused into one flat buffer
-    selectable: bool  # a configuration may ask for it by name (``collective``)
-
-    def compresses(self, c: Compressor, shape: tuple) -> bool: ...
-    def check(self, cfg, c: Compressor) -> None: ...
-    def aggregate(self, comm, plan, units, state: dict, key) -> tuple[list, dict]: ...
+Aggregator = Aggregation  # the protocol (``cconv.compressors.base.Aggregation``)
 
 
 def _agreed(comm, plan, units, states):
@@ -235,25 +232,16 @@ class Compressed(NamedTuple):
     agreed: object  # float32[units] agreed statistics, or None
 
 
-class _Method:
-    name = ""
-    fusable = True
-    selectable = False  # a configuration may ask for it (``collective=<name>``)
-    shared_key = False  # every worker compresses with the same key (summable payloads)
-    gatherable = False  # ``collective="allgather"`` may gather its payloads instead
-
-    def compresses(self, c: Compressor, shape: tuple) -> bool:
-        """Whether a tensor of ``shape`` is compressed (else it travels in the dense buffer)."""
-        return True
-
-    def check(self, cfg, c: Compressor) -> None:
-        """One-line ValueError when ``cfg`` (EngineConfig fields) asks this method of ``c``
-        something it cannot do."""
+class _Method(Aggregation):
+    """The methods' shared steps: ``_compress`` (keys, agreement, memory), ``average`` (the
+    summed decodings -> what every worker applies; a subclass overrides it, e.g. to keep the
+    heavy hitters of a sketch, or ``_finish`` for a vote) and ``_reply`` (the transport's reply:
+    a parameter server's downlink)."""
 
     def _compress(self, comm, plan, units, state, key) -> Compressed:
         """Every unit compressed by ``plan.comp``, or, with an ``Agreement``, by ``plan.comp``
         bound to the agreed statistic (wrapped in the plan's memory)."""
-        if self.shared_key:
+        if self.shared_key or plan.comp.summable:  # summable payloads are summed: one key for all
             keys = [jax.random.fold_in(key, j) for j in range(len(units))]
         else:
             keys = [jax.random.fold_in(jax.random.fold_in(key, comm.rank()), j) for j in range(len(units))]
@@ -268,24 +256,37 @@ class _Method:
     def _finish(self, comm, totals):
         return [t / comm.size for t in totals]
 
+    def average(self, comm, plan, totals) -> list:
+        """sum_w of the decoded payloads per unit -> the update every worker applies (the same
+        on every worker): the mean by default."""
+        return self._finish(comm, totals)
+
     def _reply(self, comm, plan, agg, units, states, state, key):
         agg, server = plan.transport.reply(comm, agg, units, state["server"], plan.downlink, key)
         return agg, {"units": tuple(states), "server": server}
 
 
 class AllReduce(_Method):
+    """SUM: the payloads are summed (all-reduce, or pushed and summed on the server) and
+    decoded once."""
+
     name = "allreduce"
+    algebra = SUM
     shared_key = True
     gatherable = True
 
     def aggregate(self, comm, plan, units, state, key):
         payloads, states, coders, _ = self._compress(comm, plan, units, state, key)
         totals = _per_coder(plan.transport.reduce, comm, coders, payloads, units)
-        return self._reply(comm, plan, self._finish(comm, totals), units, states, state, key)
+        return self._reply(comm, plan, self.average(comm, plan, totals), units, states, state, key)
 
 
 class AllGather(_Method):
+    """Gather the payloads (all-gather, or push to the server) and combine them by the
+    compressor's algebra (decoded each and summed; summed then decoded once if summable)."""
+
     name = "allgather"
+    algebra = DECODE
     selectable = True
 
     def check(self, cfg, c):
@@ -295,7 +296,7 @@ class AllGather(_Method):
     def aggregate(self, comm, plan, units, state, key):
         payloads, states, coders, _ = self._compress(comm, plan, units, state, key)
         totals = _per_coder(plan.transport.gather, comm, coders, payloads, units)
-        return self._reply(comm, plan, self._finish(comm, totals), units, states, state, key)
+        return self._reply(comm, plan, self.average(comm, plan, totals), units, states, state, key)
 
 
 class Vote(AllGather):
@@ -323,6 +324,7 @@ class Vote(AllGather):
 
 class GTopK(_Method):
     name = "gtopk"
+    algebra = OWN
     selectable = True
 
     def check(self, cfg, c):
@@ -341,7 +343,7 @@ class GTopK(_Method):
         payloads, states, _, _ = self._compress(comm, plan, units, state, key)
         out = []
         for j, (u, p) in enumerate(zip(units, payloads)):
-            if isinstance(p, DensePayload):  # k >= d: nothing to select
+            if plan.comp.density(u.shape) >= 1.0:  # k >= d: the dense array, nothing to select
                 out.append(comm.allmean(p.values).reshape(u.shape).astype(u.dtype))
                 continue
             v, i, alive = gtopk(comm, p.values, p.indices)
@@ -349,42 +351,6 @@ class GTopK(_Method):
             lost = jnp.where(alive, jnp.zeros((), p.values.dtype), p.values)
             states[j] = plan.memory.give_back(states[j], scatter(lost, p.indices, u))
         return out, {**state, "units": tuple(states)}
-
-
-class PowerSGD(_Method):
-    """Two mean-reductions per matrix (P, then Q); the memory runs around the aggregate."""
-
-    name = "powersgd"
-    fusable = False
-    MEMORIES = (M.NONE, "ef")  # masking (DGC) needs a sparse "sent"; the aggregate is dense
-
-    def compresses(self, c, shape):
-        return is_compressed(shape, c.hparams["rank"])
-
-    def check(self, cfg, c):
-        if cfg.collective == AllGather.name:
-            raise ValueError(f"{c.name}'s factors are all-reduced; collective='allgather' does not apply")
-        if cfg.memory not in self.MEMORIES:
-            raise ValueError(f"{c.name} supports memory='ef' or 'none' (error feedback on the aggregate)")
-        if cfg.granularity == "fused":
-            raise ValueError(f"{c.name} factorises each matrix: use granularity='layerwise'")
-        if cfg.ps_downlink is not None:
-            raise ValueError(f"{c.name}'s factors are already compressed: ps_downlink must be None")
-
-    def aggregate(self, comm, plan, units, state, key):
-        mem, mean = plan.memory, plan.transport.mean
-        absorbed = [mem.absorb(u, s) for u, s in zip(units, state["units"])]
-        mats = [p.astype(jnp.float32).reshape(matrix_shape(u.shape)) for (p, _, _), u in zip(absorbed, units)]
-        qs = [inner.q for _, inner, _ in absorbed]
-        ps = [orthogonalize(p) for p in mean(comm, [compute_p(m, q) for m, q in zip(mats, qs)])]
-        qs = mean(comm, [compute_q(m, p) for m, p in zip(mats, ps)])
-        approx = [p @ q.T for p, q in zip(ps, qs)]
-        out = [a.reshape(u.shape).astype(u.dtype) for a, u in zip(approx, units)]
-        new = [
-            mem.settle(s, m.reshape(u.shape), PowerSGDState(q), a.reshape(u.shape))
-            for (_, _, s), m, q, a, u in zip(absorbed, mats, qs, approx, units)
-        ]
-        return out, {**state, "units": tuple(new)}
 
 
 class IntSum(_Method):
@@ -400,6 +366,7 @@ class IntSum(_Method):
     (pushing d integers costs more than the packed payload)."""
 
     name = "intsum"
+    algebra = DECODE  # level_value(s) * sum_w levels_w = sum_w decompress(payload_w), exactly
     gatherable = True
 
     @staticmethod
@@ -442,15 +409,37 @@ class IntSum(_Method):
             else (next(summed).astype(jnp.float32) * agree.level_value(agreed[j])).reshape(u.shape).astype(u.dtype)
             for j, (u, dt) in enumerate(zip(units, dts))
         ]
-        return self._reply(comm, plan, self._finish(comm, totals), units, states, state, key)
+        return self._reply(comm, plan, self.average(comm, plan, totals), units, states, state, key)
 
 
-AGGREGATORS: dict[str, Aggregator] = {
-    m.name: m for m in (AllReduce(), AllGather(), Vote(), GTopK(), PowerSGD(), IntSum())
-}
+for _m in (AllReduce(), AllGather(), Vote(), GTopK(), IntSum()):
+    register_aggregation(_m)
+AGGREGATORS: dict[str, Aggregation] = AGGREGATIONS  # the open registry (compressors' own methods too)
 
 
-COLLECTIVES = ("auto", *(n for n, m in AGGREGATORS.items() if m.selectable))
+class _Collectives(Sequence):
+    """``"auto"`` and the registered methods a configuration may select (``collective``); read
+    afresh on every use, so a method registered from user code is selectable at once."""
+
+    def _names(self) -> tuple[str, ...]:
+        return ("auto", *(n for n, m in AGGREGATORS.items() if m.selectable))
+
+    def __getitem__(self, i):
+        return self._names()[i]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __repr__(self) -> str:
+        return repr(self._names())
+
+    def __eq__(self, other) -> bool:
+        return tuple(self) == tuple(other) if isinstance(other, Sequence) else NotImplemented
+
+    __hash__ = None  # a live view: not hashable
+
+
+COLLECTIVES = _Collectives()
 
 
 def method_of(c: Compressor, collective: str = "auto", vote: bool = False) -> str:
@@ -461,7 +450,7 @@ def method_of(c: Compressor, collective: str = "auto", vote: bool = False) -> st
     it; ``vote`` turns gathering into a majority vote.
     """
     method = c.aggregation
-    if collective == AllGather.name and AGGREGATORS[method].gatherable:
+    if collective == AllGather.name and aggregation(method).gatherable:
         method = AllGather.name
     if collective not in ("auto", AllGather.name) and collective in _collectives(c):
         method = collective
@@ -472,7 +461,13 @@ def method_of(c: Compressor, collective: str = "auto", vote: bool = False) -> st
 
 def check(cfg, c: Compressor) -> None:
     """Reject what the aggregation methods ``cfg`` asks of ``c`` cannot do (one-line ValueError)."""
-    AGGREGATORS[c.aggregation].check(cfg, c)
+    own = aggregation(c.aggregation)
+    if getattr(cfg, "sync", None) == "gossip" and (own.algebra == OWN or not own.gossip):
+        raise ValueError(
+            f"sync='gossip' mixes payloads (summed or decoded); {c.name}'s aggregation {own.name!r} is its own "
+            "reducer, which gossip cannot follow"
+        )
+    own.check(cfg, c)
     if cfg.collective != "auto":
         AGGREGATORS[cfg.collective].check(cfg, c)
     if cfg.vote:
@@ -491,9 +486,12 @@ __all__ = [
     "AllGather",
     "Vote",
     "GTopK",
-    "PowerSGD",
     "IntSum",
     "method_of",
     "check",
     "supporting",
+    "register_aggregation",
+    "SUM",
+    "DECODE",
+    "OWN",
 ]

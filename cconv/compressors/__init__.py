@@ -13,7 +13,18 @@ baseline, for layers that must refer to it without naming a compressor.
 
 from __future__ import annotations
 
-from cconv.compressors.base import Compressor, DensePayload, EmptyState, payload_bytes
+from cconv.compressors.base import (
+    AGGREGATIONS,
+    DECODE,
+    OWN,
+    SUM,
+    Aggregation,
+    Compressor,
+    DensePayload,
+    EmptyState,
+    payload_bytes,
+    register_aggregation,
+)
 from cconv.compressors.casts import bf16, fp16
 from cconv.compressors.dgc import dgc
 from cconv.compressors.identity import IDENTITY, identity
@@ -59,6 +70,12 @@ __all__ = [
     "entry_of",
     "entries",
     "register",
+    "register_aggregation",
+    "Aggregation",
+    "AGGREGATIONS",
+    "SUM",
+    "DECODE",
+    "OWN",
     "Entry",
     "Schema",
     "Param",

@@ -17,16 +17,20 @@ suite checks that the two agree for every registered compressor and many shapes.
 Static properties
 -----------------
 ``unbiased``     E[decompress(compress(x))] = x for every x (checked by Monte Carlo in tests).
-``aggregation``  how payloads from several workers are combined by the engine:
-                 ``"allreduce"``  payloads are summable in compressed form: the engine ``psum``s
-                                  their floating leaves; integer leaves (e.g. a shared PRNG key)
-                                  are identical on every worker and are *not* communicated.
-                 ``"allgather"``  payloads must be gathered and decompressed by every worker.
-                 ``"powersgd"``   two all-reduces (P, then Q) with orthogonalisation between;
-                                  see ``cconv.compressors.powersgd``.
-                 ``"intsum"``     payloads are integer levels times a statistic the workers
-                                  agreed on (``agree``): summed as small integers when that
-                                  moves fewer bytes than gathering them, else gathered.
+``aggregation``  the name of the aggregation method that combines the payloads of several
+                 workers (``AGGREGATIONS``, an open registry).  Each method states its algebra
+                 (``Aggregation.algebra``), which every architecture follows:
+                 ``SUM``     ``"allreduce"``: payloads are summable in compressed form -- the
+                             payloads of x_1..x_P compressed with the SAME key sum (floating leaves;
+                             integer leaves, e.g. a shared PRNG key, are identical on every worker
+                             and are *not* communicated) to a payload whose decompression is the
+                             aggregate: sum, then decode once (all-reduce, the server's sum,
+                             gathered payloads, gossip's weighted sum).
+                 ``DECODE``  ``"allgather"`` (and ``"vote"``, ``"intsum"``): every payload is
+                             decoded, the decodings are summed (``sum_gathered``).
+                 ``OWN``     the method is its own reducer (``"powersgd"``: two all-reduces with an
+                             orthogonalisation between, defined in ``cconv.compressors.powersgd``;
+                             ``"gtopk"``); an architecture it does not define refuses it.
 ``density``      fraction of coordinates a payload carries (k/d for sparsifiers, 1 otherwise).
 ``hparams``      the validated hyper-parameters, for logging.
 ``encoded``      None for fixed-size formats; for variable-length ones (entropy-coded bit streams
@@ -80,7 +84,80 @@ Shape = Sequence[int]
 State = Any
 Payload = Any
 
-AGGREGATIONS = ("allreduce", "allgather", "powersgd", "intsum")
+SUM, DECODE, OWN = "sum", "decode", "own"  # how an aggregation method combines payloads
+ALGEBRAS = (SUM, DECODE, OWN)
+
+
+class Aggregation:
+    """An aggregation method: how every worker's tensors ("units") become their average through
+    compressed payloads.  Subclass it (or ``cconv.comm.aggregation.AllReduce`` / ``AllGather``,
+    which implement ``aggregate`` on every transport) and ``register_aggregation`` an instance.
+
+    name        the registry key; a compressor entry names it in ``aggregation``
+    algebra     ``SUM`` (sum payloads, decode once), ``DECODE`` (decode each, sum) or ``OWN``
+    fusable     tensors may be fused into one flat buffer (``granularity="fused"``)
+    selectable  a configuration may ask for it by name (``collective=NAME``)
+    shared_key  every worker compresses with the same key (summable payloads need it)
+    gatherable  ``collective="allgather"`` may gather its payloads instead
+    gossip      gossip can follow it: mixing the payloads by ``algebra`` is all it does (False
+                for a method that does more, e.g. a top-k of the aggregate; OWN ones never)
+
+    ``aggregate(comm, plan, units, state, key) -> (averages, state)`` is the method itself (see
+    ``cconv.comm.aggregation``); ``check(cfg, c)`` raises a one-line ValueError for what it cannot
+    do; ``compresses(c, shape)`` says whether a tensor of ``shape`` is compressed at all.
+    """
+
+    name = ""
+    algebra = DECODE
+    fusable = True
+    selectable = False
+    shared_key = False
+    gatherable = False
+    gossip = True
+
+    def compresses(self, c: Compressor, shape: tuple) -> bool:
+        """Whether a tensor of ``shape`` is compressed (else it travels in the dense buffer)."""
+        return True
+
+    def check(self, cfg, c: Compressor) -> None:
+        """One-line ValueError when ``cfg`` (EngineConfig fields) asks this method of ``c``
+        something it cannot do."""
+
+    def aggregate(self, comm, plan, units, state: dict, key) -> tuple[list, dict]:
+        raise NotImplementedError(f"aggregation {self.name!r} does not implement aggregate()")
+
+
+AGGREGATIONS: dict[str, Aggregation] = {}  # name -> method (``register_aggregation``)
+
+
+def register_aggregation(method: Aggregation) -> Aggregation:
+    """Register ``method`` under ``method.name`` (an open registry, like the compressors'); the
+    same class again under its name is a no-op (module reloads), another one a ValueError."""
+    if not isinstance(method, Aggregation):
+        raise ValueError(f"register_aggregation: expects a cconv.compressors.Aggregation, got {type(method).__name__}")
+    if not isinstance(method.name, str) or not method.name:
+        raise ValueError(f"register_aggregation: {type(method).__name__}.name must be a non-empty string")
+    if method.algebra not in ALGEBRAS:
+        raise ValueError(f"register_aggregation: {method.name!r} algebra must be one of {', '.join(ALGEBRAS)}")
+    old = AGGREGATIONS.get(method.name)
+    if old is not None and type(old).__qualname__ != type(method).__qualname__:
+        raise ValueError(f"register_aggregation: an aggregation named {method.name!r} is already registered")
+    AGGREGATIONS[method.name] = method
+    return method
+
+
+def aggregation(name: str) -> Aggregation:
+    """The registered aggregation method ``name``; a one-line ValueError listing the valid ones."""
+    if name not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {name!r}; registered: {', '.join(sorted(AGGREGATIONS))}")
+    return AGGREGATIONS[name]
+
+
+def algebra_of(name: str) -> str:
+    """How the payloads of aggregation ``name`` combine (``SUM`` for ``"allreduce"``, ``DECODE``
+    for ``"allgather"`` even before ``cconv.comm`` registers them)."""
+    known = {"allreduce": SUM, "allgather": DECODE}
+    return AGGREGATIONS[name].algebra if name in AGGREGATIONS else known.get(name, OWN)
 
 
 class Compressor(NamedTuple):
@@ -125,8 +202,34 @@ class Compressor(NamedTuple):
 
     @property
     def summable(self) -> bool:
-        """True when payloads of different workers can be summed in compressed form."""
-        return self.aggregation == "allreduce"
+        """True when payloads of different workers can be summed in compressed form (its
+        aggregation's algebra is ``SUM``)."""
+        return algebra_of(self.aggregation) == SUM
+
+    def sum_gathered(self, stacked: Payload, like) -> Array:
+        """sum_w decompress(payload_w) of gathered payloads (every leaf with a leading worker
+        axis): the compressor's ``gathered_sum`` hook, else each decoded and summed."""
+        if self.gathered_sum is not None:
+            return self.gathered_sum(stacked, like)
+        return jax.vmap(lambda p: self.decompress(p, like))(stacked).sum(0)
+
+    def sum_payloads(self, stacked: Payload, sum_dtype=None) -> Payload:
+        """The payload of the summed inputs, for summable payloads (``SUM``): floating leaves
+        summed over the leading worker axis (worker order, in ``sum_dtype(leaf dtype)`` when
+        given), integer leaves (a shared key) taken from worker 0."""
+
+        def leaf(x):
+            if not jnp.issubdtype(x.dtype, jnp.floating):
+                return x[0]
+            wide = x.astype(sum_dtype(x.dtype)) if sum_dtype is not None else x
+            if x.shape[0] > 16:  # unrolled adds beyond 16 workers compile slowly
+                return wide.sum(0).astype(x.dtype)
+            acc = wide[0]
+            for w in range(1, x.shape[0]):
+                acc = acc + wide[w]
+            return acc.astype(x.dtype)
+
+        return jax.tree.map(leaf, stacked)
 
     def roundtrip(self, x: Array, state: State, key: Array) -> tuple[Array, State]:
         """decompress(compress(x)) with the new state; a convenience for tests and memory."""

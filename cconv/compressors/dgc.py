@@ -54,7 +54,19 @@ from jax import lax
 from cconv.compressors import golomb
 from cconv.compressors.base import Array, Compressor, SparsifierSize, check_float, size_of, stateless_init
 from cconv.compressors.oracle import flat64, sparsifier_k, top_idx
-from cconv.compressors.registry import RATIO, Bound, Entry, K, Knob, Param, Schema, Theory, ratio_or_k, register
+from cconv.compressors.registry import (
+    RATIO,
+    Bound,
+    Entry,
+    K,
+    Knob,
+    Param,
+    Schema,
+    Theory,
+    ratio_or_k,
+    register,
+    with_ratio,
+)
 from cconv.compressors.select import topk_indices
 from cconv.compressors.sparse import (
     SPARSE_BENCH,
@@ -62,6 +74,7 @@ from cconv.compressors.sparse import (
     DensePayload,
     SparsePayload,
     decompress_sparse,
+    gathered_sum,
     sparse_bytes,
     subtract_sparse,
 )
@@ -205,6 +218,7 @@ def _dgc(
         encoded=encoded if coded else None,
         sparse=sparse if coded else None,
         subtract=None if coded else subtract_sparse,
+        gathered_sum=gathered_sum(decompress, sparse if coded else None),
     )
 
 
@@ -289,6 +303,7 @@ dgc = register(
         collectives=("gtopk",),
         theory=THEORY,
         knob=Knob("ratio", SPARSE_RATIOS),
+        at_density=with_ratio,  # warm-up: ratio = the density
         label="DGC",
         cases=({"ratio": 0.2}, {"ratio": 0.05, "positions": "golomb"}),
         bench=SPARSE_BENCH,

@@ -29,7 +29,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cconv.compressors.base import Array, Compressor, DensePayload, check_float, itemsize, like_info, size_of
+from cconv.compressors.base import (
+    OWN,
+    Aggregation,
+    Array,
+    Compressor,
+    DensePayload,
+    check_float,
+    itemsize,
+    like_info,
+    size_of,
+)
 from cconv.compressors.registry import Bench, Bound, Entry, Knob, Param, Schema, Theory, register
 
 
@@ -159,12 +169,57 @@ def _error_sq(c, x, state):
 
 THEORY = Theory(wire_bytes=_wire_bytes, bound=_bound, error_sq=_error_sq)
 
+
+# ---------------------------------------------------------------- aggregation (its own reducer)
+
+
+class PowerSGDAggregation(Aggregation):
+    """PowerSGD's own reducer (Vogels et al. 2019, Algorithm 1): per matrix M_w on worker w,
+    P = mean_w M_w Q, orthogonalise, Q = mean_w M_w^T P; the update is P Q^T.  Two
+    mean-reductions per matrix over the plan's transport (``transport.mean``: all-reduce, or a
+    parameter server's push + mean + pull); the memory's ``absorb`` / ``settle`` run around the
+    *aggregate* (error feedback keeps M - P Q^T).  Gossip has no mean to take: refused."""
+
+    name = "powersgd"
+    algebra = OWN
+    fusable = False
+    MEMORIES = ("none", "ef")  # masking (DGC) needs a sparse "sent"; the aggregate is dense
+
+    def compresses(self, c, shape):
+        return is_compressed(shape, c.hparams["rank"])
+
+    def check(self, cfg, c):
+        if cfg.collective == "allgather":
+            raise ValueError(f"{c.name}'s factors are all-reduced; collective='allgather' does not apply")
+        if cfg.memory not in self.MEMORIES:
+            raise ValueError(f"{c.name} supports memory='ef' or 'none' (error feedback on the aggregate)")
+        if cfg.granularity == "fused":
+            raise ValueError(f"{c.name} factorises each matrix: use granularity='layerwise'")
+        if cfg.ps_downlink is not None:
+            raise ValueError(f"{c.name}'s factors are already compressed: ps_downlink must be None")
+
+    def aggregate(self, comm, plan, units, state, key):
+        mem, mean = plan.memory, plan.transport.mean
+        absorbed = [mem.absorb(u, s) for u, s in zip(units, state["units"])]
+        mats = [p.astype(jnp.float32).reshape(matrix_shape(u.shape)) for (p, _, _), u in zip(absorbed, units)]
+        qs = [inner.q for _, inner, _ in absorbed]
+        ps = [orthogonalize(p) for p in mean(comm, [compute_p(m, q) for m, q in zip(mats, qs)])]
+        qs = mean(comm, [compute_q(m, p) for m, p in zip(mats, ps)])
+        approx = [p @ q.T for p, q in zip(ps, qs)]
+        out = [a.reshape(u.shape).astype(u.dtype) for a, u in zip(approx, units)]
+        new = [
+            mem.settle(s, m.reshape(u.shape), PowerSGDState(q), a.reshape(u.shape))
+            for (_, _, s), m, q, a, u in zip(absorbed, mats, qs, approx, units)
+        ]
+        return out, {**state, "units": tuple(new)}
+
+
 powersgd = register(
     "powersgd",
     Entry(
         _powersgd,
         Schema((Param("rank", "int", 1, low=1), Param("seed", "int", 0))),
-        aggregation="powersgd",
+        aggregation=PowerSGDAggregation(),
         theory=THEORY,
         knob=Knob("rank", (1, 4)),
         label="PowerSGD",

@@ -44,12 +44,26 @@ from cconv.compressors.base import (
     stateless_init,
 )
 from cconv.compressors.oracle import alternating, flat64, sparsifier_k
-from cconv.compressors.registry import RATIO, Bench, Bound, Entry, K, Knob, Param, Schema, Theory, ratio_or_k, register
+from cconv.compressors.registry import (
+    RATIO,
+    Bench,
+    Bound,
+    Entry,
+    K,
+    Knob,
+    Param,
+    Schema,
+    Theory,
+    ratio_or_k,
+    register,
+    with_ratio,
+)
 from cconv.compressors.select import sample_k_distinct
 from cconv.compressors.sparse import (
     SPARSE_RATIOS,
     SparsePayload,
     decompress_sparse,
+    gathered_sum,
     scatter,
     sparse_bytes,
     subtract_sparse,
@@ -128,6 +142,7 @@ def _randomk(
         encoded=golomb.payload_encoded_bytes if coded else None,
         sparse=golomb.to_sparse if coded else None,
         subtract=None if coded or shared else subtract_sparse,
+        gathered_sum=None if shared else gathered_sum(decompress, golomb.to_sparse if coded else None),
     )
 
 
@@ -206,6 +221,7 @@ randomk = register(
         aggregation=lambda hp: "allreduce" if hp["shared"] else "allgather",
         theory=THEORY,
         knob=Knob("ratio", SPARSE_RATIOS),
+        at_density=with_ratio,  # warm-up: ratio = the density
         label="random-k",
         cases=(
             {"ratio": 0.2},

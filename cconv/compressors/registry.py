@@ -6,7 +6,8 @@ A compressor module builds its ``Compressor`` with a plain factory and registers
         factory=_natural,                       # hyper-parameters -> Compressor (no validation)
         schema=Schema(),                        # types, ranges, defaults: the one place bad values
                                                 # are rejected
-        aggregation="allgather",                # or a function of the validated hyper-parameters
+        aggregation="allgather",                # how payloads combine (below), or a function of
+                                                # the validated hyper-parameters
         theory=Theory(wire_bytes=..., bound=..., error_sq=...),   # or None: "no constant"
         label="natural compression",            # plots and the planner
         cases=({},),                            # small hyper-parameter sets the generic tests run
@@ -18,6 +19,15 @@ import line in ``cconv/compressors/__init__.py`` and (optionally) its own test f
 test (contract, wire bytes, error-feedback invariant, bad input from the schema, determinism,
 unbiasedness when the compressor says so, contraction when its theory says so) parametrizes over
 ``names()`` and each entry's ``cases``.
+
+The aggregation declares the algebra of the payloads, and every architecture (all-reduce,
+all-gather, parameter server, gossip) follows it:
+
+    "allreduce"   summable payloads: sum (same key on every worker), then decode once
+    "allgather"   decode each payload, then sum
+    an ``Aggregation`` instance (or the name of a registered one): the compressor's own reducer,
+                  defined in its own module (e.g. PowerSGD's two all-reduces); registered by name
+                  when the compressor is (``register_aggregation``)
 
 Outside a compressor's own module nothing names a compressor: the engine reads ``aggregation``
 and ``collectives``, ``cconv.theory.constants`` calls the ``theory`` oracle, the planner and the
@@ -39,7 +49,18 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from cconv.compressors.base import AGGREGATIONS, Compressor
+from cconv.compressors.base import (
+    AGGREGATIONS,
+    ALGEBRAS,
+    DECODE,
+    OWN,
+    SUM,
+    Aggregation,
+    Compressor,
+    aggregation,
+    algebra_of,
+    register_aggregation,
+)
 
 # --------------------------------------------------------------------------- schema
 
@@ -213,11 +234,16 @@ class Theory(NamedTuple):
                                                Bernoulli(p) positions, QSGD's Theorem 3.2 bound);
                                                None: the format is fixed, = wire_bytes
     ``c`` is the built Compressor (``c.hparams`` holds the validated hyper-parameters).
+
+    Every part is optional: a compressor claims what it gives (e.g. only ``wire_bytes``, or a
+    ``bound`` without an exact ``error_sq``); the generic tests check each claim made, and
+    ``cconv.theory.constants`` answers "no constant" (a ValueError naming the compressors that
+    have one) for a missing part.
     """
 
-    wire_bytes: Callable[[Compressor, tuple, int], int]
-    bound: Callable[[Compressor, tuple], Bound]
-    error_sq: Callable[[Compressor, np.ndarray, Any], float]
+    wire_bytes: Callable[[Compressor, tuple, int], int] | None = None
+    bound: Callable[[Compressor, tuple], Bound] | None = None
+    error_sq: Callable[[Compressor, np.ndarray, Any], float] | None = None
     variance: Callable[[Compressor, np.ndarray], np.ndarray] | None = None
     worst_case: Callable[[Compressor, tuple], np.ndarray] | None = None
     encoded_bytes: Callable[[Compressor, tuple, int], float] | None = None
@@ -246,8 +272,10 @@ class Entry(NamedTuple):
 
     factory      validated hyper-parameters -> Compressor
     schema       hyper-parameter types, ranges, defaults (``Schema``)
-    aggregation  "allreduce" | "allgather" | "powersgd" | "intsum", or a function of the
-                 hyper-parameters
+    aggregation  how its payloads combine: "allreduce" (summable: sum, then decode once),
+                 "allgather" (decode each, then sum), the name of a registered aggregation
+                 ("intsum") or an ``Aggregation`` instance (its own reducer); or a function of
+                 the validated hyper-parameters returning one of these
     collectives  other exchange algorithms it supports besides its aggregation ("gtopk" for
                  top-k selections)
     theory       ``Theory`` oracle, or None ("no constant": theory functions raise ValueError)
@@ -257,12 +285,15 @@ class Entry(NamedTuple):
     bench        ``Bench`` settings (None: benchmarked with its defaults, no target)
     votes        its payloads are signs, so sign(sum_w decompress(payload_w)) is signSGD's majority
                  vote: ``vote=True`` is allowed (refused for every other compressor)
+    at_density   ``(hparams, r) -> hparams`` giving density r (the fraction of coordinates
+                 kept), for warm-up's dense-to-sparse schedule and tables at one density; None:
+                 its density is not a hyper-parameter (warm-up refuses it)
     name         filled in by ``register``
     """
 
     factory: Callable[..., Compressor]
     schema: Schema = Schema()
-    aggregation: str | Callable[[dict], str] = "allgather"
+    aggregation: str | Aggregation | Callable[[dict], str | Aggregation] = "allgather"
     collectives: tuple[str, ...] = ()
     theory: Theory | None = None
     knob: Knob | None = None
@@ -270,10 +301,24 @@ class Entry(NamedTuple):
     cases: tuple[dict, ...] = ({},)
     bench: Bench | None = None
     votes: bool = False
+    at_density: Callable[[dict, float], dict] | None = None
     name: str = ""
 
     def aggregation_of(self, hparams: Mapping[str, Any]) -> str:
-        return self.aggregation(dict(hparams)) if callable(self.aggregation) else self.aggregation
+        """The name of the aggregation method for ``hparams`` (an ``Aggregation`` instance is
+        registered under its name)."""
+        agg = self.aggregation
+        if callable(agg) and not isinstance(agg, Aggregation):
+            agg = agg(dict(hparams))
+        if isinstance(agg, Aggregation):
+            return register_aggregation(agg).name
+        if not isinstance(agg, str) or not agg:
+            raise ValueError(f"compressor {self.name!r}: aggregation must be a name or an Aggregation, got {agg!r}")
+        return agg
+
+    def algebra_of(self, hparams: Mapping[str, Any]) -> str:
+        """How its payloads combine for ``hparams``: ``SUM``, ``DECODE`` or ``OWN``."""
+        return algebra_of(self.aggregation_of(hparams))
 
     def build(self, **hparams) -> Compressor:
         """Validate ``hparams`` against the schema and build the compressor."""
@@ -301,9 +346,12 @@ def register(name: str, entry: Entry) -> Callable[..., Compressor]:
         raise ValueError(f"register: entry must be a cconv.compressors.Entry, got {type(entry).__name__}")
     if not entry.cases:
         raise ValueError(f"register: {name!r} needs at least one test case (cases=({{}},) for defaults)")
-    if not callable(entry.aggregation) and entry.aggregation not in AGGREGATIONS:
+    if isinstance(entry.aggregation, Aggregation):
+        register_aggregation(entry.aggregation)
+    elif not callable(entry.aggregation) and not (isinstance(entry.aggregation, str) and entry.aggregation):
         raise ValueError(
-            f"register: {name!r} aggregation must be one of {', '.join(AGGREGATIONS)}, got {entry.aggregation!r}"
+            f"register: {name!r} aggregation must be a name ('allreduce', 'allgather', ...), an Aggregation "
+            f"or a function of the hyper-parameters, got {entry.aggregation!r}"
         )
     old = _REGISTRY.get(name)
     if (
@@ -442,6 +490,11 @@ def ratio_or_k(owner: str, values: dict, default_ratio: float | None = None) -> 
     return values
 
 
+def with_ratio(hparams: Mapping[str, Any], density: float) -> dict:
+    """``Entry.at_density`` of the sparsifiers: ``ratio`` = the density, ``k`` unset."""
+    return {**{n: v for n, v in hparams.items() if n != "k"}, "ratio": float(density)}
+
+
 RATIO = Param(
     "ratio",
     "float",
@@ -471,7 +524,16 @@ __all__ = [
     "hparams_of",
     "get",
     "ratio_or_k",
+    "with_ratio",
     "RATIO",
     "K",
     "AGGREGATIONS",
+    "ALGEBRAS",
+    "SUM",
+    "DECODE",
+    "OWN",
+    "Aggregation",
+    "aggregation",
+    "algebra_of",
+    "register_aggregation",
 ]

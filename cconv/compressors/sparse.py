@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 
 from cconv.compressors.base import Array, DensePayload, itemsize, like_info, size_of
@@ -62,6 +63,24 @@ def subtract_sparse(y: Array, payload) -> Array:
         return y - payload.values.reshape(y.shape).astype(y.dtype)
     flat = y.reshape(-1).at[payload.indices.reshape(-1)].add(-payload.values.reshape(-1).astype(y.dtype))
     return flat.reshape(y.shape)
+
+
+def gathered_sum(decompress, pairs=None):
+    """The ``gathered_sum`` hook of a sparsifier (``Compressor.sum_gathered``): gathered sparse
+    payloads are one scatter-add of all P*k (value, index) pairs into one dense array, O(d + Pk)
+    (decompressing each into its own dense array and summing costs P dense passes); coded
+    positions go through ``pairs(payload, like) -> SparsePayload`` first; dense payloads (k >= d)
+    are decoded and summed."""
+
+    def total(stacked, like):
+        if isinstance(stacked, SparsePayload):
+            return scatter(stacked.values.reshape(-1), stacked.indices.reshape(-1), like)
+        if pairs is not None and not isinstance(stacked, DensePayload):
+            got = jax.vmap(lambda p: pairs(p, like))(stacked)
+            return scatter(got.values.reshape(-1), got.indices.reshape(-1), like)
+        return jax.vmap(lambda p: decompress(p, like))(stacked).sum(0)
+
+    return total
 
 
 def sparse_bytes(k: int, d: int, dtype) -> int:

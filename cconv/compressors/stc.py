@@ -41,7 +41,7 @@ from cconv.compressors.base import (
 from cconv.compressors.bitstream import BitStream
 from cconv.compressors.oracle import flat64, sparsifier_k, top_idx
 from cconv.compressors.packing import pack_signs, packed_size, unpack_signs
-from cconv.compressors.registry import Bound, Entry, Knob, Schema, Theory, register
+from cconv.compressors.registry import Bound, Entry, Knob, Schema, Theory, register, with_ratio
 from cconv.compressors.select import topk_indices
 from cconv.compressors.sparse import SIZE, SPARSE_BENCH, SPARSE_RATIOS
 
@@ -175,6 +175,7 @@ stc = register(
         Schema((*SIZE.params, golomb.POSITIONS), rule=SIZE.rule),
         theory=THEORY,
         knob=Knob("ratio", SPARSE_RATIOS),
+        at_density=with_ratio,  # warm-up: ratio = the density
         label="STC",
         cases=({"ratio": 0.2}, {"k": 3}, {"ratio": 0.2, "positions": "golomb"}),
         bench=SPARSE_BENCH,

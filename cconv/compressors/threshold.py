@@ -29,9 +29,22 @@ import numpy as np
 
 from cconv.compressors.base import Compressor, SparsifierSize, check_float, itemsize, size_of, stateless_init
 from cconv.compressors.oracle import flat64, sparsifier_k, top_idx
-from cconv.compressors.registry import RATIO, Bench, Bound, Entry, K, Knob, Param, Schema, Theory, ratio_or_k, register
+from cconv.compressors.registry import (
+    RATIO,
+    Bench,
+    Bound,
+    Entry,
+    K,
+    Knob,
+    Param,
+    Schema,
+    Theory,
+    ratio_or_k,
+    register,
+    with_ratio,
+)
 from cconv.compressors.select import topk_indices
-from cconv.compressors.sparse import SparsePayload, decompress_sparse, subtract_sparse
+from cconv.compressors.sparse import SparsePayload, decompress_sparse, gathered_sum, subtract_sparse
 
 
 def _threshold(tau: float, ratio: float | None = None, k: int | None = None) -> Compressor:
@@ -63,6 +76,7 @@ def _threshold(tau: float, ratio: float | None = None, k: int | None = None) -> 
         name="threshold",
         unbiased=False,
         subtract=subtract_sparse,
+        gathered_sum=gathered_sum(decompress_sparse),
     )
 
 
@@ -93,6 +107,7 @@ threshold = register(
         ),
         theory=THEORY,
         knob=Knob("tau"),
+        at_density=with_ratio,  # warm-up: ratio = the density
         label="threshold",
         cases=({"tau": 0.5, "ratio": 0.2}, {"tau": 0.1}),
         # N(0, 1) input: P(|x| >= tau) = ratio

@@ -23,7 +23,7 @@ import numpy as np
 from cconv.compressors import golomb
 from cconv.compressors.base import Compressor, SparsifierSize, check_float, size_of, stateless_init
 from cconv.compressors.oracle import alternating, flat64, sparsifier_k, top_idx
-from cconv.compressors.registry import Bound, Entry, Knob, Schema, Theory, register
+from cconv.compressors.registry import Bound, Entry, Knob, Schema, Theory, register, with_ratio
 from cconv.compressors.select import topk_indices as _select_topk_indices
 from cconv.compressors.sparse import (
     SIZE,
@@ -32,6 +32,7 @@ from cconv.compressors.sparse import (
     DensePayload,
     decompress_sparse,
     gather_sparse,
+    gathered_sum,
     sparse_bytes,
     subtract_sparse,
 )
@@ -76,6 +77,7 @@ def _topk(ratio: float | None = None, k: int | None = None, positions: str = "in
         encoded=golomb.payload_encoded_bytes if coded else None,
         sparse=golomb.to_sparse if coded else None,
         subtract=None if coded else subtract_sparse,
+        gathered_sum=gathered_sum(decompress if coded else decompress_sparse, golomb.to_sparse if coded else None),
     )
 
 
@@ -120,6 +122,7 @@ topk = register(
         collectives=("gtopk",),
         theory=THEORY,
         knob=Knob("ratio", SPARSE_RATIOS),
+        at_density=with_ratio,  # warm-up: ratio = the density
         label="top-k",
         cases=({"ratio": 0.2}, {"k": 5}, {"ratio": 0.2, "positions": "golomb"}),
         bench=SPARSE_BENCH,

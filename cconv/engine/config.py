@@ -232,11 +232,11 @@ class EngineConfig:
             raise ValueError("ps_downlink needs architecture='parameter-server'")
         self._check_gossip()
         self._check_sync()
-        if self.warmup is not None and "ratio" not in C.entry_of(c).schema.names:
-            ok = [e.name for e in C.entries() if "ratio" in e.schema.names]
+        if self.warmup is not None and C.entry_of(c).at_density is None:
+            ok = [e.name for e in C.entries() if e.at_density is not None]
             raise ValueError(
-                f"warmup changes the density: needs a compressor with a ratio "
-                f"hyper-parameter ({', '.join(ok)}), got {shown(c.name)}"
+                f"warmup changes the density: needs a compressor whose entry sets it (Entry.at_density: "
+                f"{', '.join(ok)}), got {shown(c.name)}"
             )
 
     def _check_gossip(self):
@@ -302,5 +302,4 @@ def compressor_at(cfg: EngineConfig, density: float | None) -> Compressor:
         return C.get(IDENTITY)
     entry = C.entry_of(c)
     hp = {k: v for k, v in c.hparams.items() if k in entry.schema.names}
-    hp.update(ratio=density, k=None)
-    return entry.build(**hp)
+    return entry.build(**entry.at_density(hp, density))

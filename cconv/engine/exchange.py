@@ -5,8 +5,9 @@ are compressed and how they travel; ``exchange(comm, plan, tree, state, key)`` r
 worker and returns the averaged update (identical on every worker) and the new compressor state.
 
 The compressed tensors ("units": one per tensor, or one flat buffer when fused) go through the
-plan's aggregation method (``cconv.comm.aggregation.AGGREGATORS``: allreduce, allgather, vote,
-gtopk, powersgd, intsum) over the plan's transport (``TRANSPORTS``: all-to-all collectives or a
+plan's aggregation method (the open registry ``cconv.comm.aggregation.AGGREGATORS``: allreduce,
+allgather, vote, gtopk, intsum, and what compressor modules or user code register, e.g.
+powersgd) over the plan's transport (``TRANSPORTS``: all-to-all collectives or a
 parameter server); memory effects go through the plan's ``Memory`` hooks.  Tensors left dense
 by the filter (and all of them at density 1) travel together, in their common dtype, by one call
 of the transport's mean (allreduce, or push + pull).
@@ -22,14 +23,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from cconv import memory as M
-from cconv.comm.aggregation import AGGREGATORS, TRANSPORTS, Transport, method_of
-from cconv.compressors.base import Compressor
+from cconv.comm.aggregation import TRANSPORTS, Transport, method_of
+from cconv.compressors.base import Compressor, aggregation
 from cconv.engine.config import IDENTITY
 
 
 class Plan(NamedTuple):
     comp: Compressor | None  # memory-wrapped compressor; None: everything dense
-    mode: str  # aggregation method: a key of AGGREGATORS
+    mode: str  # aggregation method: a registered name (``cconv.compressors.AGGREGATIONS``)
     compressed: tuple  # per leaf: compressed (True) or sent dense
     fused: bool
     vote: bool
@@ -53,7 +54,7 @@ def make_plan(cfg, base: Compressor | None, shapes, *, memory: str) -> Plan:
     if base is None or (base.name == IDENTITY and memory == M.NONE and not ps):
         return Plan(None, "allreduce", (False,) * len(shapes), False, False, ps, None, 1.0, None, transport)
     mode = method_of(base, cfg.collective, cfg.vote)
-    method = AGGREGATORS[mode]
+    method = aggregation(mode)
     compressed = tuple(
         n > 0 and n >= cfg.min_compress_size and (cfg.compress_vectors or len(s) > 1) and method.compresses(base, s)
         for s, n in zip(shapes, sizes)
@@ -138,7 +139,7 @@ def exchange(comm, plan: Plan, tree, state: dict, key):
         it = iter(a.astype(x.dtype) for a, x in zip(avg, dense))
         out = [None if c else next(it) for c in plan.compressed]
     if any(plan.compressed):
-        agg, state = AGGREGATORS[plan.mode].aggregate(comm, plan, _units(plan, leaves), state, key)
+        agg, state = aggregation(plan.mode).aggregate(comm, plan, _units(plan, leaves), state, key)
         for i, a in enumerate(_split_units(plan, agg, leaves)):
             if a is not None:
                 out[i] = a.astype(leaves[i].dtype)

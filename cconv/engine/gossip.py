@@ -35,8 +35,13 @@ sum_j W_ij (x_hat_j - x_hat_i) = s_i - x_hat_i (rows of W sum to 1).  State per 
 gamma = 1, x_hat = x^{t+1/2} after every step and x^{t+1} = s = D-PSGD's update (up to float
 rounding: s accumulates the differences instead of summing the models afresh).
 
-The compression key is folded with the worker's rank (gossiped payloads are decompressed one by
-one, so workers need no shared randomness); ``consensus_distance`` = mean_i ||x_i - x_bar||^2.
+Received payloads combine by the compressor's declared algebra (``Compressor.summable``):
+payloads that decode one by one (``DECODE``) are decoded and mixed, sum_j W_ij Q(x_j), with keys
+folded with the worker's rank (no shared randomness needed); summable payloads (``SUM``, e.g. a
+linear sketch) are compressed with the SAME key on every worker, mixed in compressed form and
+decoded once, Q(sum_j W_ij payload_j) -- as an all-reduce of them would.  Aggregations that are
+their own reducer (PowerSGD) are refused (``cconv.comm.aggregation.check``).
+``consensus_distance`` = mean_i ||x_i - x_bar||^2.
 """
 
 from __future__ import annotations
@@ -154,12 +159,12 @@ def _comp_init(c: Compressor | None, params):
 
 def _send(comm, step: GossipStep, tree, comp_state, key):
     """Compress ``tree`` leaf-wise (or not), send it to every neighbour: (own decoded tree,
-    [neighbours' decoded trees], new compressor state)."""
+    sum_j W_ij of the decoded trees (own included), new compressor state)."""
     c = step.compressor
     if c is None:
-        return tree, T.neighbours(comm, step.mixing, tree), comp_state
+        return tree, T.combine(comm, step.mixing, tree, T.neighbours(comm, step.mixing, tree)), comp_state
     leaves, treedef = jax.tree.flatten(tree)
-    keys = jax.random.split(jax.random.fold_in(key, comm.rank()), max(len(leaves), 1))
+    keys = jax.random.split(key if c.summable else jax.random.fold_in(key, comm.rank()), max(len(leaves), 1))
     payloads, states = [], []
     for x, st, k in zip(leaves, comp_state, keys):
         p, st = c.compress(x, st, k)
@@ -168,24 +173,38 @@ def _send(comm, step: GossipStep, tree, comp_state, key):
     decode = lambda ps: jax.tree.unflatten(  # noqa: E731
         treedef, [c.decompress(p, x).astype(x.dtype) for p, x in zip(ps, leaves)]
     )
+    if c.summable:  # mix the payloads, decode once
+        return decode(payloads), decode(_mix_payloads(comm, step.mixing, payloads)), tuple(states)
+    own = decode(payloads)
     received = T.neighbours(comm, step.mixing, payloads)
-    return decode(payloads), [decode(r) for r in received], tuple(states)
+    return own, T.combine(comm, step.mixing, own, [decode(r) for r in received]), tuple(states)
+
+
+def _mix_payloads(comm, mixing: T.Mixing, own):
+    """sum_j W_ij payload_j of summable payloads: only the floating leaves travel and are mixed
+    (in float32, back in their dtype); integer leaves (a shared key) are identical everywhere and
+    stay home, as in an all-reduce."""
+    leaves, treedef = jax.tree.flatten(own)
+    is_f = [jnp.issubdtype(x.dtype, jnp.floating) for x in leaves]
+    floats = [x for x, f in zip(leaves, is_f) if f]
+    up = lambda xs: [x.astype(jnp.float32) for x in xs]  # noqa: E731
+    mixed = iter(T.combine(comm, mixing, up(floats), [up(r) for r in T.neighbours(comm, mixing, floats)]))
+    return jax.tree.unflatten(treedef, [next(mixed).astype(x.dtype) if f else x for x, f in zip(leaves, is_f)])
 
 
 def gossip(comm, step: GossipStep, params, state, key) -> tuple[Any, Any]:
     """Mix this worker's (locally updated) ``params`` with its neighbours': (new params, new state)."""
     if step.algorithm == "dpsgd":
-        own, received, comp = _send(comm, step, params, state["comp"], key)
-        mixed = T.combine(comm, step.mixing, own, received)
+        own, mixed, comp = _send(comm, step, params, state["comp"], key)
         if step.compressor is None:
             return mixed, {"comp": comp}
         gamma = gammas(step, params)  # naive compressed gossip: x + gamma (sum_j W_ij Q(x_j) - Q(x_i))
         new = jax.tree.map(lambda x, m, o, g: (x + g * (m - o)).astype(x.dtype), params, mixed, own, gamma)
         return new, {"comp": comp}
     diff = jax.tree.map(jnp.subtract, params, state.hat)
-    q, received, comp = _send(comm, step, diff, state.comp, key)
+    q, mixed, comp = _send(comm, step, diff, state.comp, key)
     hat = jax.tree.map(jnp.add, state.hat, q)
-    s = jax.tree.map(jnp.add, state.s, T.combine(comm, step.mixing, q, received))
+    s = jax.tree.map(jnp.add, state.s, mixed)
     gamma = gammas(step, params)
     new = jax.tree.map(lambda x, si, hi, g: (x + g * (si - hi)).astype(x.dtype), params, s, hat, gamma)
     return new, ChocoState(hat, s, comp)

@@ -5,13 +5,14 @@ training needed).
     python -m cconv.engine.report --model resnet8 --input 32,32,3 --workers 2 4 8
     python -m cconv.engine.report --architecture all-to-all parameter-server --ratio 0.001
 
-Rows come from the compressor registry: each entry's first test case (its ``ratio``, if it has
-one, replaced by ``--ratio``), with error feedback where the compressor is biased, plus one row
-per extra collective its entry lists (``collectives``, e.g. gTop-k), for each architecture asked
-for.  A configuration the engine rejects (e.g. gTop-k on the parameter-server architecture)
-is "n/a".  Each cell comes from ``trainer.traffic(step)``: the engine's own trace-time ledger of
-the payload arrays handed to the collectives (the same numbers the HLO test checks against the
-compiled program), gradient exchange and model-state averaging included, metric logging not.
+Rows come from the compressor registry: each entry's first test case (at density ``--ratio``
+where the entry sets its density, ``Entry.at_density``), with error feedback where the
+compressor is biased, plus one row per extra collective its entry lists (``collectives``, e.g.
+gTop-k), for each architecture asked for.  A configuration the engine rejects (e.g. gTop-k on
+the parameter-server architecture) is "n/a".  Each cell comes from ``trainer.traffic(step)``:
+the engine's own trace-time ledger of the payload arrays handed to the collectives (the same
+numbers the HLO test checks against the compiled program), gradient exchange and model-state
+averaging included, metric logging not.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from cconv.engine.config import IDENTITY, EngineConfig
 from cconv.engine.trainer import build
 
 
-def _hparams(case: dict, ratio: float) -> dict:
-    return {**case, "ratio": ratio} if "ratio" in case else dict(case)
+def _hparams(entry, case: dict, ratio: float) -> dict:
+    """The case at density ``ratio`` where its entry sets the density (``Entry.at_density``)."""
+    return entry.at_density(case, ratio) if entry.at_density is not None else dict(case)
 
 
 def default_rows(ratio: float = 0.01, architectures=("all-to-all",)) -> list[tuple[str, dict]]:
@@ -41,7 +43,7 @@ def default_rows(ratio: float = 0.01, architectures=("all-to-all",)) -> list[tup
         prefix = "" if arch == "all-to-all" else f"{arch}: "
         for name in names:
             e = C.entry(name)
-            hp = _hparams(e.cases[0], ratio)
+            hp = _hparams(e, e.cases[0], ratio)
             c = e.build(**hp)
             memory = "ef" if not c.unbiased else M.NONE
             what = " ".join([name, *(f"{k}={v}" for k, v in hp.items())])

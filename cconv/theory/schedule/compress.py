@@ -14,7 +14,8 @@ hyper-parameters), ``layer_costs`` gives the ``schedules.LayerCost`` the simulat
   bandwidth B), x_c and x_d are cconv's measured compress and decompress times as multiples of
   the read floor on the benchmark machine (``experiments/benchmarks/results/*.json``, part (a),
   rows named by the registry entry, interpolated log-linearly in d between the measured sizes
-  1e5 ... 2.5e7 and held constant outside), ``launch`` a fixed per-operation cost (GPU kernel
+  1e5 ... 2.5e7 and held constant outside; a compressor without a row gets an estimate and a
+  warning, ``estimated_rows``), ``launch`` a fixed per-operation cost (GPU kernel
   launch; an assumption, ``Device.launch_s``), and m the number of payloads a worker decodes:
   P for an all-gather (the engine decompresses every gathered payload, batched in one ``vmap``,
   and sums), ceil(log2 P)
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -105,9 +107,38 @@ DECODES = {
 }
 
 
+class EstimatedCostWarning(UserWarning):
+    """A compressor without a benchmark row: its compress/decompress cost is an estimate."""
+
+
+def estimated_rows(name: str, bench: Mapping[str, Sequence[Ratio]]) -> tuple[Ratio, ...]:
+    """Ratios for a compressor the benchmark did not measure (a new or user-registered one):
+    its entry's ``Bench.target_x`` (the multiple of the read floor it is meant to reach) for
+    compress and decompress where it declares one, else the median of the measured
+    compressors' ratios at each d; warns (``EstimatedCostWarning``) with the estimate used."""
+    e = C.entry(name)
+    target = e.bench.target_x if e.bench is not None else None
+    if target is not None:
+        rows, how = (Ratio(1.0, float(target), float(target)),), f"its Bench.target_x = {target:g}"
+    else:
+        ds = sorted({r.d for rs in bench.values() for r in rs})
+        if not ds:
+            raise ValueError(f"no benchmark rows at all to estimate {name!r}'s compress/decompress cost from")
+        med = lambda xs: float(sorted(xs)[len(xs) // 2])  # noqa: E731
+        at = [[ratio_at(rs, d) for rs in bench.values() if rs] for d in ds]
+        rows = tuple(Ratio(d, med([c for c, _ in a]), med([x for _, x in a])) for d, a in zip(ds, at))
+        how = "the median of the measured compressors"
+    warnings.warn(
+        f"no benchmark row for {name!r}: its compress/decompress cost is estimated from {how} (x the read floor)",
+        EstimatedCostWarning,
+        stacklevel=3,
+    )
+    return rows
+
+
 def _wire(c: Compressor, d: int) -> float:
     e = C.entry(c.name)
-    if e.theory is not None:
+    if e.theory is not None and e.theory.wire_bytes is not None:
         return float(e.theory.wire_bytes(c, (d,), FLOAT_BYTES))
     return float(c.wire_bytes((d,), "float32"))
 
@@ -136,9 +167,7 @@ def layer_cost(
         kind = "allreduce"
     else:
         nbytes = _wire(c, d)
-    rows = bench.get(method.compressor)
-    if not rows:
-        raise ValueError(f"no measured compress/decompress ratio for {method.compressor!r} in the benchmark results")
+    rows = bench.get(method.compressor) or estimated_rows(method.compressor, bench)
     cx, dx = ratio_at(rows, d)
     floor = device.read_floor(d)
     decodes = DECODES.get(kind, lambda p: 1)(workers)
