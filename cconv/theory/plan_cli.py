@@ -19,11 +19,16 @@ from typing import Any
 
 from cconv import compressors as C
 from cconv.theory import cluster as CL
+from cconv.theory import gossip as G
 from cconv.theory import network as N
 from cconv.theory import planner as PL
 from cconv.theory import predict as PR
+from cconv.theory import profiles as P
 from cconv.theory import workloads as W
+from cconv.theory.schedule import ratios as R
 from cconv.theory.schedule import schedules as S
+from cconv.theory.schedule import survey as SV
+from cconv.theory.schedule.sets import METHOD_SETS
 
 # --------------------------------------------------------------------------- printing
 
@@ -227,8 +232,8 @@ def fixed_of(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``plan`` options on ``p``."""
+def _add_workload_network(p: argparse.ArgumentParser) -> None:
+    """The workload (preset or D, C, M), the workers and the network."""
     p.add_argument("--workload", help=f"a workload preset: {', '.join(W.names())}")
     p.add_argument("--params", type=_int_in(MAX_PARAMS), help="D, number of parameters")
     p.add_argument("--flops-per-sample", type=_pos_float, help="C, FLOPs per sample (forward + backward)")
@@ -248,6 +253,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="F, sustained FLOP/s of one worker (default: the survey's RTX 2080Ti on "
         "BERT-Large, 597e9/0.163 s = 3.66e12; with --cluster use --device)",
     )
+
+
+def _add_cluster(p: argparse.ArgumentParser) -> None:
+    """The cluster mode: nodes x GPUs, links, device, schedule and all-reduce algorithm."""
     CL.add_arguments(p, network=False)
     p.add_argument(
         "--schedule",
@@ -261,6 +270,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="with --cluster: the all-reduce algorithm (default hierarchical, as NCCL/Horovod on multi-GPU nodes)",
     )
+
+
+def _add_methods(p: argparse.ArgumentParser) -> None:
+    """Which methods are planned and their knob values."""
     p.add_argument(
         "--sweep",
         type=_sweep_item,
@@ -285,6 +298,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"subset of: {', '.join(PL.all_methods())}; or a method set: survey (the survey's seven lossless "
         "schedule x architecture methods, simulated per layer)",
     )
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    """How the exchange is modelled, and the output."""
     p.add_argument("--granularity", choices=("fused", "layerwise"), default=None, help="default fused")
     p.add_argument("--gossip", action="store_true", help="also print gossip steps (ring, torus, exponential, complete)")
     p.add_argument(
@@ -312,6 +329,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "of entropy-coded formats (what a variable-length transport would send)",
     )
     p.add_argument("--json", action="store_true", help="print the rows as JSON (any method list)")
+
+
+def _add_simulated(p: argparse.ArgumentParser) -> None:
+    """Options of the simulated schedules (method sets, --cluster, per-layer values)."""
     p.add_argument(
         "--interference",
         type=_float_in(1e3, zero=True),
@@ -333,6 +354,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="with --per-layer-ratios: the survey method (schedule x architecture) to simulate (default MG-WFBP)",
     )
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``plan`` options on ``p`` (in the order of ``--help``)."""
+    for add in (_add_workload_network, _add_cluster, _add_methods, _add_model, _add_simulated):
+        add(p)
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -399,11 +426,8 @@ def format_method_set(name: str, workload: str, workers: int, net: N.Network | N
 
 
 def run_method_set(args: argparse.Namespace, name: str) -> str:
-    """Rows of a method set (``cconv.theory.schedule.survey.METHOD_SETS``) for every network."""
+    """Rows of a method set (``cconv.theory.schedule.sets.METHOD_SETS``) for every network."""
     import json
-
-    from cconv.theory import profiles as P
-    from cconv.theory.schedule import survey as SV
 
     if args.workload is None or args.workload.lower() not in P.names():
         raise ValueError(f"--methods {name} needs --workload with a layer profile: {', '.join(P.names())}")
@@ -417,7 +441,7 @@ def run_method_set(args: argparse.Namespace, name: str) -> str:
     nets = _networks(args)
     if not nets:
         raise ValueError(f"--network is empty; presets: {', '.join(N.names())}")
-    fn, w = SV.METHOD_SETS[name], args.workload.lower()
+    fn, w = METHOD_SETS[name], args.workload.lower()
     out, records = [], []
     for net in nets:
         rows = fn(
@@ -432,10 +456,6 @@ def run_method_set(args: argparse.Namespace, name: str) -> str:
 def run_per_layer_ratios(args: argparse.Namespace) -> str:
     """``--per-layer-ratios METHOD=VALUE``: the chosen values and the gain over the global value."""
     import json
-
-    from cconv.theory import profiles as P
-    from cconv.theory.schedule import ratios as R
-    from cconv.theory.schedule import survey as SV
 
     name, eq, text = args.per_layer_ratios.partition("=")
     table = PL.all_methods()
@@ -490,12 +510,10 @@ def _refuse_outside_mode(args: argparse.Namespace) -> None:
                 "and --schedule set them)"
             )
     if args.ratio_method is not None:
-        from cconv.theory.schedule.survey import METHODS
-
         if args.per_layer_ratios is None:
             raise ValueError("--ratio-method needs --per-layer-ratios METHOD=VALUE")
-        if args.ratio_method not in METHODS:
-            raise ValueError(f"--ratio-method {args.ratio_method[:40]!r}: valid: {', '.join(METHODS)}")
+        if args.ratio_method not in SV.METHODS:
+            raise ValueError(f"--ratio-method {args.ratio_method[:40]!r}: valid: {', '.join(SV.METHODS)}")
 
 
 def _legacy_defaults(args: argparse.Namespace) -> None:
@@ -532,9 +550,6 @@ def format_cluster(c: CL.Cluster, workload: str, rows: list[PR.Row], notes: list
 def run_cluster(args: argparse.Namespace) -> str:
     """``cconv plan --cluster``: every method on each named cluster (cconv.theory.predict)."""
     import json
-
-    from cconv.theory import profiles as P
-    from cconv.theory.schedule.survey import METHOD_SETS
 
     if args.workload is None or args.workload.lower() not in P.names():
         raise ValueError(f"--cluster needs --workload with a layer profile: {', '.join(P.names())}")
@@ -629,16 +644,12 @@ def run_plan(args: argparse.Namespace) -> str:
         records += plan_records(p)
         out.append(format_plan(p, args.overlap, args.granularity))
         if args.gossip:  # dense gossip steps next to the all-reduce (cconv.theory.gossip)
-            from cconv.theory import gossip as G
-
             rows = G.gossip_rows(4.0 * w.params, args.workers, net)
             out[-1] += "\n\n" + G.format_rows(rows, p.compute_s, human_bytes)
     return json.dumps(records, indent=1) if args.json else "\n\n".join(out)
 
 
 def _dispatch(args: argparse.Namespace) -> str:
-    from cconv.theory.schedule.survey import METHOD_SETS
-
     _refuse_outside_mode(args)
     if args.cluster is not None:
         return run_cluster(args)
@@ -653,6 +664,13 @@ def _dispatch(args: argparse.Namespace) -> str:
     if args.interference is not None or args.topology is not None:
         raise ValueError(
             f"--interference and --topology need a method set (--methods {', '.join(METHOD_SETS)}) or --cluster"
+        )
+    table = PL.all_methods()
+    unknown = [m for m in args.methods or [] if m not in table]
+    if unknown:
+        raise ValueError(
+            f"unknown method(s) {', '.join(unknown)}; valid: {', '.join(table)}, "
+            f"or one method set: {', '.join(METHOD_SETS)}"
         )
     return run_plan(args)
 

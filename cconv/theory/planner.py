@@ -300,6 +300,93 @@ def _sweep(sweep: Mapping[str, Sequence] | None, aliases: Mapping[str, Sequence 
     return out
 
 
+def _check(workers: int, device_flops: float, granularity: str, nbytes: str) -> None:
+    """One-line ValueErrors for bad arguments of ``plan``."""
+    if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
+        raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
+    if not (isinstance(device_flops, (int, float)) and math.isfinite(device_flops) and device_flops > 0):
+        raise ValueError(f"device_flops must be a number > 0, got {device_flops!r}")
+    if granularity not in ("fused", "layerwise"):
+        raise ValueError(f"granularity must be one of fused, layerwise; got {granularity!r}")
+    if nbytes not in BYTES:
+        raise ValueError(f"nbytes must be one of {', '.join(BYTES)}; got {nbytes!r}")
+
+
+def _build(
+    method: Method, sweep: dict, fixed: Mapping[str, Any] | None, explicit: bool, layered: bool, notes: list[str]
+) -> list[tuple[dict, Compressor]] | None:
+    """The compressors of a method's settings, or None (with a note) when it cannot be planned: its
+    settings do not build (an error when the method was asked for by name) or it needs tensor shapes
+    the workload does not have."""
+    try:
+        built = [(hp, C.get(method.compressor, **hp)) for hp in settings(method, sweep, fixed)]
+    except ValueError as e:
+        if explicit:
+            raise
+        knob = method.knob
+        if knob is None or knob.values or knob.name in sweep:
+            notes.append(f"{method.name} omitted: {e}")
+        else:
+            notes.append(f"{method.name} omitted: its knob {knob.name} has no default (give --sweep {knob.name}=...)")
+        return None
+    if not layered and any(per_tensor(kind_of(method, c)) for _, c in built):
+        notes.append(f"{method.name} needs the tensor shapes (use --workload); omitted")
+        return None
+    return built
+
+
+class _Setup(NamedTuple):
+    """What every row of one plan shares."""
+
+    workload: W.Workload
+    workers: int
+    net: N.Network | N.Hierarchical
+    servers: int
+    granularity: str
+    overlap: bool
+    nbytes: str
+    compute: float  # seconds of forward + backward
+    backward: float  # seconds of the backward pass
+    ready_of: np.ndarray  # when each tensor's gradient is ready, from the start of the backward pass
+
+
+def _setup(workload, workers, net, device_flops, servers, granularity, overlap, nbytes) -> _Setup:
+    """The shared quantities; ``servers`` None: one server per worker machine, as the survey's BytePS
+    runs.  Backprop runs from the last tensor to the first, each tensor taking a share of the backward
+    pass proportional to its size."""
+    if servers is None:
+        servers = max(1, workers // net.per_node) if isinstance(net, N.Hierarchical) else workers
+    compute = workload.batch * workload.flops_per_sample / device_flops
+    backward = BACKWARD_SHARE * compute
+    sizes = np.array([float(np.prod(s)) for s in workload.shapes])
+    ready_of = backward * np.cumsum(sizes[::-1])[::-1] / sizes.sum()
+    return _Setup(workload, workers, net, servers, granularity, overlap, nbytes, compute, backward, ready_of)
+
+
+def _comm_time(su: _Setup, cs: list[tuple[str, float, int]]) -> float:
+    """Seconds of the calls (exposed seconds behind the backward pass with ``overlap``)."""
+    colls = [(k, b) for k, b, _ in cs]
+    if not su.overlap:
+        return N.step_comm_time(colls, su.workers, su.net, servers=su.servers)
+    layerwise = su.granularity == "layerwise"
+    ready = [float(su.ready_of[i]) for _, _, i in cs] if layerwise else [su.backward] * len(cs)
+    ov = N.Overlap(su.backward, FUSION_BYTES if layerwise else 0, ready)
+    return N.step_comm_time(colls, su.workers, su.net, ov, servers=su.servers)
+
+
+def _row(su: _Setup, method: Method, hp: dict, c: Compressor) -> Row:
+    """One method at one setting."""
+    cs = calls(method, c, su.workload, su.granularity, su.nbytes)
+    payload = sum(b for k, b, _ in cs if k != "ps_pull")
+    sent = sum(N.bytes_sent(k, b, su.workers, servers=su.servers) for k, b, _ in cs)
+    comm = _comm_time(su, cs)
+    it = su.compute + comm
+    setting = ", ".join(f"{k}={v}" for k, v in hp.items()) or "-"
+    const = constant(c, su.workload, per_tensor(kind_of(method, c)))
+    speedup = su.workers * su.compute / it
+    return Row(method.name, setting, payload, sent, comm, it, speedup, method.lossless, const, tuple(hp.items()))
+
+
 def plan(
     workload: W.Workload,
     workers: int,
@@ -324,91 +411,23 @@ def plan(
     ``nbytes``: ``moved`` (payload buffers) or ``encoded`` (expected encoded messages), see ``calls``.
     ``fixed``: hyper-parameters set for every method that has them (``settings``).
     """
-    if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
-        raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
-    if not (isinstance(device_flops, (int, float)) and math.isfinite(device_flops) and device_flops > 0):
-        raise ValueError(f"device_flops must be a number > 0, got {device_flops!r}")
-    if granularity not in ("fused", "layerwise"):
-        raise ValueError(f"granularity must be one of fused, layerwise; got {granularity!r}")
-    if nbytes not in BYTES:
-        raise ValueError(f"nbytes must be one of {', '.join(BYTES)}; got {nbytes!r}")
+    _check(workers, device_flops, granularity, nbytes)
     table = all_methods()
     sweep = _sweep(sweep, {"ratios": ratios, "ranks": ranks, "levels": levels})
-    explicit = methods is not None
     chosen = list(table) if methods is None else list(methods)
     unknown = [m for m in chosen if m not in table]
     if unknown:
-        from cconv.theory.schedule.survey import METHOD_SETS
-
-        raise ValueError(
-            f"unknown method(s) {', '.join(unknown)}; valid: {', '.join(table)}, "
-            f"or one method set: {', '.join(METHOD_SETS)}"
-        )
-    if servers is None:  # one server per worker machine, as the survey's BytePS runs
-        servers = max(1, workers // net.per_node) if isinstance(net, N.Hierarchical) else workers
+        raise ValueError(f"unknown method(s) {', '.join(unknown)}; valid: {', '.join(table)}")
+    su = _setup(workload, workers, net, device_flops, servers, granularity, overlap, nbytes)
     notes = []
     layered = len(workload.shapes) > 1
     if granularity == "layerwise" and not layered:
         notes.append("layerwise granularity without tensor shapes: the model is one tensor")
-    planned: list[tuple[Method, list[tuple[dict, Compressor]]]] = []
-    for m in chosen:
-        method = table[m]
-        try:
-            built = [(hp, C.get(method.compressor, **hp)) for hp in settings(method, sweep, fixed)]
-        except ValueError as e:
-            if explicit:
-                raise
-            knob = method.knob
-            if knob is None or knob.values or knob.name in sweep:
-                notes.append(f"{m} omitted: {e}")
-            else:
-                notes.append(f"{m} omitted: its knob {knob.name} has no default (give --sweep {knob.name}=...)")
-            continue
-        if not layered and any(per_tensor(kind_of(method, c)) for _, c in built):
-            notes.append(f"{m} needs the tensor shapes (use --workload); omitted")
-            continue
-        planned.append((method, built))
-    compute = workload.batch * workload.flops_per_sample / device_flops
-    backward = BACKWARD_SHARE * compute
-    # ready time of each tensor's gradient: backprop runs from the last tensor to the first,
-    # each tensor taking a share of the backward pass proportional to its size.
-    sizes = np.array([float(np.prod(s)) for s in workload.shapes])
-    ready_of = backward * np.cumsum(sizes[::-1])[::-1] / sizes.sum()
-    rows = []
-    for method, built in planned:
-        for hp, c in built:
-            cs = calls(method, c, workload, granularity, nbytes)
-            colls = [(k, b) for k, b, _ in cs]
-            payload = sum(b for k, b, _ in cs if k != "ps_pull")
-            sent = sum(N.bytes_sent(k, b, workers, servers=servers) for k, b in colls)
-            if overlap:
-                if granularity == "layerwise":
-                    ready = [float(ready_of[i]) for _, _, i in cs]
-                else:
-                    ready = [backward] * len(cs)
-                ov = N.Overlap(backward, FUSION_BYTES if granularity == "layerwise" else 0, ready)
-                comm = N.step_comm_time(colls, workers, net, ov, servers=servers)
-            else:
-                comm = N.step_comm_time(colls, workers, net, servers=servers)
-            it = compute + comm
-            setting = ", ".join(f"{k}={v}" for k, v in hp.items()) or "-"
-            rows.append(
-                Row(
-                    method.name,
-                    setting,
-                    payload,
-                    sent,
-                    comm,
-                    it,
-                    workers * compute / it,
-                    method.lossless,
-                    constant(c, workload, per_tensor(kind_of(method, c))),
-                    tuple(hp.items()),
-                )
-            )
+    planned = [(table[m], _build(table[m], sweep, fixed, methods is not None, layered, notes)) for m in chosen]
+    rows = [_row(su, method, hp, c) for method, built in planned for hp, c in built or ()]
     if not rows:
         raise ValueError("no method left to plan")
-    return Plan(workload, net, workers, float(device_flops), compute, rows, notes)
+    return Plan(workload, net, workers, float(device_flops), su.compute, rows, notes)
 
 
 __all__ = [

@@ -75,6 +75,34 @@ def stich_schedule(mu: float, a: float, scale: float = 4.0) -> Callable:
     return lambda t: scale / (mu * (a + t))
 
 
+def _one_method(p: Problem, comp, lr: Callable, idx, ckeys, x0, avg_a: float | None):
+    """One method of ``compressed_sgd`` on given draws: ``idx`` (steps, workers, batch) sample
+    indices and ``ckeys`` (steps, workers) compression keys; (f(x_t) - f*, f(x_bar_t) - f*) per step."""
+    workers, d = idx.shape[1], x0.shape[0]
+    states = jax.vmap(comp.init)(jnp.zeros((workers, d))) if comp is not None else None
+
+    def step(carry, inp):
+        x, states, xs, ws = carry
+        t, idx_t, keys_t = inp
+        u = lr(t) * jax.vmap(lambda i: stochastic_grad(p, x, i))(idx_t)
+        if comp is not None:
+
+            def comp_one(ui, si, ki):
+                payload, si = comp.compress(ui, si, ki)
+                return comp.decompress(payload, ui), si
+
+            u, states = jax.vmap(comp_one)(u, states, keys_t)
+        x = x - jnp.mean(u, axis=0)
+        w = 1.0 if avg_a is None else (avg_a + t) ** 2
+        xs, ws = (x, 1.0) if avg_a is None else (xs + w * x, ws + w)
+        return (x, states, xs, ws), (loss(p, x) - p.f_star, loss(p, xs / ws) - p.f_star)
+
+    init = (x0, states, jnp.zeros(d), jnp.zeros(()))
+    ts = jnp.arange(idx.shape[0], dtype=jnp.float32)
+    _, (last, avg) = jax.lax.scan(step, init, (ts, idx, ckeys))
+    return last, avg
+
+
 def compressed_sgd(
     p: Problem,
     methods: dict,
@@ -105,35 +133,11 @@ def compressed_sgd(
         c, ef = spec[0], spec[1]
         comps[name] = (None if c is None else (error_feedback(c) if ef else c), spec[2] if len(spec) > 2 else lr)
 
-    def one_method(comp, lr, idx, ckeys):
-        states = jax.vmap(comp.init)(jnp.zeros((workers, d))) if comp is not None else None
-
-        def step(carry, inp):
-            x, states, xs, ws = carry
-            t, idx_t, keys_t = inp
-            u = lr(t) * jax.vmap(lambda i: stochastic_grad(p, x, i))(idx_t)
-            if comp is not None:
-
-                def comp_one(ui, si, ki):
-                    payload, si = comp.compress(ui, si, ki)
-                    return comp.decompress(payload, ui), si
-
-                u, states = jax.vmap(comp_one)(u, states, keys_t)
-            x = x - jnp.mean(u, axis=0)
-            w = 1.0 if avg_a is None else (avg_a + t) ** 2
-            xs, ws = (x, 1.0) if avg_a is None else (xs + w * x, ws + w)
-            return (x, states, xs, ws), (loss(p, x) - p.f_star, loss(p, xs / ws) - p.f_star)
-
-        init = (x0, states, jnp.zeros(d), jnp.zeros(()))
-        ts = jnp.arange(steps, dtype=jnp.float32)
-        _, (last, avg) = jax.lax.scan(step, init, (ts, idx, ckeys))
-        return last, avg
-
     def one_run(key):
         k_idx, k_c = jax.random.split(key)
         idx = jax.random.randint(k_idx, (steps, workers, batch), 0, n)  # all draws up front
         ckeys = jax.random.split(k_c, (steps, workers))
-        return {name: one_method(comp, f, idx, ckeys) for name, (comp, f) in comps.items()}
+        return {name: _one_method(p, comp, f, idx, ckeys, x0, avg_a) for name, (comp, f) in comps.items()}
 
     return jax.jit(jax.vmap(one_run))(jax.random.split(key, reps))
 

@@ -49,17 +49,8 @@ def from_config(cfg: Any) -> Network | Hierarchical:
         raise ValueError(
             f"network config: unknown key(s) {', '.join(map(str, unknown))}; valid: {', '.join(_CONFIG_KEYS)}"
         )
-    levels = [k for k in ("intra", "inter", "per_node") if k in cfg]
-    if levels:
-        if len(levels) != 3 or set(cfg) - {"name", "intra", "inter", "per_node"}:
-            raise ValueError("network config: a two-level network needs exactly name, intra, inter, per_node")
-        g = cfg["per_node"]
-        if isinstance(g, bool) or not isinstance(g, int) or g < 1:
-            raise ValueError(f"network config: per_node must be an integer >= 1, got {g!r}")
-        intra, inter = from_config(cfg["intra"]), from_config(cfg["inter"])
-        if not (isinstance(intra, Network) and isinstance(inter, Network)):
-            raise ValueError("network config: intra and inter must be single-level networks")
-        return Hierarchical(str(cfg.get("name", "custom")), intra, inter, g)
+    if any(k in cfg for k in ("intra", "inter", "per_node")):
+        return _two_level(cfg)
     if "preset" in cfg:
         if len(cfg) > 1 + ("name" in cfg):
             raise ValueError("network config: 'preset' cannot be combined with alpha/beta/latency/bandwidth")
@@ -74,6 +65,24 @@ def from_config(cfg: Any) -> Network | Hierarchical:
         if "alpha" not in cfg or "beta" not in cfg:
             raise ValueError("network config: needs both alpha (s per message) and beta (s per byte)")
         return _validate(name, cfg["alpha"], cfg["beta"])
+    return _from_units(name, cfg)
+
+
+def _two_level(cfg: Mapping) -> Hierarchical:
+    """``{"name", "intra", "inter", "per_node"}``: each level a single-level network config."""
+    if any(k not in cfg for k in ("intra", "inter", "per_node")) or set(cfg) - {"name", "intra", "inter", "per_node"}:
+        raise ValueError("network config: a two-level network needs exactly name, intra, inter, per_node")
+    g = cfg["per_node"]
+    if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+        raise ValueError(f"network config: per_node must be an integer >= 1, got {g!r}")
+    intra, inter = from_config(cfg["intra"]), from_config(cfg["inter"])
+    if not (isinstance(intra, Network) and isinstance(inter, Network)):
+        raise ValueError("network config: intra and inter must be single-level networks")
+    return Hierarchical(str(cfg.get("name", "custom")), intra, inter, g)
+
+
+def _from_units(name: str, cfg: Mapping) -> Network:
+    """``latency_us`` (us) and one of ``bandwidth_gbps`` (10^9 bit/s), ``bandwidth_GBps`` (10^9 byte/s)."""
     if "latency_us" not in cfg or ("bandwidth_gbps" in cfg) == ("bandwidth_GBps" in cfg):
         raise ValueError("network config: needs latency_us and exactly one of bandwidth_gbps, bandwidth_GBps")
     for key in ("latency_us", "bandwidth_gbps", "bandwidth_GBps"):

@@ -72,38 +72,18 @@ def _compresses(c, kind: str) -> bool:
     return True
 
 
-def rows(
-    workload: str,
+def _planned(
+    prof: P.Profile,
+    comps: Sequence[str],
+    table: Mapping[str, PL.Method],
     workers: int,
-    net: N.Network | N.Hierarchical,
-    device_flops: float = W.SURVEY_DEVICE_FLOPS,
-    *,
-    servers: int | None = None,
-    interference: float = SV.INTERFERENCE,
-    topology: str | None = None,
-    methods: Sequence[str] | None = None,
-    compressors: Sequence[str] | None = None,
-    sweep: Mapping[str, Sequence] | None = None,
-    notes: list[str] | None = None,
-    bench: Mapping | None = None,
-    mem_bw: float = CC.RTX2080TI_MEM_BW,
-) -> list[Row]:
-    """One ``Row`` per (survey method, planner method, knob value); ``notes`` collects what was
-    left out and why (module docstring)."""
-    chosen = list(SV.METHODS) if methods is None else list(methods)
-    unknown = [m for m in chosen if m not in SV.METHODS]
-    if unknown:
-        raise ValueError(f"unknown survey method(s) {', '.join(unknown)}; valid: {', '.join(SV.METHODS)}")
-    table = {k: m for k, m in PL.all_methods().items() if m.collective != PL.PS}  # PS is an architecture here
-    comps = list(table) if compressors is None else list(compressors)
-    bad = [m for m in comps if m not in table]
-    if bad:
-        raise ValueError(f"unknown compressor method(s) {', '.join(bad)}; valid: {', '.join(table)}")
-    notes = [] if notes is None else notes
-    bench = CC.load_bench() if bench is None else bench
-    prof = profile_of(workload)
-    device = CC.SURVEY_DEVICE._replace(flops=float(device_flops), mem_bw=float(mem_bw))
-    t1 = (prof.fwd_flops + prof.bwd_flops) / device.flops
+    device,
+    sweep: Mapping[str, Sequence] | None,
+    bench: Mapping,
+    notes: list[str],
+) -> list[tuple[PL.Method, dict, list[S.LayerCost]]]:
+    """(method, setting, layer costs) of every compressor method at each knob value; what cannot be
+    planned is left out with a note (module docstring)."""
     planned: list[tuple[PL.Method, dict, list[S.LayerCost]]] = []
     for name in comps:
         method = table[name]
@@ -123,35 +103,72 @@ def rows(
                 notes.append(f"{name} omitted: {' '.join(str(e).split())}")
                 break
             planned.append((method, hp, lcs))
+    return planned
+
+
+def _row(sm: str, arch, method: PL.Method, hp: dict, lcs: list[S.LayerCost], interference: float, p_t1: float) -> Row:
+    """One survey method (schedule ``SV.METHODS[sm]`` on ``arch``) with one compressor setting;
+    ``p_t1``: P t_1 (the speedup is P t_1 / iter_s)."""
+    m = SV.METHODS[sm]
+    if m.architecture in PS_ARCHITECTURES and not arch.workers_decode_gathered:  # servers decode, reply dense
+        lcs = [lc._replace(decompress_s=0.0) if lc.kind == "allgather" else lc for lc in lcs]
+    r = S.run(lcs, m.schedule, arch, interference=interference)
+    setting = ", ".join(f"{k}={v}" for k, v in hp.items()) or "-"
+    name = f"{sm}+{method.name}" + (f"({setting})" if hp else "")
+    compress, decompress = sum(lc.compress_s for lc in lcs), sum(lc.decompress_s for lc in lcs)
+    nbytes, speedup = sum(lc.nbytes for lc in lcs), p_t1 / r.iter_s
+    return Row(name, m.schedule, m.architecture, method.name, setting, r.iter_s, r.compute_s, r.comm_exposed_s,
+               compress, decompress, nbytes, speedup)  # fmt: skip
+
+
+def _check_names(methods: Sequence[str] | None, compressors: Sequence[str] | None) -> tuple[list, dict, list]:
+    """The chosen survey methods, the compressor methods' table (PS is an architecture here) and
+    the chosen ones; one-line errors for unknown names."""
+    chosen = list(SV.METHODS) if methods is None else list(methods)
+    unknown = [m for m in chosen if m not in SV.METHODS]
+    if unknown:
+        raise ValueError(f"unknown survey method(s) {', '.join(unknown)}; valid: {', '.join(SV.METHODS)}")
+    table = {k: m for k, m in PL.all_methods().items() if m.collective != PL.PS}
+    comps = list(table) if compressors is None else list(compressors)
+    bad = [m for m in comps if m not in table]
+    if bad:
+        raise ValueError(f"unknown compressor method(s) {', '.join(bad)}; valid: {', '.join(table)}")
+    return chosen, table, comps
+
+
+def rows(
+    workload: str,
+    workers: int,
+    net: N.Network | N.Hierarchical,
+    device_flops: float = W.SURVEY_DEVICE_FLOPS,
+    *,
+    servers: int | None = None,
+    interference: float = SV.INTERFERENCE,
+    topology: str | None = None,
+    methods: Sequence[str] | None = None,
+    compressors: Sequence[str] | None = None,
+    sweep: Mapping[str, Sequence] | None = None,
+    notes: list[str] | None = None,
+    bench: Mapping | None = None,
+    mem_bw: float = CC.RTX2080TI_MEM_BW,
+) -> list[Row]:
+    """One ``Row`` per (survey method, planner method, knob value); ``notes`` collects what was
+    left out and why (module docstring)."""
+    chosen, table, comps = _check_names(methods, compressors)
+    notes = [] if notes is None else notes
+    bench = CC.load_bench() if bench is None else bench
+    prof = profile_of(workload)
+    device = CC.SURVEY_DEVICE._replace(flops=float(device_flops), mem_bw=float(mem_bw))
+    t1 = (prof.fwd_flops + prof.bwd_flops) / device.flops
+    planned = _planned(prof, comps, table, workers, device, sweep, bench, notes)
     out = []
     for sm in chosen:
-        m = SV.METHODS[sm]
-        ps = m.architecture in PS_ARCHITECTURES
-        arch = A.get(m.architecture, net, workers, servers if ps else None, topology)
+        ps = SV.METHODS[sm].architecture in PS_ARCHITECTURES
+        arch = A.get(SV.METHODS[sm].architecture, net, workers, servers if ps else None, topology)
         for method, hp, lcs in planned:
-            if ps and any((lc.kind or "allreduce") not in GATHERABLE for lc in lcs):
-                continue
-            if ps and not arch.workers_decode_gathered:  # the servers decode and reply dense
-                lcs = [lc._replace(decompress_s=0.0) if lc.kind == "allgather" else lc for lc in lcs]
-            r = S.run(lcs, m.schedule, arch, interference=interference)
-            setting = ", ".join(f"{k}={v}" for k, v in hp.items()) or "-"
-            out.append(
-                Row(
-                    f"{sm}+{method.name}" + (f"({setting})" if hp else ""),
-                    m.schedule,
-                    m.architecture,
-                    method.name,
-                    setting,
-                    r.iter_s,
-                    r.compute_s,
-                    r.comm_exposed_s,
-                    sum(lc.compress_s for lc in lcs),
-                    sum(lc.decompress_s for lc in lcs),
-                    sum(lc.nbytes for lc in lcs),
-                    workers * t1 / r.iter_s,
-                )
-            )
-    if any(m.architecture in PS_ARCHITECTURES for m in (SV.METHODS[s] for s in chosen)):
+            if not (ps and any((lc.kind or "allreduce") not in GATHERABLE for lc in lcs)):
+                out.append(_row(sm, arch, method, hp, lcs, interference, workers * t1))
+    if any(SV.METHODS[s].architecture in PS_ARCHITECTURES for s in chosen):
         notes.append(
             "parameter-server methods are combined with summable and gathered payloads (the server decodes, "
             "sums and replies dense, as cconv's engine); gTop-k's recursive doubling is an all-to-all method"

@@ -37,10 +37,13 @@ from typing import Any, NamedTuple
 from cconv import compressors as C
 from cconv.theory import constants as K
 from cconv.theory import planner as PL
+from cconv.theory import workloads as W
 from cconv.theory.profiles import FLOAT_BYTES, Profile
 from cconv.theory.schedule import arch as A
 from cconv.theory.schedule import compress as CC
+from cconv.theory.schedule import compressed as CP
 from cconv.theory.schedule import schedules as S
+from cconv.theory.schedule import survey as SV
 
 
 class RatioPlan(NamedTuple):
@@ -92,6 +95,33 @@ def candidates(method: PL.Method, value: Any, steps: int = 4) -> list:
     return sorted(out)
 
 
+def _knobbed(method: PL.Method | str) -> PL.Method:
+    """The planner method (by name or as is), refused without a knob to vary."""
+    table = PL.all_methods()
+    if isinstance(method, str):
+        if method not in table:
+            raise ValueError(f"unknown method {method!r}; valid: {', '.join(table)}")
+        method = table[method]
+    if method.knob is None:
+        raise ValueError(f"{method.name} has no knob to vary per layer")
+    return method
+
+
+def _layer_tables(
+    profile: Profile, method: PL.Method, comp: Mapping[Any, Any], workers: int, device: CC.Device, bench: Mapping
+) -> tuple[list[dict], list[dict]]:
+    """Per layer, knob value -> its ``LayerCost`` and its compression error (``layer_error``)."""
+    costs: list[dict] = []
+    errs: list[dict] = []
+    for lay in profile.layers:
+        d = int(round(lay.grad_bytes / FLOAT_BYTES))
+        fwd, bwd = lay.fwd_flops / device.flops, lay.bwd_flops / device.flops
+        args = (lay.name, fwd, bwd, d, method)
+        costs.append({v: CC.layer_cost(*args, c, workers, device, bench) for v, c in comp.items()})
+        errs.append({v: layer_error(c, d) if d > 0 else 0.0 for v, c in comp.items()})
+    return costs, errs
+
+
 def per_layer(
     profile: Profile,
     method: PL.Method | str,
@@ -112,13 +142,7 @@ def per_layer(
     """Per-layer knob values minimising the simulated iteration time with the error budget of
     the global ``value`` (module docstring).  ``values``: the candidates (default
     ``candidates``); ``exhaustive``: enumerate every assignment instead (small cases)."""
-    table = PL.all_methods()
-    if isinstance(method, str):
-        if method not in table:
-            raise ValueError(f"unknown method {method!r}; valid: {', '.join(table)}")
-        method = table[method]
-    if method.knob is None:
-        raise ValueError(f"{method.name} has no knob to vary per layer")
+    method = _knobbed(method)
     if isinstance(schedule, str):
         schedule = S.get(schedule)
     name = method.knob.name
@@ -126,16 +150,9 @@ def per_layer(
     if value not in cand:
         cand = sorted(set(cand) | {value})
     bench = CC.load_bench() if bench is None else bench
-    fixed = dict(fixed or {})
-    comp = {v: C.get(method.compressor, **{**fixed, name: v}) for v in cand}
+    comp = {v: C.get(method.compressor, **{**dict(fixed or {}), name: v}) for v in cand}
+    costs, errs = _layer_tables(profile, method, comp, workers, device, bench)
     L = len(profile.layers)
-    dims = [int(round(lay.grad_bytes / FLOAT_BYTES)) for lay in profile.layers]
-    costs: list[dict] = []
-    errs: list[dict] = []
-    for lay, d in zip(profile.layers, dims):
-        fwd, bwd = lay.fwd_flops / device.flops, lay.bwd_flops / device.flops
-        costs.append({v: CC.layer_cost(lay.name, fwd, bwd, d, method, comp[v], workers, device, bench) for v in cand})
-        errs.append({v: layer_error(comp[v], d) if d > 0 else 0.0 for v in cand})
     budget = sum(e[value] for e in errs) * (1 + 1e-12)
     cache: dict[tuple, float] = {}
 
@@ -155,18 +172,8 @@ def per_layer(
         best = min(feasible, key=lambda a: (time_of(a), error_of(a)))
     else:
         best = _search(cand, costs, errs, budget, time_of, error_of, arch, (best_v,) * L, max_evals, transfers, L)
-    return RatioPlan(
-        name,
-        best,
-        time_of(best),
-        error_of(best),
-        budget,
-        value,
-        glob[value],
-        best_v,
-        glob[best_v],
-        len(cache),
-    )
+    t, e = time_of(best), error_of(best)
+    return RatioPlan(name, best, t, e, budget, value, glob[value], best_v, glob[best_v], len(cache))
 
 
 def _isolated(lc: S.LayerCost, arch: A.Architecture) -> float:
@@ -261,10 +268,6 @@ def survey_plan(
 ) -> tuple[RatioPlan, Profile]:
     """``per_layer`` for a survey workload (its profile scaled to the survey's C) under one of
     the survey's seven methods (``survey.METHODS``: schedule and architecture)."""
-    from cconv.theory import workloads as W
-    from cconv.theory.schedule import compressed as CP
-    from cconv.theory.schedule import survey as SV
-
     if survey_method not in SV.METHODS:
         raise ValueError(f"unknown survey method {survey_method!r}; valid: {', '.join(SV.METHODS)}")
     m = SV.METHODS[survey_method]

@@ -54,6 +54,7 @@ iteration), ``comm_exposed_s`` = iter_s - compute_s, and the events of the simul
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
@@ -319,6 +320,138 @@ def names() -> list[str]:
     return list(SCHEDULES)
 
 
+class _Ctx(NamedTuple):
+    """What every task of iteration ``k`` carries: its index, priority base and start mark."""
+
+    k: int
+    base: float
+    mark: str
+    layers: list[LayerCost]
+
+
+class _Comm(NamedTuple):
+    """How messages become tasks: the architecture, the credit pool's name ("" without one), the
+    resources whose stages take a share of the GPU, and that share (kappa)."""
+
+    arch: A.Architecture
+    credit: str
+    gpu_resources: frozenset[str]
+    interference: float
+
+
+class _After(NamedTuple):
+    """What iteration k leaves for k+1's forward: its last backward, the end of every message or
+    decompress (a barrier waits for all), and the ends per layer (no barrier: layer j waits for its own)."""
+
+    last_bwd: str
+    ends: tuple[str, ...]
+    layer_end: dict[int, list[str]]
+
+
+def _waits(k: int, after: _After, barrier: bool, j: int) -> list[str]:
+    """The tasks of iteration k-1 that iteration k's forward of layer j waits for."""
+    if k == 0:
+        return []
+    return [after.last_bwd, *(after.ends if barrier else after.layer_end.get(j, []))]
+
+
+def _compute_tasks(ctx: _Ctx, waits) -> tuple[list[Task], dict[int, str], str]:
+    """Forward in forward order (backprop index L-1 first), then backward and compress per layer
+    in backprop order; the task after which each layer's gradient is ready; the last backward."""
+    k, base, L = ctx.k, ctx.base, len(ctx.layers)
+    tasks, prev = [], ""
+    for f in range(L):
+        j = L - 1 - f
+        name = f"it{k}/fwd/{j}"
+        deps = tuple(waits(j) + [prev or ctx.mark])
+        tasks.append(Task(name, "compute", ctx.layers[j].fwd_s, deps, base + f, kind="forward", layer=j, iteration=k))
+        prev = name
+    ready: dict[int, str] = {}
+    for j, lc in enumerate(ctx.layers):
+        name = f"it{k}/bwd/{j}"
+        tasks.append(Task(name, "compute", lc.bwd_s, (prev,), base + L + j, kind="backward", layer=j, iteration=k))
+        prev = ready[j] = name
+        if lc.compress_s > 0:
+            ready[j] = f"it{k}/cmp/{j}"
+            prio = base + L + j + 0.5
+            tasks.append(Task(ready[j], "compute", lc.compress_s, (name,), prio, kind="compress", layer=j, iteration=k))
+    return tasks, ready, prev
+
+
+def _release_dep(ctx: _Ctx, release: float, delays: dict[float, str], tasks: list[Task]) -> tuple[str, ...]:
+    """A message released ``release`` seconds after the iteration's start waits for a delay task
+    (one per distinct release time); none for ``release`` 0."""
+    if release <= 0:
+        return ()
+    if release not in delays:
+        delays[release] = f"it{ctx.k}/delay{len(delays)}"
+        tasks.append(Task(delays[release], delays[release], release, (ctx.mark,), kind="mark", iteration=ctx.k))
+    return (delays[release],)
+
+
+def _stage_tasks(
+    ctx: _Ctx, comm: _Comm, prefix: str, msg: Message, dep: tuple[str, ...], last_on: dict[str, str]
+) -> tuple[list[Task], tuple[str, ...]]:
+    """A message's stages as a chain on the architecture's resources (the credit taken by the first,
+    returned by the last), each on a GPU resource with its interference task on the compute
+    stream; the chain's end."""
+    tasks = []
+    stages = comm.arch.stages(msg.kind, msg.nbytes, message_reply(msg, ctx.layers))
+    for s, (res, t) in enumerate(stages):
+        name = f"{prefix}/s{s}"
+        if comm.interference > 0 and res in comm.gpu_resources and t > 0:  # the kernels' share of the GPU
+            after = dep + ((last_on[res],) if res in last_on else ())
+            kw = {"kind": "interference", "layer": msg.layers[0], "iteration": ctx.k}
+            tasks.append(Task(f"{name}/gpu", "compute", comm.interference * t, after, ctx.base - 0.5, **kw))
+        last_on[res] = name
+        take, give = comm.credit if s == 0 else "", comm.credit if s == len(stages) - 1 else ""
+        prio = ctx.base + msg.priority
+        tasks.append(Task(name, res, t, dep, prio, 0.0, take, give, "comm", msg.layers[0], ctx.k))
+        dep = (name,)
+    return tasks, dep
+
+
+def _message_tasks(
+    ctx: _Ctx, msgs: Sequence[Message], ready: dict[int, str], comm: _Comm
+) -> tuple[list[Task], dict[int, list[str]]]:
+    """Every message after the gradients it carries (and its release time); the end of each
+    layer's messages."""
+    tasks: list[Task] = []
+    layer_end: dict[int, list[str]] = {}
+    delays: dict[float, str] = {}
+    last_on: dict[str, str] = {}
+    for m, msg in enumerate(msgs):
+        dep = tuple(ready[j] for j in msg.layers) + _release_dep(ctx, msg.release, delays, tasks)
+        stages, dep = _stage_tasks(ctx, comm, f"it{ctx.k}/msg{m}", msg, dep, last_on)
+        tasks += stages
+        for j in msg.layers:
+            layer_end.setdefault(j, []).append(dep[0])
+    return tasks, layer_end
+
+
+def _decompress_tasks(ctx: _Ctx, ready: dict[int, str], layer_end: dict[int, list[str]]) -> list[Task]:
+    """Decompress of each layer after all its messages; it becomes the layer's end (``layer_end``
+    is updated)."""
+    tasks, L = [], len(ctx.layers)
+    for j, lc in enumerate(ctx.layers):
+        if lc.decompress_s > 0:
+            d = f"it{ctx.k}/dec/{j}"
+            deps = tuple(layer_end.get(j, [ready[j]]))
+            kw = {"kind": "decompress", "layer": j, "iteration": ctx.k}
+            tasks.append(Task(d, "compute", lc.decompress_s, deps, ctx.base + 2 * L + j, **kw))
+            layer_end[j] = [d]
+    return tasks
+
+
+def _iteration(ctx: _Ctx, msgs: Sequence[Message], comm: _Comm, waits) -> tuple[list[Task], _After]:
+    """The tasks of one iteration and what the next one waits for."""
+    tasks, ready, last_bwd = _compute_tasks(ctx, waits)
+    comm_tasks, layer_end = _message_tasks(ctx, msgs, ready, comm)
+    tasks += comm_tasks + _decompress_tasks(ctx, ready, layer_end)
+    ends = tuple(e for j in range(len(ctx.layers)) for e in layer_end.get(j, []))
+    return tasks, _After(last_bwd, ends, layer_end)
+
+
 def build(
     layers: Sequence[LayerCost],
     schedule: Schedule,
@@ -330,123 +463,20 @@ def build(
     tasks at the moment each iteration's first forward may start; marks[k] for k = 0..K)."""
     layers = check_layers(layers)
     K = schedule.iterations if iterations is None else iterations
-    L = len(layers)
     msgs = schedule.messages(layers, arch)
-    gpu_res = set(getattr(arch, "gpu_resources", ()))
     pools = schedule.pools()
-    credit = "credit" if "credit" in pools else ""
+    gpu = frozenset(getattr(arch, "gpu_resources", ()))
+    comm = _Comm(arch, "credit" if "credit" in pools else "", gpu, interference)
     tasks: list[Task] = []
     marks: list[str] = []
-    prev_last_bwd = ""
-    prev_ends: list[str] = []  # the end task of every message/decompress of the previous iteration
-    prev_layer_end: dict[int, list[str]] = {}
+    after = _After("", (), {})
     for k in range(K + 1):
-        base = k * BIG
-
-        def fwd_deps(j: int) -> list[str]:
-            if k == 0:
-                return []
-            deps = [prev_last_bwd]
-            deps += prev_ends if schedule.barrier else prev_layer_end.get(j, [])
-            return deps
-
-        mark = f"it{k}/start"
-        marks.append(mark)
-        tasks.append(Task(mark, f"mark{k}", 0.0, tuple(fwd_deps(L - 1)), kind="mark", iteration=k))
-        if k == K:
-            break
-        prev = ""
-        # forward in forward order: backprop index L-1 first
-        for f in range(L):
-            j = L - 1 - f
-            deps = fwd_deps(j) + ([prev] if prev else [mark])
-            name = f"it{k}/fwd/{j}"
-            tasks.append(
-                Task(name, "compute", layers[j].fwd_s, tuple(deps), base + f, kind="forward", layer=j, iteration=k)
-            )
-            prev = name
-        ready: dict[int, str] = {}
-        for j, lc in enumerate(layers):
-            name = f"it{k}/bwd/{j}"
-            tasks.append(Task(name, "compute", lc.bwd_s, (prev,), base + L + j, kind="backward", layer=j, iteration=k))
-            prev, ready[j] = name, name
-            if lc.compress_s > 0:
-                c = f"it{k}/cmp/{j}"
-                tasks.append(
-                    Task(
-                        c, "compute", lc.compress_s, (name,), base + L + j + 0.5, kind="compress", layer=j, iteration=k
-                    )
-                )
-                ready[j] = c
-        last_bwd = prev
-        ends: list[str] = []
-        layer_end: dict[int, list[str]] = {}
-        delays: dict[float, str] = {}
-        last_on: dict[str, str] = {}
-        for m, msg in enumerate(msgs):
-            stages = arch.stages(msg.kind, msg.nbytes, message_reply(msg, layers))
-            dep: tuple[str, ...] = tuple(ready[j] for j in msg.layers)
-            if msg.release > 0:  # released msg.release seconds after the iteration's start
-                if msg.release not in delays:
-                    delays[msg.release] = f"it{k}/delay{len(delays)}"
-                    tasks.append(
-                        Task(delays[msg.release], delays[msg.release], msg.release, (mark,), kind="mark", iteration=k)
-                    )
-                dep += (delays[msg.release],)
-            for s, (res, t) in enumerate(stages):
-                name = f"it{k}/msg{m}/s{s}"
-                first, last = s == 0, s == len(stages) - 1
-                if interference > 0 and res in gpu_res and t > 0:  # the kernels' share of the GPU
-                    tasks.append(
-                        Task(
-                            f"{name}/gpu",
-                            "compute",
-                            interference * t,
-                            dep + ((last_on[res],) if res in last_on else ()),
-                            base - 0.5,
-                            kind="interference",
-                            layer=msg.layers[0],
-                            iteration=k,
-                        )
-                    )
-                last_on[res] = name
-                tasks.append(
-                    Task(
-                        name,
-                        res,
-                        t,
-                        dep,
-                        base + msg.priority,
-                        0.0,
-                        credit if first else "",
-                        credit if last else "",
-                        "comm",
-                        msg.layers[0],
-                        k,
-                    )
-                )
-                dep = (name,)
-            for j in msg.layers:
-                layer_end.setdefault(j, []).append(dep[0])
-        for j, lc in enumerate(layers):
-            if lc.decompress_s > 0:
-                d = f"it{k}/dec/{j}"
-                tasks.append(
-                    Task(
-                        d,
-                        "compute",
-                        lc.decompress_s,
-                        tuple(layer_end.get(j, [ready[j]])),
-                        base + 2 * L + j,
-                        kind="decompress",
-                        layer=j,
-                        iteration=k,
-                    )
-                )
-                layer_end[j] = [d]
-        for j in range(L):
-            ends += layer_end.get(j, [])
-        prev_last_bwd, prev_ends, prev_layer_end = last_bwd, ends, layer_end
+        waits = functools.partial(_waits, k, after, schedule.barrier)
+        marks.append(f"it{k}/start")
+        tasks.append(Task(marks[-1], f"mark{k}", 0.0, tuple(waits(len(layers) - 1)), kind="mark", iteration=k))
+        if k < K:
+            more, after = _iteration(_Ctx(k, k * BIG, marks[-1], layers), msgs, comm, waits)
+            tasks += more
     return tasks, pools, marks
 
 

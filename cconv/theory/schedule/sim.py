@@ -19,6 +19,7 @@ iteration time and exposed communication off the events.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections.abc import Mapping, Sequence
@@ -77,81 +78,105 @@ def _check(tasks: Sequence[Task], pools: Mapping[str, int]) -> dict[str, int]:
     return index
 
 
-def simulate(tasks: Sequence[Task], pools: Mapping[str, int] | None = None) -> list[Event]:
-    """Run the DAG; the events in start order.  Raises ValueError on a cycle or a deadlock."""
-    pools = dict(pools or {})
-    index = _check(tasks, pools)
-    waiting = [len(set(t.deps)) for t in tasks]
-    children: list[list[int]] = [[] for _ in tasks]
-    for i, t in enumerate(tasks):
-        for d in set(t.deps):
-            children[index[d]].append(i)
-    ready: dict[str, list[tuple[float, float, int]]] = {}  # resource -> heap of (priority, ready, i)
-    released: list[tuple[float, int]] = []  # tasks whose deps are done but release is in the future
-    busy: set[str] = set()
-    tokens = dict(pools)
-    running: list[tuple[float, int]] = []  # heap of (end, i)
-    starts: dict[int, float] = {}
-    events: list[Event] = []
-    now = 0.0
+@dataclasses.dataclass
+class _Run:
+    """The simulator's state: per resource a heap of ready tasks (priority, ready time, index), the
+    tasks waiting for their release time, the busy resources, the pools' free tokens, the running
+    tasks (end, index), start times and finished events."""
 
-    def make_ready(i: int, t: float) -> None:
-        task = tasks[i]
+    tasks: Sequence[Task]
+    waiting: list[int]  # unfinished dependencies per task
+    children: list[list[int]]
+    tokens: dict[str, int]
+    ready: dict[str, list[tuple[float, float, int]]] = dataclasses.field(default_factory=dict)
+    released: list[tuple[float, int]] = dataclasses.field(default_factory=list)
+    busy: set[str] = dataclasses.field(default_factory=set)
+    running: list[tuple[float, int]] = dataclasses.field(default_factory=list)
+    starts: dict[int, float] = dataclasses.field(default_factory=dict)
+    events: list[Event] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def of(cls, tasks: Sequence[Task], index: dict[str, int], pools: dict[str, int]) -> _Run:
+        children: list[list[int]] = [[] for _ in tasks]
+        for i, t in enumerate(tasks):
+            for d in set(t.deps):
+                children[index[d]].append(i)
+        run = cls(tasks, [len(set(t.deps)) for t in tasks], children, dict(pools))
+        for i, w in enumerate(run.waiting):
+            if w == 0:
+                run.make_ready(i, 0.0)
+        return run
+
+    def make_ready(self, i: int, t: float) -> None:
+        """Task i's dependencies are done at ``t``: ready now, or at its release time."""
+        task = self.tasks[i]
         if task.release > t:
-            heapq.heappush(released, (task.release, i))
+            heapq.heappush(self.released, (task.release, i))
         else:
-            heapq.heappush(ready.setdefault(task.resource, []), (task.priority, t, i))
+            heapq.heappush(self.ready.setdefault(task.resource, []), (task.priority, t, i))
 
-    for i, w in enumerate(waiting):
-        if w == 0:
-            make_ready(i, 0.0)
-    done = 0
-    while True:
-        while released and released[0][0] <= now:
-            r, i = heapq.heappop(released)
-            heapq.heappush(ready.setdefault(tasks[i].resource, []), (tasks[i].priority, r, i))
-        for res, heap in ready.items():
-            if res in busy or not heap:
+    def release_due(self, now: float) -> None:
+        while self.released and self.released[0][0] <= now:
+            r, i = heapq.heappop(self.released)
+            heapq.heappush(self.ready.setdefault(self.tasks[i].resource, []), (self.tasks[i].priority, r, i))
+
+    def start_ready(self, now: float) -> None:
+        """On every idle resource, start the first ready task whose pool has a token."""
+        for res, heap in self.ready.items():
+            if res in self.busy or not heap:
                 continue
             blocked = []
             while heap:
                 item = heapq.heappop(heap)
-                pool = tasks[item[2]].acquire
-                if pool and tokens[pool] == 0:
+                pool = self.tasks[item[2]].acquire
+                if pool and self.tokens[pool] == 0:
                     blocked.append(item)
                     continue
                 if pool:
-                    tokens[pool] -= 1
+                    self.tokens[pool] -= 1
                 i = item[2]
-                busy.add(res)
-                starts[i] = now
-                heapq.heappush(running, (now + tasks[i].duration, i))
+                self.busy.add(res)
+                self.starts[i] = now
+                heapq.heappush(self.running, (now + self.tasks[i].duration, i))
                 break
             for item in blocked:
                 heapq.heappush(heap, item)
-        if not running:
-            if released:
-                now = released[0][0]
+
+    def finish(self, now: float) -> None:
+        """End the tasks running until ``now``: free their resources and tokens, ready their children."""
+        while self.running and self.running[0][0] <= now:
+            end, i = heapq.heappop(self.running)
+            task = self.tasks[i]
+            self.busy.discard(task.resource)
+            if task.frees:
+                self.tokens[task.frees] += 1
+            self.events.append(Event(task, self.starts[i], end))
+            for c in self.children[i]:
+                self.waiting[c] -= 1
+                if self.waiting[c] == 0:
+                    self.make_ready(c, end)
+
+
+def simulate(tasks: Sequence[Task], pools: Mapping[str, int] | None = None) -> list[Event]:
+    """Run the DAG; the events in start order.  Raises ValueError on a cycle or a deadlock."""
+    pools = dict(pools or {})
+    index = _check(tasks, pools)
+    run = _Run.of(tasks, index, pools)
+    now = 0.0
+    while True:
+        run.release_due(now)
+        run.start_ready(now)
+        if not run.running:
+            if run.released:
+                now = run.released[0][0]
                 continue
             break
-        now = running[0][0]
-        while running and running[0][0] <= now:
-            end, i = heapq.heappop(running)
-            task = tasks[i]
-            busy.discard(task.resource)
-            if task.frees:
-                tokens[task.frees] += 1
-            events.append(Event(task, starts[i], end))
-            done += 1
-            for c in children[i]:
-                waiting[c] -= 1
-                if waiting[c] == 0:
-                    make_ready(c, end)
-    if done != len(tasks):
-        stuck = [tasks[i].name for i in range(len(tasks)) if i not in starts][:5]
+        now = run.running[0][0]
+        run.finish(now)
+    if len(run.events) != len(tasks):
+        stuck = [tasks[i].name for i in range(len(tasks)) if i not in run.starts][:5]
         raise ValueError(f"the task graph has a cycle or a deadlock; never started: {', '.join(stuck)}")
-    events.sort(key=lambda e: (e.start, e.end, index[e.task.name]))
-    return events
+    return sorted(run.events, key=lambda e: (e.start, e.end, index[e.task.name]))
 
 
 def makespan(events: Sequence[Event]) -> float:

@@ -11,13 +11,12 @@ BERT-Large's measured 597 GFLOPs), on a device of ``device_flops`` (default: the
 BERT-Large's 163 ms).  speedup = P t_1 / t_iter with t_1 the one-GPU iteration (forward +
 backward, no communication), the survey's throughput over one RTX 2080Ti.
 
-``METHOD_SETS`` maps a ``cconv plan --methods`` value to a function giving its rows (``survey``
-here; further sets such as schedule x compressor register themselves there).
+``rows`` is the method set ``cconv plan --methods survey`` (``cconv.theory.schedule.sets``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from cconv.theory import network as N
@@ -123,18 +122,6 @@ def fit_interference(target: float = BERT_LARGE_4GPU_BEST, lo: float = 0.0, hi: 
     return (lo + hi) / 2
 
 
-# --methods value -> rows(workload, workers, net, device_flops, servers=...) -> list of rows with
-# at least method, iter_s, speedup, comm_exposed_s
-def _all_rows(*args, **kwargs) -> list:
-    """Every survey method x every compressor (``cconv.theory.schedule.compressed.rows``)."""
-    from cconv.theory.schedule import compressed
-
-    return compressed.rows(*args, **kwargs)
-
-
-METHOD_SETS: dict[str, Callable[..., list]] = {"survey": rows, "all": _all_rows}
-
-
 __all__ = [
     "Method",
     "METHODS",
@@ -144,5 +131,4 @@ __all__ = [
     "layers_of",
     "fit_interference",
     "INTERFERENCE",
-    "METHOD_SETS",
 ]
