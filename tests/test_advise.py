@@ -33,8 +33,8 @@ def test_power_law_extrapolates_to_the_known_step():
     assert p.status == "predicted"
     assert p.steps == pytest.approx(1600, rel=1e-6)
     assert p.rate == pytest.approx(0.5, rel=1e-6)
-    # no noise: the interval is the extrapolation term alone, kappa log(t*/t_end) each side
-    half = X.Settings().kappa * math.log(1600 / 200)
+    # no noise: the interval is the extrapolation term alone, kappa log(1 + t*/t_end) each side
+    half = X.Settings().kappa * math.log(1 + 1600 / 200)
     assert p.hi == pytest.approx(1600 * math.exp(half), rel=1e-6)
     assert p.lo == pytest.approx(1600 * math.exp(-half), rel=1e-6)
 
@@ -75,6 +75,28 @@ def test_noisy_seeds_are_refused_not_ranked():
     steps = np.arange(10, 101, 10, dtype=float)
     p = X.predict(power_curve(1.0, 0.6, steps, sigma=0.6, rng=rng), LOSS)
     assert p.status == "noisy" and not p.ok
+
+
+def test_interval_does_not_vanish_just_past_the_probe():
+    """Noise-free gap 2 t^-0.5 logged to t = 200, target 1.05 probes ahead: the interval keeps
+    kappa log(1 + 1.05) each side (a plain log(t*/t_end) left kappa log 1.05, a 1 % interval, and
+    covered 17 % of the text task's full runs at a 20 % probe)."""
+    steps = np.arange(10, 201, 10)
+    e = 2.0 * 210.0**-0.5
+    p = X.predict(power_curve(2.0, 0.5, steps), T.Target("test_loss", e, T.KINDS["loss"]))
+    assert p.status == "predicted" and p.steps == pytest.approx(210, rel=1e-6)
+    assert p.hi == pytest.approx(210 * math.exp(X.Settings().kappa * math.log(1 + 1.05)), rel=1e-6)
+    assert p.hi / p.steps > 1.15
+
+
+def test_far_but_clean_extrapolation_is_not_called_noisy():
+    """'noisy' judges the noise part of the interval only: a noise-free curve extrapolated 40x
+    (within max_extrapolation) with a wide model term (kappa 0.5: a 41x interval) is predicted."""
+    steps = np.arange(10, 101, 10, dtype=float)
+    e = 2.0 * 4000.0**-0.5
+    p = X.predict(power_curve(2.0, 0.5, steps), T.Target("test_loss", e, T.KINDS["loss"]), X.Settings(kappa=0.5))
+    assert p.status == "predicted" and p.steps == pytest.approx(4000, rel=1e-6)
+    assert p.hi / p.lo > X.Settings().max_width
 
 
 # Coverage on synthetic noisy curves with a known answer.  The interval is nominally 90 %

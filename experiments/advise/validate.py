@@ -217,16 +217,17 @@ def wall_times(task: str, spec: dict, out: str, measure: bool = True) -> dict | 
 
 
 KAPPAS = tuple(round(0.05 * i, 2) for i in range(31))  # the extrapolation term's grid, 0 ... 1.5
-CALIBRATION_COVERAGE = 0.8  # the calibration task's coverage at 10 %: the 70 % goal plus a margin
+CALIBRATION_COVERAGE = 0.8  # the calibration task's coverage at every budget: the 70 % goal plus a margin
 
 
 def calibrate(tgt, runs: list, steps: int) -> float:
-    """The smallest kappa whose 10 % coverage on this (the calibration) task is >= 80 %."""
+    """The smallest kappa whose coverage on this (the calibration) task is >= 80 % at every probe
+    budget of ``BUDGETS`` (a budget with nothing to check counts as met)."""
     from cconv.advisor.extrapolate import Settings
 
     for k in KAPPAS:
-        c = score(tgt, runs, steps, 0.1, Settings(kappa=k))["coverage"]
-        if not math.isfinite(c) or c >= CALIBRATION_COVERAGE:
+        cs = [score(tgt, runs, steps, f, Settings(kappa=k))["coverage"] for f in BUDGETS]
+        if all(not math.isfinite(c) or c >= CALIBRATION_COVERAGE for c in cs):
             return k
     return KAPPAS[-1]
 
@@ -290,6 +291,19 @@ def markdown(results: list, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _legend(plt) -> list:
+    from matplotlib.lines import Line2D
+
+    return [
+        Line2D([], [], marker="o", ls="", color="C0", ms=4, label="predicted [interval] holds the actual"),
+        Line2D([], [], marker="o", ls="", color="C3", ms=4, label="actual outside the predicted interval"),
+        Line2D([], [], marker="o", ls="", mfc="none", mec="k", ms=9, label="the advisor's pick"),
+        Line2D([], [], marker="x", ls="", color="0.5", label="not ranked (flagged)"),
+        Line2D([], [], ls="--", color="k", lw=0.8, label="predicted = actual"),
+        Line2D([], [], color="0.7", lw=0.8, label="full-run step budget"),
+    ]
+
+
 def figure(results: list, path: str) -> None:
     import matplotlib
 
@@ -301,6 +315,7 @@ def figure(results: list, path: str) -> None:
         b = next(x for x in r["budgets"] if abs(x["budget"] - 0.1) < 1e-9)
         his = [row["hi"] for row in b["rows"] if math.isfinite(row["hi"])]
         lim = max([r["steps"] * 1.6, *(1.3 * h for h in his)])
+        names = [row["candidate"] for row in b["rows"]]
         for row in b["rows"]:
             act = row["actual"] if math.isfinite(row["actual"]) else lim
             if not math.isfinite(row["predicted"]):
@@ -316,8 +331,13 @@ def figure(results: list, path: str) -> None:
                 capsize=2,
                 ms=4,
             )
+        if b["pick"] in names:  # the advisor's recommendation: a ring around its point
+            row = b["rows"][names.index(b["pick"])]
+            act = row["actual"] if math.isfinite(row["actual"]) else lim
+            ax.plot([act], [row["predicted"]], "o", mfc="none", mec="k", ms=11, mew=1.4)
         lo = max(1.0, r["steps"] * 0.02)
         ax.plot([lo, lim], [lo, lim], "k--", lw=0.8)
+        ax.legend(handles=_legend(plt), fontsize=7, loc="lower right")
         ax.axvline(r["steps"], color="0.7", lw=0.8)
         ax.set_xscale("log")
         ax.set_yscale("log")
