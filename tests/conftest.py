@@ -22,3 +22,17 @@ os.environ.setdefault("WANDB_SILENT", "true")
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", False)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _registries_put_back():
+    """Whatever a test registers (a compressor, an aggregation, a schedule) is gone after it:
+    tests that enumerate the registries (the docs' compressor table and help, the planner's
+    methods, the readiness check) see the same registries whatever ran before them in the worker."""
+    from registry_cases import registries_restored
+
+    with registries_restored():
+        yield

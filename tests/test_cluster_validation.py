@@ -43,3 +43,11 @@ def test_docs_table_is_the_models(rows):
 
     doc = pathlib.Path(__file__).resolve().parents[1] / "docs" / "clusters.md"
     assert V.markdown(rows) in doc.read_text()
+
+
+def test_readme_table_is_the_models(rows):
+    """The README's planner section shows the same predictions (without the source column)."""
+    import pathlib
+
+    readme = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+    assert V.markdown(rows, sources=False) in readme.read_text()

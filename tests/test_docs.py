@@ -144,3 +144,16 @@ def test_every_test_a_page_names_exists():
         if not os.path.exists(path) or not re.search(rf"^def {t}\(", open(path, encoding="utf-8").read(), re.M):
             missing.append(f"{os.path.basename(page)}: tests/{f}::{t}")
     assert not missing, missing
+
+
+def test_readme_advise_table_is_the_committed_validation():
+    """The README's table of the advisor's validation is made from experiments/advise/results.json
+    (``python experiments/advise/readme.py`` prints it)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("advise_readme", os.path.join(ROOT, "experiments/advise/readme.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    text = open(README, encoding="utf-8").read()
+    block = text.split("<!-- BEGIN advise-validation -->\n")[1].split("\n<!-- END advise-validation -->")[0]
+    assert block == mod.table(mod.load())

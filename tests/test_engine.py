@@ -252,7 +252,7 @@ def test_parameter_server_dense_equals_allreduce():
         (dict(collective="gtopk", compressor=C.topk(ratio=0.1), architecture="ps"), "all-to-all"),
         (dict(vote=True, compressor="none"), "vote"),
         (dict(compressor="powersgd", granularity="fused"), "layerwise"),
-        (dict(warmup=Warmup((0.5,), 2), compressor="signsgd"), "ratio"),
+        (dict(warmup=Warmup((0.5,), 2), compressor="signsgd"), "at_density"),
         (dict(ps_downlink="signsgd"), "parameter-server"),
         (dict(local_steps=0), "local_steps"),
         (dict(workers=64), "devices"),

@@ -83,6 +83,13 @@ BAD = [
 ]
 
 
+def with_keys(extra: str) -> str:
+    """BASE with the top-level keys of ``extra`` replaced (a config may not repeat a key)."""
+    keys = {line.split(":")[0] for line in extra.splitlines() if line and not line.startswith(" ")}
+    kept = [line for line in BASE.splitlines() if line.split(":")[0] not in keys]
+    return "\n".join(kept) + "\n" + extra
+
+
 @pytest.mark.parametrize("extra, match", BAD)
 def test_bad_sync_input_is_one_line_exit_2_nothing_written(extra, match, tmp_path):
     """In-process (``cli.main``), as tests/test_config_mutations.py; one real subprocess below."""
@@ -92,7 +99,7 @@ def test_bad_sync_input_is_one_line_exit_2_nothing_written(extra, match, tmp_pat
     from cconv import cli
 
     spec = tmp_path / "run.yaml"
-    spec.write_text(BASE + extra)
+    spec.write_text(with_keys(extra))
     out, err = tmp_path / "out", sio.StringIO()
     with contextlib.redirect_stderr(err):
         rc = cli.main(["run", str(spec), "--out", str(out)])

@@ -299,14 +299,16 @@ def table(cases: tuple[Case, ...] = CASES) -> list[tuple[Case, float, float]]:
     return out
 
 
-def markdown(rows: list[tuple[Case, float, float]]) -> str:
-    """The table as Markdown (docs/clusters.md)."""
+def markdown(rows: list[tuple[Case, float, float]], sources: bool = True) -> str:
+    """The table as Markdown (docs/clusters.md; ``sources=False``: the README's, without the
+    source column)."""
     lines = [
-        "| setting | metric | published | predicted | rel. error | source |",
-        "|---|---|---|---|---|---|",
+        "| setting | metric | published | predicted | rel. error |" + (" source |" if sources else ""),
+        "|---|---|---|---|---|" + ("---|" if sources else ""),
     ]
     for c, pred, err in rows:
-        lines.append(f"| {c.name} | {c.metric} | {c.published:.3g} | {pred:.3g} | {err:+.1%} | {c.source}; {c.note} |")
+        row = f"| {c.name} | {c.metric} | {c.published:.3g} | {pred:.3g} | {err:+.1%} |"
+        lines.append(row + (f" {c.source}; {c.note} |" if sources else ""))
     return "\n".join(lines)
 
 
