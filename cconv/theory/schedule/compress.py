@@ -108,7 +108,10 @@ DECODES = {
 
 
 class EstimatedCostWarning(UserWarning):
-    """A compressor without a benchmark row: its compress/decompress cost is an estimate."""
+    """A compressor without a benchmark row: its compress/decompress cost is an estimate (the
+    command line prints it as one line)."""
+
+    one_line = True
 
 
 def estimated_rows(name: str, bench: Mapping[str, Sequence[Ratio]]) -> tuple[Ratio, ...]:
