@@ -14,7 +14,7 @@
     (``cconv/_native/select.cc``): a threshold estimated from a strided sample, one streaming
     SSE2 compaction pass, and a radix select on the ~k candidates.  O(d) time with one read of
     x: ~2-3x a jitted ``sum(abs(x))`` at d = 10^7, k = d/100 on a 2-core CPU, where lax.top_k
-    (a partial sort) costs 50-65x (README, performance section).  On other backends, other dtypes, or where
+    (a partial sort) costs 50-65x (docs/performance.md).  On other backends, other dtypes, or where
     the kernel cannot be built (no C++ compiler; a one-time warning says so), it is
     ``lax.top_k`` followed by a sort of the k indices.  The native path is chosen per platform
     at lowering time (``lax.platform_dependent``), so one jitted function runs on CPU and GPU.

@@ -9,7 +9,7 @@
 Inside your own ``jax.shard_map`` / ``pmap`` / ``vmap`` loop, ``Exchange`` and ``as_optax``
 (``cconv.engine.dropin``) give the same compressed exchange.
 
-See ``EngineConfig`` for every option and README section "Python API".  Aggregation methods and
+See ``EngineConfig`` for every option and docs/engine.md ("Python API").  Aggregation methods and
 transports are objects in ``cconv.comm.aggregation``, memories in ``cconv.memory``, launchers in
 ``cconv.engine.launchers``, synchronization modes (BSP, local SGD, AdaComm, SSP, ASP) in
 ``cconv.engine.sync`` (gossip: ``cconv.engine.gossip``, registered there on import) with the

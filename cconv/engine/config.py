@@ -83,7 +83,7 @@ def dgc_warmup(steps_per_epoch: int, epochs_per_stage: int = 1, dense_steps: int
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
-    """What the data-parallel engine does (see README, section "Python API").
+    """What the data-parallel engine does (see docs/engine.md, "Python API").
 
     workers            P, number of data-parallel workers (mesh devices, pmap devices or MPI ranks)
     compressor         a ``Compressor`` or a registered name (None: no compression)

@@ -56,7 +56,7 @@ class EngineState:
 
 
 class Trainer:
-    """Returned by ``build``; see the README section "Python API"."""
+    """Returned by ``build``; see docs/engine.md ("Python API")."""
 
     def __init__(
         self,
