@@ -29,6 +29,15 @@ def test_cases_are_distinct_and_sourced():
     assert set(V.KNOWN_MISSES) <= set(names)
 
 
+def test_compressed_cases_are_predicted_with_their_compressor():
+    """Issue 23 item 4: compressed runs are checked too, each through its own compressor and knob value
+    (bytes, collective and compression cost), not through the dense baseline of the same setting."""
+    compressed = [c for c in V.CASES if c.method != V.DENSE]
+    assert len(compressed) >= 2
+    for case in compressed:
+        assert V.predict(case) != pytest.approx(V.predict(case._replace(method=V.DENSE, knobs=())), rel=1e-3)
+
+
 def test_calibration_is_not_the_validated_number():
     """Where a report's own 1-GPU throughput calibrates the device, the prediction of one GPU on the
     same setting reproduces it exactly, so the multi-GPU number is all that is predicted."""
