@@ -33,29 +33,11 @@ import os
 import sys
 import threading
 
+from cconv._startup import configure_devices
+from cconv._startup import quiet_libraries as _quiet_libraries
+
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
-
-
-# One process simulates at most this many CPU devices: XLA takes minutes, silently, to start
-# tens of thousands (workers=65536 hung for minutes before this bound; 1024 start in seconds).
-MAX_SIMULATED_WORKERS = 1024
-
-
-def configure_devices(workers: int) -> None:
-    """Ask XLA for ``workers`` simulated CPU devices (must run before jax initialises a backend).
-
-    More than ``MAX_SIMULATED_WORKERS`` is refused with a ValueError (one process cannot hold
-    more devices than that; without the bound, XLA spends minutes creating them)."""
-    if workers > MAX_SIMULATED_WORKERS:
-        raise ValueError(
-            f"workers={workers}: one process runs at most {MAX_SIMULATED_WORKERS} workers (devices); use fewer workers"
-        )
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" not in flags and workers > 1:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={int(workers)}".strip()
-    os.environ.setdefault("WANDB_MODE", "offline")
-    os.environ.setdefault("WANDB_SILENT", "true")
 
 
 def simulated_devices(configs) -> int:
@@ -72,14 +54,6 @@ def _one_line(e: BaseException) -> str:
         text = text.strip("'")
     first = text.splitlines()[0] if text else type(e).__name__
     return first
-
-
-def _quiet_libraries() -> None:
-    """Keep absl/orbax INFO chatter off the terminal (warnings and errors still show)."""
-    import logging
-
-    for name in ("absl", "orbax", "jax._src.xla_bridge"):
-        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 # --------------------------------------------------------------------------- commands

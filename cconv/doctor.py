@@ -50,7 +50,7 @@ import optax
 from cconv import _native
 from cconv import compressors as C
 from cconv import memory as M
-from cconv.cli import configure_devices
+from cconv._startup import configure_devices
 from cconv.comm import hlo
 from cconv.comm.aggregation import COLLECTIVES, TRANSPORTS, method_of
 from cconv.engine import EngineConfig, build

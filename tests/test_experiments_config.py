@@ -5,6 +5,7 @@ import textwrap
 import pytest
 
 from cconv.experiments import config as C
+from cconv.experiments import sweep as S
 from cconv.experiments.config import ConfigError
 
 
@@ -138,7 +139,7 @@ def test_grid_expansion_with_nested_alternatives(tmp_path):
           seed: [0, 1]
     """,
     )
-    name, runs = C.load_sweep(p)
+    name, runs = S.load_sweep(p)
     assert name == "demo"
     assert len(runs) == 2 * 3 * 2
     names = [r.name for r in runs]
@@ -163,17 +164,17 @@ def test_grid_dotted_key_and_errors(tmp_path):
         grid: {compressor.ratio: [0.01, 0.5]}
     """,
     )
-    _, runs = C.load_sweep(p)
+    _, runs = S.load_sweep(p)
     assert [r.config.compressor["ratio"] for r in runs] == [0.01, 0.5]
     bad = write(tmp_path, "b.yaml", "base: {}\ngrid: {lr: 0.1}\n")
     with pytest.raises(ConfigError, match="non-empty list"):
-        C.load_sweep(bad)
+        S.load_sweep(bad)
     bad2 = write(tmp_path, "c.yaml", "base: {}\ngrid: {lr: [0.1]}\nsteps: 3\n")
     with pytest.raises(ConfigError, match="unknown sweep key"):
-        C.load_sweep(bad2)
+        S.load_sweep(bad2)
     bad3 = write(tmp_path, "d.yaml", "base: {}\ngrid: {workers: [3]}\n")
     with pytest.raises(ConfigError, match="not divisible"):
-        C.load_sweep(bad3)
+        S.load_sweep(bad3)
     with pytest.raises(ConfigError, match="is a sweep file"):
         C.load_run(p)
 
@@ -196,7 +197,7 @@ def test_include_and_rules(tmp_path):
             set: {lr: 0.001}
     """,
     )
-    _, runs = C.load_sweep(p)
+    _, runs = S.load_sweep(p)
     assert len(runs) == 2 * 3 + 1
     lr = {(r.config.compressor["name"], r.config.compressor.get("ratio"), r.config.memory): r.config.lr for r in runs}
     assert lr[("signsgd", None, "none")] == 0.01 and lr[("signsgd", None, "ef")] == 0.001
@@ -204,7 +205,7 @@ def test_include_and_rules(tmp_path):
     assert runs[-1].name == "compressor=none,memory=none"
     bad = write(tmp_path, "b.yaml", "base: {}\ngrid: {lr: [0.1]}\nrules: [{when: {x: 1}}]\n")
     with pytest.raises(ConfigError, match="rules"):
-        C.load_sweep(bad)
+        S.load_sweep(bad)
 
 
 def test_option_lists_are_the_engines_and_aliases_map_before_validation():
@@ -244,11 +245,11 @@ def test_exponent_floats_without_a_dot(tmp_path):
     assert C.parse_value("1e-3") == 0.001 and C.parse_value("1.0e-3") == 0.001 and C.parse_value("10") == 10
 
 
-def test_sweep_names_still_importable_from_config():
-    from cconv.experiments import sweep
-
-    assert C.load_sweep is sweep.load_sweep and C.expand_grid is sweep.expand_grid
-    assert C.expand_grid({"memory": ["none", "ef"]}) == [{"memory": "none"}, {"memory": "ef"}]
+def test_sweep_names_live_in_sweep_only():
+    """Grid expansion is cconv.experiments.sweep's; config no longer re-exports it (that re-export
+    closed an import cycle config -> sweep -> runner -> config, tests/test_imports.py)."""
+    assert not hasattr(C, "load_sweep") and not hasattr(C, "expand_grid")
+    assert S.expand_grid({"memory": ["none", "ef"]}) == [{"memory": "none"}, {"memory": "ef"}]
 
 
 # --------------------------------------------------------------------------- optax optimizers and schedules

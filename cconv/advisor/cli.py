@@ -65,13 +65,13 @@ def _verify_table(rows) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cconv.cli import _quiet_libraries
+    from cconv._startup import quiet_libraries
     from cconv.theory import cluster as CL
 
     if args.verify < 0:
         raise ValueError(f"--verify must be >= 0, got {args.verify}")
     cluster = CL.from_args(args)
-    _quiet_libraries()
+    quiet_libraries()
     from cconv.advisor.api import advise
 
     adv = advise(

@@ -21,7 +21,9 @@ from cconv import memory as M
 from cconv._text import shown
 from cconv.comm import aggregation as A
 from cconv.compressors.base import Compressor
+from cconv.engine import modes, timing
 from cconv.engine.launchers import LAUNCHERS  # name -> Launcher class
+from cconv.engine.modes import ADAPTIVE  # local_steps: AdaComm's adaptive communication period
 from cconv.engine.timing import Stragglers
 
 # The uncompressed baseline's registered name (defined by the compressors layer).
@@ -31,7 +33,6 @@ GRANULARITIES = ("layerwise", "fused")
 ARCHITECTURES = tuple(A.TRANSPORTS)  # "all-to-all", "parameter-server"
 COLLECTIVES = A.COLLECTIVES  # "auto" (the compressor's aggregation), "allgather", "gtopk"
 DGC_WARMUP = (0.25, 0.0625, 0.015625, 0.004)
-ADAPTIVE = "adaptive"  # local_steps: AdaComm's adaptive communication period
 
 
 def _real(v) -> bool:
@@ -242,10 +243,8 @@ class EngineConfig:
     def _check_gossip(self):
         """The gossip fields' values (one block); what ``sync="gossip"`` combines with is checked
         by its mode (``cconv.engine.gossip.Gossip.check``)."""
-        from cconv.engine.gossip import GOSSIP
-
-        if not isinstance(self.gossip, str) or self.gossip not in GOSSIP:
-            raise ValueError(f"EngineConfig.gossip={shown(self.gossip)}; valid: {', '.join(GOSSIP)}")
+        if not isinstance(self.gossip, str) or self.gossip not in modes.GOSSIP:
+            raise ValueError(f"EngineConfig.gossip={shown(self.gossip)}; valid: {', '.join(modes.GOSSIP)}")
         if not isinstance(self.topology, str):
             raise ValueError(f"EngineConfig.topology must be a string, got {shown(self.topology)}")
         g = self.gossip_gamma
@@ -259,10 +258,9 @@ class EngineConfig:
                 object.__setattr__(self, name, v)
 
     def _check_sync(self):
-        from cconv.engine import sync, timing  # sync imports this module
-
-        if not isinstance(self.sync, str) or self.sync not in sync.public_names():
-            raise ValueError(f"EngineConfig.sync={shown(self.sync)}; valid: {', '.join(sync.public_names())}")
+        names = modes.public_names()  # the registry the modes fill (cconv.engine imports them all)
+        if not isinstance(self.sync, str) or self.sync not in names:
+            raise ValueError(f"EngineConfig.sync={shown(self.sync)}; valid: {', '.join(names)}")
         if not _integer(self.staleness) or self.staleness < 0:
             raise ValueError(f"EngineConfig.staleness must be an integer >= 0, got {shown(self.staleness)}")
         if self.max_staleness is not None and (not _integer(self.max_staleness) or self.max_staleness < 1):
@@ -271,7 +269,7 @@ class EngineConfig:
         if not _integer(self.timing_seed):
             raise ValueError(f"EngineConfig.timing_seed must be an integer, got {shown(self.timing_seed)}")
         timing.check(self)
-        sync.sync_mode(self).check(self)
+        modes.sync_mode(self).check(self)
 
     @property
     def model_averaging(self) -> bool:

@@ -58,11 +58,10 @@ from cconv.comm import topology as T
 from cconv.comm.backend import DryComm
 from cconv.compressors.base import Compressor
 from cconv.engine.config import Phase
+from cconv.engine.modes import GOSSIP  # the algorithms EngineConfig.gossip names
 from cconv.engine.step import apply_update, local_grad, reduce_metrics
 from cconv.engine.sync import SYNC_MODES, SyncMode
 from cconv.theory.gossip import safe_gamma
-
-GOSSIP = ("dpsgd", "choco")
 
 
 class ChocoState(NamedTuple):

@@ -48,9 +48,10 @@ from jax import lax
 
 from cconv.comm.backend import DryComm
 from cconv.engine import timing
-from cconv.engine.config import ADAPTIVE, Phase, phase_of
+from cconv.engine.config import Phase, phase_of
 from cconv.engine.dropin import traffic_metrics
 from cconv.engine.exchange import exchange, init_state
+from cconv.engine.modes import SYNC_MODES, public_names, sync_mode
 from cconv.engine.step import StepContext, WorkerState, apply_update, local_grad, reduce_metrics
 
 
@@ -441,20 +442,8 @@ class ASP(SyncMode):
         return _schedule(timing.ASPSchedule, cfg, _asp_cap(cfg)).span(step, cfg.workers)
 
 
-SYNC_MODES: dict[str, SyncMode] = {m.name: m for m in (BSP(), LocalSGD(), AdaComm(), SSP(), ASP())}
-
-
-def public_names() -> tuple[str, ...]:
-    """The values of ``EngineConfig.sync`` (every registered mode but the internal "local")."""
-    return tuple(n for n in SYNC_MODES if n not in (LocalSGD.name, AdaComm.name))
-
-
-def sync_mode(cfg) -> SyncMode:
-    """The mode ``cfg`` runs: ``cfg.sync``; plain ``bsp`` with model averaging is local SGD."""
-    mode = SYNC_MODES[cfg.sync]
-    if mode.name != BSP.name or not cfg.model_averaging:
-        return mode
-    return SYNC_MODES[AdaComm.name if cfg.local_steps == ADAPTIVE else LocalSGD.name]
+# the registry lives in the leaf module cconv.engine.modes (EngineConfig validates against it)
+SYNC_MODES.update({m.name: m for m in (BSP(), LocalSGD(), AdaComm(), SSP(), ASP())})
 
 
 __all__ = [

@@ -1197,16 +1197,9 @@ def diff(a: dict, b: dict, prefix: str = "") -> list[str]:
     return out
 
 
-_MOVED_TO_SWEEP = ("SweepRun", "SWEEP_KEYS", "expand_grid", "point_name", "load_sweep")
-
-
 def __getattr__(name: str) -> Any:
-    """Grid expansion lives in ``cconv.experiments.sweep``; its names stay importable from here
-    (and ``OPTIMIZERS``, once a whitelist, is every optax optimizer alias)."""
-    if name in _MOVED_TO_SWEEP:
-        from cconv.experiments import sweep
-
-        return getattr(sweep, name)
+    """``OPTIMIZERS``, once a whitelist, is every optax optimizer alias.  (Grid expansion lives in
+    ``cconv.experiments.sweep``, which imports this module: its names are imported from there.)"""
     if name == "OPTIMIZERS":  # was a whitelist; now every optax optimizer alias
         return tuple(optimizer_names())
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
