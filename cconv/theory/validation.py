@@ -30,6 +30,8 @@ hierarchical all-reduce (``HOROVOD_HIERARCHICAL_ALLREDUCE`` / NCCL's two-level r
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import NamedTuple
 
 from cconv.theory import cluster as CL
@@ -122,6 +124,14 @@ GRACE_NOTE = (
     "batch 64 (tf_cnn_benchmarks' ResNet-50 default; the release does not state it); device from the release's "
     f"1-worker {GRACE_ONE_GPU} img/s; published = total_images_per_sec / (8 x {GRACE_ONE_GPU})"
 )
+
+
+def _grace_runs() -> list[tuple[str, str, tuple, float, str]]:
+    """The GRACE runs as published (``grace_runs.json``, data: label, method as its registry name
+    or null for the dense baseline, knobs, images/s, run id)."""
+    rows = json.loads(Path(__file__).with_name("grace_runs.json").read_text(encoding="utf-8"))
+    return [(r["label"], r["method"] or DENSE, tuple(map(tuple, r["knobs"])), r["ips"], r["run"]) for r in rows]
+
 
 CASES: tuple[Case, ...] = (
     Case(
@@ -332,13 +342,7 @@ CASES: tuple[Case, ...] = (
             method=method,
             knobs=knobs,
         )
-        for label, method, knobs, ips, run in (
-            ("dense (NCCL)", DENSE, (), 2044.61, "jprnbiz90"),
-            ("dense (MPI)", DENSE, (), 1677.36, "csptnxrv0"),
-            ("random-k 1% (NCCL)", "randomk", (("ratio", 0.01),), 1896.52, "se5no1us0"),
-            ("top-k 1% (MPI)", "topk", (("ratio", 0.01),), 1220.96, "wtdimug80"),
-            ("signSGD (MPI)", "signsgd", (), 1333.21, "zficj7k10"),
-        )
+        for label, method, knobs, ips, run in _grace_runs()
     ),
 )
 
