@@ -69,6 +69,7 @@ Conventions (documented once, used everywhere)
 
 from __future__ import annotations
 
+import abc
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
@@ -88,7 +89,7 @@ SUM, DECODE, OWN = "sum", "decode", "own"  # how an aggregation method combines 
 ALGEBRAS = (SUM, DECODE, OWN)
 
 
-class Aggregation:
+class Aggregation(abc.ABC):
     """An aggregation method: how every worker's tensors ("units") become their average through
     compressed payloads.  Subclass it (or ``cconv.comm.aggregation.AllReduce`` / ``AllGather``,
     which implement ``aggregate`` on every transport) and ``register_aggregation`` an instance.
@@ -121,10 +122,12 @@ class Aggregation:
 
     def check(self, cfg, c: Compressor) -> None:
         """One-line ValueError when ``cfg`` (EngineConfig fields) asks this method of ``c``
-        something it cannot do."""
+        something it cannot do; the default accepts everything."""
+        return None
 
+    @abc.abstractmethod
     def aggregate(self, comm, plan, units, state: dict, key) -> tuple[list, dict]:
-        raise NotImplementedError(f"aggregation {self.name!r} does not implement aggregate()")
+        """This worker's averaged ``units`` and the new aggregation state (every method defines it)."""
 
 
 AGGREGATIONS: dict[str, Aggregation] = {}  # name -> method (``register_aggregation``)

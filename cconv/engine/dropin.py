@@ -231,7 +231,7 @@ OPTIONS = tuple(
 
 def _unknown_options(owner: str, compressor, unknown: dict) -> str:
     """One line naming the valid options, and the compressor's hyper-parameters when the unknown
-    ones are those (``as_optax("topk", ratio=0.01)``: the ratio belongs to the compressor)."""
+    ones are those (``as_optax(name, <a knob>=...)``: the knob belongs to the compressor)."""
     names = ", ".join(sorted(unknown))
     msg = f"{owner}: unknown option(s) {names}; valid: {', '.join(OPTIONS)}"
     base = compressor if isinstance(compressor, str) else getattr(compressor, "name", None)
