@@ -388,7 +388,8 @@ class RunConfig:
     checks take, and they compare equal to the dicts and lists tests write; read-only views
     (``MappingProxyType``, tuples) would need a thaw in each of those and would change equality with
     lists.  ``from_dict`` deep-copies its input, so a RunConfig shares no container with its
-    caller, and nothing in cconv writes into one (``tests/test_config_schema.py``).
+    caller (``tests/test_config_schema.py``); nothing in cconv, its tests or experiments/ writes
+    into one (grep, when it was frozen): a builder that needs a changed value makes a new one.
     """
 
     name: str = key("", "free-form label (shown in plots when set)", string())
