@@ -276,3 +276,23 @@ def test_a_key_is_checked_before_any_cross_rule():
     only values that passed their own rules (documented order of ``from_dict``)."""
     with pytest.raises(ConfigError, match=r"^lr must be > 0.0"):
         from_dict({"batch_size": 100, "workers": 8, "lr": -1})
+
+
+def test_dotted_keys_reach_into_the_keys_the_schema_declares_dotted():
+    dotted = [k for k, f in FIELDS.items() if f.metadata["dotted"]]
+    assert dotted == ["model", "data", "optimizer", "lr_schedule", "compressor", "ps_downlink", "network", "wandb"]
+    raw = C.apply_overrides({}, ["compressor.ratio=0.01", "lr_schedule.alpha=0.1", "wandb.project=p"])
+    assert raw == {
+        "compressor": {"name": "none", "ratio": 0.01},
+        "lr_schedule": {"name": "constant", "alpha": 0.1},
+        "wandb": {"project": "p"},
+    }
+    assert C.apply_overrides({"wandb": True}, ["wandb.project=p"]) == {"wandb": {"project": "p"}}
+    with pytest.raises(ConfigError, match=r"^cannot set 'warmup.dense_steps': 'warmup' is not a mapping$"):
+        C.apply_overrides({}, ["warmup.dense_steps=3"])
+
+
+def test_a_dotted_key_into_a_number_is_refused_in_one_line():
+    """Was a TypeError ('int' object is not iterable) from ``dict(3)``."""
+    with pytest.raises(ConfigError, match=r"^cannot set 'model.hidden': model is 3, not a name or a mapping$"):
+        C.apply_overrides({"model": 3}, ["model.hidden=[8]"])

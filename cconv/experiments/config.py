@@ -351,10 +351,11 @@ def network_entries() -> Rule:
     return check
 
 
-def key(default: Any, doc: str, rule: Rule) -> Any:
-    """A config key of ``RunConfig``: its default, its line in ``cconv run --help`` and its rule
-    (the ``help`` and ``rule`` of the field's metadata)."""
-    meta = {"help": doc, "rule": rule}
+def key(default: Any, doc: str, rule: Rule, *, dotted: bool = False) -> Any:
+    """A config key of ``RunConfig``: its default, its line in ``cconv run --help``, its rule, and
+    whether dotted keys (``--set compressor.ratio=0.01``, sweep grids) reach into its mapping
+    (the ``help``, ``rule`` and ``dotted`` of the field's metadata)."""
+    meta = {"help": doc, "rule": rule, "dotted": dotted}
     if isinstance(default, (dict, list)):
         return field(default_factory=functools.partial(copy.deepcopy, default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -393,11 +394,14 @@ class RunConfig:
     """
 
     name: str = key("", "free-form label (shown in plots when set)", string())
-    model: dict = key({"name": "mlp"}, "model name (cconv.models.names()) or {name, **hyper-parameters}", named())
+    model: dict = key(
+        {"name": "mlp"}, "model name (cconv.models.names()) or {name, **hyper-parameters}", named(), dotted=True
+    )
     data: dict = key(
         {"name": "digits"},
         "dataset name or {name, root, partition: iid|dirichlet|shards, alpha, **hp}",
         named(paths=("root",)),
+        dotted=True,
     )
     workers: int = key(8, "data-parallel workers (simulated CPU devices on CPU)", integer(1))
     steps: int = key(300, "training steps", integer(1))
@@ -406,17 +410,19 @@ class RunConfig:
         {"name": "sgd"},
         "optax optimizer alias or {name, **kwargs}, e.g. {name: sgd, momentum: 0.9}",
         named(lookup=lambda n: optimizer_function(n)),
+        dotted=True,
     )
     lr: float = key(0.1, "learning rate", number(0.0, strict=True))
     lr_schedule: Any = key(
         "constant",
         "constant | cosine (decay to 0 over steps) | any optax schedule {name, **args}",
         named(keep_string=True, lookup=lambda n: schedule_function(n)),
+        dotted=True,
     )
     lr_warmup: int = key(0, "steps of linear learning-rate warm-up from 0", integer(0))
     seed: Any = key(0, "int, or a list of ints run as one vmapped program", seed_values())
     compressor: dict = key(
-        {"name": "none"}, "compressor name or {name, **hparams} (cconv.compressors.names())", named()
+        {"name": "none"}, "compressor name or {name, **hparams} (cconv.compressors.names())", named(), dotted=True
     )
     memory: str = key(
         "none", "none | ef (error feedback) | dgc (momentum correction)", choice(lambda: MEMORIES, null="none")
@@ -473,10 +479,10 @@ class RunConfig:
     )
     collective: str = key("auto", "auto (the compressor's) | allgather | gtopk", choice(lambda: COLLECTIVES))
     vote: bool = key(False, "signSGD majority vote (sign compressors only); a tie gives +1", flag())
-    ps_downlink: Any = key(None, "PS downlink compressor (name or mapping) or null", named(optional=True))
+    ps_downlink: Any = key(None, "PS downlink compressor (name or mapping) or null", named(optional=True), dotted=True)
     launcher: str = key("shard_map", " | ".join(_launchers()), choice(_launchers))
     network: Any = key(
-        None, "network for simulated time: preset name, {name, alpha, beta}, or a list", network_entries()
+        None, "network for simulated time: preset name, {name, alpha, beta}, or a list", network_entries(), dotted=True
     )
     schedule: Any = key(
         None,
@@ -501,6 +507,7 @@ class RunConfig:
             optional=False,
             flags=True,
         ),
+        dotted=True,
     )
     tensorboard: bool = key(False, "also write TensorBoard event files to <run>/tensorboard/seed_<s>/", flag())
     advise: Any = key(
@@ -551,8 +558,6 @@ class RunConfig:
 
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(RunConfig)}
-# fields given as a name or {name, **hp} (a dotted --set key reaches into them)
-_NAMED = ("model", "data", "optimizer", "compressor")
 
 
 def default_of(name: str) -> Any:
@@ -740,7 +745,9 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 
 
 def set_path(d: dict, dotted: str, value: Any) -> None:
-    """Set a dotted key of a raw config in place (a name given as a string becomes {name: ...})."""
+    """Set a dotted key of a raw config in place: ``top.a.b`` reaches into the keys declared
+    ``dotted`` in the schema (a name given as a string becomes {name: ...}; a key not given, or
+    given as true/false or a list, starts from its default's name)."""
     parts = dotted.split(".")
     if not all(parts):
         raise ConfigError(f"bad key {shown(dotted)}")
@@ -750,26 +757,31 @@ def set_path(d: dict, dotted: str, value: Any) -> None:
     if len(parts) == 1:
         d[top] = value
         return
-    if top in _NAMED or top in ("network", "wandb", "ps_downlink", "lr_schedule"):
-        cur = d.get(top)
-        if cur is None or isinstance(cur, (bool, list)):
-            if top in _NAMED:
-                cur = {"name": default_of(top)["name"]}
-            else:
-                cur = {"name": default_of(top)} if top == "lr_schedule" else {}
-        elif isinstance(cur, str):
-            cur = {"name": cur}
-        else:
-            cur = dict(cur)
-        node = cur
-        for p in parts[1:-1]:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"cannot set {shown(dotted)}: {shown(p)} is not a mapping")
-        node[parts[-1]] = value
-        d[top] = cur
-        return
-    raise ConfigError(f"cannot set {shown(dotted)}: {shown(top)} is not a mapping")
+    if not FIELDS[top].metadata["dotted"]:
+        raise ConfigError(f"cannot set {shown(dotted)}: {shown(top)} is not a mapping")
+    cur = d.get(top)
+    if cur is None or isinstance(cur, (bool, list)):
+        default = default_of(top)
+        cur = (
+            {"name": default["name"]}
+            if isinstance(default, dict)
+            else {"name": default}
+            if isinstance(default, str)
+            else {}
+        )
+    elif isinstance(cur, str):
+        cur = {"name": cur}
+    elif isinstance(cur, dict):
+        cur = dict(cur)
+    else:
+        raise ConfigError(f"cannot set {shown(dotted)}: {top} is {shown(cur)}, not a name or a mapping")
+    node = cur
+    for p in parts[1:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"cannot set {shown(dotted)}: {shown(p)} is not a mapping")
+    node[parts[-1]] = value
+    d[top] = cur
 
 
 def check_values(raw: dict) -> None:
