@@ -16,9 +16,12 @@ A run config is a flat mapping (YAML, loaded with a safe loader, see below)::
     log_every: 10
     tensorboard: true                         # also write TensorBoard event files (optional)
 
-Every field, its default and its meaning is in ``FIELDS`` (``cconv run --help`` prints them).  An
-unknown key is an error that lists the valid ones.  Nested values are addressed with dots in
-``--set`` overrides (``--set compressor.ratio=0.001``); values are parsed as YAML scalars.
+Every key is declared once, in the body of ``RunConfig`` (the schema: ``key(default, help,
+rule)``; ``FIELDS``; ``cconv run --help`` prints them).  ``from_dict`` checks a mapping against it
+once (unknown keys, every number, each key's rule, then ``CROSS_RULES``) into a frozen
+``RunConfig``.  An unknown key is an error that lists the valid ones.  Nested values of the keys
+declared ``dotted`` are addressed with dots in ``--set`` overrides (``--set
+compressor.ratio=0.001``); values are parsed as YAML scalars.
 
 Sweep files (``base`` + ``grid``, ``include``, ``rules``) are expanded by ``cconv.experiments.sweep``.
 
@@ -256,10 +259,10 @@ def mapping(
     optional: bool = True,
     flags: bool = False,
 ) -> Rule:
-    """``None`` (when ``optional``; true/false with ``flags``) or a mapping whose keys are among ``keys`` (any when
-    None), each checked by its rule in ``values``; ``what`` describes it in the message.  With a
-    rule for every key (``values`` covers ``keys``), an unknown key is a wrong shape; otherwise it
-    is named."""
+    """``None`` (when ``optional``; true/false with ``flags``) or a mapping whose keys are among
+    ``keys`` (any when None), each checked by its rule in ``values``; ``what`` describes it in the
+    message.  With a rule for every key (``values`` covers ``keys``), an unknown key is a wrong
+    shape; otherwise it is named."""
 
     def check(name: str, v: Any, run: Mapping) -> Any:
         if (v is None and optional) or (flags and isinstance(v, bool)):
@@ -409,7 +412,7 @@ class RunConfig:
     optimizer: dict = key(
         {"name": "sgd"},
         "optax optimizer alias or {name, **kwargs}, e.g. {name: sgd, momentum: 0.9}",
-        named(lookup=lambda n: optimizer_function(n)),
+        named(lookup=lambda n: optimizer_function(n)),  # optax's names (the optax section below)
         dotted=True,
     )
     lr: float = key(0.1, "learning rate", number(0.0, strict=True))
