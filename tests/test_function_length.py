@@ -18,8 +18,6 @@ KNOWN_LONG = {
     "cconv/cli.py::build_parser",  # to become one declarative table of the CLI's options
     "cconv/experiments/config.py::from_dict",  # to become one declarative config schema
     "cconv/experiments/config.py::engine_config",  # part of building a run in one pass
-    "cconv/compressors/dgc.py::_dgc",  # the jitted body of DGC's compress (one traced program)
-    "cconv/compressors/qsgd.py::_qsgd",  # the jitted body of QSGD's compress (one traced program)
 }
 
 
