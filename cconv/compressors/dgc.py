@@ -282,30 +282,34 @@ def _bound(c, shape):
     return Bound("biased", delta=0.0, tight=False)
 
 
-def _error_sq(c, x, state):
-    """||x - C(x)||^2 of the set DGC sends (module doc), replayed in NumPy (float32 threshold)."""
-    x = flat64(x)
-    d = x.size
-    hp = c.hparams
-    k = sparsifier_k(c, d)
-    if k >= d:
-        return 0.0
+def replay_selection(x: np.ndarray, k: int, hp: dict) -> tuple[np.ndarray, str]:
+    """The indices DGC sends for a flat ``x`` (k < d), replayed in NumPy from the module doc
+    (float32 threshold), and which rule picked them: ``"exact"`` (the sample is the whole vector),
+    ``"resample"`` (more than upper_bound * k candidates: their top k) or ``"first"`` (the candidates
+    in index order, cut at k)."""
     mag = np.abs(x.astype(np.float32))
     mag = np.where(np.isnan(mag), np.float32(np.inf), mag)
-    stride, n_s, k_s = sample_layout(d, k, hp["sample_ratio"])
-    if stride == 1 and n_s == d:
-        sent = top_idx(mag, k)
-    else:
-        thr = np.sort(mag[::stride])[::-1][k_s - 1]
-        n, rounds = int(np.sum(mag >= thr)), 0
-        while rounds < hp["adapt_iters"] and n < hp["lower_bound"] * k:
-            thr = np.float32(thr * np.float32(hp["lower_bound"]))
-            n, rounds = int(np.sum(mag >= thr)), rounds + 1
-        cand = np.flatnonzero(mag >= thr)  # ascending index
-        if n > hp["upper_bound"] * k and rounds < hp["adapt_iters"]:
-            sent = cand[top_idx(mag[cand], k)]
-        else:
-            sent = cand[:k]
+    stride, n_s, k_s = sample_layout(x.size, k, hp["sample_ratio"])
+    if stride == 1 and n_s == x.size:
+        return top_idx(mag, k), "exact"
+    thr = np.sort(mag[::stride])[::-1][k_s - 1]
+    n, rounds = int(np.sum(mag >= thr)), 0
+    while rounds < hp["adapt_iters"] and n < hp["lower_bound"] * k:
+        thr = np.float32(thr * np.float32(hp["lower_bound"]))
+        n, rounds = int(np.sum(mag >= thr)), rounds + 1
+    cand = np.flatnonzero(mag >= thr)  # ascending index
+    if n > hp["upper_bound"] * k and rounds < hp["adapt_iters"]:
+        return cand[top_idx(mag[cand], k)], "resample"
+    return cand[:k], "first"
+
+
+def _error_sq(c, x, state):
+    """||x - C(x)||^2 of the set DGC sends (module doc, ``replay_selection``)."""
+    x = flat64(x)
+    k = sparsifier_k(c, x.size)
+    if k >= x.size:
+        return 0.0
+    sent, _ = replay_selection(x, k, c.hparams)
     return float(np.sum(x * x)) - float(np.sum(x[sent] ** 2))
 
 
