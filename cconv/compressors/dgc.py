@@ -54,21 +54,10 @@ from jax import lax
 from cconv.compressors import golomb
 from cconv.compressors.base import Array, Compressor, SparsifierSize, check_float, size_of, stateless_init
 from cconv.compressors.oracle import flat64, sparsifier_k, top_idx
-from cconv.compressors.registry import (
-    RATIO,
-    Bound,
-    Entry,
-    K,
-    Knob,
-    Param,
-    Schema,
-    Theory,
-    ratio_or_k,
-    register,
-    with_ratio,
-)
+from cconv.compressors.registry import Bound, Entry, Knob, Param, Schema, Theory, register, with_ratio
 from cconv.compressors.select import topk_indices
 from cconv.compressors.sparse import (
+    SIZE,
     SPARSE_BENCH,
     SPARSE_RATIOS,
     DensePayload,
@@ -321,15 +310,14 @@ dgc = register(
         _dgc,
         Schema(
             (
-                RATIO,
-                K,
+                *SIZE.params,
                 Param("sample_ratio", "float", 0.01, low=0.0, high=1.0, low_open=True),
                 Param("upper_bound", "float", 1.3, low=1.0, help="resample above upper_bound * k candidates"),
                 Param("lower_bound", "float", 0.8, low=0.0, high=1.0, low_open=True, help="threshold factor"),
                 Param("adapt_iters", "int", 10, low=0, help="threshold adjustments at most"),
                 golomb.POSITIONS,
             ),
-            rule=ratio_or_k,
+            rule=SIZE.rule,
         ),
         collectives=("gtopk",),
         theory=THEORY,
