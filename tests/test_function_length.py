@@ -17,12 +17,6 @@ LIMIT = 60
 KNOWN_LONG = {
     "cconv/cli.py::build_parser",  # to become one declarative table of the CLI's options
     "cconv/experiments/config.py::engine_config",  # part of building a run in one pass
-    "cconv/advisor/extrapolate.py::predict",
-    "cconv/experiments/plotting.py::curves",
-    "cconv/experiments/plotting.py::family_grid",
-    "cconv/experiments/plotting.py::ratio_summary",
-    "cconv/compressors/dgc.py::_dgc",  # the jitted body of DGC's compress (one traced program)
-    "cconv/compressors/qsgd.py::_qsgd",  # the jitted body of QSGD's compress (one traced program)
 }
 
 

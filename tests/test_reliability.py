@@ -4,8 +4,11 @@ truth.  In-process tests use tiny configs; the CLI tests use real subprocesses."
 
 import json
 import os
+import textwrap
 
 import pytest
+from runs_helpers import ROOT, TINY, cli_env, tiny_yaml, write_tiny
+from runs_helpers import run_cconv as cconv
 
 from cconv.experiments import io
 from cconv.experiments.config import from_dict
@@ -13,19 +16,6 @@ from cconv.experiments.runner import execute
 
 # real subprocesses, SIGKILL and concurrent processes: not in the fast subset (-m 'not slow')
 pytestmark = pytest.mark.slow
-
-TINY = {
-    "model": {"name": "mlp", "hidden": [8]},
-    "data": "digits",
-    "workers": 2,
-    "batch_size": 16,
-    "steps": 12,
-    "lr": 0.1,
-    "compressor": {"name": "topk", "ratio": 0.1},
-    "memory": "ef",
-    "log_every": 4,
-    "checkpoint_every": 4,
-}
 
 
 def _summary_path(d):
@@ -94,11 +84,6 @@ def test_all_seeds_diverged_then_killed_before_summary_recovers(tmp_path):
 
 # --------------------------------------------------------------------------- CLI, real SIGKILL
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY_YAML = (
-    "model: {name: mlp, hidden: [8]}\ndata: digits\nworkers: 2\nbatch_size: 16\nsteps: 12\nlr: 0.1\n"
-    "compressor: {name: topk, ratio: 0.1}\nmemory: ef\nlog_every: 4\ncheckpoint_every: 4\n"
-)
 # cconv's main with summary.json's final write replaced by SIGKILL: the process dies right
 # after the final checkpoint, before the summary says the run ended.
 KILL_BEFORE_FINAL_SUMMARY = """
@@ -115,20 +100,6 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
-def _env():
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(JAX_PLATFORMS="cpu", CCONV_PROGRESS="0", PYTHONPATH=ROOT)
-    return env
-
-
-def cconv(*args, code=None):
-    import subprocess
-    import sys
-
-    argv = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "cconv", *args]
-    return subprocess.run(argv, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
-
-
 def _check_completed(d, steps=(4, 8, 12)):
     s = io.read_summary(d)
     lines = io.read_jsonl(os.path.join(d, io.METRICS))
@@ -140,8 +111,7 @@ def _check_completed(d, steps=(4, 8, 12)):
 @pytest.mark.slow
 def test_cli_run_sigkilled_before_final_summary_then_run_again(tmp_path):
     """Before: exit 1 with orbax's StepAlreadyExistsError, summary rewritten to failed, forever."""
-    cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(TINY_YAML)
+    cfg = write_tiny(tmp_path / "tiny.yaml")
     out = str(tmp_path / "run")
     r = cconv("run", str(cfg), "--out", out, code=KILL_BEFORE_FINAL_SUMMARY)
     assert r.returncode == -9, r.stderr
@@ -159,7 +129,7 @@ def test_cli_run_sigkilled_before_final_summary_then_run_again(tmp_path):
 @pytest.mark.slow
 def test_cli_sweep_sigkilled_before_final_summary_then_sweep_again(tmp_path):
     spec = tmp_path / "s.yaml"
-    base = "".join(f"  {line}\n" for line in TINY_YAML.splitlines())
+    base = textwrap.indent(tiny_yaml(), "  ")
     spec.write_text(f"base:\n{base}grid:\n  lr: [0.1, 0.05]\n")
     out = tmp_path / "sw"
     r = cconv("sweep", str(spec), "--out", str(out), code=KILL_BEFORE_FINAL_SUMMARY)
@@ -213,7 +183,7 @@ def _popen(*args):
     return subprocess.Popen(
         [sys.executable, "-m", "cconv", *args],
         cwd=ROOT,
-        env=_env(),
+        env=cli_env(),
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -223,8 +193,7 @@ def _popen(*args):
 @pytest.mark.slow
 def test_cli_run_on_a_directory_another_process_trains_is_refused(tmp_path):
     """Before: both processes trained the run, every step logged twice in metrics.jsonl."""
-    cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(TINY_YAML)
+    cfg = write_tiny(tmp_path / "tiny.yaml")
     out = tmp_path / "run"
     out.mkdir()
     with io.run_lock(str(out)):  # this test process is "the other process"
@@ -243,7 +212,7 @@ def test_two_concurrent_sweeps_on_one_directory(tmp_path):
     """Before: both sweeps exit 0 with every step logged twice (or crash on the other's orbax
     temporary directories).  Now each run is trained by exactly one of them."""
     spec = tmp_path / "s.yaml"
-    base = "".join(f"  {line}\n" for line in TINY_YAML.replace("steps: 12", "steps: 40").splitlines())
+    base = textwrap.indent(tiny_yaml(steps=40), "  ")
     spec.write_text(f"base:\n{base}grid:\n  lr: [0.1, 0.05, 0.02]\n")
     out = tmp_path / "sw"
     procs = [_popen("sweep", str(spec), "--out", str(out), "--no-figure") for _ in range(2)]
@@ -457,7 +426,7 @@ def test_invalid_input_exit_2_one_line_nothing_written(case, tmp_path, capsys):
 
     extra_yaml, args, fragment = INVALID[case]
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(TINY_YAML.replace("steps: 12", "steps: 2") + "".join(extra_yaml))
+    cfg.write_text(tiny_yaml(steps=2) + "".join(extra_yaml))
     before = sorted(os.listdir(tmp_path))
     args = [a.replace("{tmp}", str(tmp_path)).replace("{cfg}", str(cfg)) for a in args]
     if "--out" not in args:
@@ -474,9 +443,7 @@ def test_error_feedback_warning_is_one_line_in_the_cli(tmp_path):
     """EF around QSGD s=2 (omega >= 1): the run goes on, stderr carries one warning line naming
     omega and the fix."""
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(
-        TINY_YAML.replace("steps: 12", "steps: 2").replace("{name: topk, ratio: 0.1}", "{name: qsgd, levels: 2}")
-    )
+    write_tiny(cfg, steps=2, compressor={"name": "qsgd", "levels": 2})
     r = cconv("run", str(cfg), "--out", str(tmp_path / "run"))
     assert r.returncode == 0, r.stderr
     warned = [line for line in r.stderr.splitlines() if "omega" in line]
@@ -495,7 +462,7 @@ def test_unavailable_metric_writer_exit_2_before_the_run_directory(backend, tmp_
 
     monkeypatch.setitem(writers.BACKENDS, backend, ("cconv_no_such_module", f"pip install 'cconv[{backend}]'"))
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(TINY_YAML.replace("steps: 12", "steps: 2") + f"{backend}: true\n")
+    write_tiny(cfg, steps=2, **{backend: True})
     before = sorted(os.listdir(tmp_path))
     rc = cli.main(["run", str(cfg), "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err.strip()
@@ -519,7 +486,7 @@ def test_sweep_with_a_bad_optimizer_argument_is_refused_before_anything_is_writt
     from cconv.experiments.config import ConfigError
 
     spec = tmp_path / "s.yaml"
-    base = "".join(f"  {line}\n" for line in TINY_YAML.splitlines())
+    base = textwrap.indent(tiny_yaml(), "  ")
     spec.write_text(f"base:\n{base}grid:\n  optimizer: [sgd, {{name: sgd, momentum: abc}}]\n")
     with pytest.raises(ConfigError, match="momentum"):
         sweep.run_sweep(str(spec), str(tmp_path / "out"))
@@ -555,7 +522,7 @@ def test_disk_full_ends_with_one_line_and_an_honest_summary(small_disk, tmp_path
     """Before: pages of orbax tracebacks (absl error logs, "Event loop is closed" from C threads)
     and a 400-character tensorstore message; the partial checkpoint filled the disk."""
     cfg = tmp_path / "big.yaml"  # a checkpoint of ~5 MB (two workers' replicas and residuals)
-    cfg.write_text(TINY_YAML.replace("hidden: [8]", "hidden: [512, 512]"))
+    write_tiny(cfg, model={"name": "mlp", "hidden": [512, 512]})
     d = os.path.join(small_disk, "run")
     r = cconv("run", str(cfg), "--out", d)
     assert r.returncode == 1

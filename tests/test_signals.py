@@ -16,34 +16,20 @@ import time
 import jax
 import numpy as np
 import pytest
+from runs_helpers import ROOT, cli_env, run_cconv, tiny, tiny_yaml
 
 from cconv.experiments import io, report, signals
 from cconv.experiments.checkpoint import Checkpointer
 from cconv.experiments.config import from_dict, load_run
 from cconv.experiments.runner import build_problem, execute, initial_state
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUN_YAML = (
-    "model: {name: mlp, hidden: [8]}\ndata: digits\nworkers: 2\nbatch_size: 16\nsteps: 200\nlr: 0.1\n"
-    "compressor: {name: topk, ratio: 0.1}\nmemory: ef\nlog_every: 4\ncheckpoint_every: 1000\n"
-)  # no periodic checkpoint before the end: the only resume point is the one the signal makes
-
-
-def _env():
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the CLI sets the device count
-    env.update(JAX_PLATFORMS="cpu", CCONV_PROGRESS="0", PYTHONPATH=ROOT)
-    return env
-
-
-def _cconv(*args):
-    argv = [sys.executable, "-m", "cconv", *args]
-    return subprocess.run(argv, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+RUN_YAML = tiny_yaml(steps=200, checkpoint_every=1000)  # the only resume point is the one the signal makes
 
 
 def _signal_after(args: list, metrics: str, sig: int, lines: int = 2) -> tuple[subprocess.CompletedProcess, int]:
     """Start ``cconv ARGS``, send ``sig`` once ``metrics`` has ``lines`` lines; (result, lines then)."""
     p = subprocess.Popen(
-        [sys.executable, "-m", "cconv", *args], cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, "-m", "cconv", *args], cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     deadline = time.time() + 240
     while time.time() < deadline and p.poll() is None and len(io.read_jsonl(metrics)) < lines:
@@ -92,7 +78,7 @@ def test_sigterm_checkpoints_the_step_exits_143_and_resumes_bit_identically(tmp_
     assert 4 * seen <= at < 200  # the step reached when the signal came, not an earlier resume point
     assert Checkpointer(os.path.join(d, io.CHECKPOINTS)).all_steps() == [at]  # saved at that step
     assert [ln["step"] for ln in _lines(d)] == list(range(4, at + 1, 4))
-    r = _cconv("run", str(spec), "--out", d)
+    r = run_cconv("run", str(spec), "--out", d)
     assert r.returncode == 0 and "completed" in r.stdout, r.stderr[-2000:]
     got, want = _lines(d), _lines(ref)
     assert [ln["step"] for ln in got] == list(range(4, 201, 4))  # each step once
@@ -115,25 +101,14 @@ def test_sigint_stops_a_sweep_after_the_run_and_the_sweep_resumes(tmp_path):
     assert Checkpointer(str(first / io.CHECKPOINTS)).all_steps() == [s["step"]]
     assert not second.exists()  # the sweep stopped after the interrupted run
     assert list(report.load_runs([str(first)])["status"]) == ["interrupted"]
-    r = _cconv("sweep", str(spec), "--out", str(out))
+    r = run_cconv("sweep", str(spec), "--out", str(out))
     assert r.returncode == 0 and "2 completed, 0 diverged, 0 failed, 0 already done" in r.stdout, r.stderr[-2000:]
     for d in (first, second):
         assert [ln["step"] for ln in _lines(str(d))] == list(range(4, 201, 4))
         assert io.read_summary(str(d))["status"] == "completed"
 
 
-TINY = {
-    "model": {"name": "mlp", "hidden": [8]},
-    "data": "digits",
-    "workers": 2,
-    "batch_size": 16,
-    "steps": 12,
-    "lr": 0.1,
-    "compressor": {"name": "topk", "ratio": 0.1},
-    "memory": "ef",
-    "log_every": 4,
-    "checkpoint_every": 100,
-}
+TINY = tiny(checkpoint_every=100)
 
 
 def _signal_at(monkeypatch, problem, steps: dict) -> None:

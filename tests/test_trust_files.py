@@ -18,25 +18,14 @@ from io import StringIO
 
 import pandas as pd
 import pytest
+from runs_helpers import tiny, write_tiny
 
 from cconv import cli
 from cconv.experiments import io, plotting, report
 from cconv.experiments.config import from_dict
 from cconv.experiments.runner import execute
 
-TINY = {
-    "model": {"name": "mlp", "hidden": [8]},
-    "data": "digits",
-    "workers": 2,
-    "batch_size": 16,
-    "steps": 12,
-    "lr": 0.1,
-    "compressor": {"name": "topk", "ratio": 0.1},
-    "memory": "ef",
-    "log_every": 2,
-    "checkpoint_every": 4,
-}
-TINY_YAML = "".join(f"{k}: {json.dumps(v)}\n" for k, v in TINY.items())
+TINY = tiny(log_every=2)
 
 
 def snapshot(root) -> dict:
@@ -77,9 +66,7 @@ def _copy(src, tmp_path, name="run"):
 
 
 def _config(tmp_path, **changes) -> str:
-    p = tmp_path / "tiny.yaml"
-    p.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in {**TINY, **changes}.items()))
-    return str(p)
+    return write_tiny(tmp_path / "tiny.yaml", **{"log_every": 2, **changes})
 
 
 def _one_warning(err: str) -> str:

@@ -117,11 +117,20 @@ def log_steps_to(a: float, b: float, gap_target: float) -> float:
     return (a - math.log(gap_target)) / b
 
 
+def _seed_curves(curve: Curve) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values[seed, step]) in float64; one seed's curve gets the seed axis."""
+    steps, values = np.asarray(curve.steps, np.float64), np.asarray(curve.values, np.float64)
+    return steps, values[None] if values.ndim == 1 else values
+
+
+def _gap(target: Target, values: np.ndarray) -> np.ndarray:
+    """The gap to the metric's best value, floored at 1e-12 (the fit takes its log)."""
+    return np.maximum(target.gap(values), 1e-12)
+
+
 def predict(curve: Curve, target: Target, settings: Settings = Settings()) -> Prediction:
     """Steps to ``target`` from ``curve`` (module docstring)."""
-    steps, values = np.asarray(curve.steps, np.float64), np.asarray(curve.values, np.float64)
-    if values.ndim == 1:
-        values = values[None]
+    steps, values = _seed_curves(curve)
     bad = ~np.isfinite(values)
     if bad.any():
         s, j = np.argwhere(bad)[0]
@@ -136,8 +145,15 @@ def predict(curve: Curve, target: Target, settings: Settings = Settings()) -> Pr
     steps, values, mean = steps[keep], values[:, keep], mean[keep]
     if len(steps) < n_fit:
         return _none("too-short", f"{len(steps)} logged points; the fit needs {n_fit} (a longer probe or log_every)")
-    xs, gaps, e = steps[-n_fit:], np.maximum(target.gap(mean[-n_fit:]), 1e-12), target.gap_target
-    a, b, cov, _ = fit_power(xs, gaps)
+    return _extrapolate(steps[-n_fit:], values[:, -n_fit:], mean[-n_fit:], target, settings)
+
+
+def _extrapolate(
+    xs: np.ndarray, values: np.ndarray, mean: np.ndarray, target: Target, settings: Settings
+) -> Prediction:
+    """The power-law fit to the seed mean ``mean`` at steps ``xs`` (seeds: ``values``), and t* with its
+    interval, or why not (``stalled``, then ``_interval``'s reasons)."""
+    a, b, cov, _ = fit_power(xs, _gap(target, mean))
     if b < settings.min_rate:
         return _none(
             "stalled",
@@ -145,21 +161,29 @@ def predict(curve: Curve, target: Target, settings: Settings = Settings()) -> Pr
             f"(< t^-{settings.min_rate:g}): no progress to extrapolate",
             rate=b,
         )
-    lt = log_steps_to(a, b, e)
+    lt = log_steps_to(a, b, target.gap_target)
     grad = np.array([1.0 / b, -lt / b])
-    var_fit = float(grad @ cov @ grad)
+    var_fit = float(grad @ cov @ grad)  # the delta method on the fit's covariance
+    noise = settings.z * math.sqrt(max(var_fit, _seed_variance(xs, values, target, settings)))
+    return _interval(lt, noise, b, float(xs[-1]), settings)
+
+
+def _seed_variance(xs: np.ndarray, values: np.ndarray, target: Target, settings: Settings) -> float:
+    """var_s / S of log t* predicted on each seed's own curve; inf when one of them stalls."""
     per_seed = []
     for v in values:
-        a_s, b_s, _, _ = fit_power(xs, np.maximum(target.gap(v[-n_fit:]), 1e-12))
-        per_seed.append(log_steps_to(a_s, b_s, e) if b_s >= settings.min_rate else math.inf)
+        a_s, b_s, _, _ = fit_power(xs, _gap(target, v))
+        per_seed.append(log_steps_to(a_s, b_s, target.gap_target) if b_s >= settings.min_rate else math.inf)
     per_seed = np.asarray(per_seed)
     if not np.all(np.isfinite(per_seed)):
-        var_seed = math.inf
-    else:
-        var_seed = float(per_seed.var(ddof=1) / len(per_seed)) if len(per_seed) > 1 else 0.0
-    t_end = float(xs[-1])
+        return math.inf
+    return float(per_seed.var(ddof=1) / len(per_seed)) if len(per_seed) > 1 else 0.0
+
+
+def _interval(lt: float, noise: float, b: float, t_end: float, settings: Settings) -> Prediction:
+    """t* = exp(lt) with ``noise`` plus kappa log(1 + t*/t_end) each side (in log t), or
+    ``not-approached`` / ``noisy`` (module docstring)."""
     ext = math.exp(lt) / t_end
-    noise = settings.z * math.sqrt(max(var_fit, var_seed))
     half = noise + settings.kappa * math.log1p(max(ext, 1.0))
     t, lo, hi = math.exp(lt), math.exp(lt - half), math.exp(lt + half)
     lo = max(lo, t_end)  # not reached by the probe's last step
@@ -185,9 +209,7 @@ def predict(curve: Curve, target: Target, settings: Settings = Settings()) -> Pr
 def metric_at(curve: Curve, target: Target, t: float, settings: Settings = Settings()) -> float:
     """The metric the fitted power law gives at step ``t`` (the seed mean; NaN when a seed
     diverged or the curve is too short to fit)."""
-    values = np.asarray(curve.values, np.float64)
-    values = values[None] if values.ndim == 1 else values
-    steps = np.asarray(curve.steps, np.float64)
+    steps, values = _seed_curves(curve)
     if not np.all(np.isfinite(values)):
         return math.nan
     keep = steps > 0
@@ -195,6 +217,6 @@ def metric_at(curve: Curve, target: Target, t: float, settings: Settings = Setti
     if keep.sum() < n_fit:
         return math.nan
     xs, mean = steps[keep][-n_fit:], values[:, keep].mean(0)[-n_fit:]
-    a, b, _, _ = fit_power(xs, np.maximum(target.gap(mean), 1e-12))
+    a, b, _, _ = fit_power(xs, _gap(target, mean))
     gap = math.exp(a - max(b, 0.0) * math.log(max(t, xs[-1])))
     return target.kind.best - gap if target.kind.higher else target.kind.best + gap

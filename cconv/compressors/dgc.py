@@ -54,21 +54,10 @@ from jax import lax
 from cconv.compressors import golomb
 from cconv.compressors.base import Array, Compressor, SparsifierSize, check_float, size_of, stateless_init
 from cconv.compressors.oracle import flat64, sparsifier_k, top_idx
-from cconv.compressors.registry import (
-    RATIO,
-    Bound,
-    Entry,
-    K,
-    Knob,
-    Param,
-    Schema,
-    Theory,
-    ratio_or_k,
-    register,
-    with_ratio,
-)
+from cconv.compressors.registry import Bound, Entry, Knob, Param, Schema, Theory, register, with_ratio
 from cconv.compressors.select import topk_indices
 from cconv.compressors.sparse import (
+    SIZE,
     SPARSE_BENCH,
     SPARSE_RATIOS,
     DensePayload,
@@ -125,6 +114,89 @@ def adjust_threshold(mag, thr, k: int, lower_bound: float, iters: int):
     return lax.while_loop(cond, body, (thr, count(thr), jnp.zeros((), jnp.int32)))
 
 
+def magnitudes(flat):
+    """|x_i| in float32, NaN as an infinite magnitude (selected first, module doc)."""
+    mag = jnp.abs(flat).astype(jnp.float32)
+    return jnp.where(jnp.isnan(mag), jnp.inf, mag)
+
+
+def first_k_of_top(mag, thr, n, k: int, high: int):
+    """The first k candidates (|x_i| >= thr) in index order when there are n <= ``high`` of them: they
+    are among the ``high`` largest magnitudes, so one top-k of that size and a prefix sum.  Fewer
+    than k candidates: the other slots are padding.  Returns (indices, valid)."""
+    top = topk_indices(mag, min(high, mag.shape[0]))  # ascending indices
+    cand = mag[top] >= thr
+    rank = jnp.cumsum(cand, dtype=jnp.int32) - 1  # index order among the candidates
+    slot = jnp.where(cand & (rank < k), rank, k)
+    idx = jnp.zeros((k,), jnp.int32).at[slot].set(top, mode="drop")
+    return idx, jnp.arange(k) < n
+
+
+def first_k_by_index(mag, thr, n, k: int):
+    """The first k candidates in index order when there are more than upper_bound * k of them (after
+    the last lowering; rare): every candidate ranked by index.  Returns (indices, valid)."""
+    d = mag.shape[0]
+    cand = mag >= thr
+    if d < 1 << 24:  # d - i is exact in float32: one top-k pass ranks candidates by index
+        idx = topk_indices(jnp.where(cand, jnp.arange(d, 0, -1, dtype=jnp.float32), 0.0), k)
+        return idx, cand[idx]
+    idx = jnp.nonzero(cand, size=k, fill_value=0)[0].astype(jnp.int32)
+    return idx, jnp.arange(k) < n
+
+
+def select_slots(flat, k: int, sample_ratio: float, upper_bound: float, lower_bound: float, adapt_iters: int):
+    """DGC's k slots of a flat vector (module doc, steps 1-3): (indices ascending, valid)."""
+    d = flat.shape[0]
+    mag = magnitudes(flat)
+    thr = sampled_threshold(mag, k, sample_ratio)
+    stride, n_s, _ = sample_layout(d, k, sample_ratio)
+    if stride == 1 and n_s == d:  # the sample is everything: thr is the k-th largest |x_i|
+        idx = topk_indices(flat, k)
+        return idx, mag[idx] >= thr  # all of them (exact top-k)
+    thr, n, rounds = adjust_threshold(mag, thr, k, lower_bound, adapt_iters)
+    high = math.floor(upper_bound * k)  # n > upper_bound * k  <=>  n > high
+    resample = (n > high) & (rounds < adapt_iters)
+
+    def first_k(_):
+        return lax.cond(
+            n <= high, lambda _: first_k_of_top(mag, thr, n, k, high), lambda _: first_k_by_index(mag, thr, n, k), None
+        )
+
+    def top_k(_):
+        idx = topk_indices(flat, k)
+        return idx, idx >= 0  # all valid (derived from idx: same shard_map variance as first_k)
+
+    return lax.cond(resample, top_k, first_k, None)
+
+
+def _payload(flat, idx, valid, coded: bool):
+    """The k slots (valid ones first, ascending; padding: value 0 at index 0)."""
+    values = jnp.where(valid, flat[idx], jnp.zeros((), flat.dtype))
+    idx = jnp.where(valid, idx, 0).astype(jnp.int32)
+    if coded:  # only the valid prefix is coded
+        n = jnp.sum(valid, dtype=jnp.int32)
+        return CodedPayload(values, golomb.encode(idx, flat.shape[0], n), n)
+    return SparsePayload(values, idx)
+
+
+def _coded_sparse(p: CodedPayload, like):
+    """A Golomb-coded payload as a sparse one: the count says how many values the message holds."""
+    sent = jnp.arange(p.values.shape[0]) < p.count
+    values = jnp.where(sent, p.values, jnp.zeros((), p.values.dtype))
+    return golomb.to_sparse(golomb.GolombPayload(values, p.positions), like)
+
+
+def _decompress(payload, like):
+    return decompress_sparse(_coded_sparse(payload, like) if isinstance(payload, CodedPayload) else payload, like)
+
+
+def _encoded(p):
+    """The count, the valid values and the used part of the position stream (int32 positions: the wire bytes)."""
+    if not isinstance(p, CodedPayload):
+        return golomb.payload_encoded_bytes(p)
+    return 4 + golomb.payload_encoded_bytes(golomb.GolombPayload(p.values, p.positions), count=p.count)
+
+
 def _dgc(
     ratio: float | None = None,
     k: int | None = None,
@@ -138,87 +210,31 @@ def _dgc(
     kof = size.k
     coded = positions == "golomb"
 
-    def payload(flat, idx, valid):
-        """The k slots (valid ones first, ascending; padding: value 0 at index 0)."""
-        values = jnp.where(valid, flat[idx], jnp.zeros((), flat.dtype))
-        idx = jnp.where(valid, idx, 0).astype(jnp.int32)
-        if coded:  # only the valid prefix is coded
-            n = jnp.sum(valid, dtype=jnp.int32)
-            return CodedPayload(values, golomb.encode(idx, flat.shape[0], n), n)
-        return SparsePayload(values, idx)
-
     def compress(x, state, key):
         check_float("dgc", x)
         flat = x.reshape(-1)
-        d, kk = flat.shape[0], kof(x.shape)
-        if kk >= d:
+        kk = kof(x.shape)
+        if kk >= flat.shape[0]:
             return DensePayload(flat), state
-        mag = jnp.abs(flat).astype(jnp.float32)
-        mag = jnp.where(jnp.isnan(mag), jnp.inf, mag)
-        thr = sampled_threshold(mag, kk, sample_ratio)
-        stride, n_s, _ = sample_layout(d, kk, sample_ratio)
-        if stride == 1 and n_s == d:  # the sample is everything: thr is the k-th largest |x_i|
-            idx = topk_indices(flat, kk)
-            return payload(flat, idx, mag[idx] >= thr), state  # all of them (exact top-k)
-        thr, n, rounds = adjust_threshold(mag, thr, kk, lower_bound, adapt_iters)
-        high = math.floor(upper_bound * kk)  # n > upper_bound * k  <=>  n > high
-        resample = (n > high) & (rounds < adapt_iters)
-
-        def few(_):  # n <= high: the candidates are among the `high` largest magnitudes
-            top = topk_indices(mag, min(high, d))  # ascending indices
-            cand = mag[top] >= thr
-            rank = jnp.cumsum(cand, dtype=jnp.int32) - 1  # index order among the candidates
-            slot = jnp.where(cand & (rank < kk), rank, kk)
-            idx = jnp.zeros((kk,), jnp.int32).at[slot].set(top, mode="drop")
-            return idx, jnp.arange(kk) < n  # fewer than k candidates: the other slots are padding
-
-        def many(_):  # n > high after the last lowering (rare): rank every candidate by index
-            cand = mag >= thr
-            if d < 1 << 24:  # d - i is exact in float32: one top-k pass ranks candidates by index
-                idx = topk_indices(jnp.where(cand, jnp.arange(d, 0, -1, dtype=jnp.float32), 0.0), kk)
-                return idx, cand[idx]
-            idx = jnp.nonzero(cand, size=kk, fill_value=0)[0].astype(jnp.int32)
-            return idx, jnp.arange(kk) < n
-
-        def first_k(_):
-            return lax.cond(n <= high, few, many, None)
-
-        def top_k(_):
-            idx = topk_indices(flat, kk)
-            return idx, idx >= 0  # all valid (derived from idx: same shard_map variance as first_k)
-
-        idx, valid = lax.cond(resample, top_k, first_k, None)
-        return payload(flat, idx, valid), state
-
-    def decompress(payload, like):
-        return decompress_sparse(sparse(payload, like) if isinstance(payload, CodedPayload) else payload, like)
+        idx, valid = select_slots(flat, kk, sample_ratio, upper_bound, lower_bound, adapt_iters)
+        return _payload(flat, idx, valid, coded), state
 
     def wire_bytes(shape, dtype="float32"):
         kk, d = kof(shape), size_of(shape)
         return golomb.moved_bytes(kk, d, dtype) + 4 if coded and kk < d else sparse_bytes(kk, d, dtype)
 
-    def sparse(p, like):  # the count says how many values the message holds
-        sent = jnp.arange(p.values.shape[0]) < p.count
-        values = jnp.where(sent, p.values, jnp.zeros((), p.values.dtype))
-        return golomb.to_sparse(golomb.GolombPayload(values, p.positions), like)
-
-    def encoded(p):  # the count, the valid values and the used part of the position stream
-        if not isinstance(p, CodedPayload):
-            return golomb.payload_encoded_bytes(p)
-        return 4 + golomb.payload_encoded_bytes(golomb.GolombPayload(p.values, p.positions), count=p.count)
-
     return Compressor(
         stateless_init,
         compress,
-        decompress,
+        _decompress,
         wire_bytes,
         size.density,
         name="dgc",
         unbiased=False,
-        encoded=encoded if coded else None,
-        sparse=sparse if coded else None,
+        encoded=_encoded if coded else None,
+        sparse=_coded_sparse if coded else None,
         subtract=None if coded else subtract_sparse,
-        gathered_sum=gathered_sum(decompress, sparse if coded else None),
+        gathered_sum=gathered_sum(_decompress, _coded_sparse if coded else None),
     )
 
 
@@ -255,30 +271,34 @@ def _bound(c, shape):
     return Bound("biased", delta=0.0, tight=False)
 
 
-def _error_sq(c, x, state):
-    """||x - C(x)||^2 of the set DGC sends (module doc), replayed in NumPy (float32 threshold)."""
-    x = flat64(x)
-    d = x.size
-    hp = c.hparams
-    k = sparsifier_k(c, d)
-    if k >= d:
-        return 0.0
+def replay_selection(x: np.ndarray, k: int, hp: dict) -> tuple[np.ndarray, str]:
+    """The indices DGC sends for a flat ``x`` (k < d), replayed in NumPy from the module doc
+    (float32 threshold), and which rule picked them: ``"exact"`` (the sample is the whole vector),
+    ``"resample"`` (more than upper_bound * k candidates: their top k) or ``"first"`` (the candidates
+    in index order, cut at k)."""
     mag = np.abs(x.astype(np.float32))
     mag = np.where(np.isnan(mag), np.float32(np.inf), mag)
-    stride, n_s, k_s = sample_layout(d, k, hp["sample_ratio"])
-    if stride == 1 and n_s == d:
-        sent = top_idx(mag, k)
-    else:
-        thr = np.sort(mag[::stride])[::-1][k_s - 1]
-        n, rounds = int(np.sum(mag >= thr)), 0
-        while rounds < hp["adapt_iters"] and n < hp["lower_bound"] * k:
-            thr = np.float32(thr * np.float32(hp["lower_bound"]))
-            n, rounds = int(np.sum(mag >= thr)), rounds + 1
-        cand = np.flatnonzero(mag >= thr)  # ascending index
-        if n > hp["upper_bound"] * k and rounds < hp["adapt_iters"]:
-            sent = cand[top_idx(mag[cand], k)]
-        else:
-            sent = cand[:k]
+    stride, n_s, k_s = sample_layout(x.size, k, hp["sample_ratio"])
+    if stride == 1 and n_s == x.size:
+        return top_idx(mag, k), "exact"
+    thr = np.sort(mag[::stride])[::-1][k_s - 1]
+    n, rounds = int(np.sum(mag >= thr)), 0
+    while rounds < hp["adapt_iters"] and n < hp["lower_bound"] * k:
+        thr = np.float32(thr * np.float32(hp["lower_bound"]))
+        n, rounds = int(np.sum(mag >= thr)), rounds + 1
+    cand = np.flatnonzero(mag >= thr)  # ascending index
+    if n > hp["upper_bound"] * k and rounds < hp["adapt_iters"]:
+        return cand[top_idx(mag[cand], k)], "resample"
+    return cand[:k], "first"
+
+
+def _error_sq(c, x, state):
+    """||x - C(x)||^2 of the set DGC sends (module doc, ``replay_selection``)."""
+    x = flat64(x)
+    k = sparsifier_k(c, x.size)
+    if k >= x.size:
+        return 0.0
+    sent, _ = replay_selection(x, k, c.hparams)
     return float(np.sum(x * x)) - float(np.sum(x[sent] ** 2))
 
 
@@ -290,15 +310,14 @@ dgc = register(
         _dgc,
         Schema(
             (
-                RATIO,
-                K,
+                *SIZE.params,
                 Param("sample_ratio", "float", 0.01, low=0.0, high=1.0, low_open=True),
                 Param("upper_bound", "float", 1.3, low=1.0, help="resample above upper_bound * k candidates"),
                 Param("lower_bound", "float", 0.8, low=0.0, high=1.0, low_open=True, help="threshold factor"),
                 Param("adapt_iters", "int", 10, low=0, help="threshold adjustments at most"),
                 golomb.POSITIONS,
             ),
-            rule=ratio_or_k,
+            rule=SIZE.rule,
         ),
         collectives=("gtopk",),
         theory=THEORY,

@@ -58,6 +58,7 @@ from cconv.compressors.packing import pack_bits, packed_size, row, sum_rows, unp
 from cconv.compressors.registry import Bench, Bound, Entry, Knob, Param, Schema, Theory, register
 
 CODINGS = ("fixed", "elias")
+CHUNK = bitstream.CHUNK  # entries per chunk-index offset of the Elias stream
 
 
 class QSGDPayload(NamedTuple):
@@ -93,79 +94,96 @@ def _bytes_of_words(w: Array, n_bytes: int) -> Array:
     return b.reshape(-1)[:n_bytes]
 
 
+def _buckets(d: int, bucket: int | None) -> tuple[int, int]:
+    """(bucket size b, number of buckets)."""
+    b = max(1, d if bucket is None else min(bucket, d))
+    return b, -(-d // b)
+
+
+def _capacity(d: int, nbits: int) -> int:
+    """Bits of the Elias buffer: the fixed format's bytes (see the module docstring)."""
+    return 8 * packed_size(d, nbits)
+
+
+def _quantize(x, key, s: int, bucket: int | None):
+    """The codes sign*xi + s (uint8, one per entry of x) and the bucket norms (module docstring)."""
+    d = x.size
+    b, nb = _buckets(d, bucket)
+    flat = x.reshape(-1).astype(jnp.float32)
+    v = jnp.pad(flat, (0, nb * b - d)).reshape(nb, b)
+    norms = jnp.sqrt(jnp.sum(v * v, axis=1))
+    r = s * safe_div(jnp.abs(v), norms[:, None])
+    l = jnp.floor(r)
+    p = r - l
+    xi = jnp.minimum(l + (fastrng.uniform(key, v.shape) < p), s)  # = jax.random.uniform, bit for bit
+    level = jnp.where(v >= 0, xi, -xi)
+    return (level + s).astype(jnp.uint8).reshape(-1)[:d], norms
+
+
+def _elias_payload(codes, packed, norms, s: int, nbits: int) -> QSGDEliasPayload:
+    """coding="elias": the Elias stream of the levels when its encoded size is at most the fixed
+    format's, else the fixed codes ``packed`` in the same words with count = -1 (module docstring)."""
+    d = codes.shape[0]
+    cap = _capacity(d, nbits)
+    stream, count = elias.encode(codes.astype(jnp.int32) - s, cap, CHUNK)
+    use = bitstream.encoded_bytes(stream, count, CHUNK) <= packed_size(d, nbits)
+    fixed_words = _words_of_bytes(packed, bitstream.capacity_words(cap))
+    stream = bitstream.BitStream(
+        jnp.where(use, stream.words, fixed_words),
+        jnp.where(use, stream.nbits, cap).astype(jnp.int32),
+        jnp.where(use, stream.offsets, 0),
+    )
+    return QSGDEliasPayload(stream, jnp.where(use, count, -1).astype(jnp.int32), norms)
+
+
+def _levels(payload, d: int, s: int, nbits: int, coding: str):
+    """The d signed levels sign*xi in float32, from the payload of either ``coding``."""
+    if coding == "fixed":
+        return unpack_bits(payload.codes, nbits, d).astype(jnp.float32) - s
+    words = payload.stream.words
+
+    def fixed(_):
+        return unpack_bits(_bytes_of_words(words, packed_size(d, nbits)), nbits, d).astype(jnp.int32) - s
+
+    def coded(_):
+        return elias.decode(payload.stream, payload.count, d, CHUNK)
+
+    return lax.cond(payload.count >= 0, coded, fixed, None).astype(jnp.float32)
+
+
+def _encoded(payload: QSGDEliasPayload):
+    """Norms, the count word, then the Elias stream or (count = -1) the fixed codes, whose
+    bytes the stream's nbits holds (8 * ceil(d * bits / 8))."""
+    fixed = (payload.stream.nbits // 8).astype(jnp.float32)
+    body = jnp.where(payload.count >= 0, bitstream.encoded_bytes(payload.stream, payload.count, CHUNK), fixed)
+    return 4.0 * payload.norms.shape[0] + 4.0 + body
+
+
 def _qsgd(levels: int = 8, bucket: int | None = None, coding: str = "fixed") -> Compressor:
     s = levels
     nbits = code_bits(s)
-    chunk = bitstream.CHUNK
-
-    def layout(d):
-        b = d if bucket is None else min(bucket, d)
-        b = max(b, 1)
-        return b, -(-d // b)
-
-    def capacity(d):
-        """Bits of the Elias buffer: the fixed format's bytes (see the module docstring)."""
-        return 8 * packed_size(d, nbits)
 
     def compress(x, state, key):
         check_float("qsgd", x)
-        d = x.size
-        b, nb = layout(d)
-        flat = x.reshape(-1).astype(jnp.float32)
-        v = jnp.pad(flat, (0, nb * b - d)).reshape(nb, b)
-        norms = jnp.sqrt(jnp.sum(v * v, axis=1))
-        r = s * safe_div(jnp.abs(v), norms[:, None])
-        l = jnp.floor(r)
-        p = r - l
-        xi = jnp.minimum(l + (fastrng.uniform(key, v.shape) < p), s)  # = jax.random.uniform, bit for bit
-        level = jnp.where(v >= 0, xi, -xi)
-        codes = (level + s).astype(jnp.uint8).reshape(-1)[:d]
+        codes, norms = _quantize(x, key, s, bucket)
         packed = pack_bits(codes, nbits)
         if coding == "fixed":
             return QSGDPayload(packed, norms), state
-        cap = capacity(d)
-        stream, count = elias.encode(codes.astype(jnp.int32) - s, cap, chunk)
-        use = bitstream.encoded_bytes(stream, count, chunk) <= packed_size(d, nbits)
-        fixed_words = _words_of_bytes(packed, bitstream.capacity_words(cap))
-        stream = bitstream.BitStream(
-            jnp.where(use, stream.words, fixed_words),
-            jnp.where(use, stream.nbits, cap).astype(jnp.int32),
-            jnp.where(use, stream.offsets, 0),
-        )
-        return QSGDEliasPayload(stream, jnp.where(use, count, -1).astype(jnp.int32), norms), state
+        return _elias_payload(codes, packed, norms, s, nbits), state
 
     def decompress(payload, like):
         shape, dtype = like_info(like)
         d = size_of(shape)
-        b, nb = layout(d)
-        if coding == "fixed":
-            level = unpack_bits(payload.codes, nbits, d).astype(jnp.float32) - s
-        else:
-            words = payload.stream.words
-
-            def fixed(_):
-                return unpack_bits(_bytes_of_words(words, packed_size(d, nbits)), nbits, d).astype(jnp.int32) - s
-
-            def coded(_):
-                return elias.decode(payload.stream, payload.count, d, chunk)
-
-            level = lax.cond(payload.count >= 0, coded, fixed, None).astype(jnp.float32)
-        level = jnp.pad(level, (0, nb * b - d)).reshape(nb, b)
+        b, nb = _buckets(d, bucket)
+        level = jnp.pad(_levels(payload, d, s, nbits, coding), (0, nb * b - d)).reshape(nb, b)
         out = payload.norms[:, None] * level / s
         return out.reshape(-1)[:d].astype(dtype).reshape(shape)
 
     def wire_bytes(shape, dtype="float32"):
         d = size_of(shape)
         if coding == "fixed":
-            return packed_size(d, nbits) + 4 * layout(d)[1]
-        return bitstream.stream_bytes(capacity(d), d, chunk) + 4 + 4 * layout(d)[1]
-
-    def encoded(payload):
-        """Norms, the count word, then the Elias stream or (count = -1) the fixed codes, whose
-        bytes the stream's nbits holds (8 * ceil(d * bits / 8))."""
-        fixed = (payload.stream.nbits // 8).astype(jnp.float32)
-        body = jnp.where(payload.count >= 0, bitstream.encoded_bytes(payload.stream, payload.count, chunk), fixed)
-        return 4.0 * payload.norms.shape[0] + 4.0 + body
+            return packed_size(d, nbits) + 4 * _buckets(d, bucket)[1]
+        return bitstream.stream_bytes(_capacity(d, nbits), d, CHUNK) + 4 + 4 * _buckets(d, bucket)[1]
 
     def gathered_sum(stacked, like):
         """sum_w norms_w * level_w / s (coding="fixed"), one fused reduction over the workers."""
@@ -179,18 +197,12 @@ def _qsgd(levels: int = 8, bucket: int | None = None, coding: str = "fixed") -> 
         lambda shape: 1.0,
         name="qsgd",
         unbiased=True,
-        encoded=None if coding == "fixed" else encoded,
+        encoded=None if coding == "fixed" else _encoded,
         gathered_sum=gathered_sum if coding == "fixed" else None,
     )
 
 
 # ---------------------------------------------------------------- theory (float64 NumPy)
-
-
-def _buckets(d: int, bucket: int | None) -> tuple[int, int]:
-    """(bucket size b, number of buckets)."""
-    b = max(1, d if bucket is None else min(bucket, d))
-    return b, -(-d // b)
 
 
 def _wire_bytes(c, shape, isz):

@@ -45,11 +45,9 @@ from cconv.compressors.base import (
 )
 from cconv.compressors.oracle import alternating, flat64, sparsifier_k
 from cconv.compressors.registry import (
-    RATIO,
     Bench,
     Bound,
     Entry,
-    K,
     Knob,
     Param,
     Schema,
@@ -60,6 +58,7 @@ from cconv.compressors.registry import (
 )
 from cconv.compressors.select import sample_k_distinct
 from cconv.compressors.sparse import (
+    SIZE,
     SPARSE_RATIOS,
     SparsePayload,
     decompress_sparse,
@@ -217,7 +216,9 @@ randomk = register(
     "randomk",
     Entry(
         _randomk,
-        Schema((RATIO, K, Param("scaled", "bool", True), Param("shared", "bool", True), golomb.POSITIONS), rule=_rule),
+        Schema(
+            (*SIZE.params, Param("scaled", "bool", True), Param("shared", "bool", True), golomb.POSITIONS), rule=_rule
+        ),
         aggregation=lambda hp: "allreduce" if hp["shared"] else "allgather",
         theory=THEORY,
         knob=Knob("ratio", SPARSE_RATIOS),

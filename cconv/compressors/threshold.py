@@ -30,11 +30,9 @@ import numpy as np
 from cconv.compressors.base import Compressor, SparsifierSize, check_float, itemsize, size_of, stateless_init
 from cconv.compressors.oracle import flat64, sparsifier_k, top_idx
 from cconv.compressors.registry import (
-    RATIO,
     Bench,
     Bound,
     Entry,
-    K,
     Knob,
     Param,
     Schema,
@@ -44,7 +42,7 @@ from cconv.compressors.registry import (
     with_ratio,
 )
 from cconv.compressors.select import topk_indices
-from cconv.compressors.sparse import SparsePayload, decompress_sparse, gathered_sum, subtract_sparse
+from cconv.compressors.sparse import SIZE, SparsePayload, decompress_sparse, gathered_sum, subtract_sparse
 
 
 def _threshold(tau: float, ratio: float | None = None, k: int | None = None) -> Compressor:
@@ -102,7 +100,7 @@ threshold = register(
     Entry(
         _threshold,
         Schema(
-            (Param("tau", "float", None, low=0.0, help="the magnitude threshold", show_help=True), RATIO, K),
+            (Param("tau", "float", None, low=0.0, help="the magnitude threshold", show_help=True), *SIZE.params),
             rule=lambda owner, v: ratio_or_k(owner, v, default_ratio=0.01),
         ),
         theory=THEORY,

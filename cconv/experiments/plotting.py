@@ -26,10 +26,12 @@ first network; wall-clock time when no network was simulated).  Loss axes are sh
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from io import BytesIO
+from typing import NamedTuple
 
 import numpy as np
 
@@ -220,7 +222,18 @@ def y_range(df, ycol: str) -> tuple[float, float] | None:
     return 0.8 * float(finite.min()), max(top, 1.05 * float(finite.min()))
 
 
-def _scales(ax, ys: list, x: str, y: str, limits=None) -> None:
+class Line(NamedTuple):
+    """What the curves of one figure share: x and y columns, the cap of the loss axis (``top``,
+    None for none: ``y_range``) and the seed band (``spread``)."""
+
+    xcol: str
+    ycol: str
+    top: float | None
+    band: str
+
+
+def _scales(ax, x: str, limits=None) -> None:
+    """Log x for a byte axis; the shared y limits (log y when they span more than a factor 20); grid."""
     if x in BYTE_AXES:
         ax.set_xscale("log")
     if limits is not None:
@@ -231,12 +244,15 @@ def _scales(ax, ys: list, x: str, y: str, limits=None) -> None:
     ax.grid(True, which="major", alpha=0.3)
 
 
-def _draw(ax, g, xcol, ycol, top=None, band: str = "minmax", **kw):
-    xv, yv, lo, hi, n = mean_curve(g, xcol, ycol, band)
+def _draw(ax, g, line: Line, **kw) -> None:
+    """One run's seed-mean curve (``ax.plot`` with ``kw``) and its band; a run that diverges (non-finite,
+    or above ``line.top``) is cut where it leaves through the top edge and marked with an x there."""
+    xv, yv, lo, hi, n = mean_curve(g, line.xcol, line.ycol, line.band)
     ok = np.isfinite(xv)
     if x_is_log(ax):
         ok &= xv > 0
     xv, yv, lo, hi = xv[ok], yv[ok], lo[ok], hi[ok]
+    top = line.top
     blew_up = (~np.isfinite(yv)).any() or (top is not None and (yv[np.isfinite(yv)] > top).any())
     if top is not None:  # a diverging run leaves through the top edge
         yv = np.where(np.isfinite(yv), np.minimum(yv, top), top)
@@ -245,12 +261,11 @@ def _draw(ax, g, xcol, ycol, top=None, band: str = "minmax", **kw):
             cut = int(np.argmax(yv >= top)) + 1
             xv, yv, lo, hi = xv[:cut], yv[:cut], lo[:cut], hi[:cut]
     fin = np.isfinite(yv)
-    (line,) = ax.plot(xv[fin], yv[fin], **kw)
+    (drawn,) = ax.plot(xv[fin], yv[fin], **kw)
     if n > 1 and np.isfinite(lo[fin]).any():
-        ax.fill_between(xv[fin], lo[fin], hi[fin], color=line.get_color(), alpha=0.15, linewidth=0)
+        ax.fill_between(xv[fin], lo[fin], hi[fin], color=drawn.get_color(), alpha=0.15, linewidth=0)
     if blew_up and fin.any():
-        ax.plot(xv[fin][-1:], yv[fin][-1:], marker="x", color=line.get_color(), markersize=7, clip_on=False)
-    return xv[fin], yv[fin]
+        ax.plot(xv[fin][-1:], yv[fin][-1:], marker="x", color=drawn.get_color(), markersize=7, clip_on=False)
 
 
 def x_is_log(ax) -> bool:
@@ -433,12 +448,16 @@ LEGEND = ("auto", "outside", "inside", "none")
 LINESTYLES = ("-", "--", ":", "-.")
 
 
+def check_legend(where: str) -> str:
+    if where not in LEGEND:
+        raise ValueError(f"unknown legend placement {where!r}; valid: {', '.join(LEGEND)}")
+    return where
+
+
 def _legend(ax, handles=None, title: str | None = None, where: str = "auto", entries: int = 0, **kw) -> None:
     """A legend inside (matplotlib's ``best`` spot, away from the curves where it can) or, for many
     entries (``auto``: more than 5) or ``outside``, to the right of the axes, where it covers none."""
-    if where not in LEGEND:
-        raise ValueError(f"unknown legend placement {where!r}; valid: {', '.join(LEGEND)}")
-    if where == "none":
+    if check_legend(where) == "none":
         return
     kw = {"fontsize": 7, "title": title, "title_fontsize": 7, **kw}
     if handles is not None:
@@ -447,6 +466,53 @@ def _legend(ax, handles=None, title: str | None = None, where: str = "auto", ent
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False, **kw)
     else:
         ax.legend(loc="best", **kw)
+
+
+def _handle(**kw):
+    """A legend entry that is not a curve of the axes (a ``Line2D`` without data)."""
+    from matplotlib.lines import Line2D
+
+    return Line2D([], [], **kw)
+
+
+def _baseline_handle():
+    return _handle(color="black", label="dense baseline")
+
+
+def _memory_handles(memories: Iterable[str]) -> list:
+    """One legend entry per memory among ``memories`` (line style: ``MEMORY_STYLE``), in EF, none, DGC order."""
+    present = set(memories)
+    styles = [(m, style) for m, style in MEMORY_STYLE.items() if m in present]
+    return [_handle(color="grey", linestyle=style, label=MEMORY_LABEL[m]) for m, style in styles]
+
+
+def _label_axes(ax, xlabel: str | None = None, ylabel: str | None = None, title: str | None = None) -> None:
+    """The axis labels and the title that are given."""
+    if xlabel is not None:
+        ax.set_xlabel(xlabel)
+    if ylabel is not None:
+        ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+
+
+def _one_panel(log_x: bool):
+    """(figure, axes) of a one-panel figure (``curves``, ``ratio_summary``)."""
+    fig, ax = _plt().subplots(figsize=(7.5, 4.8))
+    if log_x:
+        ax.set_xscale("log")
+    return fig, ax
+
+
+def _check_metrics(df, y: str | None = None) -> None:
+    """Refuse an empty frame, and a metric ``y`` it does not have (naming the ones it has)."""
+    if df.empty:
+        raise ValueError("no metric lines to plot (have the runs started?)")
+    if y is not None and y not in df.columns:
+        raise ValueError(
+            f"no metric {y!r} in these results; available: "
+            f"{', '.join(c for c in df.columns if df[c].dtype.kind == 'f' and not c.startswith('cfg.'))}"
+        )
 
 
 def _seeds_note(df, band: str) -> str | None:
@@ -458,6 +524,25 @@ def _seeds_note(df, band: str) -> str | None:
         return None
     many = f"{int(n.max())}" if n.min() == n.max() else f"{int(n.min())}-{int(n.max())}"
     return f"mean of {many} seeds, {BAND_LABEL[band]}"
+
+
+def _with_seed_counts(df, labels: dict[str, str]) -> dict[str, str]:
+    """``labels``, with `` (n seeds)`` after those of runs whose number of seeds is not the most common one."""
+    if "seed" not in df.columns:
+        return labels
+    seeds = df.groupby("run")["seed"].nunique()
+    common = int(seeds.mode().iloc[0]) if len(seeds) else 1
+    return {
+        run: label + (f" ({int(seeds[run])} seed{'s' if seeds[run] != 1 else ''})" if seeds[run] != common else "")
+        for run, label in labels.items()
+    }
+
+
+def _variants(settings: dict[str, dict[str, str]], shown: Iterable[str]) -> dict[str, str]:
+    """Each run's variant within a family: the settings that vary between the runs (``varying_keys``)
+    but those ``shown`` otherwise (colour, line style), as ``_describe`` writes them; keyed by run."""
+    other = [k for k in varying_keys(settings) if k not in tuple(shown)]
+    return {run: ", ".join(_describe(st, other, family=False)) for run, st in settings.items()}
 
 
 def curves(
@@ -474,52 +559,22 @@ def curves(
     """All runs in one panel (``cconv plot``): one line per run, seeds averaged with a ``band``
     (module doc), labelled by ``run_labels``, in ``run_order``; the legend goes outside the axes
     for more than five runs (``legend``).  ``target``: a dotted horizontal line at that value."""
-    plt = _plt()
     check_band(band)
-    if df.empty:
-        raise ValueError("no metric lines to plot (have the runs started?)")
-    if y not in df.columns:
-        raise ValueError(
-            f"no metric {y!r} in these results; available: "
-            f"{', '.join(c for c in df.columns if df[c].dtype.kind == 'f' and not c.startswith('cfg.'))}"
-        )
+    _check_metrics(df, y)
     xcol, xlabel = x_column(df, x, network)
-    labels = run_labels(df)
+    labels = _with_seed_counts(df, run_labels(df))
     order = run_order(df)
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    if x in BYTE_AXES:
-        ax.set_xscale("log")
+    fig, ax = _one_panel(log_x=x in BYTE_AXES)
     limits = y_range(df, y)
-    top = limits[1] if limits else None
-    colors = plt.get_cmap("tab10")
-    ys = []
-    seeds = df.groupby("run")["seed"].nunique() if "seed" in df.columns else None
-    common = int(seeds.mode().iloc[0]) if seeds is not None and len(seeds) else 1
+    line = Line(xcol, y, limits[1] if limits else None, band)
+    colors = _plt().get_cmap("tab10")
     for i, run in enumerate(order):
-        g = df[df["run"] == run]
-        label = labels[run]
-        if seeds is not None and seeds[run] != common:
-            label += f" ({int(seeds[run])} seed{'s' if seeds[run] != 1 else ''})"
-        _, yv = _draw(
-            ax,
-            g,
-            xcol,
-            y,
-            top=top,
-            band=band,
-            label=label,
-            linewidth=1.4,
-            color=colors(i % 10),
-            linestyle=LINESTYLES[(i // 10) % len(LINESTYLES)],
-        )
-        ys.append(yv)
+        style = LINESTYLES[(i // 10) % len(LINESTYLES)]
+        _draw(ax, df[df["run"] == run], line, label=labels[run], linewidth=1.4, color=colors(i % 10), linestyle=style)
     if target is not None:
         ax.axhline(target, color="grey", linestyle=":", linewidth=1.0, label=f"target {y_label(y)} {target:g}")
-    _scales(ax, ys, x, y, limits)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(y_label(y))
-    if title:
-        ax.set_title(title)
+    _scales(ax, x, limits)
+    _label_axes(ax, xlabel, y_label(y), title)
     _legend(ax, title=_seeds_note(df, band), where=legend, entries=len(order) + (target is not None))
     return save(fig, out)
 
@@ -533,6 +588,66 @@ def _knob(g, family: str | None = None) -> str | None:
 
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def _grid(n: int, ncols: int, legend: str):
+    """(figure, axes[row][col], ncols, nrows) for ``n`` panels, shared y; the cells past ``n`` hidden."""
+    ncols = min(ncols, n)
+    nrows = math.ceil(n / ncols)
+    wide = 6.2 if legend == "outside" else 4.6
+    fig, axes = _plt().subplots(nrows, ncols, figsize=(wide * ncols, 3.6 * nrows), sharey=True, squeeze=False)
+    for idx in range(n, nrows * ncols):
+        axes[idx // ncols][idx % ncols].set_visible(False)
+    return fig, axes, ncols, nrows
+
+
+def _markers(variant: dict[str, str]) -> dict[str, str | None]:
+    """A marker per variant (``_variants``), none when all runs are one variant."""
+    kinds = list(dict.fromkeys(variant.values()))
+    return {kind: (MARKERS[i % len(MARKERS)] if len(kinds) > 1 else None) for i, kind in enumerate(kinds)}
+
+
+def _level_curves(ax, sub, line: Line, color, marker_of: dict[str, str | None]) -> None:
+    """The runs of one knob level in one colour: line style by memory, marker by variant."""
+    for mem, gm in sub.groupby("memory", sort=True):
+        for run, gr in gm.groupby("run"):
+            _draw(
+                ax,
+                gr,
+                line,
+                color=color,
+                linestyle=MEMORY_STYLE.get(mem, "-."),
+                linewidth=1.4,
+                marker=marker_of[run],
+                markersize=3.5,
+                markevery=max(1, gr["step"].nunique() // 8),
+            )
+
+
+def _family_curves(ax, g, family: str, line: Line) -> list:
+    """One family's runs in its panel, coloured by its knob's level (``_knob``); their legend entries."""
+    knob = _knob(g, family)
+    levels = sorted(g[knob].dropna().unique(), key=float) if knob else [None]
+    name = knob.split(".")[-1] if knob else None
+    variant = _variants(settings_of(g), ("compressor", "memory", f"compressor.{name}" if knob else None))
+    marker = _markers(variant)
+    cmap = _plt().get_cmap("viridis")
+    handles = []
+    for li, lev in enumerate(levels):
+        color = cmap(0.85 * li / max(len(levels) - 1, 1)) if len(levels) > 1 else cmap(0.35)
+        sub = g if lev is None else g[g[knob] == lev]
+        _level_curves(ax, sub, line, color, {run: marker[variant[run]] for run in set(sub["run"])})
+        if lev is not None:
+            handles.append(_handle(color=color, label=f"{name} = {float(lev):g}"))
+    return handles + [
+        _handle(color="grey", marker=m, linestyle="none", label=kind) for kind, m in marker.items() if m is not None
+    ]
+
+
+def _baseline_curves(ax, base, line: Line) -> None:
+    """The dense baseline's runs in black."""
+    for _, gb in base.groupby("run"):
+        _draw(ax, gb, line, color="black", linewidth=1.0, alpha=0.8)
 
 
 def family_grid(
@@ -551,91 +666,32 @@ def family_grid(
     style, any other setting that varies within the family as marker; seeds averaged with a
     ``band`` (module doc).  ``legend``: ``auto``/``inside`` (best spot in each panel), ``outside``
     (right of each panel), ``none``."""
-    plt = _plt()
-    from matplotlib.lines import Line2D
-
     check_band(band)
-    if legend not in LEGEND:
-        raise ValueError(f"unknown legend placement {legend!r}; valid: {', '.join(LEGEND)}")
-    if df.empty:
-        raise ValueError("no metric lines to plot (have the runs started?)")
+    check_legend(legend)
+    _check_metrics(df)
     xcol, xlabel = x_column(df, x, network)
     ident = identity_name()
     base = df[df["compressor"] == ident]
     limits = y_range(df, y)
-    top = limits[1] if limits else None
-    fams = families or family_order(f for f in dict.fromkeys(df["compressor"]) if f != ident)
-    if not fams:
-        fams = [ident]
-    n = len(fams)
-    ncols = min(ncols, n)
-    nrows = math.ceil(n / ncols)
-    wide = 6.2 if legend == "outside" else 4.6
-    fig, axes = plt.subplots(nrows, ncols, figsize=(wide * ncols, 3.6 * nrows), sharey=True, squeeze=False)
-    cmap = plt.get_cmap("viridis")
+    line = Line(xcol, y, limits[1] if limits else None, band)
+    fams = families or family_order(f for f in dict.fromkeys(df["compressor"]) if f != ident) or [ident]
+    fig, axes, ncols, nrows = _grid(len(fams), ncols, legend)
     note = _seeds_note(df, band)
     for idx, fam in enumerate(fams):
         ax = axes[idx // ncols][idx % ncols]
         if x in BYTE_AXES:
             ax.set_xscale("log")
         g = df[df["compressor"] == fam]
-        knob = _knob(g, fam)
-        levels = sorted(g[knob].dropna().unique(), key=float) if knob else [None]
-        settings = settings_of(g)
-        knob_key = f"compressor.{knob.split('.')[-1]}" if knob else None
-        other = [k for k in varying_keys(settings) if k not in ("compressor", "memory", knob_key)]
-        kinds = list(dict.fromkeys(", ".join(_describe(st, other, family=False)) for st in settings.values()))
-        marker = {kind: (MARKERS[i % len(MARKERS)] if len(kinds) > 1 else None) for i, kind in enumerate(kinds)}
-        ys = []
-        handles = []
-        for li, lev in enumerate(levels):
-            color = cmap(0.85 * li / max(len(levels) - 1, 1)) if len(levels) > 1 else cmap(0.35)
-            sub = g if lev is None else g[g[knob] == lev]
-            for mem, gm in sub.groupby("memory", sort=True):
-                for run, gr in gm.groupby("run"):
-                    m = marker[", ".join(_describe(settings[run], other, family=False))]
-                    _, yv = _draw(
-                        ax,
-                        gr,
-                        xcol,
-                        y,
-                        top=top,
-                        band=band,
-                        color=color,
-                        linestyle=MEMORY_STYLE.get(mem, "-."),
-                        linewidth=1.4,
-                        marker=m,
-                        markersize=3.5,
-                        markevery=max(1, gr["step"].nunique() // 8),
-                    )
-                    ys.append(yv)
-            if lev is not None:
-                handles.append(Line2D([], [], color=color, label=f"{knob.split('.')[-1]} = {float(lev):g}"))
-        for kind, m in marker.items():
-            if m is not None:
-                handles.append(Line2D([], [], color="grey", marker=m, linestyle="none", label=kind))
+        handles = _family_curves(ax, g, fam, line)
         if not base.empty and fam != ident:
-            for _, gb in base.groupby("run"):
-                _, yv = _draw(ax, gb, xcol, y, top=top, band=band, color="black", linewidth=1.0, alpha=0.8)
-                ys.append(yv)
-            handles.append(Line2D([], [], color="black", label="dense baseline"))
-        for mem in [m for m in ("ef", "none", "dgc") if m in set(g["memory"])]:
-            handles.append(Line2D([], [], color="grey", linestyle=MEMORY_STYLE[mem], label=MEMORY_LABEL[mem]))
-        _scales(ax, ys, x, y, limits)
-        ax.set_title(family_label(fam))
-        _legend(
-            ax,
-            handles,
-            title=note if idx == 0 else None,
-            where="inside" if legend == "auto" else legend,
-            entries=len(handles),
-        )
-        if idx // ncols == nrows - 1 or idx + ncols >= n:
-            ax.set_xlabel(xlabel)
-        if idx % ncols == 0:
-            ax.set_ylabel(y_label(y))
-    for idx in range(n, nrows * ncols):
-        axes[idx // ncols][idx % ncols].set_visible(False)
+            _baseline_curves(ax, base, line)
+            handles.append(_baseline_handle())
+        handles += _memory_handles(g["memory"])
+        _scales(ax, x, limits)
+        where = "inside" if legend == "auto" else legend
+        _legend(ax, handles, title=note if idx == 0 else None, where=where, entries=len(handles))
+        bottom = idx // ncols == nrows - 1 or idx + ncols >= len(fams)  # no panel below this one
+        _label_axes(ax, xlabel if bottom else None, y_label(y) if idx % ncols == 0 else None, family_label(fam))
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -649,6 +705,25 @@ TO_TARGET = {
     "steps": ("steps_to_target", "steps to reach target", False),
     "time": ("time_to_target", "simulated time to reach target [s]", True),
 }
+# what an x choice of a ratio summary needs in the runs: column, hint when it is missing
+TO_TARGET_NEEDS = {
+    "time": ("sim_time", "simulated time: set network: in the config"),
+    "bytes_encoded": ("cum_bytes_encoded", ""),
+}
+RATIO_AXIS = "compression ratio k/d (fraction of gradient entries sent)"
+
+
+def _to_target(runs, x: str) -> tuple[str, str, bool]:
+    """``TO_TARGET[x]``, after refusing an x axis the runs cannot give."""
+    if x not in TO_TARGET:
+        raise ValueError(f"unknown x axis {x!r} for a ratio summary; valid: {', '.join(TO_TARGET)}")
+    if "bytes_to_target" not in runs.columns:
+        raise ValueError("no target loss: pass target= (or set target_loss in the config)")
+    if x in TO_TARGET_NEEDS:
+        need, hint = TO_TARGET_NEEDS[x]
+        if need not in runs.columns or not runs[need].notna().any():
+            raise ValueError(f"no {need} in these results{' (' + hint + ')' if hint else ''}")
+    return TO_TARGET[x]
 
 
 def _point(v, band: str):
@@ -659,6 +734,68 @@ def _point(v, band: str):
     sd = float(np.std(v, ddof=1)) if len(v) > 1 else math.nan
     lo, hi = spread([v.mean()], [sd], [len(v)], [v.min()], [v.max()], band)
     return float(v.mean()), float(lo[0]), float(hi[0])
+
+
+def _ratio_families(runs, ident: str) -> tuple[list[str], list[str]]:
+    """(families whose every run has a ratio, the other compressed families), in ``family_order``."""
+    fams = [f for f in family_order(dict.fromkeys(runs["compressor"])) if f != ident]
+    with_ratio = [
+        f for f in fams if "ratio" in runs.columns and runs.loc[runs["compressor"] == f, "ratio"].notna().all()
+    ]
+    return with_ratio, [f for f in fams if f not in with_ratio]
+
+
+def _ratio_xlim(ax, runs, ratio_fams: list[str]) -> None:
+    """One ratio (or none): a decade around it, not a singular axis."""
+    ratios = sorted({float(r) for r in runs.loc[runs["compressor"].isin(ratio_fams), "ratio"]})
+    if len(ratios) < 2:
+        r = ratios[0] if ratios else 0.1
+        ax.set_xlim(r / 3, r * 3)
+
+
+def _ratio_line(ax, gm, col: str, band: str, color, style: str) -> bool:
+    """Seed means against the ratio, with the band as error bars; True if some point reached the target."""
+    pts = sorted((float(r), *_point(v, band)) for r, v in gm.groupby("ratio")[col])
+    r, b, lo, hi = (np.array(c, float) for c in zip(*pts))
+    ax.plot(r, b, color=color, linestyle=style, marker="o", markersize=4)
+    ok = np.isfinite(lo) & np.isfinite(b)
+    if ok.any():
+        ax.errorbar(r[ok], b[ok], yerr=[b[ok] - lo[ok], hi[ok] - b[ok]], fmt="none", ecolor=color, elinewidth=1)
+    return bool(np.isfinite(b).any())
+
+
+def _flat_line(ax, gm, col: str, band: str, color, style: str) -> bool:
+    """A method without a ratio: a horizontal line at its seed mean; True if it reached the target."""
+    b, _, _ = _point(gm[col], band)
+    if math.isfinite(b):
+        ax.axhline(b, color=color, linestyle=style, linewidth=1.2)
+    return math.isfinite(b)
+
+
+def _ratio_family(ax, g, family: str, has_ratio: bool, col: str, band: str, palette: Iterator) -> list:
+    """One family's lines (one colour per variant, the next of ``palette``; line style by memory); their
+    legend entries."""
+    variant = _variants(settings_of(g), ("compressor", "memory", "compressor.ratio", "compressor.k"))
+    handles = []
+    for kind in dict.fromkeys(variant[r] for r in run_order(g)):
+        color = next(palette)
+        drawn = False
+        for mem, gm in g[g["run"].map(variant) == kind].groupby("memory", sort=True):
+            draw = _ratio_line if has_ratio else _flat_line
+            drawn |= draw(ax, gm, col, band, color, MEMORY_STYLE.get(mem, "-."))
+        name = family_label(family) + (f" ({kind})" if kind else "")
+        name += ", no ratio" if not has_ratio else ""
+        name += "" if drawn else ", target not reached"
+        handles.append(_handle(color=color, marker="o" if has_ratio else None, label=name))
+    return handles
+
+
+def _ratio_title(runs, ylabel: str) -> str:
+    tgt = runs["target"].dropna().iloc[0] if "target" in runs and runs["target"].notna().any() else None
+    what = ylabel.split(" to reach")[0]
+    if tgt is None:
+        return f"{what} to reach the target"
+    return f"{what} to reach target {tgt:g} (missing point: not reached)"
 
 
 def ratio_summary(
@@ -675,91 +812,24 @@ def ratio_summary(
     ``runs`` is ``report.load_runs(..., target=...)``.  Seeds are averaged, with the ``band`` as
     error bars (a ratio where some seed did not reach the target counts as not reached).  Runs of
     one family that differ in another setting (e.g. ``positions``) are separate lines."""
-    plt = _plt()
-    from matplotlib.lines import Line2D
-
     check_band(band)
-    if x not in TO_TARGET:
-        raise ValueError(f"unknown x axis {x!r} for a ratio summary; valid: {', '.join(TO_TARGET)}")
-    col, ylabel, ylog = TO_TARGET[x]
-    if "bytes_to_target" not in runs.columns:
-        raise ValueError("no target loss: pass target= (or set target_loss in the config)")
-    need = {
-        "time": ("sim_time", "simulated time: set network: in the config"),
-        "bytes_encoded": ("cum_bytes_encoded", ""),
-    }
-    if x in need and (need[x][0] not in runs.columns or not runs[need[x][0]].notna().any()):
-        raise ValueError(f"no {need[x][0]} in these results{' (' + need[x][1] + ')' if need[x][1] else ''}")
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    ax.set_xscale("log")
+    col, ylabel, ylog = _to_target(runs, x)
+    fig, ax = _one_panel(log_x=True)
     if ylog:
         ax.set_yscale("log")
-    colors = plt.get_cmap("tab10")
-    handles = []
+    palette = map(_plt().get_cmap("tab10"), itertools.cycle(range(10)))  # one colour per line, in legend order
     ident = identity_name()
-    ratio_fams = [
-        f
-        for f in family_order(dict.fromkeys(runs["compressor"]))
-        if f != ident and "ratio" in runs.columns and runs.loc[runs["compressor"] == f, "ratio"].notna().all()
-    ]
-    flat_fams = [f for f in family_order(dict.fromkeys(runs["compressor"])) if f != ident and f not in ratio_fams]
-    ratios = sorted({float(r) for r in runs.loc[runs["compressor"].isin(ratio_fams), "ratio"]})
-    if len(ratios) < 2:  # one ratio (or none): a decade around it, not a singular axis
-        r = ratios[0] if ratios else 0.1
-        ax.set_xlim(r / 3, r * 3)
-    ci = 0
+    ratio_fams, flat_fams = _ratio_families(runs, ident)
+    _ratio_xlim(ax, runs, ratio_fams)
+    handles = []
     for fam in ratio_fams + flat_fams:
-        g = runs[runs["compressor"] == fam]
-        settings = settings_of(g)
-        other = [
-            k for k in varying_keys(settings) if k not in ("compressor", "memory", "compressor.ratio", "compressor.k")
-        ]
-        kind = {r: ", ".join(_describe(st, other, family=False)) for r, st in settings.items()}
-        for variant in dict.fromkeys(kind[r] for r in run_order(g)):
-            color = colors(ci % 10)
-            ci += 1
-            gv = g[g["run"].map(kind) == variant]
-            drawn = False
-            for mem, gm in gv.groupby("memory", sort=True):
-                style = MEMORY_STYLE.get(mem, "-.")
-                if fam in ratio_fams:
-                    pts = sorted((float(r), *_point(v, band)) for r, v in gm.groupby("ratio")[col])
-                    r, b, lo, hi = (np.array(c, float) for c in zip(*pts))
-                    ax.plot(r, b, color=color, linestyle=style, marker="o", markersize=4)
-                    drawn |= bool(np.isfinite(b).any())
-                    ok = np.isfinite(lo) & np.isfinite(b)
-                    if ok.any():
-                        ax.errorbar(
-                            r[ok], b[ok], yerr=[b[ok] - lo[ok], hi[ok] - b[ok]], fmt="none", ecolor=color, elinewidth=1
-                        )
-                else:
-                    b, lo, hi = _point(gm[col], band)
-                    if math.isfinite(b):
-                        ax.axhline(b, color=color, linestyle=style, linewidth=1.2)
-                        drawn = True
-            name = family_label(fam) + (f" ({variant})" if variant else "")
-            name += ", no ratio" if fam not in ratio_fams else ""
-            name += "" if drawn else ", target not reached"
-            handles.append(Line2D([], [], color=color, marker="o" if fam in ratio_fams else None, label=name))
+        handles += _ratio_family(ax, runs[runs["compressor"] == fam], fam, fam in ratio_fams, col, band, palette)
     base = runs[runs["compressor"] == ident][col]
     if len(base) and base.notna().all():
         ax.axhline(base.mean(), color="black", linewidth=1.0)
-        handles.append(Line2D([], [], color="black", label="dense baseline"))
-    mems = set(runs.loc[runs["compressor"] != ident, "memory"])
-    for mem in [m for m in ("ef", "none", "dgc") if m in mems]:
-        handles.append(Line2D([], [], color="grey", linestyle=MEMORY_STYLE[mem], label=MEMORY_LABEL[mem]))
-    tgt = runs["target"].dropna().iloc[0] if "target" in runs and runs["target"].notna().any() else None
-    ax.set_xlabel("compression ratio k/d (fraction of gradient entries sent)")
-    ax.set_ylabel(ylabel)
+        handles.append(_baseline_handle())
+    handles += _memory_handles(runs.loc[runs["compressor"] != ident, "memory"])
     ax.grid(True, which="major", alpha=0.3)
-    what = ylabel.split(" to reach")[0]
-    ax.set_title(
-        title
-        or (
-            f"{what} to reach target {tgt:g} (missing point: not reached)"
-            if tgt is not None
-            else f"{what} to reach the target"
-        )
-    )
+    _label_axes(ax, RATIO_AXIS, ylabel, title or _ratio_title(runs, ylabel))
     _legend(ax, handles, title=_seeds_note(runs, band), where=legend, entries=len(handles))
     return save(fig, out)

@@ -133,218 +133,98 @@ def _grace_runs() -> list[tuple[str, str, tuple, float, str]]:
     return [(r["label"], r["method"] or DENSE, tuple(map(tuple, r["knobs"])), r["ips"], r["run"]) for r in rows]
 
 
-CASES: tuple[Case, ...] = (
-    Case(
-        "DGX-1 8xV100 FP32 ResNet-50",
+def _dle(name: str, intra: str, device: str, batch: int, img_s: float, one: float, note: str, **calibration) -> Case:
+    """A row of DeepLearningExamples' ResNet-50 tables: one DGX of 8 GPUs, scaling = img_s / (8 x the
+    same table's 1-GPU img/s ``one``); ``calibration``: ``one_gpu``/``mem_bw`` where the device comes
+    from that 1-GPU number."""
+    return Case(
+        name,
         "resnet50",
-        112,
+        batch,
         "1x8",
-        "NVLink",
+        intra,
         "PCIe3x16",
-        "v100",
+        device,
         "scaling",
-        2855 / (8 * 367),
+        img_s / (8 * one),
         DLE,
-        note="batch 112 (the repository's configs.yml, DGX1V FP32)",
+        note=note,
+        **calibration,
+    )
+
+
+# Horovod's charts (25 Gbit/s RoCE, 4 P100 a server, 32 images per GPU, flat ring): (servers, workload, label, scaling)
+HOROVOD_CHARTS = (
+    (32, "resnet101", "ResNet-101", 0.90),
+    (32, "vgg16", "VGG-16", 0.79),
+    (128, "resnet101", "ResNet-101", 0.90),
+    (128, "vgg16", "VGG-16", 0.68),
+)
+# the survey's 32-GPU testbed (8 servers x 4 RTX 2080Ti, 100 Gbit/s InfiniBand): (workload, label, best speedup)
+SURVEY_32 = (("resnet50", "ResNet-50", 31.6), ("bert-base", "BERT-Base", 23.2))
+# horovod issue #779, p3.16xlarge servers of 8 V100: (servers, scaling)
+I779_SCALING = ((2, 0.919), (4, 0.855), (8, 0.845), (16, 0.804))
+
+# fmt: off
+CASES: tuple[Case, ...] = (  # one case a block: the published setting in Case's field order, then keywords
+    _dle(
+        "DGX-1 8xV100 FP32 ResNet-50", "NVLink", "v100", 112, 2855, 367,
+        "batch 112 (the repository's configs.yml, DGX1V FP32)",
+    ),
+    _dle("DGX A100 8xA100 TF32 ResNet-50", "NVLink3", "a100", 256, 7248, 938, "batch 256 (configs.yml, DGXA100 TF32)"),
+    _dle(
+        "DGX-1 8xV100 AMP ResNet-50", "NVLink", "v100-amp", 256, 8322, 1200,
+        "batch 256 (configs.yml); device from the 1-GPU AMP 1200 img/s", one_gpu=1200, mem_bw=900e9,
+    ),
+    _dle(
+        "DGX A100 8xA100 AMP ResNet-50", "NVLink3", "a100-amp", 256, 16621, 2470,
+        "batch 256 (configs.yml); device from the 1-GPU AMP 2470 img/s", one_gpu=2470, mem_bw=2039e9,
     ),
     Case(
-        "DGX A100 8xA100 TF32 ResNet-50",
-        "resnet50",
-        256,
-        "1x8",
-        "NVLink3",
-        "PCIe3x16",
-        "a100",
-        "scaling",
-        7248 / (8 * 938),
-        DLE,
-        note="batch 256 (configs.yml, DGXA100 TF32)",
-    ),
-    Case(
-        "DGX-1 8xV100 AMP ResNet-50",
-        "resnet50",
-        256,
-        "1x8",
-        "NVLink",
-        "PCIe3x16",
-        "v100-amp",
-        "scaling",
-        8322 / (8 * 1200),
-        DLE,
-        one_gpu=1200,
-        mem_bw=900e9,
-        note="batch 256 (configs.yml); device from the 1-GPU AMP 1200 img/s",
-    ),
-    Case(
-        "DGX A100 8xA100 AMP ResNet-50",
-        "resnet50",
-        256,
-        "1x8",
-        "NVLink3",
-        "PCIe3x16",
-        "a100-amp",
-        "scaling",
-        16621 / (8 * 2470),
-        DLE,
-        one_gpu=2470,
-        mem_bw=2039e9,
-        note="batch 256 (configs.yml); device from the 1-GPU AMP 2470 img/s",
-    ),
-    Case(
-        "4xV100 NVLink BERT-Large b128",
-        "bert-large",
-        128,
-        "1x4",
-        "NVLink",
-        "PCIe3x16",
-        "v100",
-        "speedup",
-        3.82,
-        SURVEY + " (Sec. 4.2.1)",
-        note="4 V100 32 GB on NVLink, batch 128",
-    ),
-    Case(
-        "survey 8x4 2080Ti 100GbIB ResNet-50",
-        "resnet50",
-        64,
-        "8x4",
-        "PCIe3x16",
-        "100GbIB",
-        "rtx2080ti",
-        "speedup",
-        31.6,
-        SURVEY + " (Sec. 4.2.1, Fig. 4)",
-        best_of_survey=True,
-        interference=INTERFERENCE,
-        note="best of the seven methods, as published",
-    ),
-    Case(
-        "survey 8x4 2080Ti 100GbIB BERT-Base",
-        "bert-base",
-        64,
-        "8x4",
-        "PCIe3x16",
-        "100GbIB",
-        "rtx2080ti",
-        "speedup",
-        23.2,
-        SURVEY + " (Sec. 4.2.1, Fig. 4)",
-        best_of_survey=True,
-        interference=INTERFERENCE,
-        note="best of the seven methods, as published",
-    ),
-    Case(
-        "Horovod 32x4 P100 ResNet-101",
-        "resnet101",
-        32,
-        "32x4",
-        "PCIe3x16",
-        "25GbRoCE",
-        "p100",
-        "scaling",
-        0.90,
-        HVD + " (128-GPU chart)",
-        architecture="ring",
-        note="32 images per GPU (horovod#425); P100 variant not stated (SXM2 preset)",
-    ),
-    Case(
-        "Horovod 32x4 P100 VGG-16",
-        "vgg16",
-        32,
-        "32x4",
-        "PCIe3x16",
-        "25GbRoCE",
-        "p100",
-        "scaling",
-        0.79,
-        HVD + " (128-GPU chart)",
-        architecture="ring",
-        note="32 images per GPU (horovod#425)",
-    ),
-    Case(
-        "Horovod 128x4 P100 ResNet-101",
-        "resnet101",
-        32,
-        "128x4",
-        "PCIe3x16",
-        "25GbRoCE",
-        "p100",
-        "scaling",
-        0.90,
-        HVD + " (512-GPU chart)",
-        architecture="ring",
-        note="32 images per GPU (horovod#425)",
-    ),
-    Case(
-        "Horovod 128x4 P100 VGG-16",
-        "vgg16",
-        32,
-        "128x4",
-        "PCIe3x16",
-        "25GbRoCE",
-        "p100",
-        "scaling",
-        0.68,
-        HVD + " (512-GPU chart)",
-        architecture="ring",
-        note="32 images per GPU (horovod#425)",
-    ),
-    Case(
-        "2x1 RTX 2080 10GbE ResNet-101",
-        "resnet101",
-        64,
-        "2x1",
-        "PCIe3x16",
-        "10GbE",
-        "rtx2080",
-        "scaling",
-        291 / (2 * 172),
-        "horovod/horovod issue #659 (1 GPU 172 img/s, 2 nodes 291 img/s, real data)",
-        one_gpu=172,
-        mem_bw=448e9,
-        note="batch 64 (tf_cnn_benchmarks' default, not stated)",
+        "4xV100 NVLink BERT-Large b128", "bert-large", 128, "1x4", "NVLink", "PCIe3x16", "v100", "speedup", 3.82,
+        SURVEY + " (Sec. 4.2.1)", note="4 V100 32 GB on NVLink, batch 128",
     ),
     *(
         Case(
-            f"p3.16xlarge {n}x8 V100 ResNet-50",
-            "resnet50",
-            256,
-            f"{n}x8",
-            "NVLink",
-            "25GbE",
-            "v100-872",
-            "scaling",
-            eff,
-            I779,
-            one_gpu=872,
-            mem_bw=900e9,
+            f"survey 8x4 2080Ti 100GbIB {label}", workload, 64, "8x4", "PCIe3x16", "100GbIB", "rtx2080ti", "speedup",
+            best, SURVEY + " (Sec. 4.2.1, Fig. 4)", best_of_survey=True, interference=INTERFERENCE,
+            note="best of the seven methods, as published",
+        )
+        for workload, label, best in SURVEY_32
+    ),
+    *(
+        Case(
+            f"Horovod {n}x4 P100 {label}", workload, 32, f"{n}x4", "PCIe3x16", "25GbRoCE", "p100", "scaling", scaling,
+            HVD + f" ({4 * n}-GPU chart)", architecture="ring",
+            note="32 images per GPU (horovod#425)" + ("; P100 variant not stated (SXM2 preset)" if i == 0 else ""),
+        )
+        for i, (n, workload, label, scaling) in enumerate(HOROVOD_CHARTS)
+    ),
+    Case(
+        "2x1 RTX 2080 10GbE ResNet-101", "resnet101", 64, "2x1", "PCIe3x16", "10GbE", "rtx2080", "scaling",
+        291 / (2 * 172), "horovod/horovod issue #659 (1 GPU 172 img/s, 2 nodes 291 img/s, real data)",
+        one_gpu=172, mem_bw=448e9, note="batch 64 (tf_cnn_benchmarks' default, not stated)",
+    ),
+    *(
+        Case(
+            f"p3.16xlarge {n}x8 V100 ResNet-50", "resnet50", 256, f"{n}x8", "NVLink", "25GbE", "v100-872", "scaling",
+            eff, I779, one_gpu=872, mem_bw=900e9,
             note="1-GPU 872 img/s (mixed precision); batch 256 and fp32 gradients assumed (not stated)",
         )
-        for n, eff in ((2, 0.919), (4, 0.855), (8, 0.845), (16, 0.804))
+        for n, eff in I779_SCALING
     ),
     # compressed training: the GRACE benchmark's 8-worker ResNet-50 runs at 10 Gbit/s (one V100 per node), each
     # with its dense twin on the same backend (Horovod over NCCL, or Horovod over MPI as GRACE's allgather uses)
     *(
         Case(
-            f"GRACE 8x1 V100 10GbE ResNet-50 {label}",
-            "resnet50",
-            64,
-            "8x1",
-            "PCIe3x16",
-            "10GbE",
-            "v100-grace",
-            "scaling",
-            ips / (8 * GRACE_ONE_GPU),
-            f"{GRACE}: run {run} ({ips} img/s)",
-            one_gpu=GRACE_ONE_GPU,
-            mem_bw=900e9,
-            note=GRACE_NOTE,
-            method=method,
-            knobs=knobs,
+            f"GRACE 8x1 V100 10GbE ResNet-50 {label}", "resnet50", 64, "8x1", "PCIe3x16", "10GbE", "v100-grace",
+            "scaling", ips / (8 * GRACE_ONE_GPU), f"{GRACE}: run {run} ({ips} img/s)", one_gpu=GRACE_ONE_GPU,
+            mem_bw=900e9, note=GRACE_NOTE, method=method, knobs=knobs,
         )
         for label, method, knobs, ips, run in _grace_runs()
     ),
 )
+# fmt: on
 
 
 def device_of(case: Case) -> D.Device:
