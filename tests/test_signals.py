@@ -17,10 +17,10 @@ import jax
 import numpy as np
 import pytest
 
-from cconv.experiments import io, report, signals
+from cconv.experiments import build, io, report, signals
 from cconv.experiments.checkpoint import Checkpointer
 from cconv.experiments.config import from_dict, load_run
-from cconv.experiments.runner import build_problem, execute, initial_state
+from cconv.experiments.runner import execute, initial_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_YAML = (
@@ -61,7 +61,7 @@ def _lines(d):
 
 def _final_state(cfg, d) -> list:
     """Every leaf of the run's last checkpointed state (params, optimizer, error feedback, keys)."""
-    template = initial_state(build_problem(cfg))
+    template = initial_state(build.problem(cfg))
     ck = Checkpointer(os.path.join(d, io.CHECKPOINTS))
     step, state, _ = ck.restore(template)
     ck.close()
@@ -155,7 +155,7 @@ def test_a_signal_mid_interval_checkpoints_that_step_and_the_resume_loses_nothin
     cfg = from_dict(TINY)
     ref, d = str(tmp_path / "ref"), str(tmp_path / "run")
     assert execute(cfg, ref).status == "completed"
-    problem = build_problem(cfg)
+    problem = build.problem(cfg)
     _signal_at(monkeypatch, problem, {6: signal.SIGTERM})
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(signals.Interrupted) as e:
@@ -174,7 +174,7 @@ def test_a_second_signal_stops_at_once_and_the_previous_checkpoint_resumes(tmp_p
     resumes from the previous one (step 4), as after a SIGKILL."""
     cfg = from_dict({**TINY, "checkpoint_every": 4})
     d = str(tmp_path / "run")
-    problem = build_problem(cfg)
+    problem = build.problem(cfg)
     _signal_at(monkeypatch, problem, {6: signal.SIGINT, 7: signal.SIGINT})
 
     monkeypatch.setattr(signals, "pending", lambda: None)  # the loop has not yet acted on the first
