@@ -18,8 +18,9 @@ and writes nothing:
    (``ErrorFeedbackWarning``, ``SignLearningRateWarning``) read ONE query of
    ``cconv.theory.constants``: one per distinct compressed shape.
 5. ``make_engine_config``: the engine's keys (``ENGINE_FIELDS``, ``architecture``,
-   ``collective``, ``warmup``, ``launcher``, ``servers``; and the compression and parameter
-   shapes) -> the ``EngineConfig``, with the launcher the devices allow (``launcher_for``).
+   ``collective``, ``warmup``, ``launcher``, ``seed``, ``servers``; and the compression and
+   parameter shapes) -> the ``EngineConfig``, with the launcher the devices allow
+   (``launcher_for``).
 6. ``make_trainer``: ``seed`` (and all of the above) -> the engine's ``Trainer`` (several seeds:
    one program with a leading seed axis).
 
@@ -59,8 +60,9 @@ from cconv.theory import constants, network
 
 if TYPE_CHECKING:
     from cconv.compressors.base import Compressor
-    from cconv.data import Dataset
+    from cconv.data import Batcher, Dataset
     from cconv.engine import EngineConfig, Trainer
+    from cconv.models import ModelSpec
 
 PARTITION_KEYS = ("partition", "alpha", "min_size", "shards_per_worker")  # data keys of the partition
 # required schedule arguments filled from the run when a config leaves them out (first present wins)
@@ -96,28 +98,28 @@ class Problem(NamedTuple):
     """Everything a run needs (``problem``)."""
 
     cfg: RunConfig
-    ds: Any
-    specs: list  # one ModelSpec per seed
-    loss_fn: Any
-    eval_fn: Any
-    optimizer: Any
-    engine_cfg: Any
-    trainer: Any  # one Trainer; with several seeds, built with seeds=S
-    batchers: list  # one Batcher per seed
-    seeds: list
+    ds: Dataset
+    specs: list[ModelSpec]  # one per seed
+    loss_fn: Callable
+    eval_fn: Callable
+    optimizer: optax.GradientTransformation
+    engine_cfg: EngineConfig
+    trainer: Trainer  # one; with several seeds, built with seeds=S
+    batchers: list[Batcher]  # one per seed
+    seeds: list[int]
 
 
 class RunData(NamedTuple):
     """Stage 1: the dataset and one ``Batcher`` per seed."""
 
-    ds: Any
-    batchers: list
+    ds: Dataset
+    batchers: list[Batcher]
 
 
 class Models(NamedTuple):
     """Stage 2: one ``ModelSpec`` per seed and the functions of the first (all seeds share them)."""
 
-    specs: list
+    specs: list[ModelSpec]
     loss_fn: Callable
     eval_fn: Callable
 
@@ -139,8 +141,8 @@ def _first_line(e: BaseException) -> str:
 
 
 def problem(cfg: RunConfig) -> Problem:
-    """Everything a run needs, stage by stage (module docstring); raises ConfigError (one line) on
-    bad input, writes nothing."""
+    """Everything a run needs, stage by stage (module docstring); bad input raises a one-line
+    ValueError (``ConfigError`` where cconv checks it), and nothing is written."""
     run_data = load_data(cfg)
     nets = init_models(cfg, run_data.ds)
     params = nets.specs[0].params
@@ -148,18 +150,17 @@ def problem(cfg: RunConfig) -> Problem:
     shapes = [x.shape for x in jax.tree.leaves(params)]
     compression = make_compression(cfg, shapes)
     ecfg = make_engine_config(cfg, compression, shapes, launcher=launcher_for(cfg))
-    trainer = make_trainer(cfg, nets, optimizer, ecfg)
     return Problem(
-        cfg,
-        run_data.ds,
-        nets.specs,
-        nets.loss_fn,
-        nets.eval_fn,
-        optimizer,
-        ecfg,
-        trainer,
-        run_data.batchers,
-        cfg.seeds(),
+        cfg=cfg,
+        ds=run_data.ds,
+        specs=nets.specs,
+        loss_fn=nets.loss_fn,
+        eval_fn=nets.eval_fn,
+        optimizer=optimizer,
+        engine_cfg=ecfg,
+        trainer=make_trainer(cfg, nets, optimizer, ecfg),
+        batchers=run_data.batchers,
+        seeds=cfg.seeds(),
     )
 
 
@@ -173,9 +174,8 @@ def check_names(cfg: RunConfig) -> None:
         writers.check_available(wandb=bool(cfg.wandb), tensorboard=cfg.tensorboard)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    compression = make_compression(cfg)
     make_optimizer(cfg)
-    make_engine_config(cfg, compression)
+    make_engine_config(cfg, make_compression(cfg))
     for registry, spec in ((models, cfg.model), (data, cfg.data)):
         try:
             registry.hparams_of(spec["name"])  # a registered name or an importable "module:function"
