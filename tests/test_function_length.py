@@ -16,7 +16,6 @@ LIMIT = 60
 
 KNOWN_LONG = {
     "cconv/cli.py::build_parser",  # to become one declarative table of the CLI's options
-    "cconv/experiments/config.py::from_dict",  # to become one declarative config schema
     "cconv/advisor/extrapolate.py::predict",
     "cconv/experiments/plotting.py::curves",
     "cconv/experiments/plotting.py::family_grid",

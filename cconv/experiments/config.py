@@ -16,9 +16,12 @@ A run config is a flat mapping (YAML, loaded with a safe loader, see below)::
     log_every: 10
     tensorboard: true                         # also write TensorBoard event files (optional)
 
-Every field, its default and its meaning is in ``FIELDS`` (``cconv run --help`` prints them).  An
-unknown key is an error that lists the valid ones.  Nested values are addressed with dots in
-``--set`` overrides (``--set compressor.ratio=0.001``); values are parsed as YAML scalars.
+Every key is declared once, in the body of ``RunConfig`` (the schema: ``key(default, help,
+rule)``; ``FIELDS``; ``cconv run --help`` prints them).  ``from_dict`` checks a mapping against it
+once (unknown keys, every number, each key's rule, then ``CROSS_RULES``) into a frozen
+``RunConfig``.  An unknown key is an error that lists the valid ones.  Nested values of the keys
+declared ``dotted`` are addressed with dots in ``--set`` overrides (``--set
+compressor.ratio=0.001``); values are parsed as YAML scalars.
 
 Sweep files (``base`` + ``grid``, ``include``, ``rules``) are expanded by ``cconv.experiments.sweep``.
 
@@ -52,11 +55,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import hashlib
 import json
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,131 +109,418 @@ GOSSIP_FIELDS: dict[str, Any] = {
 ADDED_FIELDS.update(GOSSIP_FIELDS)
 
 
-@dataclass
-class RunConfig:
-    """One training run.  Field docs are the ``help`` metadata; defaults are the values shown."""
+# --------------------------------------------------------------------------- rules
+# A rule checks one key's value and returns it normalized (ints stay ints, numbers become floats,
+# a name becomes {name: ...}): ``rule(key, value, run)``, ``run`` the keys checked before it (in
+# table order), or a one-line ConfigError naming the key.  Each key of ``RunConfig`` names its
+# rule; ``CROSS_RULES`` (below ``from_dict``) check keys against each other afterwards.
+Rule = Callable[[str, Any, Mapping[str, Any]], Any]
 
-    name: str = field(default="", metadata={"help": "free-form label (shown in plots when set)"})
-    model: dict = field(
-        default_factory=lambda: {"name": "mlp"},
-        metadata={"help": "model name (cconv.models.names()) or {name, **hyper-parameters}"},
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def integer(lo: int = 1, *, optional: bool = False, also: tuple = ()) -> Rule:
+    """An integer >= ``lo`` (``None`` when ``optional``; the words of ``also`` pass as they are)."""
+
+    def check(name: str, v: Any, run: Mapping) -> Any:
+        if (v is None and optional) or (isinstance(v, str) and v in also):
+            return v
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ConfigError(f"{name} must be an integer >= {lo}, got {shown(v)}")
+        return v
+
+    return check
+
+
+def number(
+    lo: float | None = None, *, strict: bool = False, optional: bool = False, below: float | None = None
+) -> Rule:
+    """A finite number, as a float: >= ``lo`` (> when ``strict``), < ``below``; ``None`` when ``optional``."""
+
+    def check(name: str, v: Any, run: Mapping) -> float | None:
+        if v is None and optional:
+            return None
+        if not _is_number(v) or not math.isfinite(v):
+            raise ConfigError(f"{name} must be a number, got {shown(v)}")
+        if lo is not None and (v <= lo if strict else v < lo):
+            raise ConfigError(f"{name} must be {'>' if strict else '>='} {lo}, got {shown(v)}")
+        if below is not None and v >= below:
+            raise ConfigError(f"{name} must be in [{lo:g}, {below:g}), got {shown(float(v))}")
+        return float(v)
+
+    return check
+
+
+def fraction(what: str, *, also: tuple = ()) -> Rule:
+    """A number in (0, 1], as a float; ``None`` and the words of ``also`` pass (``what`` says so)."""
+
+    def check(name: str, v: Any, run: Mapping) -> Any:
+        if v is None or (isinstance(v, str) and v in also):
+            return v
+        if not _is_number(v) or not 0 < v <= 1:
+            raise ConfigError(f"{name} must be {what}, got {shown(v)}")
+        return float(v)
+
+    return check
+
+
+def choice(options: Callable[[], Iterable[str]], *, optional: bool = False, null: str | None = None) -> Rule:
+    """One of ``options()`` (asked when checked: registries fill in at import); ``None`` passes when
+    ``optional`` and stands for ``null`` when one is given."""
+
+    def check(name: str, v: Any, run: Mapping) -> Any:
+        if v is None and optional:
+            return None
+        v = null if v is None and null is not None else v
+        valid = tuple(options())
+        if v not in valid:
+            raise ConfigError(f"{name} must be one of {', '.join(valid)}; got {shown(v)}")
+        return v
+
+    return check
+
+
+def flag() -> Rule:
+    """true or false."""
+
+    def check(name: str, v: Any, run: Mapping) -> bool:
+        if not isinstance(v, bool):
+            raise ConfigError(f"{name} must be true or false, got {shown(v)}")
+        return v
+
+    return check
+
+
+def string() -> Rule:
+    """A string."""
+
+    def check(name: str, v: Any, run: Mapping) -> str:
+        if not isinstance(v, str):
+            raise ConfigError(f"{name} must be a string, got {shown(v)}")
+        return v
+
+    return check
+
+
+def named(
+    *, optional: bool = False, keep_string: bool = False, lookup: Callable | None = None, paths: tuple = ()
+) -> Rule:
+    """A name or ``{name, **hyper-parameters}``, as a new mapping (a string stays one with
+    ``keep_string``); ``lookup(name)`` raises for an unknown name; ``paths``: keys that hold a
+    file-system path (a string)."""
+
+    def check(name: str, v: Any, run: Mapping) -> Any:
+        if v is None and optional:
+            return None
+        spec = v if keep_string and isinstance(v, str) else _named(v, name)
+        for key in paths:
+            p = spec.get(key)
+            if p is not None and not isinstance(p, str):
+                raise ConfigError(f"{name}.{key} is a path: it must be a string, got {shown(p)}")
+        if lookup is not None:
+            lookup(spec if isinstance(spec, str) else spec["name"])
+        return spec
+
+    return check
+
+
+def _named(value: Any, what: str) -> dict:
+    if isinstance(value, str):
+        return {"name": value}
+    if isinstance(value, dict):
+        if "name" not in value or not isinstance(value["name"], str):
+            raise ConfigError(f"{what}: a mapping needs a 'name' string, got {shown(value)}")
+        return dict(value)
+    raise ConfigError(f"{what}: expected a name or a mapping with 'name', got {shown(value)}")
+
+
+def mapping(
+    what: str,
+    keys: tuple[str, ...] | None = None,
+    *,
+    values: Mapping[str, Rule] | None = None,
+    optional: bool = True,
+    flags: bool = False,
+) -> Rule:
+    """``None`` (when ``optional``; true/false with ``flags``) or a mapping whose keys are among
+    ``keys`` (any when None), each checked by its rule in ``values``; ``what`` describes it in the
+    message.  With a rule for every key (``values`` covers ``keys``), an unknown key is a wrong
+    shape; otherwise it is named."""
+
+    def check(name: str, v: Any, run: Mapping) -> Any:
+        if (v is None and optional) or (flags and isinstance(v, bool)):
+            return v
+        closed = values is not None and keys is not None and set(keys) <= set(values)
+        if not isinstance(v, dict) or (closed and any(k not in keys for k in v)):
+            raise ConfigError(f"{name} must be {what}, got {shown(v)}")
+        bad = [str(k) for k in v if keys is not None and k not in keys]
+        if bad:
+            raise ConfigError(f"{name}: unknown key(s) {', '.join(bad)}; valid: {', '.join(keys)}")
+        rules = values or {}
+        return {k: rules[k](f"{name}.{k}", x, run) if k in rules else x for k, x in v.items()}
+
+    return check
+
+
+def densities() -> Rule:
+    """``dgc`` (DGC's warm-up densities) or a list of densities in (0, 1]."""
+
+    def check(name: str, v: Any, run: Mapping) -> Any:
+        if v != "dgc" and (not isinstance(v, list) or not all(_is_number(x) and 0 < x <= 1 for x in v)):
+            raise ConfigError(f"{name} must be 'dgc' or a list of numbers in (0, 1], got {shown(v)}")
+        return v
+
+    return check
+
+
+def numbers(count: str, item: Rule) -> Rule:
+    """``None`` or a list (one number per ``run[count]``; the length is the engine's check), each
+    item checked by ``item``."""
+
+    def check(name: str, v: Any, run: Mapping) -> list | None:
+        if v is None:
+            return None
+        if not isinstance(v, list):
+            raise ConfigError(f"{name} must be null or a list of {run.get(count)} numbers, got {shown(v)}")
+        return [item(f"{name}[]", x, run) for x in v]
+
+    return check
+
+
+def nested_list(what: str, depth: int = 1) -> Rule:
+    """``None`` or a list (``depth`` 2: a list of lists, a matrix, not echoed in the message)."""
+
+    def check(name: str, v: Any, run: Mapping) -> Any:
+        if v is None:
+            return None
+        if not isinstance(v, list) or (depth == 2 and not all(isinstance(r, list) for r in v)):
+            raise ConfigError(f"{name} must be {what}" + (f", got {shown(v)}" if depth == 1 else ""))
+        return v
+
+    return check
+
+
+def seed_values() -> Rule:
+    """An integer in [0, ``MAX_SEED``] or a non-empty list of at most ``MAX_SEEDS`` distinct ones."""
+
+    def check(name: str, v: Any, run: Mapping) -> Any:
+        if not isinstance(v, list):
+            v = integer(0)(name, v, run)
+            if v > MAX_SEED:
+                raise ConfigError(f"{name} must be an integer in [0, 2**63 - 1], got {v}")
+            return v
+        if not v or any(isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= MAX_SEED for s in v):
+            raise ConfigError(
+                f"{name} must be an integer in [0, 2**63 - 1] or a non-empty list of them, got {shown(v)}"
+            )
+        if len(v) > MAX_SEEDS:
+            raise ConfigError(f"{name}: {len(v)} seeds (more than {MAX_SEEDS}, limit MAX_SEEDS); split the run")
+        if len(set(v)) != len(v):
+            raise ConfigError(f"{name} list has duplicates: {shown(v)}")
+        return v
+
+    return check
+
+
+def network_entries() -> Rule:
+    """``None``, one network entry (a preset name or ``{name, alpha, beta}``) or a list of them
+    (resolved by ``check_names``)."""
+
+    def check(name: str, v: Any, run: Mapping) -> Any:
+        for n in [] if v is None else v if isinstance(v, list) else [v]:
+            if not isinstance(n, (str, dict)):
+                raise ConfigError(
+                    f"{name} entries must be a preset name or a mapping {{name, alpha, beta}}, got {shown(n)}"
+                )
+        return v
+
+    return check
+
+
+def key(default: Any, doc: str, rule: Rule, *, dotted: bool = False) -> Any:
+    """A config key of ``RunConfig``: its default, its line in ``cconv run --help``, its rule, and
+    whether dotted keys (``--set compressor.ratio=0.01``, sweep grids) reach into its mapping
+    (the ``help``, ``rule`` and ``dotted`` of the field's metadata)."""
+    meta = {"help": doc, "rule": rule, "dotted": dotted}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=functools.partial(copy.deepcopy, default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _launchers() -> list[str]:
+    # the runner is one process: launchers that need one process per worker (mpirun) are for the
+    # engine API (experiments/cluster/), not for `cconv run`
+    return [n for n, cls in LAUNCHERS.items() if not cls.one_process_per_worker]
+
+
+def _schedules() -> list[str]:
+    from cconv.theory.schedule import schedules
+
+    return schedules.names()
+
+
+# --------------------------------------------------------------------------- the schema
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One training run, validated (``from_dict``) and immutable: the class body is the config
+    schema, one ``key(default, help, rule)`` per config key (``FIELDS``; ``field_help`` prints it).
+
+    Frozen: a field is never reassigned; a changed config is ``dataclasses.replace(cfg, ...)``
+    (not validated) or, better, ``from_dict({**cfg.to_dict(), ...})``.  The mapping and list
+    values (``model``, ``seed``, ``network``, ...) stay plain ``dict``/``list``, deliberately: they
+    are what YAML gives and what ``to_dict``/``to_yaml``/``digest`` (byte-identical for existing
+    run directories), ``json.dumps``, ``copy.deepcopy``, wandb and the engine's ``isinstance``
+    checks take, and they compare equal to the dicts and lists tests write; read-only views
+    (``MappingProxyType``, tuples) would need a thaw in each of those and would change equality with
+    lists.  ``from_dict`` deep-copies its input, so a RunConfig shares no container with its
+    caller (``tests/test_config_schema.py``); nothing in cconv, its tests or experiments/ writes
+    into one (grep, when it was frozen): a builder that needs a changed value makes a new one.
+    """
+
+    name: str = key("", "free-form label (shown in plots when set)", string())
+    model: dict = key(
+        {"name": "mlp"}, "model name (cconv.models.names()) or {name, **hyper-parameters}", named(), dotted=True
     )
-    data: dict = field(
-        default_factory=lambda: {"name": "digits"},
-        metadata={"help": "dataset name or {name, root, partition: iid|dirichlet|shards, alpha, **hp}"},
+    data: dict = key(
+        {"name": "digits"},
+        "dataset name or {name, root, partition: iid|dirichlet|shards, alpha, **hp}",
+        named(paths=("root",)),
+        dotted=True,
     )
-    workers: int = field(default=8, metadata={"help": "data-parallel workers (simulated CPU devices on CPU)"})
-    steps: int = field(default=300, metadata={"help": "training steps"})
-    batch_size: int = field(default=256, metadata={"help": "global batch size (divided evenly among workers)"})
-    optimizer: dict = field(
-        default_factory=lambda: {"name": "sgd"},
-        metadata={"help": "optax optimizer alias or {name, **kwargs}, e.g. {name: sgd, momentum: 0.9}"},
+    workers: int = key(8, "data-parallel workers (simulated CPU devices on CPU)", integer(1))
+    steps: int = key(300, "training steps", integer(1))
+    batch_size: int = key(256, "global batch size (divided evenly among workers)", integer(1))
+    optimizer: dict = key(
+        {"name": "sgd"},
+        "optax optimizer alias or {name, **kwargs}, e.g. {name: sgd, momentum: 0.9}",
+        named(lookup=lambda n: optimizer_function(n)),  # optax's names (cconv.experiments.optax_names)
+        dotted=True,
     )
-    lr: float = field(default=0.1, metadata={"help": "learning rate"})
-    lr_schedule: Any = field(
-        default="constant",
-        metadata={"help": "constant | cosine (decay to 0 over steps) | any optax schedule {name, **args}"},
+    lr: float = key(0.1, "learning rate", number(0.0, strict=True))
+    lr_schedule: Any = key(
+        "constant",
+        "constant | cosine (decay to 0 over steps) | any optax schedule {name, **args}",
+        named(keep_string=True, lookup=lambda n: schedule_function(n)),
+        dotted=True,
     )
-    lr_warmup: int = field(default=0, metadata={"help": "steps of linear learning-rate warm-up from 0"})
-    seed: Any = field(default=0, metadata={"help": "int, or a list of ints run as one vmapped program"})
-    compressor: dict = field(
-        default_factory=lambda: {"name": "none"},
-        metadata={"help": "compressor name or {name, **hparams} (cconv.compressors.names())"},
+    lr_warmup: int = key(0, "steps of linear learning-rate warm-up from 0", integer(0))
+    seed: Any = key(0, "int, or a list of ints run as one vmapped program", seed_values())
+    compressor: dict = key(
+        {"name": "none"}, "compressor name or {name, **hparams} (cconv.compressors.names())", named(), dotted=True
     )
-    memory: str = field(default="none", metadata={"help": "none | ef (error feedback) | dgc (momentum correction)"})
-    momentum: float = field(default=0.9, metadata={"help": "DGC momentum when memory is dgc"})
-    masking: bool = field(default=True, metadata={"help": "DGC momentum-factor masking when memory is dgc"})
-    ef_scale: Any = field(
-        default=None,
-        metadata={"help": "memory ef: scale the compressor's input by a in (0, 1], or auto (= 1/(1+omega)); null: 1"},
+    memory: str = key(
+        "none", "none | ef (error feedback) | dgc (momentum correction)", choice(lambda: MEMORIES, null="none")
     )
-    clip: Any = field(default=None, metadata={"help": "local gradient-clipping threshold (scaled by N^-1/2), or null"})
-    warmup: Any = field(
-        default=None,
-        metadata={"help": "density warm-up {densities: [..] or dgc, steps_per_stage, dense_steps}, or null"},
+    momentum: float = key(0.9, "DGC momentum when memory is dgc", number(0.0, below=1))
+    masking: bool = key(True, "DGC momentum-factor masking when memory is dgc", flag())
+    ef_scale: Any = key(
+        None,
+        "memory ef: scale the compressor's input by a in (0, 1], or auto (= 1/(1+omega)); null: 1",
+        fraction("null, auto or a number in (0, 1]", also=("auto",)),
     )
-    local_steps: Any = field(
-        default=1, metadata={"help": "local SGD steps between model averaging (1 = BSP), or adaptive (AdaComm)"}
+    clip: Any = key(
+        None,
+        "local gradient-clipping threshold (scaled by N^-1/2), or null",
+        number(0.0, strict=True, optional=True),
     )
-    local_steps_init: int = field(default=4, metadata={"help": "local_steps: adaptive: H_0, the initial period"})
-    adapt_every: int = field(default=50, metadata={"help": "local_steps: adaptive: steps between updates of H"})
-    sync: str = field(
-        default="bsp", metadata={"help": "bsp | ssp | asp (asp needs architecture: parameter-server) | gossip"}
+    warmup: Any = key(
+        None,
+        "density warm-up {densities: [..] or dgc, steps_per_stage, dense_steps}, or null",
+        mapping(f"null or a mapping {{{', '.join(WARMUP_KEYS)}}}", WARMUP_KEYS, values={"densities": densities()}),
     )
-    staleness: int = field(default=0, metadata={"help": "sync: ssp: staleness bound s (0 = BSP)"})
-    max_staleness: Any = field(default=None, metadata={"help": "sync: asp: parameter versions kept (null: 2 workers)"})
-    stragglers: Any = field(
-        default=None, metadata={"help": "timing model: {fraction, slowdown}: a fixed subset computes slowdown x slower"}
+    local_steps: Any = key(
+        1,
+        "local SGD steps between model averaging (1 = BSP), or adaptive (AdaComm)",
+        integer(1, also=(ADAPTIVE,)),
     )
-    jitter: float = field(default=0.0, metadata={"help": "timing model: lognormal sigma per worker-step"})
-    worker_speeds: Any = field(default=None, metadata={"help": "timing model: relative compute time per worker"})
-    post_local_switch: int = field(
-        default=0, metadata={"help": "step at which BSP switches to local SGD (post-local SGD)"}
+    local_steps_init: int = key(4, "local_steps: adaptive: H_0, the initial period", integer(1))
+    adapt_every: int = key(50, "local_steps: adaptive: steps between updates of H", integer(1))
+    sync: str = key("bsp", "bsp | ssp | asp (asp needs architecture: parameter-server) | gossip", choice(sync_names))
+    staleness: int = key(0, "sync: ssp: staleness bound s (0 = BSP)", integer(0))
+    max_staleness: Any = key(None, "sync: asp: parameter versions kept (null: 2 workers)", integer(1, optional=True))
+    stragglers: Any = key(
+        None,
+        "timing model: {fraction, slowdown}: a fixed subset computes slowdown x slower",
+        mapping(
+            "null or a mapping {fraction, slowdown}",
+            ("fraction", "slowdown"),
+            values={"fraction": number(), "slowdown": number()},
+        ),
     )
-    compress_delta: bool = field(default=False, metadata={"help": "local SGD: compress the averaged model delta"})
-    granularity: str = field(default="layerwise", metadata={"help": "layerwise | fused (one flat buffer)"})
-    min_compress_size: int = field(default=0, metadata={"help": "tensors with fewer elements are sent dense"})
-    compress_vectors: bool = field(
-        default=True, metadata={"help": "false: biases and other 1-D tensors are sent dense"}
+    jitter: float = key(0.0, "timing model: lognormal sigma per worker-step", number(0.0))
+    worker_speeds: Any = key(
+        None, "timing model: relative compute time per worker", numbers("workers", number(0.0, strict=True))
     )
-    architecture: str = field(
-        default="all-to-all",
-        metadata={
-            "help": "all-to-all | parameter-server | ps (= parameter-server) | "
-            "gtopk (= all-to-all with collective gtopk)"
-        },
+    post_local_switch: int = key(0, "step at which BSP switches to local SGD (post-local SGD)", integer(0))
+    compress_delta: bool = key(False, "local SGD: compress the averaged model delta", flag())
+    granularity: str = key("layerwise", "layerwise | fused (one flat buffer)", choice(lambda: GRANULARITIES))
+    min_compress_size: int = key(0, "tensors with fewer elements are sent dense", integer(0))
+    compress_vectors: bool = key(True, "false: biases and other 1-D tensors are sent dense", flag())
+    architecture: str = key(
+        "all-to-all",
+        "all-to-all | parameter-server | ps (= parameter-server) | gtopk (= all-to-all with collective gtopk)",
+        choice(lambda: (*ARCHITECTURES, *ARCHITECTURE_ALIASES)),
     )
-    collective: str = field(default="auto", metadata={"help": "auto (the compressor's) | allgather | gtopk"})
-    vote: bool = field(
-        default=False, metadata={"help": "signSGD majority vote (sign compressors only); a tie gives +1"}
+    collective: str = key("auto", "auto (the compressor's) | allgather | gtopk", choice(lambda: COLLECTIVES))
+    vote: bool = key(False, "signSGD majority vote (sign compressors only); a tie gives +1", flag())
+    ps_downlink: Any = key(None, "PS downlink compressor (name or mapping) or null", named(optional=True), dotted=True)
+    launcher: str = key("shard_map", " | ".join(_launchers()), choice(_launchers))
+    network: Any = key(
+        None, "network for simulated time: preset name, {name, alpha, beta}, or a list", network_entries(), dotted=True
     )
-    ps_downlink: Any = field(default=None, metadata={"help": "PS downlink compressor (name or mapping) or null"})
-    launcher: str = field(
-        default="shard_map",
-        metadata={"help": " | ".join(n for n, cls in LAUNCHERS.items() if not cls.one_process_per_worker)},
+    schedule: Any = key(
+        None,
+        "simulated time: null (compute + exchange + sum of collective times) | bsp | wfbp | "
+        "mg-wfbp | bytescheduler | fusion (event simulator over the model's layers)",
+        choice(_schedules, optional=True),
     )
-    network: Any = field(
-        default=None, metadata={"help": "network for simulated time: preset name, {name, alpha, beta}, or a list"}
+    servers: Any = key(
+        None,
+        "simulated time with a schedule: parameter servers (push/pull), or null",
+        integer(1, optional=True),
     )
-    schedule: Any = field(
-        default=None,
-        metadata={
-            "help": "simulated time: null (compute + exchange + sum of collective times) | bsp | wfbp | "
-            "mg-wfbp | bytescheduler | fusion (event simulator over the model's layers)"
-        },
+    log_every: int = key(10, "steps between metric lines (and test evaluations)", integer(1))
+    checkpoint_every: int = key(100, "steps between checkpoints (resume points)", integer(1))
+    target_loss: Any = key(None, "loss for bytes-to-target in reports, or null", number(optional=True))
+    wandb: Any = key(
+        False,
+        "false, true, or {project, mode, entity, group}; offline by default",
+        mapping(
+            "true, false or a mapping {project, mode, entity, group}",
+            ("project", "mode", "entity", "group", "tags"),
+            optional=False,
+            flags=True,
+        ),
+        dotted=True,
     )
-    servers: Any = field(
-        default=None, metadata={"help": "simulated time with a schedule: parameter servers (push/pull), or null"}
+    tensorboard: bool = key(False, "also write TensorBoard event files to <run>/tensorboard/seed_<s>/", flag())
+    advise: Any = key(
+        None,
+        "`cconv advise`: its search space and options (cconv.advisor.space); others ignore it",
+        mapping("a mapping (cconv.advisor.space)"),
     )
-    log_every: int = field(default=10, metadata={"help": "steps between metric lines (and test evaluations)"})
-    checkpoint_every: int = field(default=100, metadata={"help": "steps between checkpoints (resume points)"})
-    target_loss: Any = field(default=None, metadata={"help": "loss for bytes-to-target in reports, or null"})
-    wandb: Any = field(
-        default=False, metadata={"help": "false, true, or {project, mode, entity, group}; offline by default"}
+    # --- gossip (decentralized training, cconv.engine.gossip; values and combinations: EngineConfig)
+    gossip: str = key(
+        "dpsgd", "sync gossip: dpsgd (D-PSGD; with a compressor: naive compressed gossip) | choco", string()
     )
-    tensorboard: bool = field(
-        default=False, metadata={"help": "also write TensorBoard event files to <run>/tensorboard/seed_<s>/"}
+    topology: str = key("ring", "sync gossip: ring | torus | exponential | complete | matrix", string())
+    torus: Any = key(
+        None, "topology torus: [rows, cols] (null: most square)", nested_list("a list [rows, cols] or null")
     )
-    advise: Any = field(
-        default=None,
-        metadata={"help": "`cconv advise`: its search space and options (cconv.advisor.space); others ignore it"},
+    mixing: Any = key(
+        None,
+        "topology matrix: the P x P mixing matrix (list of rows)",
+        nested_list("a list of rows (a P x P matrix) or null", depth=2),
     )
-    # --- gossip (decentralized training, cconv.engine.gossip) -------------------------------------
-    gossip: str = field(
-        default="dpsgd",
-        metadata={"help": "sync gossip: dpsgd (D-PSGD; with a compressor: naive compressed gossip) | choco"},
-    )
-    topology: str = field(
-        default="ring", metadata={"help": "sync gossip: ring | torus | exponential | complete | matrix"}
-    )
-    torus: Any = field(default=None, metadata={"help": "topology torus: [rows, cols] (null: most square)"})
-    mixing: Any = field(default=None, metadata={"help": "topology matrix: the P x P mixing matrix (list of rows)"})
-    gossip_gamma: Any = field(
-        default=None,
-        metadata={
-            "help": "consensus step size in (0, 1] (choco; dpsgd with a compressor); null: the compressor's "
-            "contraction delta (1 uncompressed); a value above it warns"
-        },
+    gossip_gamma: Any = key(
+        None,
+        "consensus step size in (0, 1] (choco; dpsgd with a compressor); null: the compressor's "
+        "contraction delta (1 uncompressed); a value above it warns",
+        fraction("null (the compressor's safe value) or in (0, 1]"),
     )
 
     # ------------------------------------------------------------------ helpers
@@ -255,15 +546,19 @@ class RunConfig:
 
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(RunConfig)}
-_NAMED = ("model", "data", "optimizer", "compressor")  # fields given as name or {name, **hp}
+
+
+def default_of(name: str) -> Any:
+    """The default of config key ``name`` (a fresh copy of a mapping or list)."""
+    f = FIELDS[name]
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
 def field_help() -> str:
     """One line per field: name, default, meaning (for --help)."""
     lines = []
-    default = RunConfig()
     for name, f in FIELDS.items():
-        lines.append(f"  {name:<18} {json.dumps(getattr(default, name), default=str):<26} {f.metadata['help']}")
+        lines.append(f"  {name:<18} {json.dumps(default_of(name), default=str):<26} {f.metadata['help']}")
     return "\n".join(lines)
 
 
@@ -438,7 +733,9 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 
 
 def set_path(d: dict, dotted: str, value: Any) -> None:
-    """Set a dotted key of a raw config in place (a name given as a string becomes {name: ...})."""
+    """Set a dotted key of a raw config in place: ``top.a.b`` reaches into the keys declared
+    ``dotted`` in the schema (a name given as a string becomes {name: ...}; a key not given, or
+    given as true/false or a list, starts from its default's name)."""
     parts = dotted.split(".")
     if not all(parts):
         raise ConfigError(f"bad key {shown(dotted)}")
@@ -448,29 +745,31 @@ def set_path(d: dict, dotted: str, value: Any) -> None:
     if len(parts) == 1:
         d[top] = value
         return
-    if top in _NAMED or top in ("network", "wandb", "ps_downlink", "lr_schedule"):
-        cur = d.get(top)
-        if cur is None or isinstance(cur, (bool, list)):
-            if top in _NAMED:
-                cur = {"name": FIELDS[top].default_factory()["name"]}
-            else:
-                cur = {"name": FIELDS[top].default} if top == "lr_schedule" else {}
-        elif isinstance(cur, str):
-            cur = {"name": cur}
-        else:
-            cur = dict(cur)
-        node = cur
-        for p in parts[1:-1]:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"cannot set {shown(dotted)}: {shown(p)} is not a mapping")
-        node[parts[-1]] = value
-        d[top] = cur
-        return
-    raise ConfigError(f"cannot set {shown(dotted)}: {shown(top)} is not a mapping")
-
-
-PATH_KEYS = ("data.root",)  # config keys that hold a file-system path (a string)
+    if not FIELDS[top].metadata["dotted"]:
+        raise ConfigError(f"cannot set {shown(dotted)}: {shown(top)} is not a mapping")
+    cur = d.get(top)
+    if cur is None or isinstance(cur, (bool, list)):
+        default = default_of(top)
+        cur = (
+            {"name": default["name"]}
+            if isinstance(default, dict)
+            else {"name": default}
+            if isinstance(default, str)
+            else {}
+        )
+    elif isinstance(cur, str):
+        cur = {"name": cur}
+    elif isinstance(cur, dict):
+        cur = dict(cur)
+    else:
+        raise ConfigError(f"cannot set {shown(dotted)}: {top} is {shown(cur)}, not a name or a mapping")
+    node = cur
+    for p in parts[1:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"cannot set {shown(dotted)}: {shown(p)} is not a mapping")
+    node[parts[-1]] = value
+    d[top] = cur
 
 
 def check_values(raw: dict) -> None:
@@ -513,42 +812,55 @@ def check_batch(cfg: RunConfig, train_size: int) -> None:
         raise ConfigError(f"batch_size {cfg.batch_size} is more than the {train_size} training samples of the dataset")
 
 
-def _named(value: Any, what: str) -> dict:
-    if isinstance(value, str):
-        return {"name": value}
-    if isinstance(value, dict):
-        if "name" not in value or not isinstance(value["name"], str):
-            raise ConfigError(f"{what}: a mapping needs a 'name' string, got {shown(value)}")
-        return dict(value)
-    raise ConfigError(f"{what}: expected a name or a mapping with 'name', got {shown(value)}")
+def _batch_split(cfg: RunConfig) -> None:
+    if cfg.batch_size % cfg.workers:
+        raise ConfigError(
+            f"batch_size {cfg.batch_size} is not divisible by workers {cfg.workers} (the global batch is split evenly)"
+        )
 
 
-def _int(name: str, v: Any, lo: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ConfigError(f"{name} must be an integer >= {lo}, got {shown(v)}")
-    return v
+def _ef_scale_needs_ef(cfg: RunConfig) -> None:
+    if cfg.ef_scale is not None and cfg.memory != "ef":
+        raise ConfigError(f"ef_scale scales error feedback: it needs memory: ef, got memory: {cfg.memory}")
 
 
-def _num(name: str, v: Any, lo: float | None = None, allow_none: bool = False, strict: bool = False):
-    if v is None and allow_none:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ConfigError(f"{name} must be a number, got {shown(v)}")
-    if lo is not None and (v <= lo if strict else v < lo):
-        raise ConfigError(f"{name} must be {'>' if strict else '>='} {lo}, got {shown(v)}")
-    return float(v)
+def _schedule_needs_network(cfg: RunConfig) -> None:
+    if cfg.schedule is not None and cfg.network is None:
+        raise ConfigError(f"schedule: {cfg.schedule} sets the simulated time; it needs a network")
 
 
-def _choice(name: str, v: Any, choices: Iterable[str]) -> str:
-    choices = tuple(choices)
-    if v not in choices:
-        raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {shown(v)}")
-    return v
+def _servers_need_schedule(cfg: RunConfig) -> None:
+    if cfg.servers is not None and cfg.schedule is None:
+        raise ConfigError("servers: the parameter servers of the simulated time need a schedule")
+
+
+def _check_gossip(cfg: RunConfig) -> None:
+    """The gossip keys need ``sync: gossip`` (set to anything but their defaults), and gossip at
+    least 2 workers (the keys' values and combinations: ``EngineConfig``, in ``check_names``)."""
+    if cfg.sync != "gossip":
+        set_keys = [k for k, default in GOSSIP_FIELDS.items() if getattr(cfg, k) != default]
+        if set_keys:
+            raise ConfigError(f"{', '.join(set_keys)}: gossip keys, but sync is {cfg.sync} (they need sync: gossip)")
+    if cfg.sync == "gossip" and cfg.workers < 2:
+        raise ConfigError(f"sync: gossip needs at least 2 workers, got workers: {cfg.workers}")
+
+
+# The rules that relate keys, run in this order once every key has passed its own rule.
+CROSS_RULES: tuple[Callable[[RunConfig], None], ...] = (
+    _batch_split,
+    _ef_scale_needs_ef,
+    _check_bounds,
+    _schedule_needs_network,
+    _servers_need_schedule,
+    _check_gossip,
+)
 
 
 def from_dict(raw: Any, source: str = "config") -> RunConfig:
-    """Validate a raw mapping into a RunConfig (structure and ranges; library names are checked by
-    ``check_names``, which imports the model/data/compressor registries)."""
+    """Validate a raw mapping into a RunConfig: unknown keys, ``check_values`` (every number), each
+    key's rule in table order (``RunConfig``; a missing key takes its default), then
+    ``CROSS_RULES``.  Library names are checked by ``check_names`` (it imports the model, data and
+    compressor registries), except optax's optimizer and schedule names, checked here."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -559,166 +871,14 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
             f"{source}: unknown config key(s) {', '.join(map(str, unknown))}; valid keys: {', '.join(FIELDS)}"
         )
     check_values(raw)
-    cfg = RunConfig(**copy.deepcopy(raw))
-    for n in _NAMED:
-        setattr(cfg, n, _named(getattr(cfg, n), n))
-    for dotted in PATH_KEYS:
-        top, key = dotted.split(".")
-        v = getattr(cfg, top).get(key)
-        if v is not None and not isinstance(v, str):
-            raise ConfigError(f"{dotted} is a path: it must be a string, got {shown(v)}")
-    if not isinstance(cfg.name, str):
-        raise ConfigError(f"name must be a string, got {shown(cfg.name)}")
-    cfg.workers = _int("workers", cfg.workers)
-    cfg.steps = _int("steps", cfg.steps)
-    cfg.batch_size = _int("batch_size", cfg.batch_size)
-    if cfg.batch_size % cfg.workers:
-        raise ConfigError(
-            f"batch_size {cfg.batch_size} is not divisible by workers {cfg.workers} (the global batch is split evenly)"
-        )
-    cfg.lr = _num("lr", cfg.lr, 0.0, strict=True)
-    if not isinstance(cfg.lr_schedule, str):
-        cfg.lr_schedule = _named(cfg.lr_schedule, "lr_schedule")
-    schedule_function(cfg.lr_schedule if isinstance(cfg.lr_schedule, str) else cfg.lr_schedule["name"])
-    cfg.lr_warmup = _int("lr_warmup", cfg.lr_warmup, 0)
-    optimizer_function(cfg.optimizer["name"])
-    if isinstance(cfg.seed, list):
-        if not cfg.seed or any(
-            isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= MAX_SEED for s in cfg.seed
-        ):
-            raise ConfigError(
-                f"seed must be an integer in [0, 2**63 - 1] or a non-empty list of them, got {shown(cfg.seed)}"
-            )
-        if len(cfg.seed) > MAX_SEEDS:
-            raise ConfigError(f"seed: {len(cfg.seed)} seeds (more than {MAX_SEEDS}, limit MAX_SEEDS); split the run")
-        if len(set(cfg.seed)) != len(cfg.seed):
-            raise ConfigError(f"seed list has duplicates: {shown(cfg.seed)}")
-    else:
-        cfg.seed = _int("seed", cfg.seed, 0)
-        if cfg.seed > MAX_SEED:
-            raise ConfigError(f"seed must be an integer in [0, 2**63 - 1], got {cfg.seed}")
-    cfg.memory = _choice("memory", "none" if cfg.memory is None else cfg.memory, MEMORIES)
-    cfg.momentum = _num("momentum", cfg.momentum, 0.0)
-    if cfg.momentum >= 1:
-        raise ConfigError(f"momentum must be in [0, 1), got {shown(cfg.momentum)}")
-    if cfg.ef_scale is not None:
-        if cfg.ef_scale != "auto" and (
-            isinstance(cfg.ef_scale, bool) or not isinstance(cfg.ef_scale, (int, float)) or not 0 < cfg.ef_scale <= 1
-        ):
-            raise ConfigError(f"ef_scale must be null, auto or a number in (0, 1], got {shown(cfg.ef_scale)}")
-        if cfg.memory != "ef":
-            raise ConfigError(f"ef_scale scales error feedback: it needs memory: ef, got memory: {cfg.memory}")
-        cfg.ef_scale = cfg.ef_scale if cfg.ef_scale == "auto" else float(cfg.ef_scale)
-    cfg.clip = _num("clip", cfg.clip, 0.0, allow_none=True, strict=True)
-    if cfg.local_steps != ADAPTIVE:
-        cfg.local_steps = _int("local_steps", cfg.local_steps)
-    cfg.local_steps_init = _int("local_steps_init", cfg.local_steps_init)
-    cfg.adapt_every = _int("adapt_every", cfg.adapt_every)
-    cfg.sync = _choice("sync", cfg.sync, sync_names())
-    cfg.staleness = _int("staleness", cfg.staleness, 0)
-    if cfg.max_staleness is not None:
-        cfg.max_staleness = _int("max_staleness", cfg.max_staleness)
-    _check_bounds(cfg)
-    if cfg.stragglers is not None:
-        st = cfg.stragglers
-        if not isinstance(st, dict) or set(st) - {"fraction", "slowdown"}:
-            raise ConfigError(f"stragglers must be null or a mapping {{fraction, slowdown}}, got {shown(st)}")
-        cfg.stragglers = {k: _num(f"stragglers.{k}", v) for k, v in st.items()}
-    cfg.jitter = _num("jitter", cfg.jitter, 0.0)
-    if cfg.worker_speeds is not None:
-        if not isinstance(cfg.worker_speeds, list):
-            raise ConfigError(
-                f"worker_speeds must be null or a list of {cfg.workers} numbers, got {shown(cfg.worker_speeds)}"
-            )
-        cfg.worker_speeds = [_num("worker_speeds[]", v, 0.0, strict=True) for v in cfg.worker_speeds]
-    cfg.post_local_switch = _int("post_local_switch", cfg.post_local_switch, 0)
-    cfg.granularity = _choice("granularity", cfg.granularity, GRANULARITIES)
-    cfg.collective = _choice("collective", cfg.collective, COLLECTIVES)
-    for flag in ("masking", "compress_delta", "compress_vectors"):
-        if not isinstance(getattr(cfg, flag), bool):
-            raise ConfigError(f"{flag} must be true or false, got {shown(getattr(cfg, flag))}")
-    if cfg.warmup is not None:
-        if not isinstance(cfg.warmup, dict):
-            raise ConfigError(
-                f"warmup must be null or a mapping {{densities, steps_per_stage, dense_steps}}, got {shown(cfg.warmup)}"
-            )
-        bad = [k for k in cfg.warmup if k not in WARMUP_KEYS]
-        if bad:
-            raise ConfigError(f"warmup: unknown key(s) {', '.join(map(str, bad))}; valid: {', '.join(WARMUP_KEYS)}")
-        d = cfg.warmup.get("densities", "dgc")
-        if d != "dgc" and (
-            not isinstance(d, list)
-            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x <= 1 for x in d)
-        ):
-            raise ConfigError(f"warmup.densities must be 'dgc' or a list of numbers in (0, 1], got {shown(d)}")
-    cfg.min_compress_size = _int("min_compress_size", cfg.min_compress_size, 0)
-    cfg.architecture = _choice("architecture", cfg.architecture, (*ARCHITECTURES, *ARCHITECTURE_ALIASES))
-    if not isinstance(cfg.vote, bool):
-        raise ConfigError(f"vote must be true or false, got {shown(cfg.vote)}")
-    if cfg.ps_downlink is not None:
-        cfg.ps_downlink = _named(cfg.ps_downlink, "ps_downlink")
-    # the runner is one process: launchers that need one process per worker (mpirun) are for the
-    # engine API (experiments/cluster/), not for `cconv run`
-    cfg.launcher = _choice(
-        "launcher", cfg.launcher, [n for n, cls in LAUNCHERS.items() if not cls.one_process_per_worker]
-    )
-    cfg.log_every = _int("log_every", cfg.log_every)
-    cfg.checkpoint_every = _int("checkpoint_every", cfg.checkpoint_every)
-    cfg.target_loss = _num("target_loss", cfg.target_loss, allow_none=True)
-    if not isinstance(cfg.wandb, (bool, dict)):
-        got = shown(cfg.wandb)
-        raise ConfigError(f"wandb must be true, false or a mapping {{project, mode, entity, group}}, got {got}")
-    if isinstance(cfg.wandb, dict):
-        bad = set(cfg.wandb) - {"project", "mode", "entity", "group", "tags"}
-        if bad:
-            raise ConfigError(
-                f"wandb: unknown key(s) {', '.join(sorted(bad))}; valid: project, mode, entity, group, tags"
-            )
-    if not isinstance(cfg.tensorboard, bool):
-        raise ConfigError(f"tensorboard must be true or false, got {shown(cfg.tensorboard)}")
-    if cfg.schedule is not None:
-        from cconv.theory.schedule import schedules
-
-        cfg.schedule = _choice("schedule", cfg.schedule, schedules.names())
-        if cfg.network is None:
-            raise ConfigError(f"schedule: {cfg.schedule} sets the simulated time; it needs a network")
-    if cfg.servers is not None:
-        cfg.servers = _int("servers", cfg.servers)
-        if cfg.schedule is None:
-            raise ConfigError("servers: the parameter servers of the simulated time need a schedule")
-    if cfg.advise is not None and not isinstance(cfg.advise, dict):
-        raise ConfigError(f"advise must be a mapping (cconv.advisor.space), got {shown(cfg.advise)}")
-
-    _check_gossip(cfg)
-    nets = cfg.network
-    if nets is not None:
-        for n in nets if isinstance(nets, list) else [nets]:
-            if not isinstance(n, (str, dict)):
-                raise ConfigError(
-                    f"network entries must be a preset name or a mapping {{name, alpha, beta}}, got {shown(n)}"
-                )
+    raw = copy.deepcopy(raw)  # the RunConfig shares no container with its caller
+    values: dict[str, Any] = {}
+    for name, f in FIELDS.items():
+        values[name] = f.metadata["rule"](name, raw[name] if name in raw else default_of(name), values)
+    cfg = RunConfig(**values)
+    for rule in CROSS_RULES:
+        rule(cfg)
     return cfg
-
-
-def _check_gossip(cfg: RunConfig) -> None:
-    """The gossip keys' types (their values and combinations: ``EngineConfig``, in ``check_names``)."""
-    for name in ("gossip", "topology"):
-        if not isinstance(getattr(cfg, name), str):
-            raise ConfigError(f"{name} must be a string, got {shown(getattr(cfg, name))}")
-    g = cfg.gossip_gamma
-    if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1):
-        raise ConfigError(f"gossip_gamma must be null (the compressor's safe value) or in (0, 1], got {shown(g)}")
-    cfg.gossip_gamma = None if g is None else float(g)
-    if cfg.sync != "gossip":
-        set_keys = [k for k, default in GOSSIP_FIELDS.items() if getattr(cfg, k) != default]
-        if set_keys:
-            raise ConfigError(f"{', '.join(set_keys)}: gossip keys, but sync is {cfg.sync} (they need sync: gossip)")
-    if cfg.torus is not None and not isinstance(cfg.torus, list):
-        raise ConfigError(f"torus must be a list [rows, cols] or null, got {shown(cfg.torus)}")
-    if cfg.mixing is not None and not (isinstance(cfg.mixing, list) and all(isinstance(r, list) for r in cfg.mixing)):
-        raise ConfigError("mixing must be a list of rows (a P x P matrix) or null")
-    if cfg.sync == "gossip" and cfg.workers < 2:
-        raise ConfigError(f"sync: gossip needs at least 2 workers, got workers: {cfg.workers}")
 
 
 def load_run(path: str | None, overrides: list[str] | None = None) -> RunConfig:
