@@ -60,15 +60,15 @@ def _one_line(e: BaseException) -> str:
 
 
 def cmd_run(args) -> int:
-    from cconv.experiments.config import check_names, load_run
+    from cconv.experiments.config import load_run
 
     cfg = load_run(args.config, args.set)
     configure_devices(simulated_devices([cfg]))
     _quiet_libraries()
-    check_names(cfg)
-    from cconv.experiments import io, runner
+    from cconv.experiments import build, io, runner
 
-    runner.check_devices(cfg.workers, cfg.launcher)
+    build.check_names(cfg)
+    build.check_devices(cfg.workers, cfg.launcher)
     out = args.out or os.path.join("results", os.path.splitext(os.path.basename(args.config))[0])
     # a finished run of this config: nothing to do, nothing written (also on a read-only file
     # system); a different config or a file cconv did not create there is refused
@@ -77,7 +77,7 @@ def cmd_run(args) -> int:
         print(f"{out}: already {s['status']}; nothing to do")
         return 0
     io.check_creatable(out)  # nothing is created before the data and the model are known to load
-    problem = runner.build_problem(cfg)
+    problem = build.problem(cfg)
     from cconv.experiments.config import ConfigError
 
     try:

@@ -323,18 +323,19 @@ def test_sign_method_under_sgd_with_an_sgd_learning_rate_warns_once():
     """The rule is read from the registry bound (biased, not even non-expansive), not from a name."""
     import warnings
 
+    from cconv.experiments import build as B
     from cconv.experiments import config as EC
 
-    EC._WARNED.clear()
+    B._WARNED.clear()
     base = {"compressor": "signsgd", "optimizer": {"name": "sgd", "momentum": 0.9}}
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        EC.engine_config(EC.from_dict({**base, "lr": 0.1}), [(64, 16)])  # SGD's lr: warns
-        EC.engine_config(EC.from_dict({**base, "lr": 0.1}), [(64, 16)])  # once per process
-        EC.engine_config(EC.from_dict({**base, "lr": 1e-3}), [(64, 16)])  # retuned: silent
-        EC.engine_config(EC.from_dict({**base, "lr": 0.1, "optimizer": {"name": "adam"}}), [(64, 16)])  # adaptive
-        EC.engine_config(EC.from_dict({**base, "lr": 0.1, "compressor": "scaled_sign"}), [(64, 16)])  # scaled
-        EC.engine_config(EC.from_dict({**base, "lr": 0.1, "compressor": {"name": "topk", "ratio": 0.1}}), [(64, 16)])
-    msgs = [str(x.message) for x in w if issubclass(x.category, EC.SignLearningRateWarning)]
+        B.make_compression(EC.from_dict({**base, "lr": 0.1}), [(64, 16)])  # SGD's lr: warns
+        B.make_compression(EC.from_dict({**base, "lr": 0.1}), [(64, 16)])  # once per process
+        B.make_compression(EC.from_dict({**base, "lr": 1e-3}), [(64, 16)])  # retuned: silent
+        B.make_compression(EC.from_dict({**base, "lr": 0.1, "optimizer": {"name": "adam"}}), [(64, 16)])  # adaptive
+        B.make_compression(EC.from_dict({**base, "lr": 0.1, "compressor": "scaled_sign"}), [(64, 16)])  # scaled
+        B.make_compression(EC.from_dict({**base, "lr": 0.1, "compressor": {"name": "topk", "ratio": 0.1}}), [(64, 16)])
+    msgs = [str(x.message) for x in w if issubclass(x.category, B.SignLearningRateWarning)]
     assert len(msgs) == 1 and "\n" not in msgs[0], msgs
     assert msgs[0].startswith("signsgd is not scaled to the gradient") and "lr 0.1" in msgs[0]

@@ -4,7 +4,9 @@ import textwrap
 
 import pytest
 
+from cconv.experiments import build as B
 from cconv.experiments import config as C
+from cconv.experiments import optax_names
 from cconv.experiments import sweep as S
 from cconv.experiments.config import ConfigError
 
@@ -86,15 +88,15 @@ def test_structural_errors(raw, fragment):
 def test_library_name_errors(comp, fragment):
     cfg = C.from_dict({"compressor": comp})
     with pytest.raises(ConfigError, match=fragment):
-        C.check_names(cfg)
+        B.check_names(cfg)
 
 
 def test_optimizer_arguments_checked_against_optax():
-    C.check_names(C.from_dict({"optimizer": {"name": "sgd", "momentum": 0.9}}))
+    B.check_names(C.from_dict({"optimizer": {"name": "sgd", "momentum": 0.9}}))
     with pytest.raises(ConfigError, match="unknown argument"):
-        C.check_names(C.from_dict({"optimizer": {"name": "adam", "momentum": 0.9}}))
+        B.check_names(C.from_dict({"optimizer": {"name": "adam", "momentum": 0.9}}))
     with pytest.raises(ConfigError, match="dgc keeps the momentum"):
-        C.check_names(C.from_dict({"memory": "dgc", "optimizer": {"name": "sgd", "momentum": 0.9}}))
+        B.check_names(C.from_dict({"memory": "dgc", "optimizer": {"name": "sgd", "momentum": 0.9}}))
 
 
 def test_overrides_dotted_and_typed(tmp_path):
@@ -219,10 +221,10 @@ def test_option_lists_are_the_engines_and_aliases_map_before_validation():
                 C.from_dict({"launcher": launcher})
         else:
             assert C.from_dict({"launcher": launcher}).launcher == launcher
-    ps = C.engine_config(C.from_dict({"architecture": "ps", "compressor": {"name": "topk", "ratio": 0.1}}))
+    ps = B.make_engine_config(C.from_dict({"architecture": "ps", "compressor": {"name": "topk", "ratio": 0.1}}))
     assert (ps.architecture, ps.collective) == ("parameter-server", "auto")
     # `architecture: gtopk` is all-to-all with the gTop-k collective (it wins over `collective`)
-    g = C.engine_config(
+    g = B.make_engine_config(
         C.from_dict({"architecture": "gtopk", "collective": "allgather", "compressor": {"name": "topk", "ratio": 0.1}})
     )
     assert (g.architecture, g.collective) == ("all-to-all", "gtopk")
@@ -241,7 +243,7 @@ def test_exponent_floats_without_a_dot(tmp_path):
     cfg = C.load_run(p, ["momentum=5e-1"])
     assert cfg.lr == 0.001 and cfg.compressor["tau"] == 2e-4 and cfg.clip == 5.0 and cfg.momentum == 0.5
     assert cfg.name == "1e3x"
-    C.check_names(cfg)
+    B.check_names(cfg)
     assert C.parse_value("1e-3") == 0.001 and C.parse_value("1.0e-3") == 0.001 and C.parse_value("10") == 10
 
 
@@ -259,13 +261,13 @@ def test_any_optax_optimizer_with_its_arguments():
     """Not a whitelist: every optax function taking learning_rate, checked by its signature."""
     import optax
 
-    names = C.optimizer_names()
+    names = optax_names.optimizer_names()
     assert {"sgd", "adamw", "lion", "adan", "signum", "rprop"} <= set(names)
-    assert all("learning_rate" in C._parameters(getattr(optax, n)) for n in names)
+    assert all("learning_rate" in optax_names.parameters(getattr(optax, n)) for n in names)
     for spec in ({"name": "adan", "b1": 0.9}, {"name": "signum", "beta": 0.8}, {"name": "contrib.prodigy"}):
         cfg = C.from_dict({"optimizer": spec})
-        C.check_names(cfg)
-        assert isinstance(C.make_optimizer(cfg), optax.GradientTransformation)
+        B.check_names(cfg)
+        assert isinstance(B.make_optimizer(cfg), optax.GradientTransformation)
     for spec, fragment in [
         ({"name": "adamww"}, "not an optax optimizer .* valid: adamw, "),  # closest names first
         ({"name": "clip_by_global_norm"}, "taking learning_rate"),  # an optax function, not an optimizer
@@ -275,7 +277,7 @@ def test_any_optax_optimizer_with_its_arguments():
             C.from_dict({"optimizer": spec})
         assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match="'adan': unknown argument.s. momentum; valid: b1, b2"):
-        C.check_names(C.from_dict({"optimizer": {"name": "adan", "momentum": 0.9}}))
+        B.check_names(C.from_dict({"optimizer": {"name": "adan", "momentum": 0.9}}))
 
 
 def test_schedule_strings_are_todays_schedules():
@@ -291,7 +293,7 @@ def test_schedule_strings_are_todays_schedules():
         ):
             if warm:
                 old = optax.join_schedules([optax.linear_schedule(0.0, 0.1, warm), old], [warm])
-            new = C.make_schedule(C.from_dict({"lr_schedule": name, "lr_warmup": warm, "steps": 300}))
+            new = B.make_schedule(C.from_dict({"lr_schedule": name, "lr_warmup": warm, "steps": 300}))
             np.testing.assert_array_equal(np.asarray([new(s) for s in steps]), np.asarray([old(s) for s in steps]))
 
 
@@ -305,21 +307,21 @@ def test_any_optax_schedule_with_run_defaults(tmp_path):
         "lr: 1e-2\nsteps: 200\nlr_schedule: {name: warmup_cosine_decay_schedule, init_value: 0.0, warmup_steps: 20}\n",
     )
     cfg = C.load_run(p)
-    C.check_names(cfg)
-    fn, kwargs = C.schedule_arguments(cfg)
+    B.check_names(cfg)
+    fn, kwargs = B.schedule_arguments(cfg)
     # what the mapping leaves out comes from the run: peak_value = lr, decay_steps = steps
     assert fn is optax.warmup_cosine_decay_schedule
     assert kwargs == {"init_value": 0.0, "warmup_steps": 20, "peak_value": 0.01, "decay_steps": 200}
-    sched = C.make_schedule(cfg)
+    sched = B.make_schedule(cfg)
     assert float(sched(0)) == 0.0 and float(sched(20)) == pytest.approx(0.01) and float(sched(200)) < 1e-6
     # given arguments win; --set reaches into the mapping; a string becomes {name}
     cfg = C.load_run(p, ["lr_schedule.decay_steps=100", "lr_schedule.end_value=0.001"])
-    assert C.schedule_arguments(cfg)[1]["decay_steps"] == 100
-    assert float(C.make_schedule(cfg)(150)) == pytest.approx(0.001)
+    assert B.schedule_arguments(cfg)[1]["decay_steps"] == 100
+    assert float(B.make_schedule(cfg)(150)) == pytest.approx(0.001)
     cfg = C.load_run(None, ["lr_schedule.name=exponential_decay", "lr_schedule.decay_rate=0.5"])
-    assert C.schedule_arguments(cfg)[1] == {"decay_rate": 0.5, "init_value": 0.1, "transition_steps": 300}
+    assert B.schedule_arguments(cfg)[1] == {"decay_rate": 0.5, "init_value": 0.1, "transition_steps": 300}
     assert C.from_dict({"lr_schedule": {"name": "cosine"}}).lr_schedule == {"name": "cosine"}
-    assert np.isclose(float(C.make_schedule(C.from_dict({"lr_schedule": {"name": "cosine", "alpha": 0.5}}))(300)), 0.05)
+    assert np.isclose(float(B.make_schedule(C.from_dict({"lr_schedule": {"name": "cosine", "alpha": 0.5}}))(300)), 0.05)
 
 
 @pytest.mark.parametrize(
@@ -336,7 +338,7 @@ def test_any_optax_schedule_with_run_defaults(tmp_path):
 )
 def test_schedule_errors_are_one_line(schedule, fragment):
     with pytest.raises(ConfigError, match=fragment) as e:
-        C.check_names(C.from_dict({"lr_schedule": schedule}))
+        B.check_names(C.from_dict({"lr_schedule": schedule}))
     assert "\n" not in str(e.value)
 
 
@@ -356,7 +358,7 @@ def test_ef_scale_values_and_errors():
     shapes = [(64, 16), (16,), (16, 10), (10,)]  # the quickstart-like MLP
 
     def scale(**raw):
-        return C.ef_scale_of(C.from_dict(raw), shapes)
+        return B.make_compression(C.from_dict(raw), shapes).ef_scale
 
     # QSGD s=2: omega = min(d/s^2, sqrt(d)/s), largest for the 64x16 matrix: sqrt(1024)/2 = 16
     qsgd = {"memory": "ef", "compressor": {"name": "qsgd", "levels": 2}}
@@ -366,25 +368,25 @@ def test_ef_scale_values_and_errors():
     assert scale(**qsgd, ef_scale="auto", granularity="fused") == pytest.approx(1 / (1 + fused))
     assert scale(**qsgd) == 1.0 and scale(**qsgd, ef_scale=0.25) == 0.25
     assert scale(memory="ef", compressor={"name": "topk", "ratio": 0.1}, ef_scale="auto") == 1.0  # contractive
-    eng = C.engine_config(C.from_dict({**qsgd, "workers": 2, "batch_size": 8, "ef_scale": "auto"}), shapes)
+    eng = B.make_engine_config(C.from_dict({**qsgd, "workers": 2, "batch_size": 8, "ef_scale": "auto"}), shapes=shapes)
     assert eng.ef_scale == pytest.approx(1 / 17) and eng.memory == "ef"
 
 
 def test_error_feedback_warning_names_omega_once(recwarn):
     import warnings
 
-    C._WARNED.clear()
+    B._WARNED.clear()
     cfg = C.from_dict({"memory": "ef", "compressor": {"name": "qsgd", "levels": 2}})
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        C.engine_config(cfg, [(64, 16), (16,)])
-        C.engine_config(cfg, [(64, 16), (16,)])  # once per process
-        C.engine_config(C.from_dict({"memory": "ef", "compressor": "qsgd"}), [(64, 16)])  # omega = 4 (s = 8): warns
-        C.engine_config(C.from_dict({"memory": "ef", "compressor": "qsgd"}), [(4,)])  # omega = 1/16 < 1
-        C.engine_config(C.from_dict({**cfg.to_dict(), "ef_scale": "auto"}), [(64, 16)])  # the fix: silent
-        C.engine_config(C.from_dict({"memory": "ef", "compressor": {"name": "topk", "ratio": 0.1}}), [(64, 16)])
-        C.engine_config(C.from_dict({"memory": "none", "compressor": "qsgd"}), [(64, 16)])  # no EF
-    msgs = [str(x.message) for x in w if issubclass(x.category, C.ErrorFeedbackWarning)]
+        B.make_compression(cfg, [(64, 16), (16,)])
+        B.make_compression(cfg, [(64, 16), (16,)])  # once per process
+        B.make_compression(C.from_dict({"memory": "ef", "compressor": "qsgd"}), [(64, 16)])  # omega = 4 (s = 8): warns
+        B.make_compression(C.from_dict({"memory": "ef", "compressor": "qsgd"}), [(4,)])  # omega = 1/16 < 1
+        B.make_compression(C.from_dict({**cfg.to_dict(), "ef_scale": "auto"}), [(64, 16)])  # the fix: silent
+        B.make_compression(C.from_dict({"memory": "ef", "compressor": {"name": "topk", "ratio": 0.1}}), [(64, 16)])
+        B.make_compression(C.from_dict({"memory": "none", "compressor": "qsgd"}), [(64, 16)])  # no EF
+    msgs = [str(x.message) for x in w if issubclass(x.category, B.ErrorFeedbackWarning)]
     assert len(msgs) == 2, msgs
     assert "\n" not in msgs[0] and "omega = 16 >= 1" in msgs[0] and "cconv.theory.constants.omega" in msgs[0]
     assert "ef_scale: auto" in msgs[0] and "omega = 4 >= 1" in msgs[1]
@@ -413,7 +415,7 @@ def test_ef_scale_auto_converges_where_plain_error_feedback_diverges(tmp_path):
     losses = {}
     for label, extra in (("ef", {}), ("auto", {"ef_scale": "auto"}), ("none", {"memory": "none"})):
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", C.ErrorFeedbackWarning)
+            warnings.simplefilter("ignore", B.ErrorFeedbackWarning)
             res = execute(C.from_dict({**raw, **extra}), str(tmp_path / label))
         losses[label] = res.summary["final"]["loss"] if res.status == "completed" else math.inf
     first = math.log(10)  # ten classes: the untrained loss

@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from cconv.experiments import io
+from cconv.experiments import build, io
 from cconv.experiments.config import ConfigError, from_dict
-from cconv.experiments.runner import build_problem, execute
+from cconv.experiments.runner import execute
 
 # full training runs: not in the fast subset (-m 'not slow')
 pytestmark = pytest.mark.slow
@@ -144,13 +144,13 @@ def test_other_config_in_run_dir_is_refused_untouched(reference):
     }
     other = from_dict({**TINY, "lr": 0.2})
     with pytest.raises(ConfigError, match="different config .*lr"):
-        execute(other, d, problem=build_problem(other))
+        execute(other, d, problem=build.problem(other))
     assert digest == {f: hashlib.sha256(open(os.path.join(d, f), "rb").read()).hexdigest() for f in digest}
 
 
 def test_failure_is_recorded(tmp_path, monkeypatch):
     cfg = from_dict({**TINY, "network": None, "steps": 5})
-    problem = build_problem(cfg)
+    problem = build.problem(cfg)
 
     def broken(*a, **k):
         raise RuntimeError("disk on fire")
@@ -275,16 +275,16 @@ def test_engine_options_reach_the_engine(tmp_path):
 
 
 def test_sweep_goes_on_after_divergence_and_failure(tmp_path, monkeypatch):
-    from cconv.experiments import runner, sweep
+    from cconv.experiments import sweep
 
     spec = tmp_path / "s.yaml"
     spec.write_text(
         "base: {model: {name: mlp, hidden: [16]}, workers: 2, batch_size: 16, steps: 12, log_every: 4}\n"
         "grid: {lr: [1.0e+30, 0.5, 0.1]}\n"
     )
-    real = runner.build_problem
+    real = build.problem
 
-    def build(cfg):  # the lr=0.5 run breaks at its first step
+    def broken_at_lr_half(cfg):  # the lr=0.5 run breaks at its first step
         problem = real(cfg)
         if cfg.lr == 0.5:
 
@@ -294,7 +294,7 @@ def test_sweep_goes_on_after_divergence_and_failure(tmp_path, monkeypatch):
             problem.trainer.step = broken
         return problem
 
-    monkeypatch.setattr(runner, "build_problem", build)
+    monkeypatch.setattr(build, "problem", broken_at_lr_half)
     res = sweep.run_sweep(str(spec), str(tmp_path / "out"), figure=False, log=lambda *a, **k: None)
     assert (res["completed"], res["diverged"], res["failed"]) == (1, 1, 1)
     status = {
@@ -305,7 +305,7 @@ def test_sweep_goes_on_after_divergence_and_failure(tmp_path, monkeypatch):
     assert status == {"lr=1e+30": "diverged", "lr=0.5": "failed", "lr=0.1": "completed"}
     assert "RuntimeError: broken step" in res["errors"][0]
     # run again: finished runs are skipped, the failed one is retried (and now works)
-    monkeypatch.setattr(runner, "build_problem", real)
+    monkeypatch.setattr(build, "problem", real)
     res = sweep.run_sweep(str(spec), str(tmp_path / "out"), figure=False, log=lambda *a, **k: None)
     assert (res["completed"], res["skipped"], res["failed"]) == (1, 2, 0)
 

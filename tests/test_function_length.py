@@ -16,7 +16,6 @@ LIMIT = 60
 
 KNOWN_LONG = {
     "cconv/cli.py::build_parser",  # to become one declarative table of the CLI's options
-    "cconv/experiments/config.py::engine_config",  # part of building a run in one pass
 }
 
 

@@ -184,7 +184,8 @@ def test_bad_input_one_line(kw, msg):
     ],
 )
 def test_run_config_bad_input(extra, msg):
-    from cconv.experiments.config import ConfigError, check_names, from_dict
+    from cconv.experiments.build import check_names
+    from cconv.experiments.config import ConfigError, from_dict
 
     raw = {"model": {"name": "mlp", "hidden": [8]}, "data": "digits", "sync": "gossip", **extra}
     with pytest.raises(ConfigError, match=msg) as e:

@@ -354,10 +354,10 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path):
 
 def test_failure_message_says_whether_summary_was_written(tmp_path, monkeypatch):
     """Before: `recorded in summary.json` even when writing it failed (disk full)."""
-    from cconv.experiments import runner
+    from cconv.experiments import build, runner
 
     cfg = from_dict({**TINY, "steps": 4})
-    problem = runner.build_problem(cfg)
+    problem = build.problem(cfg)
     monkeypatch.setattr(problem.trainer, "step", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     d = str(tmp_path / "ok")
     with pytest.raises(RuntimeError) as info:

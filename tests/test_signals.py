@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from runs_helpers import ROOT, cli_env, run_cconv, tiny, tiny_yaml
 
-from cconv.experiments import io, report, signals
+from cconv.experiments import build, io, report, signals
 from cconv.experiments.checkpoint import Checkpointer
 from cconv.experiments.config import from_dict, load_run
-from cconv.experiments.runner import build_problem, execute, initial_state
+from cconv.experiments.runner import execute, initial_state
 
 RUN_YAML = tiny_yaml(steps=200, checkpoint_every=1000)  # the only resume point is the one the signal makes
 
@@ -47,7 +47,7 @@ def _lines(d):
 
 def _final_state(cfg, d) -> list:
     """Every leaf of the run's last checkpointed state (params, optimizer, error feedback, keys)."""
-    template = initial_state(build_problem(cfg))
+    template = initial_state(build.problem(cfg))
     ck = Checkpointer(os.path.join(d, io.CHECKPOINTS))
     step, state, _ = ck.restore(template)
     ck.close()
@@ -130,7 +130,7 @@ def test_a_signal_mid_interval_checkpoints_that_step_and_the_resume_loses_nothin
     cfg = from_dict(TINY)
     ref, d = str(tmp_path / "ref"), str(tmp_path / "run")
     assert execute(cfg, ref).status == "completed"
-    problem = build_problem(cfg)
+    problem = build.problem(cfg)
     _signal_at(monkeypatch, problem, {6: signal.SIGTERM})
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(signals.Interrupted) as e:
@@ -149,7 +149,7 @@ def test_a_second_signal_stops_at_once_and_the_previous_checkpoint_resumes(tmp_p
     resumes from the previous one (step 4), as after a SIGKILL."""
     cfg = from_dict({**TINY, "checkpoint_every": 4})
     d = str(tmp_path / "run")
-    problem = build_problem(cfg)
+    problem = build.problem(cfg)
     _signal_at(monkeypatch, problem, {6: signal.SIGINT, 7: signal.SIGINT})
 
     monkeypatch.setattr(signals, "pending", lambda: None)  # the loop has not yet acted on the first

@@ -246,8 +246,9 @@ def test_run_schedule_and_servers_are_checked():
 
 @pytest.mark.slow
 def test_a_runs_sim_time_follows_its_schedule():
+    from cconv.experiments import build
     from cconv.experiments.config import from_dict
-    from cconv.experiments.runner import Calibration, SimClock, build_problem
+    from cconv.experiments.runner import Calibration, SimClock
 
     tiny = {
         "model": {"name": "mlp", "hidden": [16]},
@@ -259,7 +260,7 @@ def test_a_runs_sim_time_follows_its_schedule():
         "granularity": "fused",
         "network": ["10GbE"],
     }
-    problem = build_problem(from_dict(tiny))
+    problem = build.problem(from_dict(tiny))
     calib = Calibration(problem)
     default = SimClock(problem.cfg, problem.trainer, calib).step_times(0)[0]
     bsp = SimClock(from_dict({**tiny, "schedule": "bsp"}), problem.trainer, calib).step_times(0)[0]

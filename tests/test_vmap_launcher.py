@@ -256,22 +256,22 @@ def test_cli_chooses_vmap_on_a_gpu_with_too_few_devices(monkeypatch, capsys):
     """On GPU/TPU, more workers than devices: launcher vmap, one line (once); on CPU the CLI
     keeps simulated devices unless ``launcher: vmap`` is set, and refuses too few of them."""
     from cconv import cli
-    from cconv.experiments import runner
+    from cconv.experiments import build
     from cconv.experiments.config import ConfigError, from_dict
 
     big, explicit = from_dict({"workers": 64}), from_dict({"workers": 64, "launcher": "vmap"})
-    assert runner.launcher_for(big) == "shard_map" and runner.launcher_for(explicit) == "vmap"  # CPU
+    assert build.launcher_for(big) == "shard_map" and build.launcher_for(explicit) == "vmap"  # CPU
     with pytest.raises(ConfigError, match="workers=64 but only 8 cpu device"):
-        runner.check_devices(64, "shard_map")
-    runner.check_devices(64, "vmap")
+        build.check_devices(64, "shard_map")
+    build.check_devices(64, "vmap")
     assert cli.simulated_devices([big]) == 64 and cli.simulated_devices([explicit]) == 1
     assert cli.simulated_devices([explicit, from_dict({"workers": 4})]) == 4
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(jax, "device_count", lambda: 1)
-    monkeypatch.setattr(runner, "_ANNOUNCED", set())
-    runner.check_devices(64, "shard_map")  # no error: it will run on one device
-    assert runner.launcher_for(big) == "vmap" and runner.launcher_for(big) == "vmap"
-    assert runner.launcher_for(from_dict({"workers": 1})) == "shard_map"
+    monkeypatch.setattr(build, "_ANNOUNCED", set())
+    build.check_devices(64, "shard_map")  # no error: it will run on one device
+    assert build.launcher_for(big) == "vmap" and build.launcher_for(big) == "vmap"
+    assert build.launcher_for(from_dict({"workers": 1})) == "shard_map"
     out = capsys.readouterr().out.splitlines()
     assert out == ["cconv: workers=64 > 1 gpu device(s): launcher vmap (all workers on one device)"]
 

@@ -76,6 +76,7 @@ class Advice(NamedTuple):
 def load_config(config: Any, overrides: list | None = None):
     """(RunConfig, source) from a run config file, a sweep file (its ``base``), a mapping or a RunConfig."""
     from cconv.experiments import config as CF
+    from cconv.experiments.build import check_names
 
     if isinstance(config, CF.RunConfig):
         return config, config.name or "config"
@@ -88,7 +89,7 @@ def load_config(config: Any, overrides: list | None = None):
             if isinstance(raw, str):
                 raw = CF.load_yaml(os.path.join(os.path.dirname(os.path.abspath(src)), raw)) or {}
     cfg = CF.from_dict(CF.apply_overrides(raw or {}, overrides or []), source=src)
-    CF.check_names(cfg)
+    check_names(cfg)
     return cfg, src
 
 
@@ -117,7 +118,7 @@ def _cluster(cluster: Any):
 
 def prepare(config, cluster, *, target=None, probe=None, seeds=None, out=None, overrides=None) -> Plan:
     """Validate everything (one-line ValueError) and build every probe's config; writes nothing."""
-    from cconv.experiments import io, runner
+    from cconv.experiments import build, io
 
     cfg, src = load_config(config, overrides)
     cl = _cluster(cluster)
@@ -145,7 +146,7 @@ def prepare(config, cluster, *, target=None, probe=None, seeds=None, out=None, o
             if c.dense:
                 raise
             skipped.append((c.name, str(e).splitlines()[0]))
-    tgt = T.parse(_target_text(target, space, cfg), task_metrics(runner.build_problem(configs[0])))
+    tgt = T.parse(_target_text(target, space, cfg), task_metrics(build.problem(configs[0])))
     name = os.path.splitext(os.path.basename(src))[0] if src != "config" else "config"
     out = out or os.path.join("results", "advise", name)
     io.check_creatable(out)

@@ -70,12 +70,13 @@ def slug(name: str) -> str:
 
 def _schedule_length(raw: dict, full_steps: int) -> None:
     """Pin the learning-rate schedule's length to the full run's (module docstring)."""
-    from cconv.experiments.config import SCHEDULE_ALIASES, SCHEDULE_LENGTH_ARGS, _parameters, schedule_function
+    from cconv.experiments.build import SCHEDULE_LENGTH_ARGS
+    from cconv.experiments.optax_names import SCHEDULE_ALIASES, parameters, schedule_function
 
     spec = raw.get("lr_schedule", "constant")
     spec = {"name": spec} if isinstance(spec, str) else dict(spec)
     spec["name"] = SCHEDULE_ALIASES.get(spec["name"], spec["name"])
-    params = _parameters(schedule_function(spec["name"]))
+    params = parameters(schedule_function(spec["name"]))
     for n in SCHEDULE_LENGTH_ARGS:
         if n in params:
             spec.setdefault(n, max(full_steps - int(raw.get("lr_warmup", 0)), 1))
@@ -93,7 +94,8 @@ def probe_config(
     log_every: int | None = None,
 ):
     """The RunConfig of one probe (or, with ``steps = full_steps``, of one full run)."""
-    from cconv.experiments.config import check_names, from_dict
+    from cconv.experiments.build import check_names
+    from cconv.experiments.config import from_dict
 
     raw = base.to_dict()
     raw.update(cand.overrides)
@@ -121,9 +123,9 @@ def probe_config(
 
 def run(cfg: Any, cand: Candidate, run_dir: str, nested: bool = True) -> Probe:
     """Train (or resume, or reuse) one probe into ``run_dir``."""
-    from cconv.experiments import io, runner
+    from cconv.experiments import build, io, runner
 
-    problem = runner.build_problem(cfg)
+    problem = build.problem(cfg)
     res = runner.execute(cfg, run_dir, problem=problem, desc=cand.name, nested=nested)
     lines = io.read_jsonl(os.path.join(run_dir, io.METRICS))
     return Probe(cand, cfg, run_dir, lines, res.status, problem)

@@ -1,4 +1,5 @@
-"""One training run from a ``RunConfig``: build, train, log, checkpoint, resume.
+"""One training run from a ``RunConfig``: train, log, checkpoint, resume (the run's objects are
+built in one pass by ``cconv.experiments.build``).
 
 The loop (``execute``) is the whole protocol that makes results survive a kill:
 
@@ -68,165 +69,23 @@ import os
 import time
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from cconv.comm.aggregation import TRANSPORTS
-from cconv.engine.launchers import LAUNCHERS
-from cconv.experiments import io, signals, writers
+from cconv.experiments import build, io, signals, writers
+from cconv.experiments.build import Problem, network_label, resolve_network, seed_keys
 from cconv.experiments.checkpoint import Checkpointer, CheckpointError, decode_host_state, encode_host_state
-from cconv.experiments.config import (
-    ConfigError,
-    RunConfig,
-    check_batch,
-    engine_config,
-    make_optimizer,
-    network_label,
-    read_stored,
-    resolve_network,
-    to_yaml,
-)
-
-if TYPE_CHECKING:
-    import optax
-
-    from cconv.data import Dataset
+from cconv.experiments.config import ConfigError, RunConfig, read_stored, to_yaml
 
 # The deadlock trap (DEVELOPERS.md): never have more than this many steps in flight.
 MAX_INFLIGHT = 16
-PARTITION_KEYS = ("partition", "alpha", "min_size", "shards_per_worker")
 EVAL_CHUNK = 1024
 KEEP_CHECKPOINTS = 2  # checkpoints kept per run: a damaged latest one falls back to the previous
 TENSORBOARD = io.TENSORBOARD  # event files of a run with tensorboard: true (one directory per seed)
-
-
-# --------------------------------------------------------------------------- building
-
-
-class Problem(NamedTuple):
-    cfg: RunConfig
-    ds: Any
-    specs: list  # one ModelSpec per seed
-    loss_fn: Any
-    eval_fn: Any
-    optimizer: Any
-    engine_cfg: Any
-    trainer: Any  # one Trainer; with several seeds, built with seeds=S
-    batchers: list  # one Batcher per seed
-    seeds: list
-
-
-def seed_keys(seed: int) -> dict:
-    """Independent PRNG streams of one seed: model init, data order, per-step keys."""
-    base = jax.random.key(seed)
-    return {name: jax.random.fold_in(base, i) for i, name in enumerate(("model", "data", "steps"))}
-
-
-def _first_line(e: BaseException) -> str:
-    return str(e).splitlines()[0] if str(e) else type(e).__name__
-
-
-def check_optimizer(cfg: RunConfig, optimizer: optax.GradientTransformation, params: Any) -> None:
-    """One abstract ``init`` + ``update`` on the model's parameter shapes (``jax.eval_shape``,
-    nothing computed): an optimizer argument of the wrong type (``momentum: abc``, ``b1: [1]``)
-    becomes a one-line ConfigError here, before anything is written, not a failed run."""
-
-    def probe(p):
-        return optimizer.update(p, optimizer.init(p), p)
-
-    try:
-        jax.eval_shape(probe, params)
-    except Exception as e:  # noqa: BLE001 - any error of optax on these arguments is bad input
-        raise ConfigError(f"optimizer {cfg.optimizer}: {type(e).__name__}: {_first_line(e)}") from None
-
-
-def load_dataset(cfg: RunConfig) -> Dataset:
-    """The run's dataset (``data`` without the partition keys)."""
-    from cconv import data
-
-    hp = {k: v for k, v in cfg.data.items() if k not in ("name",) + PARTITION_KEYS}
-    return data.load(cfg.data["name"], **hp)
-
-
-def build_problem(cfg: RunConfig) -> Problem:
-    """Everything a run needs; raises ValueError (one line) on bad input, writes nothing.
-
-    Seed s: model initialised from ``fold_in(key(s), 0)``, data partitioned with seed s and
-    batched with ``fold_in(key(s), 1)``, step t uses ``fold_in(fold_in(key(s), 2), t)``.
-    """
-    from cconv import data, models
-    from cconv.engine import build
-
-    ds = load_dataset(cfg)
-    seeds = cfg.seeds()
-    pkw = {k: cfg.data[k] for k in PARTITION_KEYS if k in cfg.data}
-    scheme = pkw.pop("partition", "iid")
-    mhp = {k: v for k, v in cfg.model.items() if k != "name"}
-    optimizer = make_optimizer(cfg)
-    specs, batchers = [], []
-    for s in seeds:
-        keys = seed_keys(s)
-        try:
-            specs.append(models.build(cfg.model["name"], ds.input_shape, ds.num_classes, keys["model"], **mhp))
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"model {cfg.model}: {_first_line(e)}") from None
-        if len(specs) == 1:
-            check_optimizer(cfg, optimizer, specs[0].params)
-        check_batch(cfg, len(ds.train["y"]))
-        parts = data.partition(ds.train["y"], cfg.workers, scheme=scheme, key=s, **pkw)
-        batchers.append(data.Batcher(ds.train, parts, cfg.batch_size, keys["data"]))
-    ecfg = engine_config(cfg, shapes=[x.shape for x in jax.tree.leaves(specs[0].params)])  # ef_scale: auto
-    launcher = launcher_for(cfg)
-    if launcher != ecfg.launcher:
-        ecfg = dataclasses.replace(ecfg, launcher=launcher)
-    loss_fn = models.make_loss(specs[0], ds.task)
-    eval_fn = models.make_eval(specs[0], ds.task)
-    # Several seeds: one program that carries a leading seed axis (engine's build(seeds=S)).
-    trainer = build(
-        loss_fn,
-        specs[0].params,
-        optimizer,
-        ecfg,
-        model_state=specs[0].model_state,
-        seeds=len(seeds) if len(seeds) > 1 else None,
-    )
-    return Problem(cfg, ds, specs, loss_fn, eval_fn, optimizer, ecfg, trainer, batchers, seeds)
-
-
-def check_devices(workers: int, launcher: str = "shard_map") -> None:
-    """Refuse, in one line, to run more workers than the backend has devices: on CPU, where the
-    CLI simulates one device per worker, unless the launcher runs every worker on one device
-    (``launcher: vmap``); on GPU/TPU such runs use that launcher (``launcher_for``)."""
-    n = jax.device_count()
-    if workers > n and not LAUNCHERS[launcher].one_device:
-        plat = jax.default_backend()
-        if plat != "cpu":
-            return
-        hint = (
-            " (the CLI sets XLA_FLAGS=--xla_force_host_platform_device_count before jax starts; "
-            "it must not be overridden with a smaller count)"
-        )
-        raise ConfigError(f"workers={workers} but only {n} {plat} device(s) are available{hint}")
-
-
-_ANNOUNCED: set = set()
-
-
-def launcher_for(cfg: RunConfig) -> str:
-    """The launcher a run uses: ``cfg.launcher``, except that on a GPU/TPU with fewer devices
-    than ``workers`` every worker runs on one device (the one-device launcher, ``vmap``; one line
-    says so, once per process).  On CPU the CLI simulates one device per worker instead."""
-    n, plat = jax.device_count(), jax.default_backend()
-    if LAUNCHERS[cfg.launcher].one_device or cfg.workers <= n or plat == "cpu":
-        return cfg.launcher
-    name = next(k for k, cls in LAUNCHERS.items() if cls.one_device)
-    if (cfg.workers, n) not in _ANNOUNCED:
-        _ANNOUNCED.add((cfg.workers, n))
-        print(f"cconv: workers={cfg.workers} > {n} {plat} device(s): launcher {name} (all workers on one device)")
-    return name
 
 
 # --------------------------------------------------------------------------- simulated time
@@ -509,7 +368,7 @@ def execute(
     the progress bar sits under a sweep's bar and disappears when the run ends.
     """
     if problem is None:
-        problem = build_problem(cfg)
+        problem = build.problem(cfg)
     if stored_run(run_dir, cfg) == "finished":  # a no-op that writes nothing (no lock either)
         s = io.read_summary(run_dir)
         return RunResult(s["status"], s, trained=False)

@@ -69,7 +69,6 @@ from cconv.experiments.config import (
     FIELDS,
     ConfigError,
     RunConfig,
-    check_names,
     check_size,
     from_dict,
     load_yaml,
@@ -220,7 +219,7 @@ def validate(runs: list[SweepRun]) -> None:
     import jax
 
     from cconv import models
-    from cconv.experiments.runner import check_optimizer, load_dataset, make_optimizer
+    from cconv.experiments.build import check_names, load_dataset, make_optimizer  # not at import: loads the engine
 
     datasets: dict = {}
     checked = set()
@@ -241,7 +240,7 @@ def validate(runs: list[SweepRun]) -> None:
                 hp = {k: v for k, v in r.config.model.items() if k != "name"}
                 init = models.initializer(r.config.model["name"], ds.input_shape, ds.num_classes, **hp)
                 params, _ = jax.eval_shape(init, jax.random.key(0))
-                check_optimizer(r.config, make_optimizer(r.config), params)
+                make_optimizer(r.config, params)  # one abstract step
         except (ValueError, TypeError) as e:
             raise ConfigError(f"run {r.name}: {str(e).splitlines()[0]}") from None
 
@@ -319,14 +318,14 @@ def _log(msg: str, file: Any = None) -> None:
 @signals.deferring  # SIGTERM/SIGINT: the run it interrupts is checkpointed, then the sweep stops
 def run_sweep(path: str, out: str | None = None, figure: bool = True, log: Callable[..., None] = _log) -> dict:
     """Run a sweep file; returns counts {completed, diverged, failed, skipped, busy} and the outputs."""
-    from cconv.experiments import runner
+    from cconv.experiments import build, runner
     from cconv.experiments.loggers import progress
 
     name, runs = load_sweep(path)
     out = out or os.path.join("results", name)
     validate(runs)
     for launcher in {r.config.launcher for r in runs}:  # before anything is created
-        runner.check_devices(max(r.config.workers for r in runs if r.config.launcher == launcher), launcher)
+        build.check_devices(max(r.config.workers for r in runs if r.config.launcher == launcher), launcher)
     index = check_out(out, path, runs)  # reads only: refusals come before anything is written
     new_index = index_bytes(index, name, path, runs)
     todo = [r for r in runs if not io.is_finished(os.path.join(out, r.name))]

@@ -14,7 +14,7 @@ and ``WandbWriter`` (``wandb: true`` or a mapping; offline by default).
 
 Backends are optional extras; ``check_available(tensorboard=..., wandb=...)`` raises a one-line
 ``ValueError`` when a requested one is not installed, so that a run is refused before its
-directory exists (``cconv.experiments.config.check_names`` calls it).
+directory exists (``cconv.experiments.build.check_names`` calls it).
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ def full_runs(task: str, spec: dict, out: str, only: list | None = None, finishe
     """(target, [(candidate, curve)]) of every candidate's full run (resumed when present)."""
     from cconv.advisor import api, probes
     from cconv.advisor import target as T
-    from cconv.experiments import io, runner
+    from cconv.experiments import build, io
 
     cfg, _ = api.load_config(dict(spec["base"]))
     cands = candidates(cfg)
@@ -119,7 +119,7 @@ def full_runs(task: str, spec: dict, out: str, only: list | None = None, finishe
             continue
         rc = probes.probe_config(cfg, c, cfg.steps, SEEDS, WORKERS, log_every=spec["log_every"])
         if tgt is None:
-            tgt = T.parse(spec["target"], api.task_metrics(runner.build_problem(rc)))
+            tgt = T.parse(spec["target"], api.task_metrics(build.problem(rc)))
         t = time.perf_counter()
         pr = probes.run(rc, c, run_dir, nested=False)
         print(f"  {task} {c.name}: {pr.status} ({time.perf_counter() - t:.0f} s)", flush=True)

@@ -1,0 +1,94 @@
+"""``cconv.experiments.build``: a run is built in one pass (issue 27, item 5).
+
+Each stage runs once per build, in the order of the module docstring; validation
+(``check_names``) is the same stages without data and model; the theory is asked once per
+distinct compressed shape, whatever the warnings and ``ef_scale`` need from it.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import pytest
+
+from cconv.experiments import build
+from cconv.experiments.config import from_dict
+from cconv.theory import constants
+
+STAGES = ("load_data", "init_models", "make_optimizer", "make_compression", "make_engine_config", "make_trainer")
+TINY = {"model": {"name": "mlp", "hidden": [8, 8]}, "data": "digits", "workers": 2, "batch_size": 16, "steps": 2}
+
+
+def spy_stages(monkeypatch) -> list[str]:
+    """The names of the stages called from now on, in call order."""
+    calls: list[str] = []
+    for name in STAGES:
+
+        def stage(*args, _real=getattr(build, name), _name=name, **kwargs):
+            calls.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(build, name, stage)
+    return calls
+
+
+def test_a_run_is_built_in_one_pass_each_stage_once_in_order(monkeypatch):
+    calls = spy_stages(monkeypatch)
+    cfg = from_dict({**TINY, "seed": [0, 1], "compressor": {"name": "topk", "ratio": 0.1}, "memory": "ef"})
+    problem = build.problem(cfg)
+    assert calls == list(STAGES)
+    assert len(problem.specs) == len(problem.batchers) == 2 and problem.seeds == [0, 1]
+    assert problem.engine_cfg.compressor.name == "topk" and problem.trainer.cfg is problem.engine_cfg
+
+
+def test_validation_is_the_build_without_data_and_model(monkeypatch):
+    calls = spy_stages(monkeypatch)
+    build.check_names(from_dict({**TINY, "architecture": "ps", "ps_downlink": {"name": "topk", "ratio": 0.1}}))
+    assert calls == ["make_optimizer", "make_compression", "make_engine_config"]
+
+
+def test_the_theory_is_asked_once_per_distinct_compressed_shape(monkeypatch):
+    """QSGD (s = 2) under plain error feedback and SGD at lr 0.1: the error-feedback warning, the
+    sign/learning-rate rule and the scale all read the same table (before: one query per shape for
+    each of them).  The MLP [8, 8] has two (8,) biases: 5 distinct shapes among 6 tensors."""
+    asked: list[tuple] = []
+    real = constants.constants
+
+    def counted(c, shape, *args, **kwargs):
+        asked.append(tuple(shape))
+        return real(c, shape, *args, **kwargs)
+
+    monkeypatch.setattr(constants, "constants", counted)
+    monkeypatch.setattr(build, "_WARNED", set())
+    cfg = from_dict({**TINY, "compressor": {"name": "qsgd", "levels": 2}, "memory": "ef", "lr": 0.1})
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        problem = build.problem(cfg)
+    distinct = sorted({tuple(x.shape) for x in jax.tree.leaves(problem.specs[0].params)})
+    assert len(distinct) == 5 and asked == distinct
+    assert [x.category for x in w] == [build.ErrorFeedbackWarning]
+
+
+SHAPES = [(64, 8), (8,), (8, 8), (8,), (8, 10), (10,)]  # the MLP [8, 8] on digits
+
+
+@pytest.mark.parametrize(
+    "extra,compressed",
+    [
+        ({}, [(8,), (8, 8), (8, 10), (10,), (64, 8)]),
+        ({"granularity": "fused"}, [(682,)]),  # one flat buffer of all 682 parameters
+        ({"compress_vectors": False, "min_compress_size": 70}, [(8, 10), (64, 8)]),  # the rest is sent dense
+    ],
+)
+def test_the_scale_asks_only_for_the_compressed_shapes(monkeypatch, extra, compressed):
+    """``ef_scale: auto`` is 1/(1 + omega) with omega the largest over the tensors the engine
+    compresses; the theory is asked about those shapes only, once each."""
+    asked: list[tuple] = []
+    real = constants.constants
+    monkeypatch.setattr(constants, "constants", lambda c, s, *a, **k: asked.append(tuple(s)) or real(c, s, *a, **k))
+    cfg = from_dict({**TINY, "compressor": {"name": "qsgd", "levels": 2}, "memory": "ef", "ef_scale": "auto", **extra})
+    scale = build.make_compression(cfg, SHAPES).ef_scale
+    assert asked == compressed
+    omega = max(real("qsgd", s, levels=2).omega for s in compressed)
+    assert omega > 1 and scale == pytest.approx(1 / (1 + omega))
