@@ -493,3 +493,20 @@ def test_the_figure_is_written_through_the_same_rule(tmp_path):
     with pytest.raises(io.ForeignFileError, match="f.pdf is a FIFO"):
         plotting.save(plt.figure(), str(tmp_path / "f.png"))
     assert not (tmp_path / "f.png").exists()
+
+
+def test_a_run_being_created_by_another_process_is_not_foreign(tmp_path):
+    """Two sweeps on one directory: the second checks a run directory before it takes the lock, and
+    may see the first's lock and the temporary file of the config.yaml it is writing (renamed into
+    place a moment later). That is a run being created, not a directory cconv did not create
+    (this raised 'is not empty and holds no cconv run' under load); anything else still is."""
+    from cconv.experiments import runner
+
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / io.LOCK).write_text("")
+    (run / f".{io.CONFIG}.k2j3x9.tmp").write_text("name: ''\n")
+    runner._refuse_foreign(str(run))
+    (run / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="holds no cconv run"):
+        runner._refuse_foreign(str(run))

@@ -289,13 +289,21 @@ def evaluate(problem: Problem, evaluator, state) -> list[dict]:
 
 
 def _refuse_foreign(run_dir: str) -> None:
-    """A ConfigError for an existing, non-empty directory that holds no cconv run."""
+    """A ConfigError for an existing, non-empty directory that holds no cconv run.  The lock and
+    the temporary file of a ``config.yaml`` another process is writing (``io.atomic_write_text``:
+    ``.config.yaml.<random>.tmp``, renamed into place) are a run being created, not foreign files:
+    this check runs before the lock is taken, so a concurrent sweep can see them."""
     if (
         os.path.isdir(run_dir)
         and not os.path.exists(os.path.join(run_dir, io.CONFIG))
-        and [f for f in os.listdir(run_dir) if f != io.LOCK]
+        and [f for f in os.listdir(run_dir) if not _being_created(f)]
     ):
         raise ConfigError(f"{run_dir} is not empty and holds no cconv run; choose another --out")
+
+
+def _being_created(name: str) -> bool:
+    """``name`` is the lock or the temporary file of a ``config.yaml`` being written."""
+    return name == io.LOCK or (name.startswith(f".{io.CONFIG}.") and name.endswith(".tmp"))
 
 
 def stored_config_diff(run_dir: str, cfg: RunConfig) -> list[str] | None:
