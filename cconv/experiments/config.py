@@ -30,8 +30,11 @@ Option lists (memories, architectures, collectives, granularities, launchers) ar
 only config-level spellings are the architecture aliases of ``ARCHITECTURE_ALIASES``
 (``architecture: ps`` and ``architecture: gtopk``), mapped before the engine sees them.
 
-Optimizers and schedules are optax's own, not a list of ours (``optimizer_function``,
-``schedule_function``; arguments validated with ``inspect.signature``): ``optimizer.name`` is any
+This module is the schema and the loading; a validated ``RunConfig`` becomes a run in one pass in
+``cconv.experiments.build`` (data, models, optimizer, compression, engine config, trainer), which
+also holds ``check_names``.  Optimizers and schedules are optax's own, not a list of ours
+(``cconv.experiments.optax_names``: ``optimizer_function``, ``schedule_function``; arguments
+validated with ``inspect.signature``; built by ``build.make_optimizer``): ``optimizer.name`` is any
 optax function that takes a ``learning_rate`` (``adamw``, ``lion``, ``contrib.muon``, ...), called
 as ``optax.<name>(learning_rate=schedule, **arguments)``; ``lr_schedule`` is ``constant``
 (= ``constant_schedule``), ``cosine`` (= ``cosine_decay_schedule``) or any optax schedule (a
@@ -44,7 +47,7 @@ schedule.
 
 Error feedback needs a delta-contraction; around an unbiased compressor whose variance factor
 omega (``cconv.theory.constants``) is >= 1 it can diverge: the run warns once (naming omega) and
-``ef_scale: auto`` applies the standard fix, the compressor's input scaled by 1/(1 + omega)
+``ef_scale: auto`` (``build.make_compression``) applies the standard fix, the compressor's input scaled by 1/(1 + omega)
 (``cconv.memory.error_feedback``; omega is the largest over the tensors the engine compresses).
 
 YAML 1.1 (PyYAML) reads ``1e-3`` as a string; configs and ``--set`` values are read with a loader
