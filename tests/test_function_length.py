@@ -15,7 +15,6 @@ ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 60
 
 KNOWN_LONG = {
-    "cconv/cli.py::build_parser",  # to become one declarative table of the CLI's options
     "cconv/experiments/config.py::from_dict",  # to become one declarative config schema
     "cconv/experiments/config.py::engine_config",  # part of building a run in one pass
     "cconv/advisor/extrapolate.py::predict",
