@@ -1,20 +1,32 @@
 """The ``cconv`` command line: run, sweep, plot, report, doctor, advise, plan.
 
-    cconv run CONFIG [--set key=value ...] [--out DIR]
-    cconv sweep SWEEP [--out DIR]
-    cconv plot RESULTS... [--kind curves|ratio-summary] [--x bytes|bytes_encoded|steps|time] [--y loss]
+    cconv run CONFIG [--set KEY=VALUE ...] [--out DIR]
+    cconv sweep SWEEP [--out DIR] [--no-figure]
+    cconv plot RESULTS... [--kind curves|ratio-summary] [--x bytes|bytes_encoded|steps|time] [--y METRIC]
                [--network NAME] [--panels single|family] [--band minmax|std|sem|ci95|none]
-               [--legend auto|outside|inside|none] [--target VALUE] [--metric loss] [--out FILE]
-    cconv report RESULTS... [--target LOSS] [--metric loss] [--aggregate] [--csv FILE]
+               [--legend auto|outside|inside|none] [--target VALUE] [--metric METRIC] [--title TEXT] [--out FILE]
+    cconv report RESULTS... [--target VALUE] [--metric METRIC] [--aggregate] [--csv FILE]
     cconv doctor [--platform cuda|rocm|tpu|all] [--full] [--json FILE]
     cconv advise CONFIG --cluster NODESxGPUS [--intra LINK] [--network NET] [--device GPU]
-                 [--target METRIC=VALUE] [--probe FRACTION] [--verify N] [--json] [--out DIR]
-    cconv plan --params D --flops-per-sample C --batch M --workers P --network NAME
-    cconv plan --workload NAME --cluster NODESxGPUS [--intra LINK] [--network NET] [--device GPU] [--json]
+                 [--target METRIC=VALUE] [--probe FRACTION] [--seeds N] [--verify N] [--json] [--out DIR]
+                 [--set KEY=VALUE ...]
+    cconv plan (--workload NAME | --params D --flops-per-sample C --batch M) --workers P --network NET[,NET...]
+               [--alpha SECONDS --beta SECONDS_PER_BYTE] [--device-flops F] [--methods M1,M2 | --methods survey]
+               [--sweep KNOB=v1,v2 ...] [--ratios R1,R2] [--ranks R1,R2] [--levels S1,S2] [--hparam NAME=VALUE ...]
+               [--granularity fused|layerwise] [--overlap] [--gossip] [--servers N] [--bytes moved|encoded]
+               [--interference KAPPA] [--topology NAME] [--per-layer-ratios METHOD=VALUE [--ratio-method NAME]]
+               [--json]
+    cconv plan --workload NAME --cluster NODESxGPUS [--intra LINK] [--network NET] [--device GPU]
+               [--schedule NAME] [--architecture hierarchical|ring|tree] [--interference KAPPA] [--json]
 
-Bad input (malformed YAML, unknown key/compressor, out-of-range value, missing data, unwritable
-output directory) prints one line ``cconv: error: ...`` and exits with status 2 before anything is
-written; ``--debug`` shows the traceback instead.  SIGTERM / SIGINT while ``run`` or ``sweep``
+Every command also takes ``--debug`` (before or after the command).  The options are declared as
+one table per command, beside its handler (``COMMANDS``, ``cconv.cli_schema``); this block names
+exactly the options of those tables (``tests/test_cli_schema.py``).
+
+Bad input (an unknown option, a bad choice or a missing argument of any command; malformed YAML,
+unknown key/compressor, out-of-range value, missing data, unwritable output directory) prints one
+line ``cconv: error: ...`` (no usage block) and exits with status 2 before anything is written;
+``--debug`` shows the traceback instead.  SIGTERM / SIGINT while ``run`` or ``sweep``
 trains: the step is finished and checkpointed, the run marked ``interrupted``, exit 143 / 130
 (``cconv.experiments.signals``, docs/signals.md).
 
@@ -33,8 +45,14 @@ import os
 import sys
 import threading
 
+from cconv import cli_schema as S
+from cconv import doctor
 from cconv._startup import configure_devices
 from cconv._startup import quiet_libraries as _quiet_libraries
+from cconv.advisor import cli as advise_cli
+from cconv.cli_schema import Command, Option
+from cconv.experiments.plotting import BANDS, LEGEND, X_AXES
+from cconv.theory import plan_cli
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
@@ -125,6 +143,37 @@ def _describe(out: str, s: dict) -> str:
     return " ".join(bits)
 
 
+def _config_keys() -> str:
+    from cconv.experiments.config import field_help
+
+    return "config keys (default, meaning):\n" + field_help()
+
+
+RUN = Command(
+    "run",
+    help="train one config; resumes from its checkpoint when interrupted",
+    description="Train one YAML config into a run directory (config.yaml, metrics.jsonl, "
+    "summary.json, checkpoints/). Running it again resumes an interrupted run "
+    "and does nothing for a finished one. While it trains, the run directory "
+    "is locked (an flock on <out>/.lock): a second `cconv run` or sweep on it "
+    "is refused with exit status 2.",
+    epilog=_config_keys,
+    raw=True,
+    options=(
+        Option("config", help="run config (YAML)"),
+        Option(
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a config key (dotted for nested: compressor.ratio=0.01); repeatable",
+        ),
+        Option("--out", help="run directory (default: results/<config name>)"),
+    ),
+    handler=cmd_run,
+)
+
+
 def cmd_sweep(args) -> int:
     from cconv.experiments.sweep import load_sweep
 
@@ -144,6 +193,27 @@ def cmd_sweep(args) -> int:
     for e in res["errors"]:
         print(f"  failed: {e.splitlines()[0]}", file=sys.stderr)
     return EXIT_FAILED if res["failed"] else 0
+
+
+SWEEP = Command(
+    "sweep",
+    help="run a grid of configs; skips finished runs, resumes interrupted ones",
+    description="Run every point of a sweep file's grid (base + grid) into "
+    "<out>/<point>/, then write report.csv and convergence_vs_traffic.png. "
+    "Safe to interrupt at any moment and run again. Several sweeps may share "
+    "one --out: a run another process is training (its directory is locked) "
+    "is skipped and reported as in use, not waited for; run the sweep again "
+    "afterwards for the complete report. A run already in --out whose stored config differs "
+    "from the sweep file's is refused (exit 2, nothing written), as is a non-empty --out that "
+    "is not a sweep directory (it has no sweep.json).",
+    raw=True,
+    options=(
+        Option("config", help="sweep file (YAML with 'base' and 'grid')"),
+        Option("--out", help="sweep directory (default: results/<sweep name>)"),
+        Option("--no-figure", action="store_true", help="skip the figure at the end"),
+    ),
+    handler=cmd_sweep,
+)
 
 
 def cmd_plot(args) -> int:
@@ -181,6 +251,69 @@ def cmd_plot(args) -> int:
     return 0
 
 
+PLOT = Command(
+    "plot",
+    help="plot metrics of runs/sweeps against bytes, steps or time; or the ratio summary",
+    description="Plot a metric of every run under RESULTS against cumulative traffic, steps "
+    "or (simulated) time, seeds averaged with a band; or (--kind ratio-summary) the traffic, "
+    "steps or time to reach a target against the compression ratio. Legends name each run by "
+    "the settings that vary between the runs. Writes the PNG and a PDF next to it.",
+    options=(
+        Option("results", nargs="+", help="run or sweep directories"),
+        Option(
+            "--kind",
+            choices=("curves", "ratio-summary"),
+            default="curves",
+            help="curves: the metric against --x (default); ratio-summary: what --x counts until the "
+            "target (--target, default: the configs' target_loss) against the compression ratio, EF vs none",
+        ),
+        Option(
+            "--x",
+            choices=X_AXES,
+            default="bytes",
+            help="x axis: cumulative bytes per worker moved by the collectives (log), the same for the encoded "
+            "messages (bytes_encoded), steps, or simulated time (default: bytes)",
+        ),
+        Option("--y", default="loss", help="metric on the y axis (loss, test_loss, test_accuracy, ...)"),
+        Option("--network", help="network whose simulated time to use with --x time (e.g. 10GbE)"),
+        Option(
+            "--panels",
+            choices=("single", "family"),
+            default="single",
+            help="one panel, or one panel per compressor family (default: single)",
+        ),
+        Option(
+            "--band",
+            choices=BANDS,
+            default="minmax",
+            help="band over seeds around their mean: min-max (default: every seed's range, no distribution "
+            "assumed, right for the few seeds of a sweep), +-1 std, +-1 standard error, 95%% confidence "
+            "interval (Student's t, n-1 dof), or none",
+        ),
+        Option(
+            "--legend",
+            choices=LEGEND,
+            default="auto",
+            help="legend placement: auto (inside at the best spot; outside the axes for more than 5 runs), "
+            "outside, inside, none (default: auto)",
+        ),
+        Option(
+            "--target",
+            type=float,
+            help="target value of --metric: the ratio summary's target (default: the configs' target_loss); "
+            "with curves of that metric, a dotted line",
+        ),
+        Option("--metric", default="loss", help="metric --target refers to (default: loss)"),
+        Option("--title", help="figure title"),
+        Option(
+            "--out",
+            help="output file (.png or .pdf; default: RESULTS/<y>_vs_<x>.png, RESULTS/ratio_summary_<x>.png)",
+        ),
+    ),
+    handler=cmd_plot,
+)
+
+
 def cmd_report(args) -> int:
     from cconv.experiments import report
 
@@ -204,168 +337,56 @@ def cmd_report(args) -> int:
     return 0
 
 
+REPORT = Command(
+    "report",
+    help="table of final metrics and bytes-to-target",
+    description="One row per run and seed: status, final metrics, and the traffic (and "
+    "steps, simulated time) needed to reach a target loss. --aggregate: one row per run, "
+    "mean +- std over its seeds.",
+    options=(
+        Option("results", nargs="+", help="run or sweep directories"),
+        Option("--target", type=float, help="target value of --metric (default: the configs' target_loss)"),
+        Option(
+            "--metric",
+            default="loss",
+            help="metric the target refers to (default: loss; accuracy metrics count as reached when >= target)",
+        ),
+        Option(
+            "--aggregate",
+            action="store_true",
+            help="one row per run: mean +- sample std over seeds of the final metrics and of bytes/steps/time "
+            "to target (over the seeds that reached it; 'reached' counts them); the CSV has <col>_mean, <col>_std",
+        ),
+        Option("--csv", metavar="FILE", help="also write the full table as CSV ('-' prints CSV only)"),
+    ),
+    handler=cmd_report,
+)
+
+
 # --------------------------------------------------------------------------- parser
+
+COMMANDS: dict[str, Command] = {
+    c.name: c for c in (RUN, SWEEP, PLOT, REPORT, doctor.COMMAND, advise_cli.COMMAND, plan_cli.COMMAND)
+}
+"""Every ``cconv`` command, in the order of ``cconv --help``; each table lives beside its handler."""
+
+DEBUG = Option("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+# --debug works before or after the command; the commands' copy has no default, so that it does not
+# overwrite a --debug given before the command.
+COMMON = (DEBUG._replace(default=argparse.SUPPRESS),)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from cconv.experiments.config import field_help
-    from cconv.experiments.plotting import BANDS, LEGEND, X_AXES
-
-    # --debug works before or after the command; the sub-commands' copy has no default so that it
-    # does not overwrite a --debug given before the command.
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks instead of one-line errors"
-    )
-    p = argparse.ArgumentParser(
-        prog="cconv",
+    """``cconv`` and its commands, from their tables (``cconv.cli_schema``)."""
+    return S.parser(
+        "cconv",
+        tuple(COMMANDS.values()),
         description="Gradient compression for data-parallel training in JAX: "
         "runs, sweeps, figures, reports, a GPU/TPU readiness check, an advisor and a planner.",
         epilog="`cconv COMMAND --help` describes each command.",
+        options=(DEBUG,),
+        common=COMMON,
     )
-    p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    fmt = argparse.RawDescriptionHelpFormatter
-
-    r = sub.add_parser(
-        "run",
-        parents=[common],
-        formatter_class=fmt,
-        help="train one config; resumes from its checkpoint when interrupted",
-        description="Train one YAML config into a run directory (config.yaml, metrics.jsonl, "
-        "summary.json, checkpoints/). Running it again resumes an interrupted run "
-        "and does nothing for a finished one. While it trains, the run directory "
-        "is locked (an flock on <out>/.lock): a second `cconv run` or sweep on it "
-        "is refused with exit status 2.",
-        epilog="config keys (default, meaning):\n" + field_help(),
-    )
-    r.add_argument("config", help="run config (YAML)")
-    r.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key (dotted for nested: compressor.ratio=0.01); repeatable",
-    )
-    r.add_argument("--out", help="run directory (default: results/<config name>)")
-    r.set_defaults(func=cmd_run)
-
-    s = sub.add_parser(
-        "sweep",
-        parents=[common],
-        formatter_class=fmt,
-        help="run a grid of configs; skips finished runs, resumes interrupted ones",
-        description="Run every point of a sweep file's grid (base + grid) into "
-        "<out>/<point>/, then write report.csv and convergence_vs_traffic.png. "
-        "Safe to interrupt at any moment and run again. Several sweeps may share "
-        "one --out: a run another process is training (its directory is locked) "
-        "is skipped and reported as in use, not waited for; run the sweep again "
-        "afterwards for the complete report. A run already in --out whose stored config differs "
-        "from the sweep file's is refused (exit 2, nothing written), as is a non-empty --out that "
-        "is not a sweep directory (it has no sweep.json).",
-    )
-    s.add_argument("config", help="sweep file (YAML with 'base' and 'grid')")
-    s.add_argument("--out", help="sweep directory (default: results/<sweep name>)")
-    s.add_argument("--no-figure", action="store_true", help="skip the figure at the end")
-    s.set_defaults(func=cmd_sweep)
-
-    pl = sub.add_parser(
-        "plot",
-        parents=[common],
-        help="plot metrics of runs/sweeps against bytes, steps or time; or the ratio summary",
-        description="Plot a metric of every run under RESULTS against cumulative traffic, steps "
-        "or (simulated) time, seeds averaged with a band; or (--kind ratio-summary) the traffic, "
-        "steps or time to reach a target against the compression ratio. Legends name each run by "
-        "the settings that vary between the runs. Writes the PNG and a PDF next to it.",
-    )
-    pl.add_argument("results", nargs="+", help="run or sweep directories")
-    pl.add_argument(
-        "--kind",
-        choices=("curves", "ratio-summary"),
-        default="curves",
-        help="curves: the metric against --x (default); ratio-summary: what --x counts until the "
-        "target (--target, default: the configs' target_loss) against the compression ratio, EF vs none",
-    )
-    pl.add_argument(
-        "--x",
-        choices=X_AXES,
-        default="bytes",
-        help="x axis: cumulative bytes per worker moved by the collectives (log), the same for the encoded "
-        "messages (bytes_encoded), steps, or simulated time (default: bytes)",
-    )
-    pl.add_argument("--y", default="loss", help="metric on the y axis (loss, test_loss, test_accuracy, ...)")
-    pl.add_argument("--network", help="network whose simulated time to use with --x time (e.g. 10GbE)")
-    pl.add_argument(
-        "--panels",
-        choices=("single", "family"),
-        default="single",
-        help="one panel, or one panel per compressor family (default: single)",
-    )
-    pl.add_argument(
-        "--band",
-        choices=BANDS,
-        default="minmax",
-        help="band over seeds around their mean: min-max (default: every seed's range, no distribution "
-        "assumed, right for the few seeds of a sweep), +-1 std, +-1 standard error, 95%% confidence "
-        "interval (Student's t, n-1 dof), or none",
-    )
-    pl.add_argument(
-        "--legend",
-        choices=LEGEND,
-        default="auto",
-        help="legend placement: auto (inside at the best spot; outside the axes for more than 5 runs), "
-        "outside, inside, none (default: auto)",
-    )
-    pl.add_argument(
-        "--target",
-        type=float,
-        help="target value of --metric: the ratio summary's target (default: the configs' target_loss); "
-        "with curves of that metric, a dotted line",
-    )
-    pl.add_argument("--metric", default="loss", help="metric --target refers to (default: loss)")
-    pl.add_argument("--title", help="figure title")
-    pl.add_argument(
-        "--out", help="output file (.png or .pdf; default: RESULTS/<y>_vs_<x>.png, RESULTS/ratio_summary_<x>.png)"
-    )
-    pl.set_defaults(func=cmd_plot)
-
-    rp = sub.add_parser(
-        "report",
-        parents=[common],
-        help="table of final metrics and bytes-to-target",
-        description="One row per run and seed: status, final metrics, and the traffic (and "
-        "steps, simulated time) needed to reach a target loss. --aggregate: one row per run, "
-        "mean +- std over its seeds.",
-    )
-    rp.add_argument("results", nargs="+", help="run or sweep directories")
-    rp.add_argument("--target", type=float, help="target value of --metric (default: the configs' target_loss)")
-    rp.add_argument(
-        "--metric",
-        default="loss",
-        help="metric the target refers to (default: loss; accuracy metrics count as reached when >= target)",
-    )
-    rp.add_argument(
-        "--aggregate",
-        action="store_true",
-        help="one row per run: mean +- sample std over seeds of the final metrics and of bytes/steps/time "
-        "to target (over the seeds that reached it; 'reached' counts them); the CSV has <col>_mean, <col>_std",
-    )
-    rp.add_argument("--csv", metavar="FILE", help="also write the full table as CSV ('-' prints CSV only)")
-    rp.set_defaults(func=cmd_report)
-
-    from cconv import doctor
-
-    doctor.register(sub)
-    from cconv.advisor import cli as advise_cli
-
-    advise_cli.register(sub, common)
-    from cconv.theory import plan_cli
-
-    plan = plan_cli.register(sub)
-    plan.add_argument(
-        "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks instead of one-line errors"
-    )
-    return p
 
 
 def _one_line_warnings() -> None:
@@ -453,10 +474,6 @@ def main(argv: list[str] | None = None) -> int:
         if argv is None and not isinstance(sys.stderr, _QuietStderr):  # the process is the command
             sys.stderr = _QuietStderr(sys.stderr)
     try:
-        if args.command == "plan":
-            from cconv.theory import plan_cli
-
-            return int(plan_cli.run(args) or 0)
         return int(args.func(args) or 0)
     except KeyboardInterrupt as e:  # Ctrl-C, or cconv.experiments.signals.Interrupted (SIGTERM/SIGINT
         # during training: checkpointed, the summary says interrupted)

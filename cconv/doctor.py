@@ -51,6 +51,7 @@ from cconv import _native
 from cconv import compressors as C
 from cconv import memory as M
 from cconv._startup import configure_devices
+from cconv.cli_schema import Command, Option
 from cconv.comm import hlo
 from cconv.comm.aggregation import COLLECTIVES, TRANSPORTS, method_of
 from cconv.engine import EngineConfig, build
@@ -307,20 +308,6 @@ def summary(results: list[Result]) -> dict:
 # ----------------------------------------------------------------------------- CLI
 
 
-def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add the ``doctor`` sub-command to ``cconv``'s argparse sub-parsers."""
-    p = subparsers.add_parser(
-        "doctor",
-        help="check that every training step lowers for CUDA, ROCm and TPU (no device needed)",
-        description=__doc__.split("\n\n")[0],
-    )
-    p.add_argument("--platform", choices=(*PLATFORMS, "all"), default="all", help="platform to lower for (default all)")
-    p.add_argument("--full", action="store_true", help="every case x memory x architecture x option x launcher")
-    p.add_argument("--json", metavar="FILE", help="also write every result as JSON")
-    p.set_defaults(func=run)
-    return p
-
-
 def run(args: argparse.Namespace) -> int:
     """``cconv doctor``: print the table; exit 1 when a valid combination does not lower."""
     configure_devices(WORKERS)
@@ -337,3 +324,16 @@ def run(args: argparse.Namespace) -> int:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
     return 1 if any(r.status == "fails" for r in results) else 0
+
+
+COMMAND = Command(
+    "doctor",
+    help="check that every training step lowers for CUDA, ROCm and TPU (no device needed)",
+    description=__doc__.split("\n\n")[0],
+    options=(
+        Option("--platform", choices=(*PLATFORMS, "all"), default="all", help="platform to lower for (default all)"),
+        Option("--full", action="store_true", help="every case x memory x architecture x option x launcher"),
+        Option("--json", metavar="FILE", help="also write every result as JSON"),
+    ),
+    handler=run,
+)

@@ -14,9 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 60
 
-KNOWN_LONG = {
-    "cconv/cli.py::build_parser",  # to become one declarative table of the CLI's options
-}
+KNOWN_LONG: set[str] = set()  # none left (issue 27): a function over the limit is split, not listed
 
 
 def function_lengths(root: Path = ROOT / "cconv") -> dict[str, int]:

@@ -2,7 +2,6 @@
 schedule, MG-WFBP's merge against brute force, ByteScheduler's limits, PS against today's model,
 bad input, and the survey's held-out numbers and findings (theory/planner.md, "Scheduling")."""
 
-import argparse
 import itertools
 import json
 import random
@@ -276,10 +275,7 @@ def test_bad_input_one_line(call, match):
 
 
 def _args(*argv):
-    parser = argparse.ArgumentParser(prog="cconv")
-    sub = parser.add_subparsers(dest="command")
-    CLI.register(sub)
-    return parser.parse_args(["plan", *argv])
+    return CLI.parser().parse_args(list(argv))
 
 
 SURVEY = ["--methods", "survey", "--workers", "4", "--network", "survey-100GbIB"]

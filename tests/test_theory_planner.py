@@ -1,6 +1,5 @@
 """cconv plan: hand-computed cases, the survey's workloads and measurements, the CLI contract."""
 
-import argparse
 import json
 
 import pytest
@@ -13,10 +12,7 @@ from cconv.theory import workloads as W
 
 
 def _args(*argv):
-    parser = argparse.ArgumentParser(prog="cconv")
-    sub = parser.add_subparsers(dest="command")
-    CLI.register(sub)
-    return parser.parse_args(["plan", *argv])
+    return CLI.parser().parse_args(list(argv))
 
 
 def _rows(plan):
@@ -421,7 +417,7 @@ def test_plan_refuses_absurd_numbers_in_one_line(argv, capsys):
         _args(*BASE, *argv)
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("cconv plan: error:")
+    assert len(err.splitlines()) == 1 and err.startswith("cconv: error:")
 
 
 @pytest.mark.parametrize(

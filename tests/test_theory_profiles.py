@@ -310,7 +310,7 @@ def test_plan_cli_bad_per_layer_input_is_one_line(capsys):
     for extra in (["--per-layer-ratios", "bogus=1"], ["--per-layer-ratios", f"{_sparsifier()}=x"]):
         assert plan_cli.main(args + extra) == 2
         err = capsys.readouterr().err
-        assert err.startswith("cconv plan: error:") and err.count("\n") == 1
+        assert err.startswith("cconv: error:") and err.count("\n") == 1
     assert plan_cli.main(["--workers", "4", "--network", "10GbE", "--per-layer-ratios", f"{_sparsifier()}=0.01"]) == 2
     assert "needs --workload" in capsys.readouterr().err
 

@@ -7,6 +7,8 @@ import math
 import sys
 
 from cconv.advisor import report as R
+from cconv.cli_schema import Command, Option
+from cconv.theory import cluster as CL
 
 DESCRIPTION = """\
 Which method reaches the target soonest on this cluster?  Trains every candidate of the config's
@@ -19,32 +21,6 @@ the schedule's overlap); ranks by predicted time to target.  Candidates whose pr
 support a prediction (diverged, stalled, target not approached, too noisy) are listed with the
 reason, not ranked.  Writes <out>/probes/ (resumable runs), advice.json and advice.png.
 """
-
-
-def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the ``advise`` sub-command to ``sub``."""
-    from cconv.theory import cluster as CL
-
-    a = sub.add_parser(
-        "advise",
-        parents=[common],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        help="which method reaches my target soonest on my cluster (probes + simulator)",
-        description=DESCRIPTION,
-    )
-    a.add_argument("config", help="run config or sweep file (its base); an `advise:` block sets the candidates")
-    CL.add_arguments(a)
-    a.add_argument(
-        "--target", help="METRIC=VALUE, e.g. test_accuracy=0.9 (default: advise.target, else loss=target_loss)"
-    )
-    a.add_argument("--probe", type=float, help="probe length as a fraction of the config's steps (default 0.1)")
-    a.add_argument("--seeds", type=int, help="seeds per candidate, run as one program (default 3)")
-    a.add_argument("--verify", type=int, default=0, metavar="N", help="train the top N to the full budget and compare")
-    a.add_argument("--json", action="store_true", help="print the advice as JSON instead of the table")
-    a.add_argument("--out", help="output directory (default results/advise/<config name>)")
-    a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key; repeatable")
-    a.set_defaults(func=run)
-    return a
 
 
 def _header(adv) -> str:
@@ -66,7 +42,6 @@ def _verify_table(rows) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from cconv._startup import quiet_libraries
-    from cconv.theory import cluster as CL
 
     if args.verify < 0:
         raise ValueError(f"--verify must be >= 0, got {args.verify}")
@@ -98,3 +73,23 @@ def run(args: argparse.Namespace) -> int:
     for path in adv.outputs.values():
         print(f"wrote {path}")
     return 0
+
+
+COMMAND = Command(
+    "advise",
+    help="which method reaches my target soonest on my cluster (probes + simulator)",
+    description=DESCRIPTION,
+    options=(
+        Option("config", help="run config or sweep file (its base); an `advise:` block sets the candidates"),
+        *CL.options(),
+        Option("--target", help="METRIC=VALUE, e.g. test_accuracy=0.9 (default: advise.target, else loss=target_loss)"),
+        Option("--probe", type=float, help="probe length as a fraction of the config's steps (default 0.1)"),
+        Option("--seeds", type=int, help="seeds per candidate, run as one program (default 3)"),
+        Option("--verify", type=int, default=0, metavar="N", help="train the top N to the full budget and compare"),
+        Option("--json", action="store_true", help="print the advice as JSON instead of the table"),
+        Option("--out", help="output directory (default results/advise/<config name>)"),
+        Option("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key; repeatable"),
+    ),
+    handler=run,
+    raw=True,
+)

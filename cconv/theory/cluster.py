@@ -2,7 +2,7 @@
 
 ``Cluster(nodes, gpus_per_node, intra, inter, device)`` is frozen; ``parse("8x8", intra="NVLink",
 network="25GbE", device="v100")`` builds one from the command line's words (``--cluster``,
-``--intra``, ``--network``, ``--device``; ``add_arguments`` / ``from_args``).  Its ``network()`` is
+``--intra``, ``--network``, ``--device``; ``options`` / ``from_args``).  Its ``network()`` is
 what the simulator and the cost functions take: a ``Hierarchical`` network with ``per_node = G``
 (a flat ``inter`` link when G = 1).
 
@@ -26,6 +26,7 @@ import argparse
 import re
 from typing import NamedTuple
 
+from cconv.cli_schema import Option, add_options
 from cconv.theory import devices as D
 from cconv.theory import network as N
 from cconv.theory.devices import Device
@@ -101,23 +102,28 @@ def parse(
     return Cluster(nodes, per_node, _link("--intra", intra), _link("--network", network), D.get(device))
 
 
+CLUSTER = Option("--cluster", metavar="NODESxGPUS", help="the target cluster, e.g. 8x8 (8 nodes of 8 GPUs)")
+INTRA = Option("--intra", help=lambda: f"intra-node link: {', '.join(INTRA_LINKS)} (default {DEFAULT_INTRA})")
+NETWORK = Option(
+    "--network",
+    help=lambda: (
+        "inter-node network: any <N>GbE (TCP/IP), <N>GbIB or <N>GbRoCE (RDMA), FDR, EDR, HDR, NDR, "
+        f"K x LINK for K NICs per node, or a preset: {', '.join(N.names())} (default {DEFAULT_NETWORK})"
+    ),
+)
+DEVICE = Option("--device", help=lambda: f"GPU: {', '.join(D.names())} (default {DEFAULT_DEVICE})")
+
+
+def options(*, network: bool = True) -> tuple[Option, ...]:
+    """The command-line table of a cluster: ``--cluster NODESxGPUS``, ``--intra``, ``--network``,
+    ``--device`` (``network=False``: the command has its own ``--network``, read by ``from_args``
+    as the inter-node network)."""
+    return (CLUSTER, INTRA, NETWORK, DEVICE) if network else (CLUSTER, INTRA, DEVICE)
+
+
 def add_arguments(parser: argparse.ArgumentParser, *, network: bool = True) -> None:
-    """``--cluster NODESxGPUS``, ``--intra``, ``--network``, ``--device`` on ``parser`` (``network=False``:
-    the parser has its own ``--network``, read by ``from_args`` as the inter-node network)."""
-    parser.add_argument("--cluster", metavar="NODESxGPUS", help="the target cluster, e.g. 8x8 (8 nodes of 8 GPUs)")
-    parser.add_argument(
-        "--intra", default=None, help=f"intra-node link: {', '.join(INTRA_LINKS)} (default {DEFAULT_INTRA})"
-    )
-    if not network:
-        parser.add_argument("--device", default=None, help=f"GPU: {', '.join(D.names())} (default {DEFAULT_DEVICE})")
-        return
-    parser.add_argument(
-        "--network",
-        default=None,
-        help="inter-node network: any <N>GbE (TCP/IP), <N>GbIB or <N>GbRoCE (RDMA), FDR, EDR, HDR, NDR, "
-        f"K x LINK for K NICs per node, or a preset: {', '.join(N.names())} (default {DEFAULT_NETWORK})",
-    )
-    parser.add_argument("--device", default=None, help=f"GPU: {', '.join(D.names())} (default {DEFAULT_DEVICE})")
+    """``options(network=network)`` on ``parser``."""
+    add_options(parser, options(network=network))
 
 
 def from_args(args: argparse.Namespace) -> Cluster:
@@ -132,4 +138,13 @@ def from_args(args: argparse.Namespace) -> Cluster:
     )
 
 
-__all__ = ["Cluster", "parse", "add_arguments", "from_args", "DEFAULT_INTRA", "DEFAULT_NETWORK", "DEFAULT_DEVICE"]
+__all__ = [
+    "Cluster",
+    "parse",
+    "options",
+    "add_arguments",
+    "from_args",
+    "DEFAULT_INTRA",
+    "DEFAULT_NETWORK",
+    "DEFAULT_DEVICE",
+]

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cconv import compressors as C
+from cconv.cli_schema import Command, Option, add_options, error_line, standalone
 from cconv.theory import cluster as CL
 from cconv.theory import gossip as G
 from cconv.theory import network as N
@@ -232,155 +233,120 @@ def fixed_of(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _add_workload_network(p: argparse.ArgumentParser) -> None:
-    """The workload (preset or D, C, M), the workers and the network."""
-    p.add_argument("--workload", help=f"a workload preset: {', '.join(W.names())}")
-    p.add_argument("--params", type=_int_in(MAX_PARAMS), help="D, number of parameters")
-    p.add_argument("--flops-per-sample", type=_pos_float, help="C, FLOPs per sample (forward + backward)")
-    p.add_argument("--batch", type=_int_in(MAX_BATCH), help="M, local mini-batch per worker")
-    p.add_argument("--workers", type=_int_in(CL.MAX_WORKERS), help="P, number of workers (not with --cluster)")
-    p.add_argument(
+OPTIONS: tuple[Option, ...] = (
+    # the workload (preset or D, C, M), the workers and the network
+    Option("--workload", help=lambda: f"a workload preset: {', '.join(W.names())}"),
+    Option("--params", type=_int_in(MAX_PARAMS), help="D, number of parameters"),
+    Option("--flops-per-sample", type=_pos_float, help="C, FLOPs per sample (forward + backward)"),
+    Option("--batch", type=_int_in(MAX_BATCH), help="M, local mini-batch per worker"),
+    Option("--workers", type=_int_in(CL.MAX_WORKERS), help="P, number of workers (not with --cluster)"),
+    Option(
         "--network",
-        help=f"preset(s), comma-separated: {', '.join(N.names())}, any <N>GbE, <N>GbIB, <N>GbRoCE, FDR, EDR, "
-        "HDR, NDR, K x LINK; or a name for --alpha/--beta.  With --cluster: the inter-node network(s)",
-    )
-    p.add_argument("--alpha", type=_float_in(1.0, zero=True), help="custom network: seconds per message")
-    p.add_argument("--beta", type=_float_in(1.0), help="custom network: seconds per byte")
-    p.add_argument(
+        help=lambda: (
+            f"preset(s), comma-separated: {', '.join(N.names())}, any <N>GbE, <N>GbIB, <N>GbRoCE, FDR, "
+            "EDR, HDR, NDR, K x LINK; or a name for --alpha/--beta.  With --cluster: the inter-node network(s)"
+        ),
+    ),
+    Option("--alpha", type=_float_in(1.0, zero=True), help="custom network: seconds per message"),
+    Option("--beta", type=_float_in(1.0), help="custom network: seconds per byte"),
+    Option(
         "--device-flops",
         type=_pos_float,
-        default=None,
         help="F, sustained FLOP/s of one worker (default: the survey's RTX 2080Ti on "
         "BERT-Large, 597e9/0.163 s = 3.66e12; with --cluster use --device)",
-    )
-
-
-def _add_cluster(p: argparse.ArgumentParser) -> None:
-    """The cluster mode: nodes x GPUs, links, device, schedule and all-reduce algorithm."""
-    CL.add_arguments(p, network=False)
-    p.add_argument(
+    ),
+    # the cluster mode: nodes x GPUs, links, device, schedule and all-reduce algorithm
+    *CL.options(network=False),
+    Option(
         "--schedule",
-        choices=S.names(),
-        default=None,
+        choices=S.names,
         help="with --cluster: how messages are issued (default fusion: Horovod's tensor fusion with WFBP)",
-    )
-    p.add_argument(
+    ),
+    Option(
         "--architecture",
         choices=PR.A2A,
-        default=None,
         help="with --cluster: the all-reduce algorithm (default hierarchical, as NCCL/Horovod on multi-GPU nodes)",
-    )
-
-
-def _add_methods(p: argparse.ArgumentParser) -> None:
-    """Which methods are planned and their knob values."""
-    p.add_argument(
+    ),
+    # which methods are planned and their knob values
+    Option(
         "--sweep",
         type=_sweep_item,
         action="append",
         metavar="NAME=v1,v2",
-        help="values of a compressor knob (repeatable); knobs: " + ", ".join(PL.knob_names()),
-    )
-    p.add_argument(
+        help=lambda: "values of a compressor knob (repeatable); knobs: " + ", ".join(PL.knob_names()),
+    ),
+    Option(
         "--ratios",
         type=_list(_ratio),
-        default=None,
         help="alias of --sweep ratio=... (sparsifier ratios k/d; default 0.1,0.01,0.001)",
-    )
-    p.add_argument(
-        "--ranks", type=_list(_int_in(MAX_RANK)), default=None, help="alias of --sweep rank=... (PowerSGD ranks)"
-    )
-    p.add_argument("--levels", type=_list(_pos_int), default=None, help="alias of --sweep levels=... (QSGD levels s)")
-    p.add_argument(
+    ),
+    Option("--ranks", type=_list(_int_in(MAX_RANK)), help="alias of --sweep rank=... (PowerSGD ranks)"),
+    Option("--levels", type=_list(_pos_int), help="alias of --sweep levels=... (QSGD levels s)"),
+    Option(
         "--methods",
         type=_list(str),
-        default=None,
-        help=f"subset of: {', '.join(PL.all_methods())}; or a method set: survey (the survey's seven lossless "
-        "schedule x architecture methods, simulated per layer)",
-    )
-
-
-def _add_model(p: argparse.ArgumentParser) -> None:
-    """How the exchange is modelled, and the output."""
-    p.add_argument("--granularity", choices=("fused", "layerwise"), default=None, help="default fused")
-    p.add_argument("--gossip", action="store_true", help="also print gossip steps (ring, torus, exponential, complete)")
-    p.add_argument(
+        help=lambda: (
+            f"subset of: {', '.join(PL.all_methods())}; or a method set: survey (the survey's seven "
+            "lossless schedule x architecture methods, simulated per layer)"
+        ),
+    ),
+    # how the exchange is modelled, and the output
+    Option("--granularity", choices=("fused", "layerwise"), help="default fused"),
+    Option("--gossip", action="store_true", help="also print gossip steps (ring, torus, exponential, complete)"),
+    Option(
         "--overlap",
         action="store_true",
         help="model wait-free backprop (backward = 2/3 of compute) with 64 MiB tensor fusion",
-    )
-    p.add_argument(
+    ),
+    Option(
         "--servers",
         type=_int_in(CL.MAX_WORKERS),
-        default=None,
         help="parameter servers for the -ps method (default: one per worker, as BytePS in the survey)",
-    )
-    p.add_argument(
+    ),
+    Option(
         "--hparam",
         action="append",
         metavar="NAME=VALUE",
         help="a hyper-parameter for every compressor that has it (repeatable), e.g. positions=golomb",
-    )
-    p.add_argument(
+    ),
+    Option(
         "--bytes",
         choices=PL.BYTES,
-        default=None,
         help="payload sizes: the buffers the collectives move (default), or the expected encoded messages "
         "of entropy-coded formats (what a variable-length transport would send)",
-    )
-    p.add_argument("--json", action="store_true", help="print the rows as JSON (any method list)")
-
-
-def _add_simulated(p: argparse.ArgumentParser) -> None:
-    """Options of the simulated schedules (method sets, --cluster, per-layer values)."""
-    p.add_argument(
+    ),
+    Option("--json", action="store_true", help="print the rows as JSON (any method list)"),
+    # the simulated schedules (method sets, --cluster, per-layer values)
+    Option(
         "--interference",
         type=_float_in(1e3, zero=True),
-        default=None,
         help="with a method set or --cluster: kappa, the share of the GPU communication kernels take while "
         "overlapping (method sets' default: fitted to the survey's 4-GPU BERT-Large 1.2x, "
         "cconv.theory.schedule.survey.INTERFERENCE; --cluster's default 0, see cconv.theory.predict)",
-    )
-    p.add_argument("--topology", default=None, help="with a method set: fat-tree, bcube or torus (beta factors)")
-    p.add_argument(
+    ),
+    Option("--topology", help="with a method set: fat-tree, bcube or torus (beta factors)"),
+    Option(
         "--per-layer-ratios",
         metavar="METHOD=VALUE",
-        default=None,
         help="per-layer knob values of a compressor method (e.g. topk=0.01) minimising the simulated iteration "
         "time under the error budget of that global value (cconv.theory.schedule.ratios)",
-    )
-    p.add_argument(
+    ),
+    Option(
         "--ratio-method",
-        default=None,
         help="with --per-layer-ratios: the survey method (schedule x architecture) to simulate (default MG-WFBP)",
-    )
+    ),
+)
+"""The ``plan`` options, in the order of ``--help``."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``plan`` options on ``p`` (in the order of ``--help``)."""
-    for add in (_add_workload_network, _add_cluster, _add_methods, _add_model, _add_simulated):
-        add(p)
+    """The ``plan`` options on ``p``."""
+    add_options(p, OPTIONS)
 
 
-def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add the ``plan`` sub-command to ``cconv``'s argparse sub-parsers."""
-    p = subparsers.add_parser(
-        "plan", help="predict iteration time and speedup of every compressor", description=__doc__.split("\n\n")[0]
-    )
-    add_arguments(p)
-    p.error = _one_line_error(p.prog)  # type: ignore[method-assign]
-    p.set_defaults(func=run)
-    return p
-
-
-def _one_line_error(prog: str) -> Callable[[str], None]:
-    """argparse's ``error`` without the usage block: one line on stderr, exit 2 (bad input)."""
-
-    def error(message: str) -> None:
-        print(f"{prog}: error: {' '.join(message.split())[:400]}", file=sys.stderr)
-        sys.exit(2)
-
-    return error
+def parser() -> argparse.ArgumentParser:
+    """``cconv plan`` as a program of its own (usage errors: one line, exit 2)."""
+    return standalone(COMMAND, "cconv plan")
 
 
 def _workload(args: argparse.Namespace) -> W.Workload:
@@ -680,7 +646,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         text = _dispatch(args)
     except ValueError as e:
-        print(f"cconv plan: error: {' '.join(str(e).split())[:400]}", file=sys.stderr)
+        print(error_line(str(e)), file=sys.stderr)
         return 2
     print(text)
     return 0
@@ -688,10 +654,16 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m cconv.theory.plan_cli ...`` (the same as ``cconv plan ...``)."""
-    parser = argparse.ArgumentParser(prog="cconv plan", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    parser.error = _one_line_error(parser.prog)  # type: ignore[method-assign]
-    return run(parser.parse_args(argv))
+    return run(parser().parse_args(argv))
+
+
+COMMAND = Command(
+    "plan",
+    help="predict iteration time and speedup of every compressor",
+    description=__doc__.split("\n\n")[0],
+    options=OPTIONS,
+    handler=run,
+)
 
 
 if __name__ == "__main__":
