@@ -82,7 +82,7 @@ def test_sample_missing_the_tail_still_exact():
     # The strided sample sees only large values: the first thresholds admit fewer than k
     # entries, forcing the rescan path; the result must still be exact.
     d = 300_000
-    stride = d // 32768
+    stride = d // 4096  # the kernel's sample size (kSample in cconv/_native/select.cc)
     x = jax.random.normal(jax.random.PRNGKey(0), (d,)) * 0.1
     hot = stride // 2 + stride * np.arange(3000)
     x = x.at[hot].set(10.0 + jnp.arange(3000.0))

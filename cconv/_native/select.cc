@@ -10,20 +10,25 @@
 // |x|, so the selected SET equals lax.top_k(jnp.abs(x), k)[1] bit for bit (tests check it).
 //
 // Algorithm per row (O(d) with one streaming pass, O(k) extra memory in practice):
-//   1. threshold: the ks-th largest key of a strided sample of m <= 32768 entries, where
-//      ks = e + 5 sqrt(e) + 8 and e = k m / d is the expected number of top-k entries in the
-//      sample, so that at least k entries pass with overwhelming probability;
-//   2. compaction: one streaming pass collects the indices with key >= threshold (SSE2: 16 keys
-//      per compare into a bit mask, emitted branch-free by a nibble table; elsewhere a portable
-//      loop);
+//   1. threshold (rows of more than 65536 entries; shorter rows make every entry a candidate):
+//      the ks-th largest key of a strided sample of m ~ 4096 entries (found by the radix select
+//      of step 3), where ks = e + 5 sqrt(e) + 8 and e = k m / d is the expected number of top-k
+//      entries in the sample, so that at least k entries pass with overwhelming probability;
+//      a small sample touches few cache lines (at d = 2^20, one in 16) and costs a fraction of
+//      the pass; the price is ~2k candidates at k = d/100 instead of ~1.3k with 32768;
+//   2. compaction: one streaming pass collects the indices with key >= threshold (AVX2 where the
+//      CPU has it, chosen at run time: 32 keys per test, passing lanes emitted branch-free from
+//      a lane table; else SSE2: 16 keys per compare into a bit mask, emitted by a nibble table;
+//      elsewhere a portable loop);
 //      if fewer than k pass (a sample that missed the large entries, e.g. periodic input), the
 //      sample quantile is lowered 4x and the pass repeated; in the end every entry is a
 //      candidate, so the result is always exact;
-//   3. selection: an MSB-first radix select over the candidates' keys (11-bit digits; after the
-//      first, only the keys of the bucket holding the k-th are revisited) finds the k-th
-//      largest key K* and the number g of keys above it; a scan of the candidates (already in
-//      ascending index order) emits every key > K* and the first k - g keys == K*: exactly k
-//      indices, ascending, ties to the lower index.
+//   3. selection: an MSB-first radix select over the candidates' keys (the leading bits they
+//      all share skipped, then 11-bit digits; after the first, only the keys of the bucket
+//      holding the k-th are revisited) finds the k-th largest key K* and the number g of keys
+//      above it; a branch-free scan of the candidates (already in ascending index order) emits
+//      every key > K* and the first k - g keys == K*: exactly k indices, ascending, ties to the
+//      lower index.
 // Thread-safety: no global state; all scratch memory is per call.  Rows of a batch (vmap) are
 // processed one after another.
 #include <algorithm>
@@ -35,6 +40,9 @@
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
+#endif
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
 #endif
 
 #include "xla/ffi/api/ffi.h"
@@ -103,8 +111,7 @@ static inline int64_t EmitMask(unsigned m, int64_t base, int32_t* cand, int64_t 
   return n;
 }
 
-template <>
-int64_t Compact<uint32_t>(const uint32_t* bits, int64_t d, uint32_t thr, int32_t* cand) {
+static int64_t CompactSse2(const uint32_t* bits, int64_t d, uint32_t thr, int32_t* cand) {
   const __m128i mask = _mm_set1_epi32(0x7fffffff);
   const __m128i t = _mm_set1_epi32((int32_t)thr - 1);
   int64_t n = 0, i = 0;
@@ -120,6 +127,71 @@ int64_t Compact<uint32_t>(const uint32_t* bits, int64_t d, uint32_t thr, int32_t
   int64_t m = CompactGeneric<uint32_t>(bits + i, d - i, thr, cand + n);  // tail, indices from 0
   for (int64_t j = 0; j < m; ++j) cand[n + j] += (int32_t)i;
   return n + m;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// AVX2 (chosen at run time: the library is built without -march): 32 keys per test; a block of
+// 32 with no passing key (most blocks at small k/d) costs four compares, three ORs and one test.
+// A block with passing keys is emitted branch-free, 8 keys at a time: the lanes of an 8-bit mask
+// in ascending order come from a 256-entry table (kLanes), are added to the block's base index
+// and stored as 8 slots, of which the first popcount(mask) are kept.  Needs 7 slots of slack.
+struct LaneTable {
+  alignas(32) int32_t lanes[256][8];
+  int32_t count[256];
+  LaneTable() {
+    for (int m = 0; m < 256; ++m) {
+      int c = 0;
+      for (int b = 0; b < 8; ++b)
+        if (m >> b & 1) lanes[m][c++] = b;
+      for (int b = c; b < 8; ++b) lanes[m][b] = 0;
+      count[m] = c;
+    }
+  }
+};
+static const LaneTable kLanes;
+
+__attribute__((target("avx2"))) static inline int64_t EmitLanes(__m256i c, int64_t base, int32_t* cand, int64_t n) {
+  const unsigned m = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(c));
+  const __m256i lanes = _mm256_load_si256(reinterpret_cast<const __m256i*>(kLanes.lanes[m]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(cand + n), _mm256_add_epi32(lanes, _mm256_set1_epi32((int32_t)base)));
+  return n + kLanes.count[m];
+}
+
+__attribute__((target("avx2"))) static int64_t CompactAvx2(const uint32_t* bits, int64_t d, uint32_t thr,
+                                                           int32_t* cand) {
+  const __m256i mask = _mm256_set1_epi32(0x7fffffff);
+  const __m256i t = _mm256_set1_epi32((int32_t)thr - 1);
+  int64_t n = 0, i = 0;
+  for (; i + 32 <= d; i += 32) {
+    const __m256i* p = reinterpret_cast<const __m256i*>(bits + i);
+    const __m256i c0 = _mm256_cmpgt_epi32(_mm256_and_si256(_mm256_loadu_si256(p), mask), t);
+    const __m256i c1 = _mm256_cmpgt_epi32(_mm256_and_si256(_mm256_loadu_si256(p + 1), mask), t);
+    const __m256i c2 = _mm256_cmpgt_epi32(_mm256_and_si256(_mm256_loadu_si256(p + 2), mask), t);
+    const __m256i c3 = _mm256_cmpgt_epi32(_mm256_and_si256(_mm256_loadu_si256(p + 3), mask), t);
+    const __m256i any = _mm256_or_si256(_mm256_or_si256(c0, c1), _mm256_or_si256(c2, c3));
+    if (_mm256_testz_si256(any, any)) continue;
+    n = EmitLanes(c0, i, cand, n);
+    n = EmitLanes(c1, i + 8, cand, n);
+    n = EmitLanes(c2, i + 16, cand, n);
+    n = EmitLanes(c3, i + 24, cand, n);
+  }
+  int64_t m = CompactSse2(bits + i, d - i, thr, cand + n);  // tail, indices from 0
+  for (int64_t j = 0; j < m; ++j) cand[n + j] += (int32_t)i;
+  return n + m;
+}
+
+static bool HasAvx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+#endif
+
+template <>
+int64_t Compact<uint32_t>(const uint32_t* bits, int64_t d, uint32_t thr, int32_t* cand) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (HasAvx2()) return CompactAvx2(bits, d, thr, cand);
+#endif
+  return CompactSse2(bits, d, thr, cand);
 }
 
 template <>
@@ -141,17 +213,25 @@ int64_t Compact<uint16_t>(const uint16_t* bits, int64_t d, uint16_t thr, int32_t
 
 // The k-th largest of keys[0..n) (1 <= k <= n) by MSB-first radix selection (digits of 11 bits,
 // 8 for 16-bit keys; the sign bit is clear), and in *greater the number of keys above it.
-// The first digit's histogram pass reads every key; the keys of the bucket holding the k-th are
-// then copied out, so later digits only touch that (small) bucket.  Histograms fit in L1.
+// The leading bits all keys share (one OR/AND pass) are skipped, so the first digit spreads keys
+// of similar magnitude (the candidates of one row) over its buckets; that digit's histogram
+// pass reads every key; the keys of the bucket holding the k-th are then copied out, so later
+// digits only touch that (small) bucket.  Histograms fit in L1.
 template <typename K>
 K KthLargestKey(const K* keys, int64_t n, int64_t k, int64_t* greater) {
-  constexpr int kBits = 8 * sizeof(K) - 1;
   constexpr int W = sizeof(K) == 2 ? 8 : 11;
+  K any = 0, all = (K)~K(0);
+  for (int64_t j = 0; j < n; ++j) {
+    any = (K)(any | keys[j]);
+    all = (K)(all & keys[j]);
+  }
+  int kBits = 0;  // the low bits in which some keys differ
+  while (kBits < 8 * (int)sizeof(K) && ((K)(any ^ all) >> kBits) != 0) ++kBits;
   std::vector<int64_t> hist(size_t(1) << W);
   std::vector<K> sub;
   const K* cur = keys;
   int64_t m = n;
-  K prefix = 0;
+  K prefix = kBits == 8 * (int)sizeof(K) ? 0 : (K)(all & (K)~((K(1) << kBits) - 1));  // the shared bits
   int64_t above = 0;
   for (int remaining = kBits; remaining > 0;) {
     const int w = std::min(W, remaining);
@@ -177,6 +257,12 @@ K KthLargestKey(const K* keys, int64_t n, int64_t k, int64_t* greater) {
   return prefix;
 }
 
+// Rows longer than kSampledAbove estimate the threshold from a strided sample of about kSample
+// entries (step 1 of the header); shorter rows make every entry a candidate.  The tests build
+// inputs whose sample misses the tail from these two numbers (tests/test_select.py).
+constexpr int64_t kSample = 4096;
+constexpr int64_t kSampledAbove = 65536;
+
 template <typename K>
 void SelectRow(const K* bits, int64_t d, int64_t k, int32_t* out, std::unique_ptr<int32_t[]>& cand_buf) {
   constexpr K mask = AbsMask<K>();
@@ -187,20 +273,19 @@ void SelectRow(const K* bits, int64_t d, int64_t k, int32_t* out, std::unique_pt
   }
   int32_t* cand = nullptr;
   int64_t n = 0;
-  const int64_t kMaxSample = 32768;
-  if (d > 2 * kMaxSample) {
+  if (d > kSampledAbove) {
     if (!cand_buf) cand_buf.reset(new int32_t[d + 16]);  // uninitialised: pages are touched only as used
     cand = cand_buf.get();
-    const int64_t stride = d / kMaxSample;
+    const int64_t stride = d / kSample;
     std::vector<K> sample;
-    sample.reserve(kMaxSample + 1);
+    sample.reserve(kSample + 1);
     for (int64_t i = stride / 2; i < d; i += stride) sample.push_back((K)(bits[i] & mask));
     const int64_t m = (int64_t)sample.size();
     const double e = (double)k * (double)m / (double)d;
     int64_t ks = (int64_t)std::ceil(e + 5.0 * std::sqrt(e) + 8.0);
     while (ks < m) {
-      std::nth_element(sample.begin(), sample.begin() + (ks - 1), sample.end(), std::greater<K>());
-      const K thr = sample[ks - 1];
+      int64_t above = 0;
+      const K thr = KthLargestKey<K>(sample.data(), m, ks, &above);  // the ks-th largest sampled key
       n = Compact<K>(bits, d, thr, cand);
       if (n >= k) break;
       ks *= 4;  // the sample under-estimated the tail: lower the threshold and rescan
@@ -221,11 +306,16 @@ void SelectRow(const K* bits, int64_t d, int64_t k, int32_t* out, std::unique_pt
   int64_t greater = 0;
   const K kth = KthLargestKey<K>(keys.data(), n, k, &greater);
   // Emit, in ascending index order, every key above the k-th and the lowest-index ties: exactly k.
+  // Branch-free: every step stores into out[w] (w < k) and advances w when the key is taken.
   int64_t ties = k - greater;
   int64_t w = 0;
   for (int64_t j = 0; j < n && w < k; ++j) {
     const K key = keys[j];
-    if (key > kth || (key == kth && ties-- > 0)) out[w++] = cand ? cand[j] : (int32_t)j;
+    const int64_t tie = (key == kth) & (ties > 0);
+    const int64_t take = (key > kth) | tie;
+    out[w] = cand ? cand[j] : (int32_t)j;
+    w += take;
+    ties -= tie;
   }
 }
 

@@ -12,7 +12,8 @@
 
     On CPU, for float32/bfloat16/float16/float64, it calls a native XLA FFI kernel
     (``cconv/_native/select.cc``): a threshold estimated from a strided sample, one streaming
-    SSE2 compaction pass, and a radix select on the ~k candidates.  O(d) time with one read of
+    compaction pass (AVX2 where the CPU has it, else SSE2), and a radix select on the ~k
+    candidates.  O(d) time with one read of
     x: ~2-3x a jitted ``sum(abs(x))`` at d = 10^7, k = d/100 on a 2-core CPU, where lax.top_k
     (a partial sort) costs 50-65x (docs/performance.md).  On other backends, other dtypes, or where
     the kernel cannot be built (no C++ compiler; a one-time warning says so), it is
