@@ -85,6 +85,7 @@ def test_encoder_matches_a_python_golomb_rice_encoder_and_decodes_exactly(d, k):
         assert float(G.encoded_bytes(s, 64)) == -(-len(bits) // 8) + 4 + 4 * -(-k // 64)
 
 
+@pytest.mark.slow
 def test_long_zero_runs_and_the_capacity_proof_on_many_sets():
     """Unary runs far longer than a word (k = d/2 gives b = 0: a gap of d/2 zeros), and for many
     random (d, k) every adversarial set stays within k (1 + b) + ((d - k) >> b) bits."""
@@ -178,6 +179,7 @@ def test_theory_encoded_bytes_predict_the_mean_message(name, hp):
 @pytest.mark.parametrize(
     "shape,dtype", [((1,), "float32"), ((7,), "bfloat16"), ((33, 17), "float32"), ((5000,), "float32")]
 )
+@pytest.mark.slow
 def test_golomb_and_int32_positions_decompress_bit_identically(name, hp, shape, dtype):
     """The coding changes only the message: same key, same output, bit for bit; the payload
     bytes are the (static) wire bytes and the encoded bytes never exceed them."""

@@ -88,6 +88,7 @@ def test_merge_sums_repeated_indices_without_losing_mass():
     assert dict(zip(np.asarray(i).tolist(), np.asarray(v).tolist())) == {0: 7.0, 7: 1.0, 9: 3.0}
 
 
+@pytest.mark.slow
 def test_engine_gtopk_conserves_residual_mass():
     P, c = 4, C.topk(ratio=0.1)
     tr = build(

@@ -146,6 +146,7 @@ def test_dry_comm_traces_any_p():
 
 
 @pytest.mark.parametrize("p", [3, 6])
+@pytest.mark.slow
 def test_engine_any_p_conserves_residual_mass_and_hlo_bytes_match(p):
     c = C.topk(ratio=0.1)
     tr = build(

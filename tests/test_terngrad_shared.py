@@ -90,6 +90,7 @@ def test_defaults_unchanged():
     assert s.aggregation == "intsum" and s.agree.reduce == "max" and s.agree.level_max == 1
 
 
+@pytest.mark.slow
 def test_standalone_shared_scale_equals_local_scale():
     """P = 1: the agreed scaler is the local one; same codes as the default compressor."""
     x = jax.random.normal(jax.random.PRNGKey(0), (5, 7))
