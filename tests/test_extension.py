@@ -121,7 +121,12 @@ def trees():
 
 
 @pytest.mark.parametrize(
-    "arch, collective", [("all-to-all", "auto"), ("parameter-server", "auto"), ("all-to-all", "allgather")]
+    "arch, collective",
+    [
+        ("all-to-all", "auto"),
+        pytest.param("parameter-server", "auto", marks=pytest.mark.slow),
+        pytest.param("all-to-all", "allgather", marks=pytest.mark.slow),
+    ],
 )
 def test_every_architecture_sums_the_sketches_then_decodes_once(trees, arch, collective):
     c = X.count_sketch(ratio=0.5)
