@@ -79,6 +79,7 @@ def test_gathered_sum_matches_the_unpacked_path(name, hp, workers):
 
 @pytest.mark.parametrize("workers", WORKERS)
 @pytest.mark.parametrize("name,hp", GATHERED[:1])
+@pytest.mark.slow
 def test_vote_ties_bit_for_bit(name, hp, workers):
     """Odd P has no ties; even P with mirrored workers ties everywhere: sign(0) = +1 both ways."""
     c = subject(name, hp).c
