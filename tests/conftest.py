@@ -4,6 +4,8 @@ These variables must be set before jax is imported anywhere, hence at the top of
 """
 
 import os
+import shutil
+import tempfile
 
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
@@ -18,6 +20,22 @@ os.environ["XLA_FLAGS"] = _flags.strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
+
+# One persistent compilation cache for the whole session: the xdist workers and every `python -m
+# cconv` subprocess the tests start inherit these variables, so a program compiled once (the same
+# small configs recur across end-to-end tests) is loaded from disk afterwards instead of compiled
+# again.  The directory is fresh for each session (created here in the controller, before the workers
+# start; removed at its end), never the user's cache.  jax writes an entry in place: a process that
+# reads one half-written by another warns ("Error reading persistent compilation cache entry") and
+# compiles the program itself.  CCONV_TEST_COMPILE_CACHE=0 turns the cache off.
+_CACHE_OWNER = False
+if os.environ.get("CCONV_TEST_COMPILE_CACHE", "1") != "0" and "CCONV_TEST_COMPILE_CACHE_DIR" not in os.environ:
+    os.environ["CCONV_TEST_COMPILE_CACHE_DIR"] = tempfile.mkdtemp(prefix="cconv-test-jax-cache-")
+    _CACHE_OWNER = True
+if "CCONV_TEST_COMPILE_CACHE_DIR" in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["CCONV_TEST_COMPILE_CACHE_DIR"]
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
 
 import jax  # noqa: E402
 
@@ -36,3 +54,27 @@ def _registries_put_back():
 
     with registries_restored():
         yield
+
+
+def pytest_unconfigure(config):
+    """The session's compilation cache goes with the session (only the process that made it)."""
+    if _CACHE_OWNER and not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ["CCONV_TEST_COMPILE_CACHE_DIR"], ignore_errors=True)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Two rules about the tiers and the order (DEVELOPERS.md, "Habits").
+
+    * An ``extended`` test is also ``slow``: the fast tier (``-m "not slow"``) leaves out what CI
+      leaves out.
+    * Modules with a ``slow`` test run first, in their usual order, then the rest: with
+      pytest-xdist, the many short tests then even out the workers at the end instead of one long
+      end-to-end test keeping a core busy alone.  Whole modules move, so module-scoped fixtures are
+      still set up once per worker.
+    """
+    for item in items:
+        if item.get_closest_marker("extended") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+    slow_modules = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow_modules)

@@ -256,6 +256,7 @@ def test_bad_options_exit_2_before_writing(args, match, tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_advise_end_to_end_on_digits(tmp_path):
     """Three candidates, two seeds, a 24-step probe of a 120-step budget on a 1x4 cluster: ranked
     rows with intervals and times, the recommendation, JSON and figure written, and --verify's

@@ -124,6 +124,7 @@ def test_randomness_is_detected(name, hp, random):
     assert R.subject(name, hp).is_random == random
 
 
+@pytest.mark.slow
 def test_shared_randomk_indices_depend_only_on_the_key():
     c = cc.randomk(ratio=0.2)
     rt = jax.jit(lambda x, k: c.roundtrip(x, None, k)[0])
@@ -205,6 +206,7 @@ def test_shard_map_allgather(mesh, name, hp):
         np.testing.assert_allclose(out[w], expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_shard_map_powersgd_equals_compressing_the_mean(mesh):
     """P = mean_w M_w Q and Q = mean_w M_w^T P are linear, so the distributed result is the
     single-worker compression of the mean matrix."""
@@ -247,6 +249,7 @@ def _all_checks(s):
     return ran
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry,hp", DEMOS)
 def test_generic_checks_run_on_a_new_compressor(entry, hp):
     s = R.local_subject(entry, hp, name="demo")

@@ -93,6 +93,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.slow
 def test_exchange_equals_the_engine(name):
     kw = CASES[name]
     engine = engine_step(kw)
@@ -128,6 +129,7 @@ def test_the_compiled_dropin_moves_what_traffic_says(name):
 
 
 @pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
+@pytest.mark.slow
 def test_auto_and_explicit_meshes_with_and_without_check_vma(axis_type):
     kw = CASES["topk-ef"]
     engine = engine_step(kw)
@@ -180,6 +182,7 @@ def test_bad_input():
         cconv.as_optax(C.topk(ratio=0.1), seed="0")
 
 
+@pytest.mark.slow
 def test_as_optax_averages_with_its_own_key_and_counts_steps():
     ex = cconv.Exchange(C.randomk(ratio=0.25), axis_name="data")  # the key picks the coordinates
     tx = cconv.as_optax(C.randomk(ratio=0.25), axis_name="data", seed=7)
@@ -207,6 +210,7 @@ def test_as_optax_averages_with_its_own_key_and_counts_steps():
     assert float(state.traffic["bytes_sent"][0]) == float(traffic["bytes_sent"]) > 0
 
 
+@pytest.mark.slow
 def test_docs_dropin_example_runs_and_moves_the_engines_bytes(capsys):
     text = open(PAGE).read()
     section = text[text.index("<!-- BEGIN dropin -->") : text.index("<!-- END dropin -->")]

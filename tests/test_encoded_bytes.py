@@ -81,6 +81,7 @@ def test_encoded_traffic_formulas():
 
 
 @pytest.mark.parametrize("granularity", ["layerwise", "fused"])
+@pytest.mark.slow
 def test_allgather_logs_each_workers_encoded_size(granularity):
     tr = _trainer(granularity=granularity, min_compress_size=0, compress_vectors=True)
     _, m = tr.step(tr.init(), make_batch(0), jax.random.PRNGKey(0))

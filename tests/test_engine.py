@@ -10,6 +10,8 @@ from engine_util import loss_fn, make_batch, make_model_state, make_params, run,
 from cconv import compressors as C
 from cconv.engine import EngineConfig, Warmup, build, dgc_warmup
 
+# Every test here compiles and runs training steps: not in the fast tier (-m 'not slow').
+pytestmark = pytest.mark.slow
 PARAMS, MSTATE = make_params(), make_model_state()
 
 

@@ -392,6 +392,7 @@ def test_error_feedback_warning_names_omega_once(recwarn):
     assert "ef_scale: auto" in msgs[0] and "omega = 4 >= 1" in msgs[1]
 
 
+@pytest.mark.slow
 def test_ef_scale_auto_converges_where_plain_error_feedback_diverges(tmp_path):
     """QSGD with s=2 levels (omega = 16 on the 64x16 layer) under error feedback: plain EF blows up
     in the tiny model (fixed seed), ef_scale: auto (input scaled by 1/17) trains, as QSGD without

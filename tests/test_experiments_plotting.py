@@ -95,6 +95,7 @@ def test_labels_and_config_names():
     assert plotting.run_labels(frame(twins)) == {"r1": "QSGD, EF [r1]", "r2": "QSGD, EF [r2]"}
 
 
+@pytest.mark.slow
 def test_t_quantiles(monkeypatch):
     stats = pytest.importorskip("scipy.stats")
     for dof in range(1, 30):

@@ -51,6 +51,7 @@ def _registered():
 
 
 @pytest.mark.parametrize("name,hp", CASES)
+@pytest.mark.slow
 def test_generic_checks_and_declared_claims(name, hp):
     """Every generic check, and a check for every claim the entry makes: summable payloads
     (rows = 1 also unbiased); it claims no bound and no exact error term, so those are not run."""
@@ -120,7 +121,12 @@ def trees():
 
 
 @pytest.mark.parametrize(
-    "arch, collective", [("all-to-all", "auto"), ("parameter-server", "auto"), ("all-to-all", "allgather")]
+    "arch, collective",
+    [
+        ("all-to-all", "auto"),
+        pytest.param("parameter-server", "auto", marks=pytest.mark.slow),
+        pytest.param("all-to-all", "allgather", marks=pytest.mark.slow),
+    ],
 )
 def test_every_architecture_sums_the_sketches_then_decodes_once(trees, arch, collective):
     c = X.count_sketch(ratio=0.5)
@@ -135,7 +141,8 @@ def test_every_architecture_sums_the_sketches_then_decodes_once(trees, arch, col
         assert np.abs(once - each).max() > 1e-2  # the median is not linear: the order matters
 
 
-@pytest.mark.parametrize("arch", ["all-to-all", "parameter-server"])
+# The fast tier (-m "not slow") keeps one architecture of each of these two tests.
+@pytest.mark.parametrize("arch", ["all-to-all", pytest.param("parameter-server", marks=pytest.mark.slow)])
 def test_a_custom_aggregation_selected_by_collective(trees, arch):
     """``sketch_topk`` (registered by the user module) is a selectable collective: the heavy
     hitters of the once-decoded sum, the same on every worker and on both architectures."""
@@ -171,17 +178,19 @@ def _train(**kw):
 @pytest.mark.parametrize(
     "kw",
     [
-        dict(memory="ef"),
-        dict(memory="ef", architecture="parameter-server"),
-        dict(sync="gossip", gossip="choco", gossip_gamma=0.5, topology="ring"),
+        pytest.param(dict(memory="ef"), id="all-reduce"),
+        pytest.param(dict(memory="ef", architecture="parameter-server"), id="parameter-server", marks=pytest.mark.slow),
+        pytest.param(
+            dict(sync="gossip", gossip="choco", gossip_gamma=0.5, topology="ring"), id="gossip", marks=pytest.mark.slow
+        ),
     ],
-    ids=["all-reduce", "parameter-server", "gossip"],
 )
 def test_trains_under_every_architecture(kw):
     hist = _train(compressor=X.count_sketch(ratio=0.5), **kw)
     assert all(np.isfinite(h["loss"]) for h in hist) and hist[-1]["loss"] < hist[0]["loss"]
 
 
+@pytest.mark.slow
 def test_gossip_mixes_the_sketches_then_decodes_once():
     """The gossip step under a summable compressor: sum_j W_ij sketch_j decoded once (one key on
     every worker); naive compressed D-PSGD with gamma = 1 makes the model exactly that."""

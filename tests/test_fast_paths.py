@@ -22,6 +22,7 @@ from cconv.comm.backend import MeshComm
 
 
 @pytest.mark.parametrize("name,hp", R.CASES)
+@pytest.mark.slow
 def test_minus_is_y_minus_decompress(name, hp):
     c = cc.get(name, **hp)
     x = jax.random.normal(jax.random.PRNGKey(3), (33, 17), jnp.float32)
@@ -64,6 +65,7 @@ def _gather_both(tree):
     return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(spec,), out_specs=out, check_vma=False))(tree)
 
 
+@pytest.mark.slow
 def test_one_buffer_all_gather_equals_per_array():
     k = jax.random.split(jax.random.PRNGKey(0), 6)
     tree = {

@@ -11,6 +11,7 @@ KEYS = [jax.random.PRNGKey(3), jax.random.PRNGKey(2**31 + 7), jax.random.key(5)]
 
 
 @pytest.mark.parametrize("shape", [(1,), (7,), (3, 5, 17), (100_003,)])
+@pytest.mark.slow
 def test_bits_and_uniform_are_jax_random_bit_for_bit(shape):
     for key in KEYS:
         want = np.asarray(jax.random.bits(key, shape, jnp.uint32))

@@ -85,6 +85,7 @@ def test_encoder_matches_a_python_golomb_rice_encoder_and_decodes_exactly(d, k):
         assert float(G.encoded_bytes(s, 64)) == -(-len(bits) // 8) + 4 + 4 * -(-k // 64)
 
 
+@pytest.mark.slow
 def test_long_zero_runs_and_the_capacity_proof_on_many_sets():
     """Unary runs far longer than a word (k = d/2 gives b = 0: a gap of d/2 zeros), and for many
     random (d, k) every adversarial set stays within k (1 + b) + ((d - k) >> b) bits."""
@@ -154,6 +155,7 @@ def test_mean_code_length_of_bernoulli_positions_is_the_papers():
 
 
 @pytest.mark.parametrize("name,hp", CODED, ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.slow
 def test_theory_encoded_bytes_predict_the_mean_message(name, hp):
     """Top-k of iid N(0, 1) input (and random-k) selects a uniform k-subset: its mean encoded
     size is the paper's expectation (Theory.encoded_bytes) within z * standard error plus the
@@ -178,6 +180,7 @@ def test_theory_encoded_bytes_predict_the_mean_message(name, hp):
 @pytest.mark.parametrize(
     "shape,dtype", [((1,), "float32"), ((7,), "bfloat16"), ((33, 17), "float32"), ((5000,), "float32")]
 )
+@pytest.mark.slow
 def test_golomb_and_int32_positions_decompress_bit_identically(name, hp, shape, dtype):
     """The coding changes only the message: same key, same output, bit for bit; the payload
     bytes are the (static) wire bytes and the encoded bytes never exceed them."""
@@ -208,6 +211,7 @@ def test_defaults_are_the_int32_format():
     assert cc.topk(ratio=0.01).wire_bytes((10**6,)) == 8 * 10**4  # unchanged
 
 
+@pytest.mark.slow
 def test_vmapped_compress_and_a_shard_map_allgather():
     """vmap over workers' tensors, and an all-gather of Golomb payloads over 2 devices in
     shard_map, decompressed and summed on every device: equal to the per-tensor roundtrips."""
@@ -260,6 +264,7 @@ def test_k_at_least_d_sends_the_dense_format():
         assert float(c.encoded_bytes(p)) == cc.payload_bytes(p)
 
 
+@pytest.mark.slow
 def test_dgc_codes_only_the_entries_it_sends():
     """DGC's coded payload carries its count; the encoded message is the count, the sent values
     and the used stream, at most the Theory estimate for k entries."""
@@ -279,6 +284,7 @@ def test_dgc_codes_only_the_entries_it_sends():
 
 
 @pytest.mark.parametrize("name", ["topk", "dgc", pytest.param("randomk", marks=pytest.mark.extended)])
+@pytest.mark.slow
 def test_the_engine_trains_bit_identically_with_coded_positions(name):
     """Gathered coded payloads are summed in the int32 format's one scatter of all P*k pairs
     (``Compressor.sparse``), so the training trajectory does not depend on the coding."""

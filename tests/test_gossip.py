@@ -133,6 +133,7 @@ def _excess(loss, batch, full, opt, steps=100, **kw):
     return np.asarray(full(state.params)) - opt, float(m["consensus_distance"])
 
 
+@pytest.mark.slow
 def test_choco_topk_converges_where_naive_compressed_gossip_does_not():
     """Koloskova et al. 2019: gossiping compressed *models* (naive, their eq. 4) keeps a compression
     error that never vanishes; CHOCO's compressed *differences* to the public copies do converge.

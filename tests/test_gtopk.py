@@ -68,6 +68,7 @@ def test_p8_identical_everywhere_and_mass_conserved(seed):
     assert (~alive).any()  # the test exercises the return-to-residual path
 
 
+@pytest.mark.slow
 def test_merge_is_symmetric():
     rng = np.random.default_rng(3)
     ia = jnp.asarray(np.sort(rng.choice(40, 8, replace=False)), jnp.int32)
@@ -88,6 +89,7 @@ def test_merge_sums_repeated_indices_without_losing_mass():
     assert dict(zip(np.asarray(i).tolist(), np.asarray(v).tolist())) == {0: 7.0, 7: 1.0, 9: 3.0}
 
 
+@pytest.mark.slow
 def test_engine_gtopk_conserves_residual_mass():
     P, c = 4, C.topk(ratio=0.1)
     tr = build(
@@ -131,6 +133,7 @@ _merge_by_sort = G.merge_topk_by_sort  # the sort-based merge gTop-k used before
 @pytest.mark.parametrize(
     "k", [pytest.param(1, marks=pytest.mark.extended), 6, pytest.param(33, marks=pytest.mark.extended)]
 )
+@pytest.mark.slow
 def test_merge_path_equals_the_sort_based_merge_bit_for_bit(k):
     """Randomized: 300 pairs of lists per k with shared indices, repeated indices on one side
     (DGC's zero padding at index 0), tied magnitudes and signed zeros; sorted sides through

@@ -63,6 +63,7 @@ def check_conservation(p, gv, gi, alive, vals, idx):
 @pytest.mark.parametrize(
     "seed", [1, pytest.param(2, marks=pytest.mark.extended), pytest.param(3, marks=pytest.mark.extended)]
 )
+@pytest.mark.slow
 def test_any_p_identical_everywhere_and_mass_conserved(p, seed):
     """Every P (odd, even, prime) in CI with one seed; two more seeds each with ``-m extended``."""
     gv, gi, alive, vals, idx = run_gtopk(heavy(p, seed))
@@ -104,6 +105,7 @@ def test_dgc_padding_and_repeated_indices_conserve_mass_for_odd_p():
 
 
 @pytest.mark.parametrize("p", [1, 2, 4, 8])
+@pytest.mark.slow
 def test_power_of_two_equals_plain_recursive_doubling(p):
     """No fold for a power of two: the result equals a NumPy replay of log2(P) merge rounds."""
     gv, gi, alive, vals, idx = run_gtopk(heavy(p, 5))
@@ -146,6 +148,7 @@ def test_dry_comm_traces_any_p():
 
 
 @pytest.mark.parametrize("p", [3, 6])
+@pytest.mark.slow
 def test_engine_any_p_conserves_residual_mass_and_hlo_bytes_match(p):
     c = C.topk(ratio=0.1)
     tr = build(

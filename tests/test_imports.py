@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "cconv"
 
@@ -206,6 +208,7 @@ print(json.dumps(failed))
 """
 
 
+@pytest.mark.slow
 def test_every_module_imports_in_isolation():
     """Each module imported first, in a fresh ``cconv`` (third-party packages stay loaded: one process)."""
     names = sorted(set(modules()) - NOT_IMPORTABLE_ALONE)

@@ -131,6 +131,7 @@ def test_ef_scale_bad_values(bad):
         mem.ef_memory(cc.topk(ratio=0.1), ef_scale=bad)
 
 
+@pytest.mark.slow
 def test_scaled_error_feedback_invariant_and_input():
     """The compressor sees a (x + e); nothing is lost: decompress(payload) + e_new == x + e_old."""
     a = 0.25
@@ -162,6 +163,7 @@ def test_ef_scale_on_scaled_random_k_is_unscaled_random_k():
     np.testing.assert_allclose(np.asarray(st1.residual), np.asarray(st2.residual), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_ef_scale_makes_qsgd_a_contraction():
     """E||C(a p) - p||^2 = (a^2 omega_p + (1 - a)^2) ||p||^2 <= (1 - 1/(1 + omega)) ||p||^2 with
     a = 1/(1 + omega) (QSGD is positively homogeneous); Monte Carlo over fixed keys against the

@@ -10,6 +10,8 @@ import pytest
 import cconv.data as D
 import cconv.models as M
 
+# Every test here builds and trains a model: not in the fast tier (-m 'not slow').
+pytestmark = pytest.mark.slow
 TINY = {
     "linear": {},
     "mlp": {"hidden": (32,)},

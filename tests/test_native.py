@@ -122,6 +122,7 @@ def test_concurrent_calls_from_threads(lib):
     assert not errors, errors[0]
 
 
+@pytest.mark.slow
 def test_concurrent_first_builds_compile_once(tmp_path):
     # Several processes (mpirun) may start cold at once: the lock makes the first one build and
     # the others reuse its library; the atomic rename means no reader sees a partial file.
@@ -337,6 +338,7 @@ def _assert_private(path: Path):
     assert stat.S_IMODE(st.st_mode) == 0o700, oct(st.st_mode)
 
 
+@pytest.mark.slow
 def test_normal_path_creates_private_dirs_compiles_once_and_loads(monkeypatch, tmp_path):
     # A permissive umask (Debian/Ubuntu default for users) must not make our own cache unsafe.
     base = tmp_path / "fresh" / "cache"
@@ -357,6 +359,7 @@ def test_normal_path_creates_private_dirs_compiles_once_and_loads(monkeypatch, t
     assert lib.cconv_native_abi_version() == _native.ABI_VERSION
 
 
+@pytest.mark.slow
 def test_tmp_fallback_is_per_user_private_and_compiles_once(unwritable_home, monkeypatch):
     calls = _count_compiles(monkeypatch)
     out = _native._locate(_native.compiler())

@@ -63,6 +63,7 @@ def test_bit_counts_is_an_exact_popcount(workers):
 
 
 @pytest.mark.parametrize("name,hp,workers", _matrix(GATHERED))
+@pytest.mark.slow
 def test_gathered_sum_matches_the_unpacked_path(name, hp, workers):
     c = subject(name, hp).c
     like = jax.ShapeDtypeStruct(SHAPE, jnp.float32)
@@ -78,6 +79,7 @@ def test_gathered_sum_matches_the_unpacked_path(name, hp, workers):
 
 @pytest.mark.parametrize("workers", WORKERS)
 @pytest.mark.parametrize("name,hp", GATHERED[:1])
+@pytest.mark.slow
 def test_vote_ties_bit_for_bit(name, hp, workers):
     """Odd P has no ties; even P with mirrored workers ties everywhere: sign(0) = +1 both ways."""
     c = subject(name, hp).c
@@ -91,6 +93,7 @@ def test_vote_ties_bit_for_bit(name, hp, workers):
 
 @pytest.mark.parametrize("workers", WORKERS)
 @pytest.mark.parametrize("name,hp", AGREED_LEVELS)
+@pytest.mark.slow
 def test_shared_scale_codes_sum_as_integers(name, hp, workers):
     """A compressor bound to an agreed statistic: its gathered codes are summed as integers
     (exact: equal to the levels' sum) and multiplied once (within rounding of the unpacked sum)."""

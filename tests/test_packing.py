@@ -32,6 +32,7 @@ def _jitted(nbits, d):
 @given(
     nbits=st.integers(1, 8), d=st.sampled_from([1, 2, 3, 5, 7, 8, 9, 13, 31, 64, 77]), seed=st.integers(0, 2**31 - 1)
 )
+@pytest.mark.slow
 def test_roundtrip_and_layout(nbits, d, seed):
     codes = np.random.default_rng(seed).integers(0, 2**nbits, size=d).astype(np.uint8)
     pack, unpack = _jitted(nbits, d)
@@ -42,6 +43,7 @@ def test_roundtrip_and_layout(nbits, d, seed):
     np.testing.assert_array_equal(np.asarray(unpack(jnp.asarray(packed))), codes)
 
 
+@pytest.mark.slow
 def test_layout_examples_written_out():
     # 2-bit codes [1, 2, 3, 0, 1] -> byte0 = 1 | 2<<2 | 3<<4 | 0<<6 = 0b00111001, byte1 = 1.
     np.testing.assert_array_equal(packing.pack_bits(jnp.array([1, 2, 3, 0, 1]), 2), [0b00111001, 1])

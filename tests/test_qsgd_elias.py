@@ -88,7 +88,11 @@ def test_worst_case_bits_is_the_maximum_over_all_level_vectors(d, s):
     assert longest == E.worst_case_bits(d, s)
 
 
-@pytest.mark.parametrize("chunk,block", [(256, 64), pytest.param(4, 3, marks=pytest.mark.extended), (1, 1)])
+# The fast tier (-m "not slow") keeps the (1, 1) case: the codec against the Python encoder in ~1.5 s.
+@pytest.mark.parametrize(
+    "chunk,block",
+    [pytest.param(256, 64, marks=pytest.mark.slow), pytest.param(4, 3, marks=pytest.mark.extended), (1, 1)],
+)
 def test_stream_matches_the_python_encoder_and_decodes_exactly(chunk, block):
     rng = np.random.default_rng(chunk)
     d = 3000
@@ -102,6 +106,7 @@ def test_stream_matches_the_python_encoder_and_decodes_exactly(chunk, block):
 
 
 @pytest.mark.parametrize("extra", [0, 1])
+@pytest.mark.slow
 def test_sparse_and_dense_paths_give_the_python_stream(extra):
     d = 8192
     k = E.sparse_rows(d)
@@ -124,6 +129,7 @@ def test_sparse_and_dense_paths_give_the_python_stream(extra):
     np.testing.assert_array_equal(back, lv)
 
 
+@pytest.mark.slow
 def test_decode_edge_cases():
     d = 70_000
     cases = {
@@ -159,6 +165,7 @@ def _pair(levels, bucket):
     return cf, ce, run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "levels,bucket,d,zero_buckets,ones",
     [
@@ -200,6 +207,7 @@ def test_values_bit_identical_to_fixed_and_stream_as_the_python_encoder(levels, 
         assert int(pe.count) == -1  # and these the fallback (levels ~ 8 everywhere: 9-bit codes > 8)
 
 
+@pytest.mark.slow
 def test_unbiased_as_fixed_over_many_keys():
     cf, ce, _ = _pair(2, 6)
     x = jnp.asarray(R.X.reshape(-1), jnp.float32)
@@ -214,6 +222,7 @@ def test_unbiased_as_fixed_over_many_keys():
 GAUSS = [(1, 10**5), (2, 10**5), (4, 10**5), (2, 10**4)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("levels,d", GAUSS)
 def test_mean_encoded_size_on_gaussian_input_is_below_theorem_3_2(levels, d):
     """Mean over 16 fixed keys (inputs and rounding) of the encoded bytes against Theorem 3.2's
@@ -232,6 +241,7 @@ def test_mean_encoded_size_on_gaussian_input_is_below_theorem_3_2(levels, d):
     assert enc.mean() > 0.5 * bound  # and the bound is not vacuous here
 
 
+@pytest.mark.slow
 def test_vmap_mixed_paths_and_shard_map():
     _, ce, _ = _pair(127, None)
     d = 256
@@ -252,6 +262,7 @@ def test_vmap_mixed_paths_and_shard_map():
     np.testing.assert_array_equal(np.asarray(sharded), np.asarray(batched))
 
 
+@pytest.mark.slow
 def test_engine_hlo_bytes_equal_logged_bytes():
     from cconv.comm import hlo
     from cconv.engine import EngineConfig, build

@@ -98,6 +98,7 @@ def test_batched_vmap_and_2d():
     np.testing.assert_array_equal(np.asarray(got), _ref_set(xb.reshape(12, -1), 50))
 
 
+@pytest.mark.slow
 def test_inside_shard_map_on_8_devices():
     mesh = jax.make_mesh((8,), ("w",))
     x = jax.device_put(jax.random.normal(jax.random.PRNGKey(4), (8, 10_000)), jax.NamedSharding(mesh, jax.P("w")))
@@ -187,12 +188,14 @@ def test_scalar_input_rejected():
 
 
 @pytest.mark.parametrize("d,k", [(1, 1), (1, 0), (50, 50), (10, 9), (10**6, 10**4)])
+@pytest.mark.slow
 def test_sample_k_distinct_is_a_sorted_k_subset(d, k):
     idx = np.asarray(jax.jit(select.sample_k_distinct, static_argnums=(1, 2))(jax.random.PRNGKey(7), d, k))
     assert idx.dtype == np.int32 and idx.shape == (k,)
     assert np.all(np.diff(idx) > 0) and (k == 0 or (idx[0] >= 0 and idx[-1] < d))
 
 
+@pytest.mark.slow
 def test_sample_k_distinct_subsets_are_uniform():
     # d = 5, k = 2: each of the 10 subsets has probability 1/10.  n = 20000 fixed keys:
     # count ~ Binomial(n, 0.1), sd = sqrt(n * 0.1 * 0.9) = 42.4; allow 5 sd.
@@ -205,6 +208,7 @@ def test_sample_k_distinct_subsets_are_uniform():
     assert np.max(np.abs(counts - n / 10)) < 5 * math.sqrt(n * 0.1 * 0.9), counts
 
 
+@pytest.mark.slow
 def test_sample_k_distinct_inclusion_is_uniform_on_a_larger_domain():
     # d = 400, k = 20: each index is included with probability 0.05.  Over n = 2000 keys the
     # count per index ~ Binomial(n, 0.05), sd = 9.7; with 400 indices allow 5 sd on the max.
@@ -219,6 +223,7 @@ def test_sample_k_distinct_inclusion_is_uniform_on_a_larger_domain():
     assert abs(counts[:50].mean() - counts[-50:].mean()) < 5 * sd / math.sqrt(25)
 
 
+@pytest.mark.slow
 def test_sample_k_distinct_determinism_and_typed_keys():
     f = jax.jit(select.sample_k_distinct, static_argnums=(1, 2))
     a = np.asarray(f(jax.random.PRNGKey(1), 1000, 30))
@@ -229,6 +234,7 @@ def test_sample_k_distinct_determinism_and_typed_keys():
     np.testing.assert_array_equal(a, typed)
 
 
+@pytest.mark.slow
 def test_sample_k_distinct_with_per_worker_keys_in_shard_map():
     mesh = jax.make_mesh((8,), ("w",))
     keys = jax.device_put(jax.random.split(jax.random.PRNGKey(5), 8), jax.NamedSharding(mesh, jax.P("w")))

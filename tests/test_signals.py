@@ -124,6 +124,7 @@ def _signal_at(monkeypatch, problem, steps: dict) -> None:
     monkeypatch.setattr(problem.trainer, "step", signalling)
 
 
+@pytest.mark.slow
 def test_a_signal_mid_interval_checkpoints_that_step_and_the_resume_loses_nothing(tmp_path, monkeypatch):
     """In-process (fast): SIGTERM during step 6 (between metric lines 4 and 8) stops at step 6 with
     the half-summed interval checkpointed; the resumed run equals an uninterrupted one."""

@@ -56,6 +56,7 @@ def train_linear(trainer, steps):
 STRAGGLY = dict(stragglers=(0.25, 3.0), jitter=0.5, timing_seed=3)
 
 
+@pytest.mark.slow
 def test_ssp_with_staleness_0_is_bsp_bit_for_bit():
     params, mstate, kw = make_params(), make_model_state(), dict(compressor=C.topk(ratio=0.2), memory="ef")
 

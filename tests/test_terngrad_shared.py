@@ -90,6 +90,7 @@ def test_defaults_unchanged():
     assert s.aggregation == "intsum" and s.agree.reduce == "max" and s.agree.level_max == 1
 
 
+@pytest.mark.slow
 def test_standalone_shared_scale_equals_local_scale():
     """P = 1: the agreed scaler is the local one; same codes as the default compressor."""
     x = jax.random.normal(jax.random.PRNGKey(0), (5, 7))
@@ -185,6 +186,7 @@ def test_int8_sum_equals_gather(force_int8):
         assert np.any(np.asarray(a) != 0)
 
 
+@pytest.mark.slow
 def test_parameter_server_equals_all_to_all_and_error_feedback_conserves():
     trees, keys = _trees(2), jax.random.split(jax.random.PRNGKey(3), 2)
     c = C.terngrad(shared_scale=True)

@@ -28,6 +28,7 @@ def _se(v):
     return v.std(ddof=1) / np.sqrt(v.size)
 
 
+@pytest.mark.slow
 def test_error_feedback_topk_reaches_the_sgd_neighbourhood(problem):
     """Stich, Cordonnier & Jaggi (2018), Thm 2.4: with gamma_t = 8/(mu(a+t))-type steps and
     (a+t)^2-weighted averaging, EF top-k converges at SGD's rate O(G^2/(mu T)) (compression
@@ -63,6 +64,7 @@ def test_error_feedback_topk_reaches_the_sgd_neighbourhood(problem):
     assert excess4 < excess / 4  # ... and the cost vanishes faster than gamma
 
 
+@pytest.mark.slow
 def test_scaled_sign_fails_without_error_feedback_on_the_counterexample():
     """Karimireddy et al. (2019), Counterexample 1: every stochastic gradient's sign is +-(1,-1),
     so sign methods without memory never leave the line x1 + x2 = 2 through x0 = (1,1), where
@@ -87,6 +89,7 @@ def test_scaled_sign_fails_without_error_feedback_on_the_counterexample():
             assert last[:, -1].max() <= 1e-2 * f0, name  # at least 100x below
 
 
+@pytest.mark.slow
 def test_local_sgd_linear_speedup_and_bounded_drift(problem):
     """Stich (2019), Thm 2.2: local SGD with P workers and H <= O(sqrt(T/P)) local steps (steps
     4/(mu(a+t)), a = max(16 kappa, H), (a+t)^2-weighted average) reaches error O(sigma^2/(mu P T)):

@@ -227,6 +227,7 @@ def _choco(steps=150, **kw):
     return float(np.nan_to_num(np.asarray(full(state.params)) - opt, nan=np.inf).max())
 
 
+@pytest.mark.slow
 def test_choco_default_gamma_does_not_diverge_where_gamma_one_did():
     """The old default gamma = 1 diverges with top-k 10 % in 150 steps (measured excess loss 660);
     the default now is delta = 0.1 (``safe_gamma``), which converges (measured 0.026).  An

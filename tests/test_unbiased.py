@@ -39,6 +39,7 @@ def test_unbiased(name, hp):
     ],
     ids=lambda v: str(v),
 )
+@pytest.mark.slow
 def test_monte_carlo_mean_of_more_variants(name, hp):
     """Spot checks beyond the registry's cases (their samples also serve the tests below)."""
     passed, worst = mean_ok(mc_samples(name, hp), X)
@@ -53,6 +54,7 @@ def test_monte_carlo_mean_of_more_variants(name, hp):
     ],
     ids=["unscaled-randomk", "terngrad-clipped"],
 )
+@pytest.mark.slow
 def test_monte_carlo_mean_rejects_biased_variant(name, hp):
     """The same check must reject compressors that are biased (proves it can fail)."""
     passed, worst = mean_ok(mc_samples(name, hp), X)

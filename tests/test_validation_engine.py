@@ -92,6 +92,7 @@ def test_cli_model_width_not_an_integer_exit_2(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("command", ["run", "sweep"])
+@pytest.mark.slow
 def test_more_workers_than_one_process_holds_exit_2_fast(command, tmp_path):
     """Before: workers=65536 spent minutes (silently) creating simulated CPU devices."""
     cfg = tmp_path / "c.yaml"
@@ -116,6 +117,7 @@ def test_more_workers_than_one_process_holds_exit_2_fast(command, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_sweep_with_too_few_devices_creates_nothing(tmp_path):
     """The device check runs before the sweep directory is created."""
     base = "".join(f"  {line}\n" for line in TINY_YAML.splitlines())

@@ -122,6 +122,7 @@ def test_unavailable_backend_is_one_line(monkeypatch):
         writers.check_available(csv=True)
 
 
+@pytest.mark.slow
 def test_run_with_tensorboard_mirrors_metrics_jsonl(tmp_path):
     """A run with ``tensorboard: true`` (two seeds, one program), stopped after step 5 and resumed
     from its checkpoint at step 3: each seed's event files hold exactly its metric lines (same
