@@ -60,3 +60,23 @@ def test_readme_table_is_the_models(rows):
 
     readme = pathlib.Path(__file__).resolve().parents[1] / "README.md"
     assert V.markdown(rows, sources=False) in readme.read_text()
+
+
+def test_grace_methods_map_to_entries_through_known_as():
+    """The GRACE data names methods as GRACE does; the entries declare those names (no code outside
+    a compressor's module names it), and an undeclared name is refused, not guessed."""
+    import json
+    from pathlib import Path
+
+    import pytest
+
+    from cconv import compressors as C
+    from cconv.theory import validation as V
+
+    rows = json.loads(Path(V.__file__).with_name("grace_runs.json").read_text(encoding="utf-8"))
+    for r in rows:
+        if r["method"]:
+            name = C.known_as(r["method"])
+            assert r["method"] in C.entry(name).known_as
+    with pytest.raises(ValueError, match="no compressor"):
+        C.known_as("grace:NoSuchCompressor")

@@ -46,6 +46,7 @@ from cconv.compressors.registry import (
     entry_of,
     get,
     hparams_of,
+    known_as,
     names,
     register,
 )

@@ -224,6 +224,7 @@ randomk = register(
         knob=Knob("ratio", SPARSE_RATIOS),
         at_density=with_ratio,  # warm-up: ratio = the density
         label="random-k",
+        known_as=("grace:RandomKCompressor",),  # GRACE (Xu et al. 2021), its data release
         cases=(
             {"ratio": 0.2},
             {"ratio": 0.2, "scaled": False, "shared": False},

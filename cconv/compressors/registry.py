@@ -289,6 +289,10 @@ class Entry(NamedTuple):
                  kept), for warm-up's dense-to-sparse schedule and tables at one density; None:
                  its density is not a hyper-parameter (warm-up refuses it)
     name         filled in by ``register``
+    known_as     the names other projects give this method, ``"project:Name"`` (e.g. GRACE's
+                 compressor class, ``"grace:TopKCompressor"``), so that published data naming
+                 methods its own way is mapped here, on the entry, not in the code that reads it
+                 (``known_as``)
     """
 
     factory: Callable[..., Compressor]
@@ -303,6 +307,7 @@ class Entry(NamedTuple):
     votes: bool = False
     at_density: Callable[[dict, float], dict] | None = None
     name: str = ""
+    known_as: tuple[str, ...] = ()
 
     def aggregation_of(self, hparams: Mapping[str, Any]) -> str:
         """The name of the aggregation method for ``hparams`` (an ``Aggregation`` instance is
@@ -451,6 +456,16 @@ def _base_name(c: Compressor) -> str:
     while "(" in name and name.endswith(")"):
         name = name[name.index("(") + 1 : -1]
     return name
+
+
+def known_as(alias: str) -> str:
+    """The registered name of the compressor another project calls ``alias`` (``"project:Name"``,
+    declared on its entry's ``known_as``); ValueError when no entry declares it."""
+    found = [n for n, e in _REGISTRY.items() if alias in e.known_as]
+    if len(found) != 1:
+        what = "no compressor" if not found else f"several compressors ({', '.join(sorted(found))})"
+        raise ValueError(f"{what} declare(s) known_as {alias!r}")
+    return found[0]
 
 
 def names() -> list[str]:

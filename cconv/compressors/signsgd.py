@@ -71,4 +71,14 @@ THEORY = Theory(
 )
 
 # votes: its payloads are signs, so the engine's ``vote=True`` is the paper's majority vote
-signsgd = register("signsgd", Entry(_signsgd, theory=THEORY, label="signSGD", bench=Bench(target_x=4.0), votes=True))
+signsgd = register(
+    "signsgd",
+    Entry(
+        _signsgd,
+        theory=THEORY,
+        label="signSGD",
+        bench=Bench(target_x=4.0),
+        votes=True,
+        known_as=("grace:SignSGDCompressor",),  # GRACE (Xu et al. 2021), its data release
+    ),
+)

@@ -124,6 +124,7 @@ topk = register(
         knob=Knob("ratio", SPARSE_RATIOS),
         at_density=with_ratio,  # warm-up: ratio = the density
         label="top-k",
+        known_as=("grace:TopKCompressor",),  # GRACE (Xu et al. 2021), its data release
         cases=({"ratio": 0.2}, {"k": 5}, {"ratio": 0.2, "positions": "golomb"}),
         bench=SPARSE_BENCH,
     ),

@@ -34,6 +34,7 @@ import json
 from pathlib import Path
 from typing import NamedTuple
 
+from cconv import compressors as C
 from cconv.theory import cluster as CL
 from cconv.theory import devices as D
 from cconv.theory import planner as PL
@@ -127,10 +128,12 @@ GRACE_NOTE = (
 
 
 def _grace_runs() -> list[tuple[str, str, tuple, float, str]]:
-    """The GRACE runs as published (``grace_runs.json``, data: label, method as its registry name
-    or null for the dense baseline, knobs, images/s, run id)."""
+    """The GRACE runs as published (``grace_runs.json``, data: label, method as GRACE names it,
+    mapped to ours by the entry that declares it (``cconv.compressors.known_as``), or null for the
+    dense baseline, knobs, images/s, run id)."""
     rows = json.loads(Path(__file__).with_name("grace_runs.json").read_text(encoding="utf-8"))
-    return [(r["label"], r["method"] or DENSE, tuple(map(tuple, r["knobs"])), r["ips"], r["run"]) for r in rows]
+    method = lambda r: C.known_as(r["method"]) if r["method"] else DENSE  # noqa: E731
+    return [(r["label"], method(r), tuple(map(tuple, r["knobs"])), r["ips"], r["run"]) for r in rows]
 
 
 def _dle(name: str, intra: str, device: str, batch: int, img_s: float, one: float, note: str, **calibration) -> Case:
