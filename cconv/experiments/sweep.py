@@ -52,7 +52,6 @@ Running the same command again after a kill at any moment loses nothing and dupl
 from __future__ import annotations
 
 import copy
-import dataclasses
 import hashlib
 import itertools
 import json
@@ -70,6 +69,7 @@ from cconv.experiments.config import (
     ConfigError,
     RunConfig,
     check_size,
+    default_of,
     from_dict,
     load_yaml,
     set_path,
@@ -196,12 +196,7 @@ def _get_path(d: dict, dotted: str) -> Any:
     parts = dotted.split(".")
     if parts[0] not in FIELDS:
         raise ConfigError(f"unknown config key {parts[0]!r} in a rule; valid keys: {', '.join(FIELDS)}")
-    node = d.get(
-        parts[0],
-        FIELDS[parts[0]].default_factory()
-        if FIELDS[parts[0]].default_factory is not dataclasses.MISSING
-        else FIELDS[parts[0]].default,
-    )
+    node = d[parts[0]] if parts[0] in d else default_of(parts[0])
     for p in parts[1:]:
         if isinstance(node, str) and p == "name":
             return node
