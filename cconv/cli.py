@@ -442,16 +442,22 @@ class _QuietStderr:
 
 def _quiet_library_logs() -> None:
     """Without --debug, errors reach the user as cconv's one line: drop the libraries' own error
-    logs (orbax logs every failed write thread with its traceback through absl)."""
+    logs (orbax logs every failed write thread with its traceback through absl; asyncio logs each of
+    orbax's failed write tasks as "Task exception was never retrieved" when it is collected)."""
+    import logging
+
+    loggers = [logging.getLogger("asyncio")]
     try:
         from absl import logging as absl_logging
+
+        loggers.append(absl_logging.get_absl_logger())
     except ImportError:
-        return
-    logger = absl_logging.get_absl_logger()
-    if not any(getattr(f, "_cconv", False) for f in logger.filters):
-        quiet = lambda record: record.levelno >= absl_logging.converter.STANDARD_CRITICAL  # noqa: E731
-        quiet._cconv = True
-        logger.addFilter(quiet)
+        pass
+    for logger in loggers:
+        if not any(getattr(f, "_cconv", False) for f in logger.filters):
+            quiet = lambda record: record.levelno >= logging.CRITICAL  # noqa: E731
+            quiet._cconv = True
+            logger.addFilter(quiet)
 
 
 def _interruption(e: KeyboardInterrupt) -> str:

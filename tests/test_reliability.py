@@ -5,6 +5,7 @@ truth.  In-process tests use tiny configs; the CLI tests use real subprocesses."
 import json
 import os
 import textwrap
+import time
 
 import pytest
 from runs_helpers import ROOT, TINY, cli_env, tiny_yaml, write_tiny
@@ -533,6 +534,39 @@ def test_disk_full_ends_with_one_line_and_an_honest_summary(small_disk, tmp_path
     assert s["status"] == "failed" and s["error"] == want.split("run failed: ")[1]
     assert os.listdir(os.path.join(d, io.CHECKPOINTS)) == []  # the partial write is gone
     assert "recorded in" in lines[0]
+
+
+def test_a_failed_write_is_removed_even_when_late_writes_recreate_it(tmp_path, monkeypatch):
+    """A failed orbax save returns while tensorstore's writers still have writes of the other arrays
+    in flight; they recreate the temporary directory after the first removal (seen in CI: the
+    disk-full run left ``4.orbax-checkpoint-tmp``).  Here a thread plays the late writer."""
+    import threading
+
+    import jax.numpy as jnp
+
+    from cconv.experiments.checkpoint import Checkpointer, CheckpointError
+
+    ck = Checkpointer(str(tmp_path / "ck"))
+    late = os.path.join(ck.directory, "4.orbax-checkpoint-tmp", "state", "d")
+    writers = []
+
+    def full(step, args, force):
+        os.makedirs(late)
+
+        def write_late():  # after the first removal, as tensorstore's manifest write does
+            time.sleep(0.3)
+            os.makedirs(late, exist_ok=True)
+            open(os.path.join(late, "chunk"), "wb").close()
+
+        writers.append(threading.Thread(target=write_late))
+        writers[0].start()
+        raise ValueError("RESOURCE_EXHAUSTED: [os_error_code='28']")
+
+    monkeypatch.setattr(ck._mngr, "save", full)
+    with pytest.raises(CheckpointError, match="no space left on device"):
+        ck.save(4, {"a": jnp.ones(3)}, {})
+    writers[0].join()
+    assert os.listdir(ck.directory) == []
 
 
 def test_a_failed_checkpoint_write_names_the_checkpoint_and_keeps_the_previous(tmp_path, monkeypatch):

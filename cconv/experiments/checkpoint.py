@@ -15,6 +15,7 @@ import errno
 import os
 import re
 import shutil
+import time
 from typing import Any
 
 import jax
@@ -128,12 +129,31 @@ class Checkpointer:
             self._discard_partial(step)
             raise CheckpointError(f"cannot write checkpoint {self.path(step)}: {write_error_reason(e)}") from e
 
-    def _discard_partial(self, step: int) -> None:
-        """Remove the temporary directories of an unfinished save of ``step`` (frees the space)."""
+    def _discard_partial(self, step: int, quiet: float = 2.0, deadline: float = 60.0) -> None:
+        """Remove the temporary directories of an unfinished save of ``step`` (frees the space).
+
+        A failed save returns while tensorstore's C++ writers still hold writes of the other arrays
+        (and the OCDBT manifest) in flight; they recreate the directories they write into. So the
+        directories are removed until none has reappeared for ``quiet`` seconds (at most
+        ``deadline`` seconds): the in-flight writes are finite, and each ends in a removal."""
         prefix = f"{int(step)}.orbax-checkpoint-tmp"
-        for name in os.listdir(self.directory) if os.path.isdir(self.directory) else ():
-            if name.startswith(prefix):
-                shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+
+        def partial() -> list[str]:
+            names = os.listdir(self.directory) if os.path.isdir(self.directory) else ()
+            return [os.path.join(self.directory, n) for n in names if n.startswith(prefix)]
+
+        end = time.monotonic() + deadline
+        last_seen = time.monotonic()
+        while time.monotonic() < end:
+            found = partial()
+            for path in found:
+                shutil.rmtree(path, ignore_errors=True)
+            now = time.monotonic()
+            if found:
+                last_seen = now
+            elif now - last_seen >= quiet:
+                return
+            time.sleep(0.05)
 
     def restore(self, template: Any, step: int | None = None) -> tuple[int, Any, dict]:
         """Restore the latest (or the given) step into the structure and shardings of template."""
