@@ -69,7 +69,11 @@ def test_nonfinite_and_subnormal_order(dtype):
     got = _check(x, 6)
     # NaN > inf > finite: the two NaNs, the two infs, then 2 and 1.
     np.testing.assert_array_equal(got, np.arange(0, 48_000, 8_000))
-    _check(x, 10)  # subnormals rank above zeros (no flush to zero)
+    # Subnormals rank above zeros (no flush to zero), then the zeros' lowest indices.  Stated, not
+    # compared with lax.top_k: XLA on a CPU with AVX512-BF16 (seen here) flushes bfloat16 subnormals
+    # to zero in its comparisons, so its order there is not the reference for this case.
+    got = np.asarray(jax.jit(select.topk_indices, static_argnums=1)(x, 10))
+    np.testing.assert_array_equal(got, [0, 1, 2, 8_000, 16_000, 24_000, 32_000, 40_000, 64_000, 72_000])
 
 
 def test_nan_payloads_order_like_xla():
