@@ -56,6 +56,19 @@ def _registries_put_back():
         yield
 
 
+def pytest_sessionstart(session):
+    """Byte-compile cconv once, in the controller, before the workers start.  Every ``python -m
+    cconv`` subprocess the tests start (and each isolated import in ``test_imports``) would
+    otherwise compile all of cconv's source again where ``PYTHONDONTWRITEBYTECODE`` is set (an
+    editable install has no ``.pyc`` of its own): about 0.15 s per process.  Up-to-date files are
+    only stat'ed; ``__pycache__`` is git-ignored."""
+    if hasattr(session.config, "workerinput"):
+        return
+    import compileall
+
+    compileall.compile_dir(os.path.join(os.path.dirname(os.path.dirname(__file__)), "cconv"), quiet=2, workers=1)
+
+
 def pytest_unconfigure(config):
     """The session's compilation cache goes with the session (only the process that made it)."""
     if _CACHE_OWNER and not hasattr(config, "workerinput"):

@@ -208,8 +208,25 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
-def test_bad_input_one_line_no_traceback_nothing_written(case, tmp_path):
+def test_bad_input_one_line_no_traceback_nothing_written(case, tmp_path, capsys):
+    """In-process (``cli.main``, what ``python -m cconv`` calls): the refusal happens before jax
+    runs anything.  The same path in a real process: ``test_unwritable_output_dir`` and
+    ``test_bad_input_in_a_real_process``."""
     text, extra, fragment = BAD[case]
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(text)
+    out = tmp_path / "out"
+    code = cli.main(["run", str(cfg), "--out", str(out), *extra])
+    captured = capsys.readouterr()
+    assert code == 2, (captured.out, captured.err)
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("cconv: error: "), err
+    assert fragment in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_bad_input_in_a_real_process(tmp_path):
+    text, extra, fragment = BAD["unknown_override"]
     cfg = tmp_path / "bad.yaml"
     cfg.write_text(text)
     out = tmp_path / "out"
@@ -303,7 +320,7 @@ def half_topk(fraction=0.5):
 '''
 
 
-def test_import_paths_for_compressor_model_and_data(tmp_path):
+def test_import_paths_for_compressor_model_and_data(tmp_path, monkeypatch, capsys):
     (tmp_path / "cconv_user_ext.py").write_text(USER_MODULE)
     env = {"PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)}
     cfg = tmp_path / "user.yaml"
@@ -320,13 +337,14 @@ def test_import_paths_for_compressor_model_and_data(tmp_path):
     assert [l["step"] for l in lines] == [2, 4]
     # top-k of a 4x8 + 8 + 8x2 + 2 MLP at ratio 0.25: fewer bytes than dense fp32 (58 floats)
     assert 0 < lines[0]["bytes_sent"] < 58 * 4
+    monkeypatch.syspath_prepend(str(tmp_path))  # the bad paths in-process: refused before jax runs
     for key, bad, fragment in (
         ("model", "cconv_user_ext:nope", "model 'cconv_user_ext:nope': cannot import"),
         ("data", "no_such_module_xyz:toy", "dataset 'no_such_module_xyz:toy': cannot import"),
         ("compressor", "cconv_user_ext:nope", "compressor 'cconv_user_ext:nope': cannot import"),
     ):
         bad_out = tmp_path / f"bad_{key}"
-        r = cconv("run", str(cfg), "--out", str(bad_out), "--set", f"{key}.name={bad}", env_extra=env)
-        err = r.stderr.strip()
-        assert r.returncode == 2 and len(err.splitlines()) == 1 and fragment in err, err
+        code = cli.main(["run", str(cfg), "--out", str(bad_out), "--set", f"{key}.name={bad}"])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and fragment in err, err
         assert not bad_out.exists()

@@ -72,7 +72,11 @@ def site(tmp_path_factory):
     return str(out)
 
 
-@pytest.mark.slow  # 8 s on a quiet machine, 30 s at load 34 (its browser check shares the build)
+# The site's build with -W and its browser check run in CI once, after the suite (.ci/run:
+# scripts/docs.sh, then scripts/check_docs_site.py on the same two pages), so these two are in the
+# extended tier: in the suite they built the whole site a second time (8 s on a quiet machine, 30 s at
+# load 34).  The generated table's content is checked in the fast tier, below, from its generator.
+@pytest.mark.extended
 def test_site_builds_without_warnings_and_has_the_generated_table(site):
     import cconv
 
@@ -82,7 +86,7 @@ def test_site_builds_without_warnings_and_has_the_generated_table(site):
     assert os.path.exists(os.path.join(site, "api.html")) and "Exchange" in open(os.path.join(site, "api.html")).read()
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.skipif(
     shutil.which("chromium") is None, reason="Debian's chromium is not installed (scripts/setup.sh installs it)"
 )
@@ -92,6 +96,21 @@ def test_pages_render_in_chromium_with_images_and_links(site):
     import check_docs_site
 
     assert check_docs_site.main([site, "--pages", "index.html", "dropin.html"]) == 0
+
+
+def test_the_generated_compressor_table_has_one_row_per_registered_compressor():
+    """``{compressor-table}`` (docs/_ext/compressor_table.py) reads the registry: one row per entry,
+    each with its class, constant, bits per element, paper and wire format filled in."""
+    sys.path.insert(0, os.path.join(DOCS, "_ext"))
+    try:
+        import compressor_table
+    finally:
+        sys.path.remove(os.path.join(DOCS, "_ext"))
+    import cconv
+
+    rows = compressor_table.rows()
+    assert [r[0].split(" (")[0] for r in rows] == list(cconv.compressors.names())
+    assert all(len(r) == len(compressor_table.COLUMNS) and all(c.strip() for c in r) for r in rows), rows
 
 
 README = os.path.join(ROOT, "README.md")
