@@ -251,6 +251,24 @@ def test_safe_gamma_is_the_contraction(name, hp, shape, gamma):
     assert safe_gamma(C.get(name, **hp), shape) == pytest.approx(gamma)
 
 
+def test_the_safe_gamma_is_asked_once_per_distinct_shape(monkeypatch):
+    """``check_gamma`` asks the theory once per distinct tensor shape, in first-seen order (a
+    ResNet repeats its shapes; before: once per tensor)."""
+    from cconv.engine import gossip
+
+    asked: list[tuple] = []
+
+    def counted(c, shape):
+        asked.append(shape)
+        return safe_gamma(c, shape)
+
+    monkeypatch.setattr(gossip, "safe_gamma", counted)
+    cfg = EngineConfig(workers=4, sync="gossip", gossip="choco", compressor=C.get("topk", ratio=0.1))
+    asked.clear()  # the config's own check asked for a probe shape
+    gossip.check_gamma(cfg, [(64, 8), (8,), (8, 8), (8,), [8, 8], (10,)])
+    assert asked == [(64, 8), (8,), (8, 8), (10,)]
+
+
 @pytest.mark.parametrize("name,hp", [("signsgd", {}), ("qsgd", {"levels": 2}), ("randomk", {"ratio": 0.1})])
 def test_no_safe_gamma_without_a_contraction(name, hp):
     """Unscaled, these are no contraction (sign: biased; QSGD s=2 and scaled random-k: omega >= 1):

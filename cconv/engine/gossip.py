@@ -105,7 +105,8 @@ def check_gamma(cfg, shapes) -> None:
     if step.compressor is None:
         return
     try:
-        safe = min((safe_gamma(step.compressor, tuple(s)) for s in shapes), default=1.0)
+        # once per distinct shape, in first-seen order (the first failing shape names the error)
+        safe = min((safe_gamma(step.compressor, s) for s in dict.fromkeys(tuple(s) for s in shapes)), default=1.0)
     except ValueError as e:
         if step.gamma is None:
             raise ValueError(f"sync='gossip': {str(e).splitlines()[0]}; set gossip_gamma explicitly") from None
