@@ -207,35 +207,35 @@ BAD = {
 }
 
 
+def _refused(case, tmp_path, run) -> None:
+    """``run(argv) -> (exit code, stderr)`` on the BAD config ``case``: exit 2, one line, no
+    traceback, nothing written."""
+    text, extra, fragment = BAD[case]
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(text)
+    out = tmp_path / "out"
+    code, err = run(["run", str(cfg), "--out", str(out), *extra])
+    err = err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("cconv: error: "), err
+    assert fragment in err and "Traceback" not in err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_input_one_line_no_traceback_nothing_written(case, tmp_path, capsys):
     """In-process (``cli.main``, what ``python -m cconv`` calls): the refusal happens before jax
     runs anything.  The same path in a real process: ``test_unwritable_output_dir`` and
     ``test_bad_input_in_a_real_process``."""
-    text, extra, fragment = BAD[case]
-    cfg = tmp_path / "bad.yaml"
-    cfg.write_text(text)
-    out = tmp_path / "out"
-    code = cli.main(["run", str(cfg), "--out", str(out), *extra])
-    captured = capsys.readouterr()
-    assert code == 2, (captured.out, captured.err)
-    err = captured.err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("cconv: error: "), err
-    assert fragment in err and "Traceback" not in err
-    assert not out.exists()
+    _refused(case, tmp_path, lambda argv: (cli.main(argv), capsys.readouterr().err))
 
 
 def test_bad_input_in_a_real_process(tmp_path):
-    text, extra, fragment = BAD["unknown_override"]
-    cfg = tmp_path / "bad.yaml"
-    cfg.write_text(text)
-    out = tmp_path / "out"
-    r = cconv("run", str(cfg), "--out", str(out), *extra)
-    assert r.returncode == 2, (r.stdout, r.stderr)
-    err = r.stderr.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("cconv: error: "), err
-    assert fragment in err and "Traceback" not in err
-    assert not out.exists()
+    def run(argv):
+        r = cconv(*argv)
+        return r.returncode, r.stderr
+
+    _refused("unknown_override", tmp_path, run)
 
 
 def test_unwritable_output_dir(tmp_path):

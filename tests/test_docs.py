@@ -101,16 +101,22 @@ def test_pages_render_in_chromium_with_images_and_links(site):
 def test_the_generated_compressor_table_has_one_row_per_registered_compressor():
     """``{compressor-table}`` (docs/_ext/compressor_table.py) reads the registry: one row per entry,
     each with its class, constant, bits per element, paper and wire format filled in."""
-    sys.path.insert(0, os.path.join(DOCS, "_ext"))
-    try:
-        import compressor_table
-    finally:
-        sys.path.remove(os.path.join(DOCS, "_ext"))
+    compressor_table = _load("compressor_table", os.path.join(DOCS, "_ext", "compressor_table.py"))
     import cconv
 
     rows = compressor_table.rows()
     assert [r[0].split(" (")[0] for r in rows] == list(cconv.compressors.names())
     assert all(len(r) == len(compressor_table.COLUMNS) and all(c.strip() for c in r) for r in rows), rows
+
+
+def _load(name: str, path: str):
+    """The module in the file ``path`` (a script or Sphinx extension outside any package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 README = os.path.join(ROOT, "README.md")
@@ -168,11 +174,7 @@ def test_every_test_a_page_names_exists():
 def test_readme_advise_table_is_the_committed_validation():
     """The README's table of the advisor's validation is made from experiments/advise/results.json
     (``python experiments/advise/readme.py`` prints it)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("advise_readme", os.path.join(ROOT, "experiments/advise/readme.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load("advise_readme", os.path.join(ROOT, "experiments/advise/readme.py"))
     text = open(README, encoding="utf-8").read()
     block = text.split("<!-- BEGIN advise-validation -->\n")[1].split("\n<!-- END advise-validation -->")[0]
     assert block == mod.table(mod.load())

@@ -18,9 +18,14 @@ def _ref_set(x, k):
     return np.sort(np.asarray(select.topk_indices_reference(x, k)), axis=-1)
 
 
-def _check(x, k):
+def _topk(x, k):
     got = np.asarray(jax.jit(select.topk_indices, static_argnums=1)(x, k))
     assert got.dtype == np.int32 and got.shape == x.shape[:-1] + (k,)
+    return got
+
+
+def _check(x, k):
+    got = _topk(x, k)
     np.testing.assert_array_equal(got, _ref_set(x, k))  # same set; ours is ascending
     return got
 
@@ -72,8 +77,7 @@ def test_nonfinite_and_subnormal_order(dtype):
     # Subnormals rank above zeros (no flush to zero), then the zeros' lowest indices.  Stated, not
     # compared with lax.top_k: XLA on a CPU with AVX512-BF16 (seen here) flushes bfloat16 subnormals
     # to zero in its comparisons, so its order there is not the reference for this case.
-    got = np.asarray(jax.jit(select.topk_indices, static_argnums=1)(x, 10))
-    np.testing.assert_array_equal(got, [0, 1, 2, 8_000, 16_000, 24_000, 32_000, 40_000, 64_000, 72_000])
+    np.testing.assert_array_equal(_topk(x, 10), [0, 1, 2, 8_000, 16_000, 24_000, 32_000, 40_000, 64_000, 72_000])
 
 
 def test_nan_payloads_order_like_xla():

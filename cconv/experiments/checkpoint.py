@@ -142,16 +142,16 @@ class Checkpointer:
             names = os.listdir(self.directory) if os.path.isdir(self.directory) else ()
             return [os.path.join(self.directory, n) for n in names if n.startswith(prefix)]
 
-        end = time.monotonic() + deadline
-        last_seen = time.monotonic()
-        while time.monotonic() < end:
+        now = time.monotonic()
+        end, calm = now + deadline, now + quiet  # calm: when no directory has reappeared for quiet s
+        while now < end:
             found = partial()
             for path in found:
                 shutil.rmtree(path, ignore_errors=True)
             now = time.monotonic()
             if found:
-                last_seen = now
-            elif now - last_seen >= quiet:
+                calm = now + quiet
+            elif now >= calm:
                 return
             time.sleep(0.05)
 
