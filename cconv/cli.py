@@ -8,7 +8,7 @@
     cconv report RESULTS... [--target VALUE] [--metric METRIC] [--aggregate] [--csv FILE]
     cconv doctor [--platform cuda|rocm|tpu|all] [--full] [--json FILE]
     cconv advise CONFIG --cluster NODESxGPUS [--intra LINK] [--network NET] [--device GPU]
-                 [--target METRIC=VALUE] [--probe FRACTION] [--seeds N] [--verify N] [--json] [--out DIR]
+                 [--target METRIC=VALUE] [--budget B] [--seeds N] [--verify N] [--json] [--out DIR]
                  [--set KEY=VALUE ...]
     cconv plan (--workload NAME | --params D --flops-per-sample C --batch M) --workers P --network NET[,NET...]
                [--alpha SECONDS --beta SECONDS_PER_BYTE] [--device-flops F] [--methods M1,M2 | --methods survey]

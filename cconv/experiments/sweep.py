@@ -178,10 +178,7 @@ def load_sweep(path: str) -> tuple[str, list[SweepRun]]:
         merged = copy.deepcopy(base)
         for k, v in point.items():
             set_path(merged, k, copy.deepcopy(v))
-        for rule in rules:
-            if all(_get_path(merged, k) == v for k, v in rule["when"].items()):
-                for k, v in rule["set"].items():
-                    set_path(merged, k, copy.deepcopy(v))
+        apply_rules(merged, rules)
         rname = point_name(point)
         if rname in seen:
             raise ConfigError(f"{path}: grid produces the run {rname!r} twice")
@@ -189,6 +186,15 @@ def load_sweep(path: str) -> tuple[str, list[SweepRun]]:
         cfg = from_dict(merged, source=f"{path} [{rname}]")
         runs.append(SweepRun(rname, point, cfg))
     return str(name), runs
+
+
+def apply_rules(raw: dict, rules: list) -> None:
+    """Apply a sweep's ``rules`` (in order; each ``when`` read after the rules before it) to a raw
+    run config, in place.  ``cconv advise`` applies a sweep file's rules to its candidates too."""
+    for rule in rules:
+        if all(_get_path(raw, k) == v for k, v in rule["when"].items()):
+            for k, v in rule["set"].items():
+                set_path(raw, k, copy.deepcopy(v))
 
 
 def _get_path(d: dict, dotted: str) -> Any:
