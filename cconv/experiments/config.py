@@ -69,7 +69,7 @@ from typing import Any
 
 import yaml
 
-from cconv._text import shown
+from cconv._text import shown, shown_name, shown_names
 from cconv.engine.config import ADAPTIVE, ARCHITECTURES, COLLECTIVES, GRANULARITIES, LAUNCHERS, MEMORIES
 from cconv.engine.sync import public_names as sync_names
 from cconv.experiments.errors import ConfigError
@@ -260,7 +260,7 @@ def mapping(
             raise ConfigError(f"{name} must be {what}, got {shown(v)}")
         bad = [str(k) for k in v if keys is not None and k not in keys]
         if bad:
-            raise ConfigError(f"{name}: unknown key(s) {', '.join(bad)}; valid: {', '.join(keys)}")
+            raise ConfigError(f"{name}: unknown key(s) {shown_names(bad)}; valid: {', '.join(keys)}")
         rules = values or {}
         return {k: rules[k](f"{name}.{k}", x, run) if k in rules else x for k, x in v.items()}
 
@@ -790,9 +790,11 @@ def check_values(raw: dict) -> None:
         elif isinstance(v, list):
             stack.extend((f"{where}[{i}]", x) for i, x in enumerate(v))
         elif isinstance(v, float) and not math.isfinite(v):
-            raise ConfigError(f"{where} is {v}: every number in a config must be finite")
+            raise ConfigError(f"{shown_name(where, 80)} is {v}: every number in a config must be finite")
         elif isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_INT and str(where)[:4] != "seed":
-            raise ConfigError(f"{where} is {shown(v)}: integers in a config are at most 2**31 - 1 in magnitude")
+            raise ConfigError(
+                f"{shown_name(where, 80)} is {shown(v)}: integers in a config are at most 2**31 - 1 in magnitude"
+            )
 
 
 def _check_bounds(cfg: RunConfig) -> None:
@@ -870,9 +872,7 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
         raise ConfigError(f"{source}: expected a mapping of config keys, got {type(raw).__name__}")
     unknown = [k for k in raw if k not in FIELDS]
     if unknown:
-        raise ConfigError(
-            f"{source}: unknown config key(s) {', '.join(map(str, unknown))}; valid keys: {', '.join(FIELDS)}"
-        )
+        raise ConfigError(f"{source}: unknown config key(s) {shown_names(unknown)}; valid keys: {', '.join(FIELDS)}")
     check_values(raw)
     raw = copy.deepcopy(raw)  # the RunConfig shares no container with its caller
     values: dict[str, Any] = {}

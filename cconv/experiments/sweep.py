@@ -63,6 +63,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cconv._text import shown, shown_names
 from cconv.experiments import io, signals
 from cconv.experiments.config import (
     FIELDS,
@@ -108,7 +109,7 @@ def expand_grid(grid: dict) -> list[dict]:
     for k in keys:
         vals = grid[k]
         if not isinstance(vals, list) or not vals:
-            raise ConfigError(f"sweep grid: {k!r} must map to a non-empty list of values, got {vals!r}")
+            raise ConfigError(f"sweep grid: {shown(k)} must map to a non-empty list of values, got {shown(vals)}")
         alts = [a for v in vals for a in _expand_value(v)]
         axes.append(alts)
     n = math.prod(len(a) for a in axes)
@@ -150,7 +151,7 @@ def load_sweep(path: str) -> tuple[str, list[SweepRun]]:
     unknown = [k for k in raw if k not in SWEEP_KEYS]
     if unknown:
         raise ConfigError(
-            f"{path}: unknown sweep key(s) {', '.join(map(str, unknown))}; valid keys: "
+            f"{path}: unknown sweep key(s) {shown_names(unknown)}; valid keys: "
             f"{', '.join(SWEEP_KEYS)} (run fields go under 'base')"
         )
     base = raw.get("base") or {}
@@ -184,7 +185,7 @@ def load_sweep(path: str) -> tuple[str, list[SweepRun]]:
                     set_path(merged, k, copy.deepcopy(v))
         rname = point_name(point)
         if rname in seen:
-            raise ConfigError(f"{path}: grid produces the run {rname!r} twice")
+            raise ConfigError(f"{path}: grid produces the run {shown(rname)} twice")
         seen.add(rname)
         cfg = from_dict(merged, source=f"{path} [{rname}]")
         runs.append(SweepRun(rname, point, cfg))
@@ -195,7 +196,7 @@ def _get_path(d: dict, dotted: str) -> Any:
     """Value of a dotted key in a raw config (names given as strings count as {name: ...})."""
     parts = dotted.split(".")
     if parts[0] not in FIELDS:
-        raise ConfigError(f"unknown config key {parts[0]!r} in a rule; valid keys: {', '.join(FIELDS)}")
+        raise ConfigError(f"unknown config key {shown(parts[0])} in a rule; valid keys: {', '.join(FIELDS)}")
     node = d[parts[0]] if parts[0] in d else default_of(parts[0])
     for p in parts[1:]:
         if isinstance(node, str) and p == "name":
