@@ -110,6 +110,17 @@ GOSSIP_FIELDS: dict[str, Any] = {
     "gossip_gamma": None,  # null: the compressor's safe consensus step (cconv.theory.gossip.safe_gamma)
 }
 ADDED_FIELDS.update(GOSSIP_FIELDS)
+# keys that only steer the advisor or the report, never what is trained: they are no part of a
+# run's identity (``identity``: ``digest``, the stored-config comparison of ``cconv run``/``sweep``),
+# so adding an ``advise:`` block or changing ``target_loss`` keeps a finished run finished.  The run
+# directory keeps the values it was started with (``cconv report --target`` overrides the target).
+STEERING_FIELDS = ("target_loss", "advise")
+
+
+def identity(d: dict) -> dict:
+    """A config mapping with ``STEERING_FIELDS`` at their defaults: what decides whether two configs
+    are one run (defaults, not removal: the digest of a config that never set them is unchanged)."""
+    return {k: (default_of(k) if k in STEERING_FIELDS else v) for k, v in d.items()}
 
 
 # --------------------------------------------------------------------------- rules
@@ -542,8 +553,9 @@ class RunConfig:
         return list(self.network) if isinstance(self.network, list) else [self.network]
 
     def digest(self) -> str:
-        """A short hash of the resolved config (identifies a run's content)."""
-        d = {k: v for k, v in self.to_dict().items() if k not in ADDED_FIELDS or v != ADDED_FIELDS[k]}
+        """A short hash of the resolved config (identifies a run's content: ``identity``, the keys
+        that steer only the advisor or the report left out)."""
+        d = {k: v for k, v in identity(self.to_dict()).items() if k not in ADDED_FIELDS or v != ADDED_FIELDS[k]}
         blob = json.dumps(d, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 

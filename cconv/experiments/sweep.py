@@ -123,8 +123,8 @@ def _fmt(v: Any) -> str:
         name = v.get("name")
         rest = [f"{k}{_fmt(x)}" for k, x in v.items() if k != "name"]
         return "-".join(([str(name)] if name is not None else []) + rest)
-    if isinstance(v, float):
-        return f"{v:g}"
+    if isinstance(v, float):  # short where exact (0.01); else every digit (0.1000001 != 0.1000002)
+        return f"{v:g}" if float(f"{v:g}") == v else repr(v)
     if isinstance(v, list):
         return "+".join(_fmt(x) for x in v)
     return str(v)
@@ -173,8 +173,13 @@ def load_sweep(path: str) -> tuple[str, list[SweepRun]]:
         for r in rules
     ):
         raise ConfigError(f"{path}: 'rules' must be a list of {{when: {{field: value}}, set: {{field: value}}}}")
-    runs = []
-    seen = set()
+    return str(name), _runs(path, base, points, rules)
+
+
+def _runs(path: str, base: dict, points: list[dict], rules: list[dict]) -> list[SweepRun]:
+    """One validated run per distinct config: a point repeated (an ``include:`` naming a grid point,
+    its keys in any order) is that run once; two distinct configs never share a name."""
+    runs, names, configs = [], {}, set()
     for point in points:
         merged = copy.deepcopy(base)
         for k, v in point.items():
@@ -184,12 +189,19 @@ def load_sweep(path: str) -> tuple[str, list[SweepRun]]:
                 for k, v in rule["set"].items():
                     set_path(merged, k, copy.deepcopy(v))
         rname = point_name(point)
-        if rname in seen:
-            raise ConfigError(f"{path}: grid produces the run {shown(rname)} twice")
-        seen.add(rname)
-        cfg = from_dict(merged, source=f"{path} [{rname}]")
+        cfg = from_dict(merged, source=f"{path} [{shown(rname)}]")
+        key = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
+        if key in configs:
+            continue
+        configs.add(key)
+        if rname in names:
+            raise ConfigError(
+                f"{path}: the grid points {shown(names[rname])} and {shown(point)} are different configs "
+                f"with one run name {shown(rname)}; give them values that name them apart"
+            )
+        names[rname] = point
         runs.append(SweepRun(rname, point, cfg))
-    return str(name), runs
+    return runs
 
 
 def _get_path(d: dict, dotted: str) -> Any:

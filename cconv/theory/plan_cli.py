@@ -653,7 +653,7 @@ def _dispatch(args: argparse.Namespace) -> str:
 
 
 # a number printed as inf or nan (Python's formats; ``allow_nan=False`` keeps them out of --json)
-_NOT_FINITE = re.compile(r"(?<![A-Za-z0-9_.])[-+]?(?:inf|nan)(?![A-Za-z])")
+_NOT_FINITE = re.compile(r"(?<![A-Za-z0-9_.+-])[-+]?(?:inf|nan)(?![A-Za-z])")
 
 
 def check_finite(text: str) -> str:
