@@ -233,6 +233,9 @@ def test_the_cluster_options_check_their_rates(network):
         CL.from_args(args)
 
 
+NOT_FINITE = re.compile(r"(?<![A-Za-z0-9_.+-])[-+]?(?:inf|nan|NaN|Infinity)(?![A-Za-z])")  # as printed, or in JSON
+
+
 @pytest.mark.parametrize(
     "extra",
     [
@@ -253,7 +256,7 @@ def test_every_number_a_plan_prints_is_finite(extra):
     if rc == 2:
         assert len(one_error(err)) < LINE
     else:
-        assert rc == 0 and not plan_cli._NOT_FINITE.search(out), out
+        assert rc == 0 and not NOT_FINITE.search(out), out
 
 
 def test_a_plan_with_a_number_that_is_not_finite_is_refused():
@@ -406,6 +409,7 @@ def test_the_atomic_write_helper_respects_the_umask_in_process(tmp_path):
     old = os.umask(0o022)
     try:
         io.atomic_write_text(str(tmp_path / "a"), "x")
+        assert stat.S_IMODE(os.stat(tmp_path / "a").st_mode) == 0o644
         os.umask(0o077)
         io.atomic_write_text(str(tmp_path / "b"), "x")
         io.atomic_write_text(str(tmp_path / "a"), "y")  # a replaced file takes the umask of now
