@@ -322,7 +322,8 @@ OPTIONS: tuple[Option, ...] = (
         "--hparam",
         action="append",
         metavar="NAME=VALUE",
-        help="a hyper-parameter for every compressor that has it (repeatable), e.g. positions=golomb",
+        help="a hyper-parameter for every compressor that has it (repeatable), e.g. positions=golomb; "
+        "a knob (ratio=0.5) is planned at that one value",
     ),
     Option(
         "--bytes",
