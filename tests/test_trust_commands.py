@@ -236,6 +236,16 @@ def test_the_cluster_options_check_their_rates(network):
 NOT_FINITE = re.compile(r"(?<![A-Za-z0-9_.+-])[-+]?(?:inf|nan|NaN|Infinity)(?![A-Za-z])")  # as printed, or in JSON
 
 
+def test_advise_refuses_a_tiny_rate_before_any_probe(tmp_path):
+    """``cconv advise`` reads its cluster through ``cluster.from_args``: before, it trained every
+    probe, then died on an infinite duration."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(json.dumps(tiny()))
+    rc, _, err = cconv("advise", cfg, "--cluster", "2x8", "--network", "0.0000001GbE", "--out", tmp_path / "adv")
+    assert rc == 2 and "line rate must be in" in one_error(err)
+    assert sorted(os.listdir(tmp_path)) == ["c.yaml"]
+
+
 @pytest.mark.parametrize(
     "extra",
     [
@@ -354,6 +364,16 @@ def test_a_command_writes_only_its_own_kind_of_file(argv, tmp_path):
         return
     assert rc == 2 and len(one_error(err)) < LINE, err
     assert tree(tmp_path) == before
+
+
+def test_an_output_directory_that_is_a_link_you_chose_is_used(tmp_path):
+    """The rule is about the files cconv writes, not the directory you name: a link there is yours."""
+    run = fake_run(tmp_path / "run")
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "chosen")
+    assert cconv("report", run, "--csv", tmp_path / "chosen" / "r.csv")[0] == 0
+    assert cconv("plot", run, "--out", tmp_path / "chosen" / "f.png")[0] == 0
+    assert sorted(os.listdir(tmp_path / "real")) == ["f.pdf", "f.png", "r.csv"]
 
 
 def test_doctor_json_is_written_through_the_io_helpers(tmp_path, monkeypatch):

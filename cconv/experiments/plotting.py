@@ -444,7 +444,7 @@ def save(fig, out: str) -> list[str]:
     outs = outputs(out)
     for o in outs:
         io.check_entry(o)  # all refusals before the first file is written
-    io.ensure_dir(os.path.dirname(os.path.abspath(out)))
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)  # the directory may be a link you chose
     for o in outs:
         buf = BytesIO()
         fig.savefig(buf, format=os.path.splitext(o)[1][1:].lower() or None, dpi=150, bbox_inches="tight")
