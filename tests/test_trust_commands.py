@@ -260,6 +260,7 @@ def test_advise_refuses_a_tiny_rate_before_any_probe(tmp_path):
     ],
     ids=["slowest-rate", "fastest-rate", "min-flops", "max-flops", "max-alpha-beta", "min-beta", "huge", "tiny"],
 )
+@pytest.mark.slow  # eight plans (~1 s each)
 def test_every_number_a_plan_prints_is_finite(extra):
     """At the ends of every accepted range the plan prints finite numbers, or refuses the input."""
     rc, out, err = cconv("plan", "--workload", "resnet50", "--workers", "8", *extra)
@@ -335,7 +336,6 @@ def test_doctor_json_never_follows_a_link_nor_blocks(kind, tmp_path):
         ("report", "{run}", "--csv", "{run}/config.yaml"),
         ("report", "{run}", "--csv", "{run}/metrics.jsonl"),
         ("report", "{run}", "--csv", "{run}/checkpoints/t.csv"),
-        ("plot", "{run}", "--out", "{run}/summary.pdf"),  # its .png is fine, the summary.json is not touched
         ("plot", "{run}", "--out", "{tmp}/sweep.json"),
         ("doctor", "--json", "{run}/doctor.json"),
         ("doctor", "--json", "{run}/summary.json"),
@@ -344,7 +344,6 @@ def test_doctor_json_never_follows_a_link_nor_blocks(kind, tmp_path):
         "csv-config",
         "csv-metrics",
         "csv-checkpoints",
-        "plot-ok-name",
         "plot-sweep-index",
         "doctor-in-run",
         "doctor-summary",
@@ -358,14 +357,23 @@ def test_a_command_writes_only_its_own_kind_of_file(argv, tmp_path):
     argv = [a.format(run=run, tmp=tmp_path) for a in argv]
     before = tree(tmp_path)
     rc, _, err = cconv(*argv)
-    if argv[-1].endswith("summary.pdf"):  # a figure may sit in the run directory it shows
-        assert rc == 0, err
-        assert tree(tmp_path)["run/summary.json"] == before["run/summary.json"]
-        return
     assert rc == 2 and len(one_error(err)) < LINE, err
     assert tree(tmp_path) == before
 
 
+@pytest.mark.slow  # draws two figures (~3 s)
+def test_a_figure_may_sit_in_the_run_directory_it_shows(tmp_path):
+    """``--out RUN/summary.pdf`` is a figure's name (its .png beside it), not the run's summary.json."""
+    run = fake_run(tmp_path / "run")
+    before = tree(tmp_path)
+    rc, _, err = cconv("plot", run, "--out", f"{run}/summary.pdf")
+    assert rc == 0, err
+    after = tree(tmp_path)
+    assert {k: v for k, v in after.items() if k in before} == before
+    assert set(after) - set(before) == {"run/summary.pdf", "run/summary.png"}
+
+
+@pytest.mark.slow  # draws a figure (~3 s)
 def test_an_output_directory_that_is_a_link_you_chose_is_used(tmp_path):
     """The rule is about the files cconv writes, not the directory you name: a link there is yours."""
     run = fake_run(tmp_path / "run")
