@@ -220,6 +220,7 @@ def cmd_plot(args) -> int:
     from cconv.experiments import io, plotting, report
 
     summary = args.kind == "ratio-summary"
+    report.check_target(args.target, args.metric)
     if summary and args.panels != "single":
         raise ValueError("--panels applies to --kind curves, not to the ratio summary")
     if summary and args.network:
@@ -234,6 +235,7 @@ def cmd_plot(args) -> int:
             else f"{args.y}_vs_{args.x}{'_' + args.network if args.network else ''}"
         )
         out = os.path.join(base, name + ".png")
+    plotting.check_outputs(out)
     io.check_writable(os.path.dirname(os.path.abspath(out)))
     opts = {"band": args.band, "legend": args.legend, "title": args.title, "out": out}
     if summary:
@@ -315,8 +317,11 @@ PLOT = Command(
 
 
 def cmd_report(args) -> int:
-    from cconv.experiments import report
+    from cconv.experiments import io, report
 
+    report.check_target(args.target, args.metric)
+    if args.csv and args.csv != "-":
+        io.check_output(args.csv, "--csv")
     df = report.table(args.results, target=args.target, metric=args.metric)
     show = report.format_table
     if args.aggregate:
@@ -329,8 +334,6 @@ def cmd_report(args) -> int:
     if not any(c.startswith("bytes_to_target") for c in df.columns):
         print("(no target: pass --target LOSS or set target_loss in the config for bytes-to-target)")
     if args.csv:
-        from cconv.experiments import io
-
         io.check_writable(os.path.dirname(os.path.abspath(args.csv)))
         io.atomic_write_text(args.csv, df.to_csv(index=False))
         print(f"wrote {args.csv}")

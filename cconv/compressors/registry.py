@@ -49,6 +49,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from cconv._text import shown, shown_names
 from cconv.compressors.base import (
     AGGREGATIONS,
     ALGEBRAS,
@@ -179,7 +180,7 @@ class Schema(NamedTuple):
         if unknown:
             valid = ", ".join(self.names) if self.params else "(none)"
             raise ValueError(
-                f"compressor {owner!r} got unknown hyper-parameter(s) {', '.join(unknown)}; valid: {valid}"
+                f"compressor {shown(owner)} got unknown hyper-parameter(s) {shown_names(unknown)}; valid: {valid}"
             )
         values = {p.name: p.check(owner, hparams.get(p.name, p.default)) for p in self.params}
         return dict(self.rule(owner, values)) if self.rule is not None else values
@@ -441,7 +442,7 @@ def entry(name: str) -> Entry:
     if isinstance(name, str) and ":" in name:
         return _from_path(name)
     raise ValueError(
-        f"unknown compressor {name!r}; valid names: {', '.join(sorted(_REGISTRY))} (or 'package.module:factory')"
+        f"unknown compressor {shown(name)}; valid names: {', '.join(sorted(_REGISTRY))} (or 'package.module:factory')"
     )
 
 

@@ -323,18 +323,19 @@ def _being_created(name: str) -> bool:
 
 def stored_config_diff(run_dir: str, cfg: RunConfig) -> list[str] | None:
     """How the config stored in ``run_dir`` differs from ``cfg`` (``diff``'s dotted ``key: old ->
-    new`` entries; [] when equal), or None when the directory holds no config.  Reads only."""
+    new`` entries; [] when equal), or None when the directory holds no config.  Keys that only
+    steer the advisor or the report (``config.STEERING_FIELDS``) are left out.  Reads only."""
     import yaml
 
-    from cconv.experiments.config import diff
+    from cconv.experiments.config import diff, identity
 
     cpath = os.path.join(run_dir, io.CONFIG)
     if not io.check_entry(cpath):
         return None
-    old = read_stored(cpath)  # fields added since filled in; a damaged file: one-line ConfigError
-    if old == yaml.safe_load(to_yaml(cfg)):
+    old = identity(read_stored(cpath))  # fields added since filled in; damaged: one-line ConfigError
+    if old == identity(yaml.safe_load(to_yaml(cfg))):
         return []
-    return diff(old, cfg.to_dict()) or ["(the stored config.yaml is written differently)"]
+    return diff(old, identity(cfg.to_dict())) or ["(the stored config.yaml is written differently)"]
 
 
 def different_config(run_dir: str, d: list[str]) -> ConfigError:
