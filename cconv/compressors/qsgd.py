@@ -296,7 +296,9 @@ qsgd = register(
         label="QSGD",
         known_as=("grace:QSGDCompressor",),  # GRACE (Xu et al. 2021), its data release
         # norm, scale, floor, uniform draws, compare, add, sign, cast (Alistarh et al. 2017; GRACE's qsgd.py)
-        cost=Cost(compress_ops=10, compress_passes=6.0, decompress_ops=4, decompress_passes=2.5),
+        cost=Cost(
+            compress_ops=10, compress_passes=6.0, decompress_ops=4, decompress_passes=2.5, code_bytes=1.0
+        ),  # int8
         cases=({"levels": 4}, {"levels": 2, "bucket": 6}, {"levels": 2, "bucket": 6, "coding": "elias"}),
         bench=Bench(lambda r: {"levels": 2}, 4.0),
     ),

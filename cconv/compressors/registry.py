@@ -279,6 +279,9 @@ class Cost(NamedTuple):
     flops             ``(c, shape) -> float``: arithmetic per tensor of compress (PowerSGD's
                       matmuls and orthogonalisation); None: none beyond the passes
     decompress_flops  the same for decompress
+    code_bytes        bytes per element its codes take in a framework's smallest dtype (bool, int8)
+                      when they are not bit-packed (a framework implementation's message); 0: its
+                      wire format either way
     """
 
     compress_ops: int = 2
@@ -288,6 +291,7 @@ class Cost(NamedTuple):
     decompress_passes: float = 1.0
     flops: Callable[[Compressor, tuple], float] | None = None
     decompress_flops: Callable[[Compressor, tuple], float] | None = None
+    code_bytes: float = 0.0
 
 
 SELECTIONS = (None, "sort", "radix", "threshold", "sample")

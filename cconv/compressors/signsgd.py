@@ -81,6 +81,8 @@ signsgd = register(
         votes=True,
         known_as=("grace:SignSGDCompressor",),  # GRACE (Xu et al. 2021), its data release
         # reshape, greater_equal (read 4n, write n bytes); decode: cast, scale, shift, reshape
-        cost=Cost(compress_ops=2, compress_passes=1.25, decompress_ops=4, decompress_passes=2.5),
+        cost=Cost(
+            compress_ops=2, compress_passes=1.25, decompress_ops=4, decompress_passes=2.5, code_bytes=1.0
+        ),  # bool
     ),
 )

@@ -264,7 +264,9 @@ terngrad = register(
         label="TernGrad",
         known_as=("grace:TernGradCompressor",),  # GRACE (Xu et al. 2021), its data release
         # mean, std, clip, max, uniform draws, compare, sign, cast (Wen et al. 2017; GRACE's terngrad.py)
-        cost=Cost(compress_ops=10, compress_passes=7.0, decompress_ops=3, decompress_passes=2.5),
+        cost=Cost(
+            compress_ops=10, compress_passes=7.0, decompress_ops=3, decompress_passes=2.5, code_bytes=1.0
+        ),  # int8
         cases=({}, {"clip": 2.5}, {"shared_scale": True}),
         bench=Bench(target_x=4.0),
     ),

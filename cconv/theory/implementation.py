@@ -35,8 +35,13 @@ The dense baseline has no compress/decompress; over MPI it pays the staging of i
 
 Constants (``Implementation`` fields): ``t_op`` (``OP_S``), ``SORT_PASSES`` and ``HOST_BW`` were
 fitted together on a declared calibration subset of the GRACE data release (ResNet-50 on 8 V100
-servers at 25 Gbit/s: ``cconv.theory.validation.CALIBRATION``; ``fit`` reproduces them) and are
-checked on runs they were not fitted to (``cconv.theory.validation``, docs/clusters.md).
+servers at 25 Gbit/s: ``cconv.theory.validation.CALIBRATION``; ``cconv.theory.validation.calibrate``
+reproduces them) and are checked on runs they were not fitted to (``cconv.theory.validation``,
+docs/clusters.md).  For scale: 47.7 us per operation is TensorFlow graph-mode dispatch plus a
+kernel launch, several times a bare CUDA launch (``Device.launch_s`` = 5 us); 400 read floors is
+~45 ms for ResNet-50's 25.6 M gradient elements on a V100, a framework top-k that sorts each
+tensor; 2.38 GB/s is below PCIe 3.0 x16's 15.75 GB/s (its datasheet): pageable copies plus MPI's
+own buffer copies over TCP.
 ``RADIX_PASSES`` is the structure of a radix select of 32-bit keys with 8-bit digits: four
 histogram passes and one selection pass (Alabi et al., "Fast k-selection algorithms for graphics
 processing units", JEA 2012; PyTorch's ``torch.topk`` uses it).
@@ -53,10 +58,11 @@ from cconv.theory.devices import Device
 
 FLOAT_BYTES = 4
 
-# Fitted on the calibration subset (module docstring; ``fit`` reproduces them, tests check it).
-OP_S = 20e-6  # seconds per framework operation on one tensor (op dispatch + kernel launch)
-SORT_PASSES = 150.0  # a framework top-k, in read floors of the tensor
-HOST_BW = 3.0e9  # bytes/s of device <-> host staging on the MPI path (D2H, H2D, MPI's own copies)
+# Fitted on the calibration subset (module docstring): points of ``cconv.theory.validation.GRIDS``
+# that ``cconv.theory.validation.calibrate()`` returns (tests check they are the fit's optimum).
+OP_S = 10e-6 * 1.25**7  # 47.7 us per framework operation on one tensor (op dispatch + kernel launch)
+SORT_PASSES = 400.0  # a framework top-k costs 400 read floors of the tensor (a sort, not a pass)
+HOST_BW = 0.5e9 * 1.25**7  # 2.38 GB/s of device <-> host staging on the MPI path (D2H, H2D, MPI's copies)
 RADIX_PASSES = 5.0  # radix select of 32-bit keys, 8-bit digits: 4 histogram passes + 1 selection pass
 FIT_SOURCE = (
     "fitted on the GRACE data release's ResNet-50 runs on 8 V100 servers at 25 Gbit/s "
@@ -75,6 +81,12 @@ class Implementation(NamedTuple):
     sort_passes: float = 0.0
     host_bw: float = 0.0
     source: str = ""
+
+    @property
+    def packs_bits(self) -> bool:
+        """Sub-byte codes travel bit-packed (cconv's program); framework tensors have no sub-byte
+        dtype, so a per-tensor implementation sends each code in a byte (``Cost.code_bytes``)."""
+        return not self.per_tensor
 
 
 IMPLEMENTATIONS: dict[str, Implementation] = {
@@ -139,6 +151,13 @@ def decompress_s(c: Compressor, shape: tuple[int, ...], impl: Implementation, de
     return t
 
 
+def message_bytes(c: Compressor, shape: tuple[int, ...], wire: float, impl: Implementation) -> float:
+    """Bytes of one tensor's message under ``impl``: its ``wire`` bytes, or at least
+    ``Cost.code_bytes`` per element where the implementation does not pack bits."""
+    code = C.entry_of(c).cost.code_bytes
+    return wire if impl.packs_bits or not code else max(wire, code * float(math.prod(shape)))
+
+
 def staging_s(impl: Implementation, kind: str, nbytes: float, workers: int) -> tuple[float, float]:
     """(device -> host, host -> device) seconds of one call of ``nbytes`` per worker: 0 without
     host staging; after an all-gather the P payloads come back, after an all-reduce their sum."""
@@ -159,6 +178,7 @@ __all__ = [
     "compress_s",
     "decompress_s",
     "staging_s",
+    "message_bytes",
     "OP_S",
     "SORT_PASSES",
     "HOST_BW",

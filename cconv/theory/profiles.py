@@ -129,7 +129,9 @@ def _shapes(name: str, shapes: Any, grad_bytes: float) -> tuple[tuple[int, ...],
     if any(v < 1 for s in out for v in s):
         raise ValueError(f"layer {name!r}: tensor dimensions must be >= 1, got {out!r:.60}")
     if out and sum(math.prod(s) for s in out) * FLOAT_BYTES != grad_bytes:
-        raise ValueError(f"layer {name!r}: its shapes hold {sum(math.prod(s) for s in out)} elements, not grad_bytes / 4")
+        raise ValueError(
+            f"layer {name!r}: its shapes hold {sum(math.prod(s) for s in out)} elements, not grad_bytes / 4"
+        )
     return out
 
 
@@ -303,7 +305,9 @@ def gpt2(
     fwd: list[tuple] = [("wte+wpe", 0.0, 0, ((vocab, h), (positions, h)))]
     for i in range(layers):
         pre = f"h.{i}"
-        fwd.append((f"{pre}.attn.c_attn", 2.0 * h * 3 * h * tokens, 0, ((h,), (h,), (h, 3 * h), (3 * h,))))  # ln_1 + qkv
+        fwd.append(
+            (f"{pre}.attn.c_attn", 2.0 * h * 3 * h * tokens, 0, ((h,), (h,), (h, 3 * h), (3 * h,)))
+        )  # ln_1 + qkv
         fwd.append((f"{pre}.attn.c_proj", 2.0 * (h * h + 2 * seq * h) * tokens, 0, ((h, h), (h,))))
         fwd.append((f"{pre}.mlp.c_fc", 2.0 * h * 4 * h * tokens, 0, ((h,), (h,), (h, 4 * h), (4 * h,))))  # ln_2 + fc
         fwd.append((f"{pre}.mlp.c_proj", 2.0 * 4 * h * h * tokens, 0, ((4 * h, h), (h,))))

@@ -155,12 +155,15 @@ def _leaf_bytes(c: Compressor, shape: tuple[int, ...]) -> float:
     return _LEAVES[key]
 
 
-def _message(c: Compressor, kind: str, shapes: Sequence[tuple[int, ...]], d: int, per_tensor: bool) -> float:
+def _message(c: Compressor, kind: str, shapes: Sequence[tuple[int, ...]], d: int, impl: IM.Implementation) -> float:
     """Bytes of the layer's message: per tensor for a per-tensor aggregation (PowerSGD: its factors
-    need the matrix shapes) or a per-tensor implementation, else of the flat d-vector."""
+    need the matrix shapes) or a per-tensor implementation (its codes unpacked, ``message_bytes``),
+    else of the flat d-vector."""
     if PL.per_tensor(kind):
         return sum(_leaf_bytes(c, s) for s in shapes)
-    return sum(_wire(c, s) for s in shapes) if per_tensor else _wire(c, (d,))
+    if not impl.per_tensor:
+        return _wire(c, (d,))
+    return sum(IM.message_bytes(c, s, _wire(c, s), impl) for s in shapes)
 
 
 def _fused_ops(c, method, d, kind, workers, device, bench) -> tuple[float, float]:
@@ -209,8 +212,8 @@ def layer_cost(
     if c.name == PL.identity_name():  # no compression; over MPI the gradient is staged through the host
         out, back = IM.staging_s(impl, "allreduce", FLOAT_BYTES * float(d), workers)
         return LayerCost(name, fwd_s, bwd_s, FLOAT_BYTES * float(d), out, back, kind)
-    sizes = [_message(c, kind, (s,), int(math.prod(s)), impl.per_tensor) for s in shapes]
-    nbytes = _message(c, kind, shapes, d, impl.per_tensor)
+    sizes = [_message(c, kind, (s,), int(math.prod(s)), impl) for s in shapes]
+    nbytes = _message(c, kind, shapes, d, impl)
     if PL.per_tensor(kind):  # not one network collective: all-reduce of the summed payload leaves
         kind = "allreduce"
     if impl.per_tensor:
