@@ -82,7 +82,8 @@ SIGN_MISSES = {
     "GRACE 4x1 10 Gbit/s signSGD (MPI)": _QUANT,
     "GRACE 4x1 10 Gbit/s random-k 0.01 EF (NCCL)": "its dense twin is predicted 13 % too fast (the 4-server NCCL run "
     "loses more than the model's ring charges)",
-    "GRACE 8x1 10 Gbit/s random-k 0.5 EF (MPI)": "a near tie: 8.6 % faster than dense published, 0.7 % slower predicted",
+    "GRACE 8x1 10 Gbit/s random-k 0.5 EF (MPI)": "a near tie: 8.6 % faster than dense published, 0.7 % slower "
+    "predicted",
     "GRACE 8x1 10 Gbit/s random-k 0.01 EF (NCCL)": "compression slows this run by 7 % in the release; the model "
     "predicts 13 % faster: it misses ~70 ms of GRACE's per-tensor random-k with its error-feedback memory ops over "
     "NCCL (the same method over MPI is predicted within 9 %)",
