@@ -17,7 +17,8 @@
                [--interference KAPPA] [--topology NAME] [--per-layer-ratios METHOD=VALUE [--ratio-method NAME]]
                [--json]
     cconv plan --workload NAME --cluster NODESxGPUS [--intra LINK] [--network NET] [--device GPU]
-               [--schedule NAME] [--architecture hierarchical|ring|tree] [--interference KAPPA] [--json]
+               [--schedule NAME] [--architecture hierarchical|ring|tree]
+               [--implementation fused|per-tensor|mpi] [--interference KAPPA] [--json]
 
 Every command also takes ``--debug`` (before or after the command).  The options are declared as
 one table per command, beside its handler (``COMMANDS``, ``cconv.cli_schema``); this block names

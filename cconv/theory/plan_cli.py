@@ -21,6 +21,7 @@ from cconv import compressors as C
 from cconv.cli_schema import Command, Option, add_options, error_line, standalone
 from cconv.theory import cluster as CL
 from cconv.theory import gossip as G
+from cconv.theory import implementation as IM
 from cconv.theory import network as N
 from cconv.theory import planner as PL
 from cconv.theory import predict as PR
@@ -267,6 +268,12 @@ OPTIONS: tuple[Option, ...] = (
         choices=PR.A2A,
         help="with --cluster: the all-reduce algorithm (default hierarchical, as NCCL/Horovod on multi-GPU nodes)",
     ),
+    Option(
+        "--implementation",
+        choices=IM.names(),
+        help="with --cluster: how compression runs (default fused: cconv's jitted program; per-tensor: framework "
+        "ops per tensor, as GRACE/Horovod; mpi: per-tensor with payloads staged through host memory)",
+    ),
     # which methods are planned and their knob values
     Option(
         "--sweep",
@@ -457,7 +464,11 @@ def run_per_layer_ratios(args: argparse.Namespace) -> str:
 def _refuse_outside_mode(args: argparse.Namespace) -> None:
     """Options that mean something only in one mode are refused in the others (never ignored)."""
     if args.cluster is None:
-        given = [f"--{k}" for k in ("intra", "device", "schedule", "architecture") if getattr(args, k) is not None]
+        given = [
+            f"--{k}"
+            for k in ("intra", "device", "schedule", "architecture", "implementation")
+            if getattr(args, k) is not None
+        ]
         if given:
             raise ValueError(f"{', '.join(given)} need(s) --cluster NODESxGPUS")
         if args.workers is None or args.network is None:
@@ -490,11 +501,14 @@ def _legacy_defaults(args: argparse.Namespace) -> None:
         args.ratio_method = "MG-WFBP"
 
 
-def format_cluster(c: CL.Cluster, workload: str, rows: list[PR.Row], notes: list[str]) -> str:
+def format_cluster(
+    c: CL.Cluster, workload: str, rows: list[PR.Row], notes: list[str], implementation: str = IM.DEFAULT
+) -> str:
     """The rows of ``cconv plan --cluster`` as a table."""
     r0 = rows[0]
     lines = [
-        f"workload {workload} on {c.name} (P={c.workers}); schedule {r0.schedule}, all-reduce {r0.architecture}",
+        f"workload {workload} on {c.name} (P={c.workers}); schedule {r0.schedule}, all-reduce {r0.architecture}, "
+        f"compression {implementation}",
         f"device {c.device.name}: {c.device.flops:.3g} FLOP/s sustained ({c.device.precision}), "
         f"{c.device.mem_bw / 1e9:.0f} GB/s; network {_describe(c.network())}",
         "",
@@ -530,6 +544,7 @@ def run_cluster(args: argparse.Namespace) -> str:
         raise ValueError(f"--workers {args.workers} disagrees with --cluster {args.cluster} ({clusters[0].workers})")
     sweep = PL._sweep(sweep_of(args), {"ratios": args.ratios, "ranks": args.ranks, "levels": args.levels})
     w, out, records = args.workload.lower(), [], []
+    impl = args.implementation or IM.DEFAULT
     for c in clusters:
         notes: list[str] = []
         rows = PR.predict(
@@ -545,10 +560,11 @@ def run_cluster(args: argparse.Namespace) -> str:
             servers=args.servers,
             topology=args.topology,
             notes=notes,
+            implementation=impl,
         )
-        out.append(format_cluster(c, w, rows, notes))
+        out.append(format_cluster(c, w, rows, notes, impl))
         head = {"workload": w, "cluster": f"{c.nodes}x{c.gpus_per_node}", "intra": c.intra.name}
-        head |= {"network": c.inter.name, "device": c.device.name, "workers": c.workers}
+        head |= {"network": c.inter.name, "device": c.device.name, "workers": c.workers, "implementation": impl}
         records += [{**head, **r.as_dict()} for r in rows]
     return json.dumps(records, indent=1) if args.json else "\n\n".join(out)
 
