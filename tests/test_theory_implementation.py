@@ -32,7 +32,7 @@ def test_selection_costs_in_read_floors():
     assert IM.select_s(None, 1000, IMPL, DEV) == 0.0
     assert IM.select_s("sort", 1000, IMPL, DEV) == pytest.approx(10 * floor)
     assert IM.select_s("radix", 1000, IMPL, DEV) == pytest.approx(5 * floor)  # 4 digit passes + 1
-    assert IM.select_s("threshold", 1000, IMPL, DEV) == pytest.approx(floor)
+    assert IM.select_s("compare", 1000, IMPL, DEV) == pytest.approx(floor)
     assert IM.select_s("sample", 1000, IMPL, DEV) == pytest.approx(floor)
     with pytest.raises(ValueError, match="unknown selection"):
         IM.select_s("bogosort", 1000, IMPL, DEV)

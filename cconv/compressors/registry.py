@@ -272,8 +272,9 @@ class Cost(NamedTuple):
                       by op (GRACE's TensorFlow ops, Horovod's per-tensor hooks)
     compress_passes   passes over memory, in units of one fp32 read of the tensor (4 n bytes)
     select            the selection algorithm: None, "sort" (a framework top-k: sorts, far from
-                      memory-bound on GPUs), "radix" (radix select, a few passes), "threshold" (one
-                      comparison pass), "sample" (a threshold estimated on a sample, then one pass)
+                      memory-bound on GPUs), "radix" (radix select, a few passes), "compare" (a fixed
+                      threshold: one comparison pass), "sample" (a threshold estimated on a sample,
+                      then one pass)
     decompress_ops    operations per decoded payload
     decompress_passes passes over memory per decoded payload (writing the dense tensor: 1)
     flops             ``(c, shape) -> float``: arithmetic per tensor of compress (PowerSGD's
@@ -294,7 +295,7 @@ class Cost(NamedTuple):
     code_bytes: float = 0.0
 
 
-SELECTIONS = (None, "sort", "radix", "threshold", "sample")
+SELECTIONS = (None, "sort", "radix", "compare", "sample")
 
 
 # --------------------------------------------------------------------------- entries

@@ -23,7 +23,7 @@ ceil(log2 P) for recursive doubling, else 1), ``per-tensor`` charges:
     compress   = ops_c t_op + passes_c F(n) + select(n) + flops_c / R
     decompress = m (ops_d t_op + passes_d F(n)) + flops_d / R
     select(n)  = SORT_PASSES F(n) (a framework top-k), RADIX_PASSES F(n) (radix select),
-                 F(n) (threshold, or a threshold estimated on a sample), 0 (none)
+                 F(n) ("compare": a fixed threshold, or "sample": one estimated on a sample), 0
 
 and ``mpi`` adds the staging of each call, with b the call's payload bytes per worker:
 
@@ -124,7 +124,7 @@ def decodes(kind: str, workers: int) -> int:
 
 def select_s(select: str | None, n: float, impl: Implementation, device: Device) -> float:
     """Seconds of a selection over n elements (module docstring)."""
-    passes = {None: 0.0, "sort": impl.sort_passes, "radix": RADIX_PASSES, "threshold": 1.0, "sample": 1.0}
+    passes = {None: 0.0, "sort": impl.sort_passes, "radix": RADIX_PASSES, "compare": 1.0, "sample": 1.0}
     if select not in passes:
         raise ValueError(f"unknown selection {select!r}; valid: {', '.join(map(str, passes))}")
     return passes[select] * device.read_floor(n)
