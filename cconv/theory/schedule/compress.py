@@ -132,7 +132,7 @@ def estimated_rows(name: str, bench: Mapping[str, Sequence[Ratio]]) -> tuple[Rat
     warnings.warn(
         f"no benchmark row for {name!r}: its compress/decompress cost is estimated from {how} (x the read floor)",
         EstimatedCostWarning,
-        stacklevel=3,
+        stacklevel=4,  # the caller of layer_costs (estimated_rows <- _fused_ops <- layer_cost <- layer_costs)
     )
     return rows
 
