@@ -20,6 +20,7 @@ from typing import Any
 from cconv import compressors as C
 from cconv.cli_schema import Command, Option, add_options, error_line, standalone
 from cconv.theory import cluster as CL
+from cconv.theory import device_profile as DP
 from cconv.theory import gossip as G
 from cconv.theory import implementation as IM
 from cconv.theory import network as N
@@ -27,6 +28,7 @@ from cconv.theory import planner as PL
 from cconv.theory import predict as PR
 from cconv.theory import profiles as P
 from cconv.theory import workloads as W
+from cconv.theory.schedule import compress as CC
 from cconv.theory.schedule import ratios as R
 from cconv.theory.schedule import schedules as S
 from cconv.theory.schedule import survey as SV
@@ -269,6 +271,12 @@ OPTIONS: tuple[Option, ...] = (
         help="with --cluster: the all-reduce algorithm (default hierarchical, as NCCL/Horovod on multi-GPU nodes)",
     ),
     Option(
+        "--device-profile",
+        metavar="FILE",
+        help="with --cluster: the device as cconv calibrate measured it (FLOP/s, memory bandwidth, launch cost, "
+        "compressor costs), instead of --device",
+    ),
+    Option(
         "--implementation",
         choices=IM.names(),
         help="with --cluster: how compression runs (default fused: cconv's jitted program; per-tensor: framework "
@@ -465,8 +473,8 @@ def _refuse_outside_mode(args: argparse.Namespace) -> None:
     """Options that mean something only in one mode are refused in the others (never ignored)."""
     if args.cluster is None:
         given = [
-            f"--{k}"
-            for k in ("intra", "device", "schedule", "architecture", "implementation")
+            f"--{k.replace('_', '-')}"
+            for k in ("intra", "device", "schedule", "architecture", "implementation", "device_profile")
             if getattr(args, k) is not None
         ]
         if given:
@@ -538,7 +546,12 @@ def run_cluster(args: argparse.Namespace) -> str:
     nets = [n.strip() for n in (args.network or CL.DEFAULT_NETWORK).split(",") if n.strip()]
     if not nets:
         raise ValueError("--network is empty")
-    intra, device = args.intra or CL.DEFAULT_INTRA, args.device or CL.DEFAULT_DEVICE
+    intra, device, bench = args.intra or CL.DEFAULT_INTRA, args.device or CL.DEFAULT_DEVICE, None
+    if args.device_profile is not None:
+        if args.device is not None:
+            raise ValueError("give --device or --device-profile, not both")
+        device, measured = DP.load(args.device_profile)
+        bench = {**CC.load_bench(), **measured}  # compressors it did not time: cconv's benchmark rows
     clusters = [CL.parse(args.cluster, intra, n, device) for n in nets]
     if args.workers is not None and args.workers != clusters[0].workers:
         raise ValueError(f"--workers {args.workers} disagrees with --cluster {args.cluster} ({clusters[0].workers})")
@@ -561,6 +574,7 @@ def run_cluster(args: argparse.Namespace) -> str:
             topology=args.topology,
             notes=notes,
             implementation=impl,
+            bench=bench,
         )
         out.append(format_cluster(c, w, rows, notes, impl))
         head = {"workload": w, "cluster": f"{c.nodes}x{c.gpus_per_node}", "intra": c.intra.name}
