@@ -117,7 +117,7 @@ def runs(path: str) -> list[dict]:
             continue
         alias, knobs = m
         ef = " EF" if r["name"].startswith(("randomk_mem", "topk_mem")) else ""
-        what = LABELS[alias] + "".join(f" {v:g}" for _, v in knobs) + ef
+        what = LABELS[alias] + "".join(f" {v:g}" for k, v in knobs if k != "rank") + ef
         label = f"{r['workers']}x1 {r['bw'].replace('g', ' Gbit/s')} {what} ({r['backend'].upper()})"
         out.append(
             {
