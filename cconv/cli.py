@@ -1,4 +1,4 @@
-"""The ``cconv`` command line: run, sweep, plot, report, doctor, advise, plan.
+"""The ``cconv`` command line: run, sweep, plot, report, doctor, advise, plan, calibrate.
 
     cconv run CONFIG [--set KEY=VALUE ...] [--out DIR]
     cconv sweep SWEEP [--out DIR] [--no-figure]
@@ -17,7 +17,9 @@
                [--interference KAPPA] [--topology NAME] [--per-layer-ratios METHOD=VALUE [--ratio-method NAME]]
                [--json]
     cconv plan --workload NAME --cluster NODESxGPUS [--intra LINK] [--network NET] [--device GPU]
-               [--schedule NAME] [--architecture hierarchical|ring|tree] [--interference KAPPA] [--json]
+               [--schedule NAME] [--architecture hierarchical|ring|tree]
+               [--implementation fused|per-tensor|mpi] [--device-profile FILE] [--interference KAPPA] [--json]
+    cconv calibrate --out FILE [--methods M1,M2] [--sizes N1,N2] [--repeats N]
 
 Every command also takes ``--debug`` (before or after the command).  The options are declared as
 one table per command, beside its handler (``COMMANDS``, ``cconv.cli_schema``); this block names
@@ -52,7 +54,7 @@ from cconv._startup import quiet_libraries as _quiet_libraries
 from cconv.advisor import cli as advise_cli
 from cconv.cli_schema import Command, Option
 from cconv.experiments.plotting import BANDS, LEGEND, X_AXES
-from cconv.theory import plan_cli
+from cconv.theory import calibrate_cli, plan_cli
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
@@ -369,7 +371,8 @@ REPORT = Command(
 # --------------------------------------------------------------------------- parser
 
 COMMANDS: dict[str, Command] = {
-    c.name: c for c in (RUN, SWEEP, PLOT, REPORT, doctor.COMMAND, advise_cli.COMMAND, plan_cli.COMMAND)
+    c.name: c
+    for c in (RUN, SWEEP, PLOT, REPORT, doctor.COMMAND, advise_cli.COMMAND, plan_cli.COMMAND, calibrate_cli.COMMAND)
 }
 """Every ``cconv`` command, in the order of ``cconv --help``; each table lives beside its handler."""
 

@@ -36,6 +36,7 @@ from cconv.compressors.randomk import randomk
 from cconv.compressors.registry import (
     Bench,
     Bound,
+    Cost,
     Entry,
     Knob,
     Param,
@@ -82,6 +83,7 @@ __all__ = [
     "Param",
     "Theory",
     "Bound",
+    "Cost",
     "Knob",
     "Bench",
     "IDENTITY",

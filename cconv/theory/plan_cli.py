@@ -22,12 +22,15 @@ from cconv import compressors as C
 from cconv._text import shown, shown_name, shown_names
 from cconv.cli_schema import Command, Option, add_options, error_line, standalone
 from cconv.theory import cluster as CL
+from cconv.theory import device_profile as DP
 from cconv.theory import gossip as G
+from cconv.theory import implementation as IM
 from cconv.theory import network as N
 from cconv.theory import planner as PL
 from cconv.theory import predict as PR
 from cconv.theory import profiles as P
 from cconv.theory import workloads as W
+from cconv.theory.schedule import compress as CC
 from cconv.theory.schedule import ratios as R
 from cconv.theory.schedule import schedules as S
 from cconv.theory.schedule import survey as SV
@@ -282,6 +285,18 @@ OPTIONS: tuple[Option, ...] = (
         choices=PR.A2A,
         help="with --cluster: the all-reduce algorithm (default hierarchical, as NCCL/Horovod on multi-GPU nodes)",
     ),
+    Option(
+        "--device-profile",
+        metavar="FILE",
+        help="with --cluster: the device as cconv calibrate measured it (FLOP/s, memory bandwidth, launch cost, "
+        "compressor costs), instead of --device",
+    ),
+    Option(
+        "--implementation",
+        choices=IM.names(),
+        help="with --cluster: how compression runs (default fused: cconv's jitted program; per-tensor: framework "
+        "ops per tensor, as GRACE/Horovod; mpi: per-tensor with payloads staged through host memory)",
+    ),
     # which methods are planned and their knob values
     Option(
         "--sweep",
@@ -471,7 +486,11 @@ def run_per_layer_ratios(args: argparse.Namespace) -> str:
 def _refuse_outside_mode(args: argparse.Namespace) -> None:
     """Options that mean something only in one mode are refused in the others (never ignored)."""
     if args.cluster is None:
-        given = [f"--{k}" for k in ("intra", "device", "schedule", "architecture") if getattr(args, k) is not None]
+        given = [
+            f"--{k.replace('_', '-')}"
+            for k in ("intra", "device", "schedule", "architecture", "implementation", "device_profile")
+            if getattr(args, k) is not None
+        ]
         if given:
             raise ValueError(f"{', '.join(given)} need(s) --cluster NODESxGPUS")
         if args.workers is None or args.network is None:
@@ -504,11 +523,14 @@ def _legacy_defaults(args: argparse.Namespace) -> None:
         args.ratio_method = "MG-WFBP"
 
 
-def format_cluster(c: CL.Cluster, workload: str, rows: list[PR.Row], notes: list[str]) -> str:
+def format_cluster(
+    c: CL.Cluster, workload: str, rows: list[PR.Row], notes: list[str], implementation: str = IM.DEFAULT
+) -> str:
     """The rows of ``cconv plan --cluster`` as a table."""
     r0 = rows[0]
     lines = [
-        f"workload {workload} on {c.name} (P={c.workers}); schedule {r0.schedule}, all-reduce {r0.architecture}",
+        f"workload {workload} on {c.name} (P={c.workers}); schedule {r0.schedule}, all-reduce {r0.architecture}, "
+        f"compression {implementation}",
         f"device {c.device.name}: {c.device.flops:.3g} FLOP/s sustained ({c.device.precision}), "
         f"{c.device.mem_bw / 1e9:.0f} GB/s; network {_describe(c.network())}",
         "",
@@ -537,12 +559,18 @@ def run_cluster(args: argparse.Namespace) -> str:
     nets = [n.strip() for n in (args.network or CL.DEFAULT_NETWORK).split(",") if n.strip()]
     if not nets:
         raise ValueError("--network is empty")
-    intra, device = args.intra or CL.DEFAULT_INTRA, args.device or CL.DEFAULT_DEVICE
+    intra, device, bench = args.intra or CL.DEFAULT_INTRA, args.device or CL.DEFAULT_DEVICE, None
+    if args.device_profile is not None:
+        if args.device is not None:
+            raise ValueError("give --device or --device-profile, not both")
+        device, measured = DP.load(args.device_profile)
+        bench = {**CC.load_bench(), **measured}  # compressors it did not time: cconv's benchmark rows
     clusters = [CL.parse(args.cluster, intra, n, device) for n in nets]
     if args.workers is not None and args.workers != clusters[0].workers:
         raise ValueError(f"--workers {args.workers} disagrees with --cluster {args.cluster} ({clusters[0].workers})")
     sweep = PL._sweep(sweep_of(args), {"ratios": args.ratios, "ranks": args.ranks, "levels": args.levels})
     w, out, records = args.workload.lower(), [], []
+    impl = args.implementation or IM.DEFAULT
     for c in clusters:
         notes: list[str] = []
         rows = PR.predict(
@@ -558,10 +586,12 @@ def run_cluster(args: argparse.Namespace) -> str:
             servers=args.servers,
             topology=args.topology,
             notes=notes,
+            implementation=impl,
+            bench=bench,
         )
-        out.append(format_cluster(c, w, rows, notes))
+        out.append(format_cluster(c, w, rows, notes, impl))
         head = {"workload": w, "cluster": f"{c.nodes}x{c.gpus_per_node}", "intra": c.intra.name}
-        head |= {"network": c.inter.name, "device": c.device.name, "workers": c.workers}
+        head |= {"network": c.inter.name, "device": c.device.name, "workers": c.workers, "implementation": impl}
         records += [{**head, **r.as_dict()} for r in rows]
     return _dumps(records) if args.json else "\n\n".join(out)
 
