@@ -141,6 +141,10 @@ def train_to(probe: Probe, steps: int) -> Progress:
     from cconv.experiments import io, runner
 
     steps = min(int(steps), probe.cfg.steps)
+    prior = io.read_summary(probe.run_dir) if io.check_entry(probe.run_dir, want_dir=True) else None
+    if prior and prior.get("status") == "paused" and prior.get("step", 0) >= steps:  # an earlier advise got there
+        res = runner.RunResult("paused", prior, trained=False)
+        return _progress(probe, res)
     res = runner.execute(
         probe.cfg,
         probe.run_dir,
@@ -149,6 +153,13 @@ def train_to(probe: Probe, steps: int) -> Progress:
         nested=True,
         pause_at=steps if steps < probe.cfg.steps else None,
     )
+    return _progress(probe, res)
+
+
+def _progress(probe: Probe, res) -> Progress:
+    """The probe's lines and status after ``res`` (a ``runner.RunResult``)."""
+    from cconv.experiments import io
+
     lines = io.read_jsonl(os.path.join(probe.run_dir, io.METRICS))
     s = res.summary or {}
     done = max((ln["step"] for ln in lines), default=0)
