@@ -136,15 +136,17 @@ def gap_score(curve: Curve, target: Target) -> float:
     return float(np.mean(np.log(g)))
 
 
-def order(standings: list[Standing], target: Target) -> list[Standing]:
-    """Reached (by time to target) before not reached (by gap at the rung's end); diverged last."""
+def order(standings: list[Standing], target: Target, score=None) -> list[Standing]:
+    """Reached (by time to target) before not reached (by ``score``, default the gap at the
+    rung's end, ``gap_score``); diverged last."""
+    score = score or (lambda s: gap_score(s.curve, target))
 
     def key(s: Standing):
         if s.status == "diverged":
             return (2, 0.0)
         if s.status == "reached":
             return (0, s.time_to_target)
-        return (1, gap_score(s.curve, target)) if s.curve is not None else (1, math.inf)
+        return (1, score(s)) if s.curve is not None else (1, math.inf)
 
     return sorted(standings, key=key)
 
@@ -177,6 +179,7 @@ def race(
     eta: int = ETA,
     finalists: int = FINALISTS,
     halving_share: float = HALVING_SHARE,
+    score=None,
 ) -> Race:
     """Successive halving by simulated time, then the finalists to the target (module docstring)."""
     st = {a.name: Standing(a, 0, None, "unrun") for a in arms}
@@ -195,7 +198,7 @@ def race(
                 st[n] = st[n]._replace(status="missed")  # the whole step budget, target not reached
         running = [n for n in alive if st[n].status == "running" and st[n].steps * st[n].arm.step_s < best]
         keep_n = counts[r + 1] if r + 1 < len(counts) else finalists
-        kept = [s.arm.name for s in order([st[n] for n in running], target)][:keep_n]
+        kept = [s.arm.name for s in order([st[n] for n in running], target, score)][:keep_n]
         for n in alive:
             if st[n].status == "running" and n not in kept:
                 st[n] = st[n]._replace(status="pruned")

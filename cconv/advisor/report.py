@@ -158,12 +158,16 @@ def _no_recommendation(rows: list[Row], target: str, budget: int) -> str:
 
 
 def recommendation(rows: list[Row], target: str, cluster: str, budget: int) -> tuple[bool, str]:
-    """(supported, one line): the fastest ranked row, or why none can be recommended (and the
-    step budget that would reach the target, when a candidate is predicted past it)."""
+    """(supported, one line): the ranked row with the fastest time *as seen*: an observed row by
+    its time, a predicted one by its interval's slow end -- a prediction displaces what the race
+    saw only when even its pessimistic end is faster (on the tuning tasks of the validation, the
+    point prediction from a pruned candidate's short curve was optimistic often enough to cost a
+    1.4-1.9x regret) -- or why none can be recommended (and the step budget that would reach the
+    target, when a candidate is predicted past it)."""
     ok = [r for r in rows if r.rank]
     if not ok:
         return False, _no_recommendation(rows, target, budget)
-    b = ok[0]
+    b = min(ok, key=lambda r: r.time_s if r.prediction.observed else r.time_hi)
     sp = f", {b.speedup:.2f}x dense" if math.isfinite(b.speedup) else ""
     seen = "observed" if b.prediction.observed else f"predicted [{_fmt_t(b.time_lo)}, {_fmt_t(b.time_hi)}]"
     tied = [r.candidate for r in ok[1:] if "tied" in r.flags]
