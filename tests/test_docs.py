@@ -206,8 +206,9 @@ def test_command_one_installs_the_main_job_only_and_ci_installs_the_browser():
         "bash scripts/setup.sh && .venv/bin/cconv sweep experiments/quickstart.yaml",
         'bash scripts/setup.sh tests && .venv/bin/python -m pytest -q -n 2 -m "not extended"',
     ]
-    guide = open(os.path.join(DOCS, "getting_started.md"), encoding="utf-8").read()
-    assert re.findall(r"^```bash\n(bash scripts/setup.sh[^\n]*)\n```", guide, re.M) == commands
+    for page in ("getting_started.md", "index.md"):  # the guide and the site's landing page
+        guide = open(os.path.join(DOCS, page), encoding="utf-8").read()
+        assert re.findall(r"^```bash\n(bash scripts/setup.sh[^\n]*)\n```", guide, re.M) == commands, page
     ci_lines = open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read().splitlines()
     assert "bash scripts/setup.sh ci" in ci_lines and commands[1] in ci_lines
     r = subprocess.run(["bash", "scripts/setup.sh", "docs"], cwd=ROOT, capture_output=True, text=True)

@@ -8,7 +8,9 @@ lay out and check those specs:
 
     opt_state, specs = init_state(tx, params, mesh)       # per-worker copies placed, specs derived
     check_specs(opt_state, my_specs)                      # ValueError naming the first wrong leaf
-    graphdef, state, specs = nnx_split(model, optimizer, mesh)   # the same for flax.nnx.Optimizer
+    specs = nnx_shard(model, optimizer, mesh)             # flax.nnx, in place (nnx.jit / nnx.shard_map)
+    graphdef, state, specs = nnx_split(model, optimizer, mesh)   # flax.nnx, functional (the values move)
+    traffic(opt_state)                                    # the last step's payload and moved bytes
 
 and, inside the mapped step,
 
