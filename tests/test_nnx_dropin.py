@@ -161,3 +161,24 @@ def test_traffic_of_an_optax_state_over_eight_workers_is_seven_payloads():
     assert (tr.workers, tr.payload, tr.sent) == (8, wire, 7 * wire)
     with pytest.raises(ValueError, match="found 0 cconv.as_optax states"):
         cconv.traffic(optax.sgd(0.1).init(params))
+
+
+@pytest.mark.slow  # the eager forward and backward passes before the exchange compile op by op
+def test_an_eager_shard_map_step_is_a_one_line_error_not_a_collective_abort():
+    """A step mapped by ``nnx.shard_map`` but not jitted ran op by op: one collective program per
+    operation on every device (about 4 minutes for the first step of the MNIST recipe at 8 workers on
+    this loaded 2-core machine, and XLA:CPU aborts when dozens are in flight).  The exchange refuses
+    it before its first collective."""
+    model, optimizer = model_and_optimizer()
+    m = mesh()
+    specs = cconv.nnx_shard(model, optimizer, m)
+
+    @nnx.shard_map(
+        mesh=m, in_specs=(specs.model, specs.optimizer, P("data"), P("data")), out_specs=P(), check_vma=False
+    )
+    def step(model, optimizer, x, y):  # no nnx.jit around it
+        optimizer.update(model, nnx.grad(loss_fn)(model, x, y))
+        return jnp.zeros(())
+
+    with pytest.raises(ValueError, match=r"outside jax.jit / nnx.jit.*jit the step"):
+        step(model, optimizer, *batch())

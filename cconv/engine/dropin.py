@@ -222,6 +222,7 @@ class Exchange:
         if self.workers is not None and self.workers != size:
             raise ValueError(f"Exchange: workers={self.workers} but axis {axis!r} has size {size}")
         _check_per_worker(grads, axis)
+        _check_compiled(grads)
         comm = MeshComm(axis, size, self.platform or jax.default_backend())
         avg, new = self.exchange(comm, grads, jax.tree.map(lambda x: x[0], state), key)
         kinds, own = encoded_sizes(comm)
@@ -276,6 +277,20 @@ def _check_per_worker(grads, axis: str) -> None:
             f"Exchange: gradients are replicated over {axis!r} (jax.grad already summed them): "
             f'differentiate w.r.t. lax.pcast(params, {axis!r}, to="varying") or use shard_map(check_vma=False)'
         )
+
+
+EAGER_SHARD_MAP = (
+    "cconv: the exchange runs in a shard_map outside jax.jit / nnx.jit: each of its operations would be "
+    "a separate program with its own collectives across the devices, and XLA:CPU aborts the process when "
+    "dozens are in flight; jit the step (jax.jit(jax.shard_map(...)), or nnx.jit around nnx.shard_map)"
+)
+
+
+def _check_compiled(grads) -> None:
+    """Refuse an eager ``jax.shard_map`` (its values are shard_map tracers, not a jit trace's):
+    op-by-op dispatch launches one collective program per operation on every device."""
+    if any(type(x).__name__ == "ShardMapTracer" for x in jax.tree.leaves(grads)):
+        raise ValueError(EAGER_SHARD_MAP)
 
 
 # ----------------------------------------------------------------------------- optax
