@@ -26,7 +26,7 @@ def chromium() -> str:
         path = shutil.which(name)
         if path:
             return path
-    raise SystemExit("check_docs_site: no chromium found: apt-get install -y chromium (scripts/setup.sh does)")
+    raise SystemExit("check_docs_site: no chromium found: apt-get install -y chromium (bash scripts/setup.sh ci does)")
 
 
 def check_page(page, site: str, name: str) -> list[str]:
