@@ -23,6 +23,8 @@ __all__ = [
     "worker_key",
     "sync_model_state",
     "nnx_split",
+    "nnx_shard",
+    "traffic",
     "advise",
     "__version__",
 ]
@@ -35,7 +37,16 @@ _LAZY = (
     "distributed",
 )  # imported on first use: `import cconv` stays free of flax/sklearn
 _DROPIN = ("Exchange", "as_optax")
-_DDP = ("state_specs", "init_state", "check_specs", "worker_key", "sync_model_state", "nnx_split")
+_DDP = (
+    "state_specs",
+    "init_state",
+    "check_specs",
+    "worker_key",
+    "sync_model_state",
+    "nnx_split",
+    "nnx_shard",
+    "traffic",
+)
 
 
 def __getattr__(name):

@@ -259,50 +259,83 @@ def _cell(results: list[Result]) -> str:
     failed = [r for r in checked if r.status == "fails"]
     if failed:
         return f"{len(failed)}/{len(checked)} fail: {failed[0].reason}"
-    return f"lowers ({len(checked)})" if checked else "not checked"
+    if checked:
+        return f"lowers ({len(checked)})"
+    return ", ".join(f"{status} ({n})" for status, n in Counter(r.status for r in results).items()) or "-"
 
 
 def table(results: list[Result]) -> str:
     """Rows: compressors (with options); columns: platforms; cells: "lowers (n combinations)" or
-    the reason the first failing one does not; then the failures, the combinations that could
-    not be exported and those the engine refuses, with their reasons."""
+    the reason the first failing one does not; then, each as a table with the reason in a column,
+    the failures, the combinations that could not be exported and those the engine refuses."""
     platforms = list(dict.fromkeys(r.platform for r in results))
     rows = list(dict.fromkeys(r.combo.row for r in results))
     by = lambda row, p: [r for r in results if r.combo.row == row and r.platform == p]
     cells = {(row, p): _cell(by(row, p)) for row in rows for p in platforms}
-    w0 = max(len("compressor (options)"), *(len(r) for r in rows))
-    widths = [max(len(p), *(len(cells[row, p]) for row in rows)) for p in platforms]
-    line = lambda first, rest: "  ".join([first.ljust(w0), *(c.ljust(w) for c, w in zip(rest, widths))]).rstrip()
-    out = [line("compressor (options)", platforms), line("-" * w0, ["-" * w for w in widths])]
-    out += [line(row, [cells[row, p] for p in platforms]) for row in rows]
-    sections = (("fails", "failures"), ("not exported", "not exported"), ("refused", "refused by the engine"))
+    out = _columns(["compressor (options)", *platforms], [[row, *(cells[row, p] for p in platforms)] for row in rows])
+    sections = (
+        ("fails", "Failures: valid combinations that do not lower, or lower wrongly ({})"),
+        ("not exported", "Not exported: jax.export cannot export this launcher's program ({})"),
+        ("refused", "Refused by the engine on every platform ({}; not failures: the engine rejects them)"),
+    )
     for status, title in sections:
         picked = [r for r in results if r.status == status]
-        if not picked:
-            continue
-        out += ["", f"{title} ({len({r.combo for r in picked})} combinations):"]
-        out += _reasons(picked, per_platform=status == "fails")
+        if picked:
+            out += ["", title.format(_n(len({r.combo for r in picked}), "combination")) + ":", ""]
+            out += _reasons(picked, per_platform=status == "fails")
     return "\n".join(out)
 
 
+def _columns(header: list[str], body: list[list[str]]) -> list[str]:
+    """A plain-text table: the header, a rule, the rows; every column padded to its widest cell."""
+    widths = [max(len(c) for c in col) for col in zip(header, *body)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+    return [line(header), line(["-" * w for w in widths]), *(line(r) for r in body)]
+
+
+def _n(k: int, noun: str) -> str:
+    return f"{k} {noun}{'' if k == 1 else 's'}"
+
+
+def _plain(reason: str) -> str:
+    """A reason as a sentence: the compressor's name and the exception's class taken out."""
+    return re.sub(r"^(ValueError|ImportError): ", "", re.sub(r",? got '[^']*'", "", reason))
+
+
 def _reasons(picked: list[Result], per_platform: bool) -> list[str]:
-    """One line per reason (the compressor's name taken out of it): the compressors it concerns
-    and one full combination as an example."""
+    """One row per reason: how many combinations, the compressors concerned, the reason (and the
+    platform, for failures); one full combination per reason in the JSON (``--json``)."""
     groups: dict[tuple, list[Result]] = {}
     for r in picked:
-        reason = re.sub(r",? got '[^']*'", "", r.reason)
-        groups.setdefault((reason, r.platform if per_platform else ""), []).append(r)
-    lines = []
+        groups.setdefault((_plain(r.reason), r.platform if per_platform else ""), []).append(r)
+    body = []
     for (reason, plat), rs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
-        names = ", ".join(dict.fromkeys(r.combo.compressor for r in rs))
-        where = f"[{plat}] " if plat else ""
-        lines.append(f"  {where}{reason}\n      {names}  (e.g. {rs[0].combo.label})")
-    return lines
+        combos = list(dict.fromkeys(r.combo for r in rs))
+        names = list(dict.fromkeys(c.compressor for c in combos))
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        body.append([*([plat] if per_platform else []), str(len(combos)), shown, reason])
+    return _columns([*(["platform"] if per_platform else []), "n", "compressors", "reason"], body)
 
 
 def summary(results: list[Result]) -> dict:
     """Counts per status (what the CLI's JSON and the tests read)."""
     return dict(Counter(r.status for r in results))
+
+
+def summary_words(results: list[Result], platforms) -> str:
+    """The verdict in one or two sentences (the last lines ``cconv doctor`` prints)."""
+    combos = lambda status: {r.combo for r in results if r.status == status}
+    checked = {r.combo for r in results if r.status in ("lowers", "fails")}
+    failed, refused, skipped = combos("fails"), combos("refused"), combos("not exported")
+    where = ", ".join(platforms[:-1]) + (" and " if len(platforms) > 1 else "") + platforms[-1]
+    if failed:
+        head = f"{len(failed)} of the {_n(len(checked), 'valid combination')} fail on {where} (listed above)."
+    else:
+        head = f"All {len(checked)} valid combinations lower for {where}, with the bytes cconv logs."
+        head = head.replace("All 1 valid combinations lower", "The 1 valid combination lowers")
+    rest = [f"{_n(len(refused), 'combination')} refused by the engine"] if refused else []
+    rest += [f"{_n(len(skipped), 'combination')} that jax.export cannot export"] if skipped else []
+    return head + (f" Not checked, with their reasons above: {' and '.join(rest)}." if rest else "")
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -318,9 +351,9 @@ def run(args: argparse.Namespace) -> int:
     results = run_checks(platforms, full=args.full)
     print(f"cconv doctor: the training step exported with jax.export for {', '.join(platforms)}")
     print(f"(lowered, not compiled; jax {jax.__version__}, {WORKERS} workers)")
-    print("cells: the combinations that lower, or why one does not\n")
+    print("cells: how many combinations lower, or why the first that fails does not\n")
     print(table(results))
-    print(f"\n{summary(results)} in {time.perf_counter() - t0:.0f} s")
+    print(f"\n{summary_words(results, platforms)} ({time.perf_counter() - t0:.0f} s)")
     if args.json:
         rows = [{**r._asdict(), "combo": {**r.combo._asdict(), "hparams": dict(r.combo.hparams)}} for r in results]
         io.write_json(args.json, rows)

@@ -21,6 +21,7 @@ extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
     "sphinx.ext.autosummary",
+    "sphinx_copybutton",
     "compressor_table",
     "plain_docstrings",
 ]
@@ -39,6 +40,14 @@ html_theme = "sphinx_book_theme"
 html_title = "cconv"
 html_static_path = ["_static"]
 html_theme_options = {"show_toc_level": 2}
+html_css_files = ["cconv.css"]  # wide content and code, full-width figures (docs/_static/cconv.css)
+# One search box: the header's search button stays; the sidebar's duplicate field is left out.
+html_sidebars = {"**": ["navbar-logo.html", "icon-links.html", "sbt-sidebar-nav.html"]}
+
+# Copy buttons on code blocks; a console block's "$ " prompts and its output lines are not copied.
+copybutton_prompt_text = r"\$ |>>> |\.\.\. "
+copybutton_prompt_is_regexp = True
+copybutton_only_copy_prompt_lines = True
 
 # Pages written on other branches: listed in the guide's table of contents when present, so the
 # site builds with or without them (index.md's OPTIONAL_PAGES line).

@@ -1,9 +1,12 @@
 """cconv in a Flax NNX training loop: an ``nnx.Optimizer`` whose transformation compresses.
 
-The optimizer is created once, outside the mapped step, as in any NNX program.  Its cconv part
-(error-feedback residuals, key, byte counters) must exist once per worker; ``cconv.nnx_split``
-makes those copies, places everything on the mesh and returns the partition specs, so the step
-only merges, trains and splits.
+The functional style (``nnx.split`` / ``nnx.merge`` around a ``jax.shard_map``).  The optimizer is
+created once, outside the mapped step, as in any NNX program.  Its cconv part (error-feedback
+residuals, key, byte counters) must exist once per worker; ``cconv.nnx_split`` makes those copies,
+places everything on the mesh and returns the partition specs, so the step only merges, trains and
+splits.  The values move into the returned state: the original ``model`` raises if used (it would
+hold the initial weights); ``nnx.merge(graphdef, state)`` is the trained one.  For Flax's
+``nnx.jit`` / ``nnx.shard_map`` style, with the model trained in place, see ``flax_nnx_mnist.py``.
 
     python examples/flax_nnx.py                    # 8 simulated CPU devices, one process
     CCONV_COORDINATOR=127.0.0.1:12345 CCONV_NUM_PROCESSES=2 CCONV_PROCESS_ID=0 python examples/flax_nnx.py &
@@ -76,10 +79,10 @@ def main(steps=200, workers=None, compressor=None, log=print):
         if step % 16 == 15 or step == steps - 1:  # block on a result at least every 16 steps
             losses.append(float(loss))
             log(f"step {step}  loss {losses[-1]:.4f}")
-    model, optimizer = nnx.merge(graphdef, state)  # evaluate this model
-    sent = float(jax.device_get(state[1]["opt_state"][0]["traffic"]["bytes_sent"].get_value().addressable_data(0))[0])
-    log(f"sent {sent:.0f} B/worker/step over {m.shape['data']} workers")
-    return {"losses": losses, "bytes_sent": sent, "model": model, "state": state}
+    model, optimizer = nnx.merge(graphdef, state)  # the trained pair (the originals were moved into `state`)
+    tr = cconv.traffic(state)  # the last step's bytes per worker: payload, and what the collectives moved
+    log(f"payload {tr.payload:.0f} B/worker/step; sent {tr.sent:.0f} B/worker/step over {tr.workers} workers")
+    return {"losses": losses, "bytes_sent": tr.sent, "traffic": tr, "model": model, "state": state}
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the documentation site with warnings as errors: docs/_build/html/index.html.
-# Needs the docs extra (pip install -e ".[docs]"; scripts/setup.sh installs it).
+# Needs the docs extra (pip install -e ".[docs]"; `bash scripts/setup.sh ci` installs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}

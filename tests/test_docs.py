@@ -88,7 +88,7 @@ def test_site_builds_without_warnings_and_has_the_generated_table(site):
 
 @pytest.mark.extended
 @pytest.mark.skipif(
-    shutil.which("chromium") is None, reason="Debian's chromium is not installed (scripts/setup.sh installs it)"
+    shutil.which("chromium") is None, reason="Debian's chromium is not installed (bash scripts/setup.sh ci installs it)"
 )
 def test_pages_render_in_chromium_with_images_and_links(site):
     pytest.importorskip("playwright", reason="the docs extra is not installed")
@@ -178,3 +178,38 @@ def test_readme_advise_table_is_the_committed_validation():
     text = open(README, encoding="utf-8").read()
     block = text.split("<!-- BEGIN advise-validation -->\n")[1].split("\n<!-- END advise-validation -->")[0]
     assert block == mod.table(mod.load())
+
+
+def _setup_plan(*target: str) -> str:
+    """What ``scripts/setup.sh TARGET`` would install (its dry run: nothing is installed)."""
+    assert "CCONV_SETUP_DRY_RUN" in open(os.path.join(ROOT, "scripts", "setup.sh"), encoding="utf-8").read()
+    env = {**os.environ, "CCONV_SETUP_DRY_RUN": "1"}
+    r = subprocess.run(["bash", "scripts/setup.sh", *target], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_command_one_installs_the_main_job_only_and_ci_installs_the_browser():
+    """README command 1 (``bash scripts/setup.sh``) installs cconv and matplotlib, not the test tools,
+    the docs toolchain, OpenMPI or the browser; ``setup.sh tests`` adds what the suite needs; ``.ci/run``
+    (``setup.sh ci``) adds the docs toolchain and chromium.  README, docs/getting_started.md and
+    .ci/run name the same two commands."""
+    assert _setup_plan() == "extras: plots"
+    tests = _setup_plan("tests")
+    assert "dev" in tests.split("; ")[0].split(",") and "openmpi" in tests
+    assert "docs" not in tests and "chromium" not in tests
+    ci = _setup_plan("ci")
+    assert "docs" in ci.split("; ")[0].split(",") and "chromium" in ci
+    readme = open(README, encoding="utf-8").read()
+    commands = re.findall(r"^```bash\n(bash scripts/setup.sh[^\n]*)\n```", readme, re.M)
+    assert commands == [
+        "bash scripts/setup.sh && .venv/bin/cconv sweep experiments/quickstart.yaml",
+        'bash scripts/setup.sh tests && .venv/bin/python -m pytest -q -n 2 -m "not extended"',
+    ]
+    for page in ("getting_started.md", "index.md"):  # the guide and the site's landing page
+        guide = open(os.path.join(DOCS, page), encoding="utf-8").read()
+        assert re.findall(r"^```bash\n(bash scripts/setup.sh[^\n]*)\n```", guide, re.M) == commands, page
+    ci_lines = open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read().splitlines()
+    assert "bash scripts/setup.sh ci" in ci_lines and commands[1] in ci_lines
+    r = subprocess.run(["bash", "scripts/setup.sh", "docs"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown target 'docs'" in r.stderr

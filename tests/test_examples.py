@@ -18,7 +18,7 @@ from cconv.engine.ddp import ModelStateDivergenceWarning
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # examples/ is not installed: import it from the checkout
-from examples import flax_linen, flax_nnx, optax_plain  # noqa: E402
+from examples import flax_linen, flax_nnx, flax_nnx_mnist, optax_plain  # noqa: E402
 
 W, STEPS = 2, 48
 quiet = lambda *a: None
@@ -103,6 +103,32 @@ def test_nnx_recipe_trains_with_an_optimizer_created_outside_the_map():
     opt = out["state"][1]["opt_state"][0]
     res = [v.get_value() for v in jax.tree.leaves(opt["exchange"], is_leaf=lambda x: hasattr(x, "get_value"))]
     assert per_worker(res)
+
+
+@pytest.mark.slow
+def test_nnx_mnist_tutorial_recipe_trains_in_place_with_metrics_dropout_and_batchnorm():
+    """Flax's NNX MNIST tutorial structure (nnx.Rngs, nnx.MultiMetric, BatchNorm, dropout,
+    nnx.Optimizer, nnx.jit steps) made data-parallel by cconv.nnx_shard + nnx.shard_map, on digits:
+    the model trained is the one evaluated, the metrics cover the whole batch, the bytes are the
+    payload's, BatchNorm's running statistics moved and agree on every worker."""
+    c = cconv.compressors.topk(ratio=0.05)
+    out = flax_nnx_mnist.main(train_steps=60, eval_every=30, batch_size=64, workers=W, compressor=c, log=quiet)
+    h = out["history"]
+    assert len(h["train_loss"]) == len(h["test_accuracy"]) == 2 and np.isfinite(h["train_loss"]).all()
+    assert h["train_loss"][-1] < h["train_loss"][0] < np.log(10) + 0.5  # learning from the first window
+    assert h["test_accuracy"][-1] > 0.5  # 10 classes: chance is 0.1
+    from flax import nnx
+
+    model, tr = out["model"], out["traffic"]
+    params = nnx.state(model, nnx.Param)
+    assert tr.workers == W and tr.payload == expected_sent(params, c) / (W - 1) and tr.sent == expected_sent(params, c)
+    mean = model.batch_norm1.mean.get_value()
+    assert np.abs(np.asarray(mean)).sum() > 0 and mean.sharding.is_fully_replicated
+    residuals = [
+        v.get_value()
+        for v in jax.tree.leaves(out["optimizer"].opt_state[0].exchange, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    ]
+    assert per_worker(residuals)
 
 
 @pytest.mark.slow

@@ -80,7 +80,7 @@ def test_mpirun_two_processes_equal_one_process_two_devices(runs):
     pytest.importorskip("mpi4py", reason="the mpi extra is not installed (pip install -e '.[mpi]')")
     pytest.importorskip("mpi4jax", reason="the mpi extra is not installed (pip install -e '.[mpi]')")
     if not shutil.which("mpirun"):
-        pytest.skip("OpenMPI's mpirun is not installed (scripts/setup.sh installs it)")
+        pytest.skip("OpenMPI's mpirun is not installed (bash scripts/setup.sh tests installs it)")
     d, codes = runs
     assert codes["mpi"] == [0]
     a, b = np.load(d / "single.npz"), np.load(d / "mpi.npz")
@@ -143,7 +143,7 @@ def test_mpirun_ends_the_other_ranks_and_names_the_lost_one(tmp_path):
     pytest.importorskip("mpi4py", reason="the mpi extra is not installed (pip install -e '.[mpi]')")
     pytest.importorskip("mpi4jax", reason="the mpi extra is not installed (pip install -e '.[mpi]')")
     if not shutil.which("mpirun"):
-        pytest.skip("OpenMPI's mpirun is not installed (scripts/setup.sh installs it)")
+        pytest.skip("OpenMPI's mpirun is not installed (bash scripts/setup.sh tests installs it)")
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     out = str(tmp_path / "long")

@@ -79,7 +79,9 @@ def test_every_combination_lowers_for_cuda_rocm_tpu(name):
 
 def test_doctor_cli_prints_the_table(monkeypatch, tmp_path, capsys):
     topk = next(c for c in QUICK if c.compressor == "topk")
+    powersgd = next(c for c in QUICK if c.compressor == "powersgd")
     picked = [topk, topk._replace(memory="dgc"), topk._replace(launcher="pmap"), topk._replace(collective="allgather")]
+    picked.append(powersgd._replace(memory="dgc"))  # refused by the engine: a reason, not a failure
     monkeypatch.setattr(doctor, "combos", lambda full=False: picked)
     out = tmp_path / "doctor.json"
     assert cli.main(["doctor", "--platform", "cuda", "--json", str(out)]) == 0
@@ -87,9 +89,18 @@ def test_doctor_cli_prints_the_table(monkeypatch, tmp_path, capsys):
     header = next(line for line in text.splitlines() if line.startswith("compressor (options)"))
     assert header.split() == ["compressor", "(options)", "cuda"]
     assert re.search(rf"^{topk.row} +lowers \(3\)$", text, re.M)  # pmap is not exported; the other three lower
-    assert "not exported (1 combinations)" in text and "must be the result of `jit`" in text
+    # the reasons sit in a column of a table, as sentences: no exception class, no raw dict at the end
+    assert re.search(r"^1 +topk +Function to be exported must be the result of `jit`", text, re.M)
+    assert re.search(r"^n +compressors +reason$", text, re.M)
+    assert re.search(r"^1 +powersgd +powersgd supports memory='ef' or 'none'", text, re.M)
+    assert "Error:" not in text and "{" not in text.splitlines()[-1]
+    assert text.splitlines()[-1].startswith(
+        "All 3 valid combinations lower for cuda, with the bytes cconv logs. Not checked, with their reasons "
+        "above: 1 combination refused by the engine and 1 combination that jax.export cannot export. ("
+    )
     rows = json.loads(out.read_text())
     assert [r["status"] for r in rows].count("lowers") == 3 and rows[0]["combo"]["hparams"] == dict(topk.hparams)
+    assert [r["status"] for r in rows].count("refused") == 1 and "ValueError: " in rows[-1]["reason"]
 
 
 def test_doctor_rejects_an_unknown_platform(capsys):

@@ -213,16 +213,33 @@ class Exchange:
         ``grads`` are this worker's own; ``key`` must be the same on every worker (shared-key
         compressors rely on it).  One extra control all-reduce carries the encoded sizes when a
         payload is variable-length; fixed-size payloads add no collective."""
+        avg, new, tr, _ = self._call(grads, state, key)
+        return avg, new, tr
+
+    def _call(self, grads, state: dict, key):
+        """``__call__``'s work, and the payload bytes the reported worker put into the collectives."""
         axis = self.config.axis_name
         size = _axis_size(axis)
         if self.workers is not None and self.workers != size:
             raise ValueError(f"Exchange: workers={self.workers} but axis {axis!r} has size {size}")
         _check_per_worker(grads, axis)
+        _check_compiled(grads)
         comm = MeshComm(axis, size, self.platform or jax.default_backend())
         avg, new = self.exchange(comm, grads, jax.tree.map(lambda x: x[0], state), key)
         kinds, own = encoded_sizes(comm)
         table = comm.allreduce(own, control=True).reshape(size, len(kinds)) if kinds else None
-        return avg, jax.tree.map(lambda x: x[None], new), traffic_metrics(comm, self.report_rank(size), kinds, table)
+        rank = self.report_rank(size)
+        tr = traffic_metrics(comm, rank, kinds, table)
+        return avg, jax.tree.map(lambda x: x[None], new), tr, payload_bytes(comm.ledger, rank)
+
+
+def payload_bytes(ledger, rank: int) -> jax.Array:
+    """The bytes worker ``rank`` contributes to a step's training collectives: the sum of each call's
+    per-worker payload (``Collective.bytes`` x ``count``; a broadcast or parameter-server pull is the
+    server's, rank 0's).  The collectives move a multiple of it: (P - 1) x for an all-gather ring,
+    2 (P - 1) / P x for an all-reduce ring (``cconv.comm.accounting``)."""
+    own = lambda c: rank == 0 or c.kind not in ("ps_pull", "broadcast")
+    return jnp.float32(sum(float(c.bytes) * c.count for c in ledger if not c.control and own(c)))
 
 
 OPTIONS = tuple(
@@ -263,16 +280,57 @@ def _check_per_worker(grads, axis: str) -> None:
         )
 
 
+EAGER_SHARD_MAP = (
+    "cconv: the exchange runs in a shard_map outside jax.jit / nnx.jit: each of its operations would be "
+    "a separate program with its own collectives across the devices, and XLA:CPU aborts the process when "
+    "dozens are in flight; jit the step (jax.jit(jax.shard_map(...)), or nnx.jit around nnx.shard_map)"
+)
+
+
+def _check_compiled(grads) -> None:
+    """Refuse an eager ``jax.shard_map`` (its values are shard_map tracers, not a jit trace's):
+    op-by-op dispatch launches one collective program per operation on every device."""
+    if any(type(x).__name__ == "ShardMapTracer" for x in jax.tree.leaves(grads)):
+        raise ValueError(EAGER_SHARD_MAP)
+
+
 # ----------------------------------------------------------------------------- optax
 
 
 class CompressedState(NamedTuple):
-    """``as_optax``'s state; every leaf has a leading worker axis of size 1 (shards as P(axis))."""
+    """``as_optax``'s state; every leaf has a leading worker axis of size 1 (shards as P(axis)).
+
+    ``count`` is int32 when the state belongs to a worker: made inside the map
+    (``jax.shard_map(tx.init, ...)``, ``cconv.init_state``) or laid out per worker by
+    ``cconv.nnx_split`` / ``cconv.nnx_shard``.  ``tx.init`` outside any map (``nnx.Optimizer``
+    does that) makes one row with a uint32 ``count``: a state that is nobody's yet, which
+    ``update`` and ``cconv.check_specs`` refuse (replicated, every worker would train worker 0's
+    residuals and the checkpoint would keep only those)."""
 
     exchange: dict  # the Exchange state (memory residuals, ...)
     key: jax.Array  # (1, 2) uint32: PRNG key data, the same on every worker
-    count: jax.Array  # (1,) int32: steps taken (folded into the key)
-    traffic: dict  # the last update's bytes (``Exchange`` traffic), each (1,) float32
+    count: jax.Array  # (1,) int32: steps taken (folded into the key); uint32: not laid out yet
+    traffic: dict  # the last update's bytes (``Exchange`` traffic + bytes_payload), each (1,) float32
+
+
+UNPLACED = jnp.uint32  # the dtype of ``CompressedState.count`` before the state is a worker's
+
+
+def _axis_bound(axis: str) -> bool:
+    try:
+        lax.axis_index(axis)
+    except NameError:
+        return False
+    return True
+
+
+def not_laid_out(axis_name: str) -> str:
+    """The one-line error for a state made outside the map that reached the workers as it was."""
+    return (
+        f"cconv: as_optax's state was created outside the map (tx.init, nnx.Optimizer) and was not laid out "
+        f"per worker: use cconv.nnx_shard / cconv.nnx_split (NNX) or cconv.init_state (optax), whose specs "
+        f"put it at P({axis_name!r})"
+    )
 
 
 def as_optax(
@@ -291,13 +349,13 @@ def as_optax(
     if unknown:
         raise ValueError(_unknown_options("as_optax", compressor, unknown).replace("valid: ", "valid: seed, ", 1))
     ex = Exchange(compressor, memory=memory, axis_name=axis_name, **options)
-    keys = TRAFFIC_KEYS + (SERVER_KEYS if ex.config.architecture != "all-to-all" else ())
+    keys = TRAFFIC_KEYS + (SERVER_KEYS if ex.config.architecture != "all-to-all" else ()) + ("bytes_payload",)
 
     def init_fn(params):
         return CompressedState(
             ex.init(params),
             jax.random.key_data(jax.random.PRNGKey(seed))[None],
-            jnp.zeros((1,), jnp.int32),
+            jnp.zeros((1,), jnp.int32 if _axis_bound(axis_name) else UNPLACED),
             {k: jnp.zeros((1,), jnp.float32) for k in keys},
         )
 
@@ -308,11 +366,22 @@ def as_optax(
                 f"as_optax: its state has {state.count.shape[0]} rows inside the map, one per worker expected: "
                 f"its partition spec must be P({axis_name!r}) (cconv.state_specs / cconv.init_state)"
             )
+        if state.count.dtype == UNPLACED:  # made outside the map, then replicated: worker 0's for all
+            raise ValueError(not_laid_out(axis_name))
         key = jax.random.fold_in(state.key[0], state.count[0])
-        avg, new, tr = ex(updates, state.exchange, key)
+        avg, new, tr, payload = ex._call(updates, state.exchange, key)
+        tr = {**tr, "bytes_payload": payload}
         return avg, CompressedState(new, state.key, state.count + 1, {k: tr[k][None] for k in keys})
 
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-__all__ = ["Exchange", "as_optax", "CompressedState", "traffic_metrics", "encoded_sizes", "TRAFFIC_KEYS"]
+__all__ = [
+    "Exchange",
+    "as_optax",
+    "CompressedState",
+    "traffic_metrics",
+    "encoded_sizes",
+    "payload_bytes",
+    "TRAFFIC_KEYS",
+]
