@@ -76,7 +76,7 @@ BAD_USAGE = [
     (["doctor", "--platform", "metal"], "argument --platform: invalid choice: 'metal'"),
     (["doctor", "now"], "unrecognized arguments: now"),
     (["advise"], "the following arguments are required: config"),
-    (["advise", "c.yaml", "--probe", "tenth"], "argument --probe: invalid float value: 'tenth'"),
+    (["advise", "c.yaml", "--budget", "tenth"], "argument --budget: invalid float value: 'tenth'"),
     (["advise", "c.yaml", "--seeds", "1.5"], "argument --seeds: invalid int value: '1.5'"),
     (["plan", "--workers", "0"], "argument --workers: expected a positive integer, got '0'"),
     (["plan", "--granularity", "perlayer"], "argument --granularity: invalid choice: 'perlayer'"),

@@ -14,7 +14,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _f(v, fmt: str) -> str:
-    if v is None:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
         return "n/a"
     if isinstance(v, float) and math.isinf(v):
         return "inf"
@@ -27,24 +27,27 @@ def _regret(b: dict) -> str:
     return _f(b["regret"], ".2f")
 
 
+def _pct(v) -> str:
+    return "n/a" if v is None else f"{round(100 * v)} %"
+
+
 def table(results: dict) -> str:
-    """One row per task: Kendall tau, top-1 regret and coverage at each probe budget, and the
-    advisor's wall time at 10 % against one full dense run; the goals in the header."""
+    """One row per task: Kendall tau, top-1 regret, coverage and median interval width of the
+    replayed advice at the default budget, and the advisor's wall time against one dense run; the
+    goals in the header, held-out tasks marked."""
     g = results["goals"]
-    budgets = [b["budget"] for b in results["tasks"][0]["budgets"]]
-    pct = "/".join(f"{round(100 * b)}" for b in budgets)
     head = (
-        f"| task (target) | tau at {pct} % (goal >= {g['tau']} at 10 %) | regret (<= {g['regret']}) "
-        f"| coverage (>= {round(100 * g['coverage'])} %) | advisor wall / dense run (<= {g['wall_ratio']}x) |"
+        f"| task (target) | Kendall tau (>= {g['tau']}) | regret (<= {g['regret']}) | coverage (>= "
+        f"{round(100 * g['coverage'])} %) | width hi/lo (<= {g['width']:g}) | advise / dense run wall "
+        f"(<= {g['wall_ratio']}x) |"
     )
-    out = [head, "|---|---|---|---|---|"]
+    out = [head, "|---|---|---|---|---|---|"]
     for t in results["tasks"]:
-        bs = t["budgets"]
-        cov = " / ".join("n/a" if b.get("coverage") is None else f"{round(100 * b['coverage'])} %" for b in bs)
-        wall = t.get("wall") or {}
+        b, wall = t["score"], t.get("wall") or {}
+        held = " held out" if t["task"] in results.get("held_out", ()) else ""
         out.append(
-            f"| {t['task']} ({t['target']}) | {' / '.join(_f(b.get('tau'), '.2f') for b in bs)} "
-            f"| {' / '.join(_regret(b) for b in bs)} | {cov} | {_f(wall.get('ratio'), '.1f')}x |"
+            f"| {t['task']}{held} ({t['target']}) | {_f(b.get('tau'), '.2f')} | {_regret(b)} | "
+            f"{_pct(b.get('coverage'))} | {_f(b.get('width'), '.1f')} | {_f(wall.get('ratio'), '.1f')}x |"
         )
     return "\n".join(out)
 
