@@ -13,7 +13,8 @@ It is EDEN with b = 1 (the 1-bit Lloyd-Max centroids are +-sqrt(2/pi); the scale
 and shares its code (``cconv.compressors.eden.quantizer``).  vNMSE as D grows: pi/2 - 1 = 0.5708
 (unbiased scale; DRIVE's Theorem 3 for uniform rotations) and 1 - 2/pi = 0.3634 (minimum error);
 the minimum-error scale is a contraction with ||x - C(x)||^2 = ||x||^2 - ||y||_1^2 / D per
-rotation (delta >= 1/D); the unbiased scale has no worst-case constant (see ``eden``).  With the
+rotation (delta >= 1/D); the unbiased scale is no contraction (its error is at most (D - 1) ||x||^2
+per rotation).  With the
 Hadamard rotation the unbiased scale is unbiased only approximately, so the compressor does not
 claim ``unbiased`` (``tests/test_rotation.py`` measures the bias).
 
@@ -38,9 +39,10 @@ def _drive(unbiased: bool = True) -> Compressor:
 
 
 def _bound(c, shape) -> Bound:
-    """Minimum error: delta = 1/D (||y||_1 >= ||y||_2); the unbiased scale: no constant."""
-    if c.hparams["unbiased"]:
-        return Bound("biased", delta=None, tight=False)
+    """Minimum error: delta = 1/D (||y||_1 >= ||y||_2); the unbiased scale: a bounded error,
+    omega = D - 1 (per rotation), not a contraction."""
+    if c.hparams["unbiased"]:  # error = ||y||^2 (D ||y||^2 / ||y||_1^2 - 1) <= (D - 1) ||x||^2
+        return Bound("biased", omega=padded(int(np.prod(shape, dtype=np.int64))) - 1.0, delta=None, tight=False)
     return Bound("contractive", delta=1.0 / padded(int(np.prod(shape, dtype=np.int64))), tight=False)
 
 

@@ -21,8 +21,8 @@ the unbiased scale is unbiased only approximately (exactly for a uniform random 
 theorem's assumption), so the compressor does not claim ``unbiased``; ``tests/test_rotation.py``
 measures both the constants and the bias.  Worst cases (per rotation): the minimum-error scale
 is a contraction with delta >= (c_min / c_max)^2 / D (c_min, c_max the smallest and largest
-|centroid|; = 1/D at b = 1); the unbiased scale has no constant (its error reaches (D - 1) ||x||^2
-when y is a spike).
+|centroid|; = 1/D at b = 1); the unbiased scale is no contraction, its error is at most
+(D (c_max / c_min)^2 - 1) ||x||^2 ((D - 1) ||x||^2 at b = 1, reached when y is a spike).
 
 Wire format: the D indices as b-bit codes (``packing.pack_bits``: ceil(D b / 8) bytes), the
 float32 scale S, and the 8-byte key of the sender's rotation (each worker rotates with its own
@@ -99,12 +99,14 @@ def wire_bytes(c, shape, isz) -> int:
 def bound(c, shape) -> Bound:
     """Minimum-error scale: error = ||y||^2 (1 - cos^2(y, Q)) with cos^2 >= (c_min / c_max)^2 / D
     (every |Q_i| in [c_min, c_max], same sign as y_i; ||y||_1 >= ||y||_2), a contraction; the
-    unbiased scale: none (the error reaches (D - 1) ||x||^2 at a spike y)."""
-    if c.hparams["unbiased"]:
-        return Bound("biased", delta=None, tight=False)
+    unbiased scale: error = ||y||^2 (1 / cos^2 - 1) <= (D (c_max / c_min)^2 - 1) ||x||^2 per
+    rotation, a bounded error (``omega`` of a "biased" bound) but not a contraction."""
     cents = np.abs(rotation.lloyd_max(c.hparams.get("bits", 1))[0])
     n = rotation.padded(size_of(shape))
-    return Bound("contractive", delta=float((cents.min() / cents.max()) ** 2 / n), tight=False)
+    cos2 = float((cents.min() / cents.max()) ** 2 / n)
+    if c.hparams["unbiased"]:  # error = ||y||^2 (1 / cos^2 - 1): bounded, not a contraction
+        return Bound("biased", omega=1.0 / cos2 - 1.0, delta=None, tight=False)
+    return Bound("contractive", delta=cos2, tight=False)
 
 
 THEORY = Theory(wire_bytes=wire_bytes, bound=bound)
