@@ -109,14 +109,51 @@ def _decode(idx_levels, m, g: float, seed: int, like):
     return rotation.unrotate(vals, _rot_key(seed), size_of(shape)).astype(dtype).reshape(shape)
 
 
-def _thc(bits: int = 4, table: str = "uniform", seed: int = 0) -> Compressor:
-    levels = table_of(bits, table)
-    g = float(levels[-1])
+def _level_ints(levels: np.ndarray, bits: int):
+    """(codes, like, dtype) -> the integer table values of the D packed indices."""
     lv8 = jnp.asarray(levels, jnp.int8)
 
     def level_ints(codes, like, dtype=jnp.int8):
         n = rotation.padded(size_of(like_info(like)[0]))
         return lv8[unpack_bits(codes, bits, n)].astype(dtype)
+
+    return level_ints
+
+
+def _bind(c: Compressor, m, bits: int, table: str, seed: int) -> Compressor:
+    """``c`` bound to the agreed range ``m``: the payload is the indices only; gathered payloads
+    are summed as integers and decoded once."""
+    levels = table_of(bits, table)
+    g = float(levels[-1])
+    level_ints = _level_ints(levels, bits)
+    m = jnp.asarray(m, jnp.float32)
+
+    def b_compress(x, state, key):
+        return THCCodes(pack_bits(_quantize(x, m, key, levels, seed), bits)), state
+
+    def b_decompress(payload, like):
+        return _decode(level_ints(payload.codes, like), m, g, seed, like)
+
+    def b_gathered_sum(stacked, like):
+        """The homomorphic sum: integer levels summed over the workers, decoded once."""
+        total = sum_rows(lambda w: level_ints(stacked.codes[w], like, jnp.int32), stacked.codes.shape[0])
+        return _decode(total, m, g, seed, like)
+
+    return c._replace(
+        aggregation="intsum",
+        hparams={"bits": bits, "table": table, "seed": seed},
+        compress=b_compress,
+        decompress=b_decompress,
+        wire_bytes=lambda shape, dtype="float32": packed_size(rotation.padded(size_of(shape)), bits),
+        agree=None,
+        gathered_sum=b_gathered_sum,
+    )
+
+
+def _thc(bits: int = 4, table: str = "uniform", seed: int = 0) -> Compressor:
+    levels = table_of(bits, table)
+    g = float(levels[-1])
+    level_ints = _level_ints(levels, bits)
 
     def compress(x, state, key):
         check_float("thc", x)
@@ -132,30 +169,6 @@ def _thc(bits: int = 4, table: str = "uniform", seed: int = 0) -> Compressor:
     def gathered_sum(stacked, like):
         return sum_rows(lambda w: decompress(row(stacked, w), like), stacked.codes.shape[0])
 
-    def bind(m):
-        m = jnp.asarray(m, jnp.float32)
-
-        def b_compress(x, state, key):
-            return THCCodes(pack_bits(_quantize(x, m, key, levels, seed), bits)), state
-
-        def b_decompress(payload, like):
-            return _decode(level_ints(payload.codes, like), m, g, seed, like)
-
-        def b_gathered_sum(stacked, like):
-            """The homomorphic sum: integer levels summed over the workers, decoded once."""
-            total = sum_rows(lambda w: level_ints(stacked.codes[w], like, jnp.int32), stacked.codes.shape[0])
-            return _decode(total, m, g, seed, like)
-
-        return c._replace(
-            aggregation="intsum",
-            hparams={"bits": bits, "table": table, "seed": seed},
-            compress=b_compress,
-            decompress=b_decompress,
-            wire_bytes=lambda shape, dtype="float32": packed_size(rotation.padded(size_of(shape)), bits),
-            agree=None,
-            gathered_sum=b_gathered_sum,
-        )
-
     c = Compressor(
         stateless_init,
         compress,
@@ -170,7 +183,7 @@ def _thc(bits: int = 4, table: str = "uniform", seed: int = 0) -> Compressor:
         agree=Agreement(
             statistic=lambda x: _max_rotated(x, seed),
             reduce="max",
-            bind=bind,
+            bind=lambda m: _bind(c, m, bits, table, seed),
             levels=lambda payload, like: level_ints(payload.codes, like),
             level_max=int(g),
             level_value=lambda m: jnp.asarray(m, jnp.float32) / g,

@@ -52,6 +52,40 @@ class OneBitAdamState(NamedTuple):
     traffic: dict  # the last update's bytes, each (1,) float32
 
 
+def _check(b1, b2, eps, warmup_steps, seed) -> None:
+    """One-line ValueErrors for bad hyper-parameters."""
+    for name, v in (("b1", b1), ("b2", b2)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
+            raise ValueError(f"onebit_adam: {name} must be in [0, 1), got {v!r}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(f"onebit_adam: eps must be a number >= 0, got {eps!r}")
+    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 1:
+        raise ValueError(f"onebit_adam: warmup_steps must be an integer >= 1, got {warmup_steps!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"onebit_adam: seed must be an integer, got {seed!r}")
+
+
+def _stages(dense: Exchange, comp: Exchange, b1: float, b2: float, keys: tuple):
+    """(warm, compressed): the two branches of a step, (grads, state, key) -> (m, v, dense
+    state, compressed state, traffic)."""
+
+    def traffic(tr):
+        return {k: jnp.asarray(tr.get(k, 0.0), jnp.float32)[None] for k in keys}
+
+    def warm(grads, state, key):
+        avg, new, tr = dense(grads, state.dense, key)
+        mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g[None], state.mu, avg)
+        nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g[None]), state.nu, avg)
+        return mu, nu, new, state.compressed, traffic(tr)
+
+    def compressed(grads, state, key):
+        local = jax.tree.map(lambda m, g: b1 * m[0] + (1 - b1) * g, state.mu, grads)
+        avg, new, tr = comp(local, state.compressed, key)
+        return jax.tree.map(lambda a: a[None], avg), state.nu, state.dense, new, traffic(tr)
+
+    return warm, compressed
+
+
 def onebit_adam(
     learning_rate: float | optax.Schedule,
     b1: float = 0.9,
@@ -65,15 +99,7 @@ def onebit_adam(
 ) -> optax.GradientTransformation:
     """1-bit Adam (module docstring); ``options`` go to the compressed ``Exchange``
     (``architecture``, ``ps_downlink``, ``granularity``, ...).  Bad values: one-line ValueError."""
-    for name, v in (("b1", b1), ("b2", b2)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
-            raise ValueError(f"onebit_adam: {name} must be in [0, 1), got {v!r}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-        raise ValueError(f"onebit_adam: eps must be a number >= 0, got {eps!r}")
-    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 1:
-        raise ValueError(f"onebit_adam: warmup_steps must be an integer >= 1, got {warmup_steps!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"onebit_adam: seed must be an integer, got {seed!r}")
+    _check(b1, b2, eps, warmup_steps, seed)
     dense = Exchange(None, axis_name=axis_name, **{k: v for k, v in options.items() if k == "architecture"})
     comp = Exchange(compressor, memory="ef", axis_name=axis_name, **options)
     keys = TRAFFIC_KEYS + (SERVER_KEYS if comp.config.architecture != "all-to-all" else ())
@@ -91,19 +117,7 @@ def onebit_adam(
             {k: jnp.zeros((1,), jnp.float32) for k in keys},
         )
 
-    def _traffic(tr):
-        return {k: jnp.asarray(tr.get(k, 0.0), jnp.float32)[None] for k in keys}
-
-    def warm(grads, state, key):
-        avg, new, tr = dense(grads, state.dense, key)
-        mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g[None], state.mu, avg)
-        nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g[None]), state.nu, avg)
-        return mu, nu, new, state.compressed, _traffic(tr)
-
-    def compressed(grads, state, key):
-        local = jax.tree.map(lambda m, g: b1 * m[0] + (1 - b1) * g, state.mu, grads)
-        avg, new, tr = comp(local, state.compressed, key)
-        return jax.tree.map(lambda a: a[None], avg), state.nu, state.dense, new, _traffic(tr)
+    warm, compressed = _stages(dense, comp, b1, b2, keys)
 
     def update_fn(updates, state, params=None):
         del params
