@@ -114,3 +114,14 @@ def test_engine_config_and_options():
     assert [a.shape for a in (st.local, st.shared, st.velocity)] == [(3, 4)] * 3
     assert c.name == "ef21_sgdm(topk)" and c.hparams["momentum"] == 0.8
     assert M.ef21(C.get("topk", ratio=0.5)).init(jnp.ones(5)).velocity.shape == ()
+
+
+@pytest.mark.parametrize("memory", ["ef21", "ef21_sgdm"])
+def test_run_configs_accept_the_memories(memory):
+    """``memory: ef21`` / ``ef21_sgdm`` in a run config load and build (names, compressor, engine)."""
+    from cconv.experiments import build as B
+    from cconv.experiments.config import from_dict
+
+    cfg = from_dict({"compressor": {"name": "topk", "ratio": 0.1}, "memory": memory, "momentum": 0.5})
+    B.check_names(cfg)
+    assert cfg.memory == memory

@@ -69,6 +69,5 @@ drive = register(
         label="DRIVE",
         cases=({}, {"unbiased": False}),
         bench=Bench(target_x=ROTATION_X),
-        known_as=("eden:DRIVE",),
     ),
 )

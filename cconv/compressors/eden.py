@@ -136,6 +136,5 @@ eden = register(
         label="EDEN",
         cases=({}, {"bits": 1, "unbiased": False}, {"bits": 3}, {"bits": 4, "unbiased": False}),
         bench=Bench(hparams=lambda ratio: {"bits": 2}, target_x=ROTATION_X),
-        known_as=("eden:EDEN",),
     ),
 )

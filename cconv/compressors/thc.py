@@ -264,6 +264,5 @@ thc = register(
         label="THC",
         cases=({}, {"bits": 2, "table": "table"}),
         bench=Bench(hparams=lambda ratio: {"bits": 4}, target_x=3.0 * rotation.passes(10**6) + 6.0),
-        known_as=("thc:THC",),
     ),
 )
