@@ -59,11 +59,13 @@ def test_identity_compressor_is_exact_sgd(memory):
         np.testing.assert_allclose(avg, np.broadcast_to(v.mean(0), avg.shape), rtol=2e-5, atol=2e-6)
 
 
-def test_shared_estimate_is_the_mean_of_the_workers_estimates():
+@pytest.mark.parametrize("collective", ["auto", "gtopk"])
+def test_shared_estimate_is_the_mean_of_the_workers_estimates(collective):
     """Every worker holds the same g, and g = 1/P sum_i g_i at every step (top-k: the sent parts
-    differ per worker)."""
+    differ per worker; gTop-k: what a worker sent that the global selection dropped is taken
+    back out of its g_i, ``Memory.give_back``)."""
     _, _, grads = _quadratic()
-    ex = cconv.Exchange(C.get("topk", ratio=0.25), memory="ef21", axis_name="data")
+    ex = cconv.Exchange(C.get("topk", ratio=0.25), memory="ef21", axis_name="data", collective=collective)
     _, avgs, st = _run(ex, grads, jnp.zeros(12), 8, 0.1)
     local, shared = np.asarray(st.local)[:, :, 0], np.asarray(st.shared)[:, :, 0]  # (T, P, d)
     np.testing.assert_array_equal(shared, np.broadcast_to(shared[:, :1], shared.shape))

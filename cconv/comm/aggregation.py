@@ -359,6 +359,9 @@ class IntSum(_Method):
 
         sum_w decompress(payload_w) = level_value(s) * sum_w levels(payload_w)
 
+    or, for levels in another basis, the agreement's ``decode(sum_w levels_w, s, like)`` (THC:
+    levels of a shared rotation, inverted once after the sum; ``Agreement.decode_sum``).
+
     Per unit, the levels are summed exactly as small integers by one ring all-reduce (all
     such units in one call) when that moves fewer bytes than gathering the payloads
     (``sum_dtype``, decided statically from P, d and the payload size), else the payloads are
