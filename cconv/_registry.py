@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterable, Mapping
 
+from cconv._text import shown, shown_names
+
 
 def import_path(kind: str, path: str) -> Callable:
     """The callable ``"package.module:attr"`` names; a one-line ValueError if it cannot be imported."""
@@ -36,7 +38,7 @@ def lookup(kind: str, registry: Mapping[str, Callable], name: str) -> Callable:
     if isinstance(name, str) and ":" in name:
         return import_path(kind, name)
     raise ValueError(
-        f"unknown {kind} {name!r}; valid names: {', '.join(sorted(registry))} (or 'package.module:function')"
+        f"unknown {kind} {shown(name)}; valid names: {', '.join(sorted(registry))} (or 'package.module:function')"
     )
 
 
@@ -45,4 +47,4 @@ def check_hparams(kind: str, name: str, hparams: Iterable[str], accepted: list[s
     unknown = sorted(set(hparams) - set(accepted))
     if unknown:
         valid = ", ".join(accepted) if accepted else "(none)"
-        raise ValueError(f"{kind} {name!r} got unknown hyper-parameter(s) {', '.join(unknown)}; valid: {valid}")
+        raise ValueError(f"{kind} {shown(name)} got unknown hyper-parameter(s) {shown_names(unknown)}; valid: {valid}")

@@ -21,3 +21,25 @@ def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}...({len(text) - limit} more chars)"
+
+
+SHOWN_NAMES = 5  # names a message lists before it counts the rest
+NAME_CHARS = 40  # characters of each listed name
+
+
+def shown_name(name, chars: int = NAME_CHARS) -> str:
+    """``str(name)`` cut to ``chars`` characters (a key or a path echoed in a message)."""
+    return shown_names([name], 1, chars)
+
+
+def shown_names(names, limit: int = SHOWN_NAMES, chars: int = NAME_CHARS) -> str:
+    """``a, b, c`` for the names (e.g. unknown config keys) a message lists: each ``str(name)`` cut
+    to ``chars`` characters, at most ``limit`` of them, then ``... (N more)``; however many or
+    however long the names are, the message stays one short line (a 1 MB key name gives ~60 chars)."""
+    names = list(names)
+    out = []
+    for n in names[:limit]:
+        text = str(n)
+        out.append(text if len(text) <= chars else f"{text[:chars]}...({len(text) - chars} more chars)")
+    more = len(names) - limit
+    return ", ".join(out) + (f", ... ({more} more)" if more > 0 else "")

@@ -1,4 +1,4 @@
-"""The ``cconv`` command line: run, sweep, plot, report, doctor, advise, plan.
+"""The ``cconv`` command line: run, sweep, plot, report, doctor, advise, plan, calibrate.
 
     cconv run CONFIG [--set KEY=VALUE ...] [--out DIR]
     cconv sweep SWEEP [--out DIR] [--no-figure]
@@ -8,7 +8,7 @@
     cconv report RESULTS... [--target VALUE] [--metric METRIC] [--aggregate] [--csv FILE]
     cconv doctor [--platform cuda|rocm|tpu|all] [--full] [--json FILE]
     cconv advise CONFIG --cluster NODESxGPUS [--intra LINK] [--network NET] [--device GPU]
-                 [--target METRIC=VALUE] [--probe FRACTION] [--seeds N] [--verify N] [--json] [--out DIR]
+                 [--target METRIC=VALUE] [--budget B] [--seeds N] [--verify N] [--json] [--out DIR]
                  [--set KEY=VALUE ...]
     cconv plan (--workload NAME | --params D --flops-per-sample C --batch M) --workers P --network NET[,NET...]
                [--alpha SECONDS --beta SECONDS_PER_BYTE] [--device-flops F] [--methods M1,M2 | --methods survey]
@@ -17,7 +17,9 @@
                [--interference KAPPA] [--topology NAME] [--per-layer-ratios METHOD=VALUE [--ratio-method NAME]]
                [--json]
     cconv plan --workload NAME --cluster NODESxGPUS [--intra LINK] [--network NET] [--device GPU]
-               [--schedule NAME] [--architecture hierarchical|ring|tree] [--interference KAPPA] [--json]
+               [--schedule NAME] [--architecture hierarchical|ring|tree]
+               [--implementation fused|per-tensor|mpi] [--device-profile FILE] [--interference KAPPA] [--json]
+    cconv calibrate --out FILE [--methods M1,M2] [--sizes N1,N2] [--repeats N]
 
 Every command also takes ``--debug`` (before or after the command).  The options are declared as
 one table per command, beside its handler (``COMMANDS``, ``cconv.cli_schema``); this block names
@@ -52,7 +54,7 @@ from cconv._startup import quiet_libraries as _quiet_libraries
 from cconv.advisor import cli as advise_cli
 from cconv.cli_schema import Command, Option
 from cconv.experiments.plotting import BANDS, LEGEND, X_AXES
-from cconv.theory import plan_cli
+from cconv.theory import calibrate_cli, plan_cli
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
@@ -220,6 +222,7 @@ def cmd_plot(args) -> int:
     from cconv.experiments import io, plotting, report
 
     summary = args.kind == "ratio-summary"
+    report.check_target(args.target, args.metric)
     if summary and args.panels != "single":
         raise ValueError("--panels applies to --kind curves, not to the ratio summary")
     if summary and args.network:
@@ -234,6 +237,7 @@ def cmd_plot(args) -> int:
             else f"{args.y}_vs_{args.x}{'_' + args.network if args.network else ''}"
         )
         out = os.path.join(base, name + ".png")
+    plotting.check_outputs(out)
     io.check_writable(os.path.dirname(os.path.abspath(out)))
     opts = {"band": args.band, "legend": args.legend, "title": args.title, "out": out}
     if summary:
@@ -315,8 +319,11 @@ PLOT = Command(
 
 
 def cmd_report(args) -> int:
-    from cconv.experiments import report
+    from cconv.experiments import io, report
 
+    report.check_target(args.target, args.metric)
+    if args.csv and args.csv != "-":
+        io.check_output(args.csv, "--csv")
     df = report.table(args.results, target=args.target, metric=args.metric)
     show = report.format_table
     if args.aggregate:
@@ -329,8 +336,6 @@ def cmd_report(args) -> int:
     if not any(c.startswith("bytes_to_target") for c in df.columns):
         print("(no target: pass --target LOSS or set target_loss in the config for bytes-to-target)")
     if args.csv:
-        from cconv.experiments import io
-
         io.check_writable(os.path.dirname(os.path.abspath(args.csv)))
         io.atomic_write_text(args.csv, df.to_csv(index=False))
         print(f"wrote {args.csv}")
@@ -366,7 +371,8 @@ REPORT = Command(
 # --------------------------------------------------------------------------- parser
 
 COMMANDS: dict[str, Command] = {
-    c.name: c for c in (RUN, SWEEP, PLOT, REPORT, doctor.COMMAND, advise_cli.COMMAND, plan_cli.COMMAND)
+    c.name: c
+    for c in (RUN, SWEEP, PLOT, REPORT, doctor.COMMAND, advise_cli.COMMAND, plan_cli.COMMAND, calibrate_cli.COMMAND)
 }
 """Every ``cconv`` command, in the order of ``cconv --help``; each table lives beside its handler."""
 

@@ -36,7 +36,6 @@ kernel is built: the kernel then sits in the CPU branch of ``lax.platform_depend
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import time
 from collections import Counter
@@ -56,6 +55,7 @@ from cconv.comm import hlo
 from cconv.comm.aggregation import COLLECTIVES, TRANSPORTS, method_of
 from cconv.engine import EngineConfig, build
 from cconv.engine.launchers import LAUNCHERS
+from cconv.experiments import io
 
 PLATFORMS = ("cuda", "rocm", "tpu")
 WORKERS = 4
@@ -310,6 +310,8 @@ def summary(results: list[Result]) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     """``cconv doctor``: print the table; exit 1 when a valid combination does not lower."""
+    if args.json:  # refused before the checks run (minutes), never followed if a link (cconv.experiments.io)
+        io.check_output(args.json, "--json", in_results=False)
     configure_devices(WORKERS)
     platforms = PLATFORMS if args.platform == "all" else (args.platform,)
     t0 = time.perf_counter()
@@ -321,8 +323,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"\n{summary(results)} in {time.perf_counter() - t0:.0f} s")
     if args.json:
         rows = [{**r._asdict(), "combo": {**r.combo._asdict(), "hparams": dict(r.combo.hparams)}} for r in results]
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        io.write_json(args.json, rows)
     return 1 if any(r.status == "fails" for r in results) else 0
 
 

@@ -26,31 +26,61 @@ def power_curve(a: float, b: float, steps: np.ndarray, seeds: int = 3, sigma: fl
     return X.Curve(steps.astype(float), g[None] * noise)
 
 
-def test_power_law_extrapolates_to_the_known_step():
-    """Noise-free gap 2 t^-0.5: the target gap 0.05 is reached at t* = (2/0.05)^2 = 1600."""
-    steps = np.arange(10, 201, 10)
-    p = X.predict(power_curve(2.0, 0.5, steps), LOSS)
-    assert p.status == "predicted"
-    assert p.steps == pytest.approx(1600, rel=1e-6)
-    assert p.rate == pytest.approx(0.5, rel=1e-6)
-    # no noise: the interval is the extrapolation term alone, kappa log(1 + t*/t_end) each side
-    half = X.Settings().kappa * math.log(1 + 1600 / 200)
-    assert p.hi == pytest.approx(1600 * math.exp(half), rel=1e-6)
-    assert p.lo == pytest.approx(1600 * math.exp(-half), rel=1e-6)
+def _noisy(f, steps, seeds=3, sigma=0.03, seed=0) -> X.Curve:
+    rng = np.random.default_rng(seed)
+    return X.Curve(
+        steps.astype(float),
+        np.stack([f(steps) * np.exp(sigma * rng.standard_normal(len(steps))) for _ in range(seeds)]),
+    )
 
 
-def test_accuracy_curve_uses_the_gap_to_one():
-    """accuracy = 1 - 5/t, logged at t = 10 ... 40 (0.875 at the end): 0.9 at t* = 50."""
-    steps = np.arange(10, 41, 2.5)
-    p = X.predict(X.Curve(steps, np.tile(1 - 5.0 / steps, (2, 1))), ACC)
-    assert p.status == "predicted" and p.steps == pytest.approx(50, rel=1e-6)
+# Each family recovered from noisy synthetic data (3 seeds, 3 % multiplicative noise, fixed keys):
+# the held-out choice picks the true family and t* lands within 10 % of the known answer (20 % for
+# the power law, whose target lies 8 curve lengths ahead).
+FAMILY_CASES = {
+    "power": (lambda t: 2.0 * t**-0.5, (2.0 / 0.05) ** 2),
+    "exp": (lambda t: 1.0 * np.exp(-0.01 * t), math.log(1 / 0.05) / 0.01),
+    "loglogistic": (lambda t: 1.0 / (1 + (t / 150.0) ** 2.0), 150 * math.sqrt(1 / 0.05 - 1)),
+}
 
 
-def test_reached_within_the_probe_is_interpolated():
+@pytest.mark.parametrize("family", list(FAMILY_CASES))
+def test_each_curve_family_is_recovered(family):
+    f, truth = FAMILY_CASES[family]
+    p = X.predict(_noisy(f, np.arange(5, 205, 5)), LOSS)
+    assert p.status == "predicted" and p.family == family
+    assert p.steps == pytest.approx(truth, rel=0.20 if family == "power" else 0.10)
+    assert p.lo <= truth <= p.hi
+
+
+def test_a_power_law_alone_misreads_an_s_curve():
+    """The failure the families fix: an S-shaped curve (plateau, then t^-2) seen up to its knee; a
+    power law fitted to it predicts far too many steps, the log-logistic fit is close."""
+    f, truth = FAMILY_CASES["loglogistic"]
+    steps = np.arange(5, 205, 5)
+    xs, le = steps.astype(float), np.log(f(steps))
+    power = X.CV.fit_power(xs, le).steps_to(math.log(0.05))
+    assert power > 2 * truth
+    assert X.predict(_noisy(f, steps), LOSS).steps == pytest.approx(truth, rel=0.10)
+
+
+def test_warp_borrows_the_shape_of_a_curve_that_ran_further():
+    """A candidate that learns like a reference, twice as slowly: its target step is twice the
+    reference's, which the reference reached (an interpolation, not an extrapolation)."""
+    g = lambda t: np.exp(-((t / 50.0) ** 2))  # a shape none of the other families has
+    ref_steps = np.arange(2, 301, 2, dtype=float)
+    ref = X.reference(X.Curve(ref_steps, g(ref_steps)[None]), LOSS)
+    cand = np.arange(4, 121, 4, dtype=float)
+    p = X.predict(X.Curve(cand, np.tile(g(cand / 2.0), (3, 1))), LOSS, refs=(ref,))
+    assert p.family == "warp"
+    assert p.steps == pytest.approx(2 * 50.0 * math.sqrt(math.log(20.0)), rel=0.03)
+
+
+def test_reached_within_the_curve_is_interpolated():
     steps = np.array([10.0, 20.0, 30.0, 40.0])
     vals = np.array([[0.5, 0.8, 0.95, 0.97]])  # 0.9 between steps 20 and 30: 20 + 10 * (0.2 - 0.1)/(0.2 - 0.05)
     p = X.predict(X.Curve(steps, vals), ACC)
-    assert p.status == "reached" and p.ok
+    assert p.status == "reached" and p.ok and p.observed
     assert p.steps == pytest.approx(20 + 10 * 0.1 / 0.15)
     assert (p.lo, p.hi) == (20.0, 30.0)
 
@@ -61,69 +91,57 @@ def test_no_prediction_when_diverged_stalled_or_far():
     nan[1, 4] = np.nan
     p = X.predict(X.Curve(steps, nan), LOSS)
     assert p.status == "diverged" and not p.ok and "seed 1" in p.reason and "step 50" in p.reason
-    flat = X.Curve(steps, np.full((3, len(steps)), 0.7))
-    assert X.predict(flat, LOSS).status == "stalled"
-    slow = power_curve(1.0, 0.1, steps)  # 0.05 at t = 20^10: far beyond 50 probes
+    rising = X.Curve(steps, np.tile(0.7 + 0.001 * steps, (3, 1)))
+    assert X.predict(rising, LOSS).status == "stalled"
+    slow = power_curve(1.0, 0.1, steps)  # 0.05 at t = 20^10: far beyond 30 curve lengths
     p = X.predict(slow, LOSS)
-    assert p.status == "not-approached" and "x the probe" in p.reason
+    assert p.status == "not-approached" and "(limit 30x)" in p.reason
     assert X.predict(X.Curve(steps[:3], power_curve(1.0, 0.5, steps[:3]).values), LOSS).status == "too-short"
 
 
 def test_noisy_seeds_are_refused_not_ranked():
-    """Seeds whose curves disagree wildly give an interval wider than max_width: 'noisy'."""
-    rng = np.random.default_rng(0)
+    """Seeds whose own curves decay at different rates (t^-0.3, t^-0.6, t^-1.2: their own
+    predictions of the target step spread 80x) are 'noisy', not ranked on their mean."""
     steps = np.arange(10, 101, 10, dtype=float)
-    p = X.predict(power_curve(1.0, 0.6, steps, sigma=0.6, rng=rng), LOSS)
+    vals = np.stack([steps**-b for b in (0.3, 0.6, 1.2)])
+    p = X.predict(X.Curve(steps, vals), T.Target("test_loss", 0.05, T.KINDS["loss"]))
     assert p.status == "noisy" and not p.ok
 
 
-def test_interval_does_not_vanish_just_past_the_probe():
-    """Noise-free gap 2 t^-0.5 logged to t = 200, target 1.05 probes ahead: the interval keeps
-    kappa log(1 + 1.05) each side (a plain log(t*/t_end) left kappa log 1.05, a 1 % interval, and
-    covered 17 % of the text task's full runs at a 20 % probe)."""
-    steps = np.arange(10, 201, 10)
-    e = 2.0 * 210.0**-0.5
-    p = X.predict(power_curve(2.0, 0.5, steps), T.Target("test_loss", e, T.KINDS["loss"]))
-    assert p.status == "predicted" and p.steps == pytest.approx(210, rel=1e-6)
-    assert p.hi == pytest.approx(210 * math.exp(X.Settings().kappa * math.log(1 + 1.05)), rel=1e-6)
-    assert p.hi / p.steps > 1.15
-
-
-def test_far_but_clean_extrapolation_is_not_called_noisy():
-    """'noisy' judges the noise part of the interval only: a noise-free curve extrapolated 40x
-    (within max_extrapolation) with a wide model term (kappa 0.5: a 41x interval) is predicted."""
-    steps = np.arange(10, 101, 10, dtype=float)
-    e = 2.0 * 4000.0**-0.5
-    p = X.predict(power_curve(2.0, 0.5, steps), T.Target("test_loss", e, T.KINDS["loss"]), X.Settings(kappa=0.5))
-    assert p.status == "predicted" and p.steps == pytest.approx(4000, rel=1e-6)
-    assert p.hi / p.lo > X.Settings().max_width
-
-
-# Coverage on synthetic noisy curves with a known answer.  The interval is nominally 90 %
-# (z = 1.645) before the extrapolation term widens it, so its coverage p >= 0.9; with n = 400
-# independent curves the observed share has sd sqrt(0.9 x 0.1 / 400) = 0.015, and the bound
-# 0.9 - 4 sd = 0.84 fails with probability < 1e-4 if the interval is right.
-def test_interval_coverage_on_noisy_power_laws():
+# Coverage on synthetic noisy curves of every family with a known answer, targets 1.2 to 3 curve
+# lengths ahead.  With n >= 250 curves, if the true coverage were 0.7 the observed share would have
+# sd sqrt(0.7 x 0.3 / 250) = 0.029: the bound 0.7 holds the calibrated interval to the goal the
+# validation states (its measured share here is ~0.9, 7 sd above).
+def test_interval_coverage_on_noisy_curves_of_every_family():
     rng = np.random.default_rng(1234)
-    steps = np.arange(4, 41, 4, dtype=float)
+    steps = np.arange(4, 81, 4, dtype=float)
     hits = n = 0
-    for _ in range(400):
-        a, b = rng.uniform(0.5, 2.0), rng.uniform(0.3, 0.8)
-        c = power_curve(a, b, steps, seeds=3, sigma=0.05, rng=rng)
-        e_star = a * (steps[-1] * rng.uniform(1.5, 8.0)) ** (-b)  # the target 1.5 to 8 probes ahead
-        tgt = T.Target("test_loss", e_star, T.KINDS["loss"])
-        p = X.predict(c, tgt)
+    for i in range(300):
+        kind = ("power", "exp", "loglogistic")[i % 3]
+        ahead = steps[-1] * rng.uniform(1.2, 3.0)
+        if kind == "power":
+            b = rng.uniform(0.3, 0.8)
+            f, e = (lambda t, b=b: t**-b), ahead**-b
+        elif kind == "exp":
+            k = rng.uniform(0.005, 0.03)
+            f, e = (lambda t, k=k: np.exp(-k * t)), math.exp(-k * ahead)
+        else:
+            tau, b = rng.uniform(20, 60), rng.uniform(1.0, 3.0)
+            f, e = (lambda t, tau=tau, b=b: 1 / (1 + (t / tau) ** b)), 1 / (1 + (ahead / tau) ** b)
+        p = X.predict(_noisy(f, steps, sigma=0.03, seed=i), T.Target("test_loss", e, T.KINDS["loss"]))
         if not p.ok:
             continue
         n += 1
-        hits += p.lo <= (a / e_star) ** (1 / b) <= p.hi
-    assert n >= 380
-    assert hits / n >= 0.84
+        hits += p.lo <= ahead <= p.hi
+    assert n >= 250
+    assert hits / n >= 0.7
 
 
 def test_metric_at_the_budget_follows_the_fit():
-    steps = np.arange(10, 101, 10, dtype=float)
-    assert X.metric_at(power_curve(2.0, 0.5, steps), LOSS, 400) == pytest.approx(2.0 / 20)
+    steps = np.arange(10, 201, 10, dtype=float)
+    f, _ = FAMILY_CASES["exp"]
+    assert X.metric_at(_noisy(f, steps, sigma=0.0), LOSS, 400) == pytest.approx(math.exp(-4.0), rel=0.02)
+    assert X.metric_at(_noisy(f, steps, sigma=0.0), LOSS, 100) == pytest.approx(math.exp(-1.0), rel=1e-6)
 
 
 # --------------------------------------------------------------------------- targets
@@ -172,10 +190,10 @@ def test_candidates_from_an_advise_block():
     cfg = _cfg(advise=block)
     cands = SP.candidates(SP.parse(cfg.advise, cfg))
     names = [c.name for c in cands]
-    assert names[0] == "none" and cands[0].dense  # the dense baseline first
-    # none: no memory; 3 real compressor points x 2 memories; x 2 sync modes; + none under local SGD
+    assert names[0] == "dense" and cands[0].dense  # the dense baseline first
+    # dense: no memory; 3 real compressor points x 2 memories; x 2 sync modes; + dense under local SGD
     assert len(cands) == 2 + 3 * 2 * 2 + 1
-    assert "topk(ratio=0.01) ef local_steps=4" in names and "none ef" not in names
+    assert "top-k 1 % + EF, local SGD H=4" in names and "dense + EF" not in names
     inc = cands[-1]
     assert inc.overrides == {
         "compressor": {"name": "qsgd"},
@@ -186,18 +204,25 @@ def test_candidates_from_an_advise_block():
     }
 
 
-def test_default_candidates_come_from_the_registries():
+def test_default_candidates_pair_error_feedback_by_the_bound():
+    """The default search: every knobbed compressor at its extreme values, error feedback around
+    the biased ones and none around the unbiased ones (read from the theory's bound), the dense
+    baseline and dense local SGD."""
     from cconv import compressors as C
+    from cconv.theory import constants
 
     cfg = _cfg()
     cands = SP.candidates(SP.parse(None, cfg))
+    over = [c.overrides for c in cands]
     knobbed = [n for n in C.names() if C.entry(n).knob is not None and C.entry(n).knob.values]
     for n in knobbed:
         k = C.entry(n).knob
         for v in (min(k.values), max(k.values)):
-            for mem in ("", " ef"):
-                assert f"{n}({k.name}={v}){mem}" in [c.name for c in cands]
+            unbiased = constants.constants(C.get(n, **{k.name: v}), (64, 64)).kind == "unbiased"
+            mine = [o for o in over if o["compressor"] == {"name": n, k.name: v}]
+            assert [o["memory"] for o in mine] == ["none" if unbiased else "ef"], (n, v)
     assert any(c.dense and c.overrides.get("local_steps") for c in cands)  # a non-BSP mode
+    assert len(cands) <= SP.MAX_CANDIDATES
 
 
 @pytest.mark.parametrize(
@@ -207,16 +232,39 @@ def test_default_candidates_come_from_the_registries():
         ({"compresors": []}, "unknown key"),
         ({"compressors": [{"ratio": 0.1}]}, "mapping with 'name'"),
         ({"sync": ["nope"]}, "unknown mode 'nope'"),
+        ({"sync": []}, "an empty list"),
         ({"schedules": ["bogus"]}, "unknown schedule"),
-        ({"probe": 1.5}, r"fraction in \(0, 1\]"),
-        ({"seeds": 0}, "integer >= 1"),
+        ({"budget": 0}, r"number in \(0, 100\]"),
+        ({"budget": float("nan")}, r"number in \(0, 100\]"),
+        ({"seeds": 0}, r"integer in \[1, 16\]"),
+        ({"seeds": 100000000}, r"integer in \[1, 16\]"),
         ({"include": [{"bogus": 1}]}, "unknown config key"),
+        ({"include": [{"seed": 3}]}, "cannot vary between candidates"),
+        ({"include": [{"steps": 10, "local_steps": 2}]}, "cannot vary between candidates"),
+        ({"include": [{"schedule": "wfbp"}]}, "cannot vary between candidates"),
+        ({"sync": [{"workers": 4}]}, "cannot vary between candidates"),
     ],
 )
 def test_bad_advise_blocks(block, match):
     cfg = _cfg()
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=match) as e:
         SP.parse(block, cfg)
+    assert "\n" not in str(e.value)
+
+
+def test_a_huge_block_is_counted_before_it_is_expanded():
+    """Knob lists multiplying to 10^12 candidates: refused from the count, in well under a second
+    and without building one candidate (before: expanded in memory, then MemoryError)."""
+    import time
+
+    block = {
+        "compressors": [{"name": "topk", "ratio": [0.1] * 1000, "x": [1] * 1000, "y": [2] * 1000, "z": [3] * 1000}]
+    }
+    t = time.perf_counter()
+    with pytest.raises(ValueError, match="over a million candidates; the limit is 64"):
+        SP.parse(block, _cfg())
+    assert time.perf_counter() - t < 1.0
+    assert SP.count({"compressors": ["none", {"name": "topk", "ratio": [0.1, 0.01]}], "memory": ["none", "ef"]}) == 8
 
 
 def test_config_loader_accepts_the_block_and_leaves_the_digest():
@@ -226,6 +274,142 @@ def test_config_loader_accepts_the_block_and_leaves_the_digest():
     assert from_dict({}).digest() == from_dict({"advise": None}).digest()
     with pytest.raises(ConfigError, match="advise must be a mapping"):
         from_dict({"advise": [1]})
+
+
+# --------------------------------------------------------------------------- the race
+
+
+def _arms(step_s: dict) -> list:
+    from cconv.advisor import race
+
+    return [race.Arm(n, s) for n, s in step_s.items()]
+
+
+def _synthetic_observer(curves: dict, every: int = 1):
+    """observe() over known curves: name -> f(t) of test_loss, logged every ``every`` steps;
+    records the steps asked of each arm."""
+    from cconv.advisor import race
+
+    asked: dict = {}
+
+    def observe(name, upto):
+        asked.setdefault(name, []).append(upto)
+        t = np.arange(every, upto + 1, every, dtype=float)
+        f = curves[name]
+        v = np.stack([f(t) * (1 + 0.01 * k) for k in range(3)])
+        if not np.all(np.isfinite(v)) or np.any(v > 10 * f(np.array([1.0]))[0]):
+            return race.Observation(X.Curve(t, v), upto, "loss above 10x the first step's")
+        return race.Observation(X.Curve(t, v), upto)
+
+    return observe, asked
+
+
+def test_the_race_keeps_the_best_and_observes_it():
+    """Eight candidates whose losses fall at known rates, at equal step times: the fastest survives
+    every rung and is seen to reach the target; the slowest is pruned first."""
+    from cconv.advisor import race
+
+    rates = {f"c{i}": 0.004 * (i + 1) for i in range(8)}  # c7 fastest
+    curves = {n: (lambda t, k=k: np.exp(-k * t)) for n, k in rates.items()}
+    observe, asked = _synthetic_observer(curves)
+    tgt = T.Target("test_loss", math.exp(-0.032 * 60), T.KINDS["loss"])  # c7 reaches it at step 60
+    res = race.race(_arms({n: 1e-3 for n in rates}), observe, tgt, max_steps=400, budget=400)
+    st = {s.arm.name: s for s in res.standings}
+    assert st["c7"].status == "reached" and st["c7"].reached_at == pytest.approx(60, abs=1)
+    assert st["c0"].status == "pruned" and st["c0"].rung == 0
+    assert res.spent <= res.budget
+    assert max(asked["c7"]) >= 60 and max(asked["c0"]) == min(max(v) for v in asked.values())
+
+
+def test_equal_time_gives_cheaper_steps_more_of_them():
+    """Rungs are time on the cluster: an arm whose step costs half as much trains twice the steps."""
+    from cconv.advisor import race
+
+    curves = {"slow": lambda t: np.exp(-0.01 * t), "cheap": lambda t: np.exp(-0.01 * t)}
+    observe, asked = _synthetic_observer(curves)
+    tgt = T.Target("test_loss", 1e-6, T.KINDS["loss"])
+    res = race.race(_arms({"slow": 2e-3, "cheap": 1e-3}), observe, tgt, max_steps=1000, budget=600)
+    assert asked["cheap"][0] == 2 * asked["slow"][0]
+    assert res.rungs[0].steps == {"slow": asked["slow"][0], "cheap": asked["cheap"][0]}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_race_never_exceeds_its_budget(seed):
+    """Random arm counts, step times, curves and budgets (fixed keys): the steps the race trains
+    never exceed the budget, and each arm's steps never exceed max_steps."""
+    from cconv.advisor import race
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 12))
+    rates = rng.uniform(0.001, 0.05, n)
+    curves = {f"a{i}": (lambda t, k=k: np.exp(-k * t)) for i, k in enumerate(rates)}
+    observe, asked = _synthetic_observer(curves, every=int(rng.integers(1, 4)))
+    max_steps = int(rng.integers(50, 400))
+    budget = int(rng.integers(n * race.MIN_STEPS, 3 * max_steps))
+    tgt = T.Target("test_loss", float(np.exp(-rng.uniform(0.5, 6))), T.KINDS["loss"])
+    res = race.race(_arms({f"a{i}": float(rng.uniform(1e-4, 1e-2)) for i in range(n)}), observe, tgt, max_steps, budget)
+    assert res.spent <= budget
+    assert sum(max(v) for v in asked.values()) <= budget
+    assert all(max(v) <= max_steps for v in asked.values())
+
+
+def test_an_exploding_candidate_is_diverged_and_dropped():
+    from cconv.advisor import race
+
+    curves = {"ok": lambda t: np.exp(-0.01 * t), "boom": lambda t: 2.5 * np.exp(0.8 * t)}
+    observe, asked = _synthetic_observer(curves)
+    tgt = T.Target("test_loss", 0.5, T.KINDS["loss"])
+    res = race.race(_arms({"ok": 1e-3, "boom": 1e-3}), observe, tgt, max_steps=300, budget=600)
+    st = {s.arm.name: s for s in res.standings}
+    assert st["boom"].status == "diverged" and "10x" in st["boom"].diverged
+    assert len(asked["boom"]) == 1  # not trained again
+
+
+def _row(name, over, steps, step_s, status="predicted", lo=None, hi=None):
+    from cconv.advisor import report as R
+    from cconv.advisor.timing import StepTime
+
+    p = X.Prediction(status, steps, lo or steps / 2, hi or steps * 2, extrapolation=2.0)
+    return R.Row(name, over, "mg-wfbp", p, StepTime("mg-wfbp", step_s, step_s / 2, step_s / 4, step_s / 4), 1.0, 0.9)
+
+
+def test_speedups_are_over_the_dense_bsp_baseline():
+    """Two dense rows (BSP and local SGD): speedups are over the named baseline (BSP), not over
+    whichever dense row came last (a bug this test caught)."""
+    from cconv.advisor import report as R
+
+    rows = R.rank(
+        [
+            _row("dense", {"compressor": {"name": "none"}}, 100, 1.0),
+            _row("dense, local SGD H=4", {"compressor": {"name": "none"}, "local_steps": 4}, 100, 0.25),
+            _row("top-k", {"compressor": {"name": "topk"}}, 100, 0.5),
+        ],
+        budget=1000,
+        baseline="dense",
+    )
+    speed = {r.candidate: r.speedup for r in rows}
+    assert speed == {"dense, local SGD H=4": 4.0, "top-k": 2.0, "dense": 1.0}
+    assert [r.rank for r in rows] == [1, 2, 3]
+    ok, line = R.recommendation(rows, "test_accuracy>=0.9", "1x8", 1000)
+    assert ok and line.startswith("Recommended: dense, local SGD H=4 (mg-wfbp)") and "4.00x dense" in line
+    assert "compute-bound (50 %)" in line
+
+
+def test_a_candidate_predicted_past_the_budget_is_never_recommended():
+    """The fastest predicted time belongs to a candidate that needs more steps than the budget:
+    it is listed, unranked, never recommended; when nothing fits, the line says what budget would."""
+    from cconv.advisor import report as R
+
+    fast_but_long = _row("top-k", {"compressor": {"name": "topk"}}, 900, 1e-3, lo=700, hi=1200)
+    slow = _row("dense", {"compressor": {"name": "none"}}, 400, 1.0)
+    rows = R.rank([fast_but_long, slow], budget=500, baseline="dense")
+    assert [r.candidate for r in rows if r.rank] == ["dense"]
+    ok, line = R.recommendation(rows, "test_loss<=0.1", "1x8", 500)
+    assert ok and line.startswith("Recommended: dense")
+    rows = R.rank([fast_but_long], budget=500, baseline="dense")
+    ok, line = R.recommendation(rows, "test_loss<=0.1", "1x8", 500)
+    assert not ok and "no candidate reaches test_loss<=0.1 within 500 steps" in line
+    assert "a step budget of 1200 would reach it" in line
 
 
 # --------------------------------------------------------------------------- the command
@@ -241,7 +425,10 @@ QUICK = os.path.join(os.path.dirname(__file__), "..", "experiments", "quickstart
         (["--cluster", "2x4", "--device", "tpu9"], "tpu9"),
         (["--cluster", "2x4", "--target", "test_accuracy=1.5"], "never reaches"),
         (["--cluster", "2x4", "--target", "test_bleu=3"], "unknown metric 'test_bleu'; this task logs"),
-        (["--cluster", "2x4", "--probe", "0.001"], "too short"),
+        (["--cluster", "2x4", "--budget", "0.01"], "raise --budget to"),
+        (["--cluster", "2x4", "--budget", "nan"], "--budget must be"),
+        (["--cluster", "2x4", "--seeds", "100000000"], "--seeds must be an integer in [1, 16]"),
+        (["--cluster", "2x4", "--verify", "-1"], "--verify must be"),
         (["--cluster", "3x1"], "not divisible by the cluster's 3 workers"),
         ([], "--cluster NODESxGPUS is required"),
     ],
@@ -256,67 +443,90 @@ def test_bad_options_exit_2_before_writing(args, match, tmp_path, capsys):
     assert not out.exists()
 
 
-@pytest.mark.slow
+def test_out_must_be_an_advice_directory(tmp_path, capsys):
+    """A sweep's or a run's directory (anything but an earlier advice's files) is refused as --out,
+    and so is a link, before anything is written (before: its probes joined the sweep's report)."""
+    from cconv.cli import main
+
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "report.csv").write_text("run,loss\n")
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", tmp_path / "link")
+    for out, what in ((sweep, "not an advice directory"), (tmp_path / "link", "symbolic link")):
+        assert main(["advise", QUICK, "--cluster", "1x8", "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and what in err[0], err
+    assert sorted(os.listdir(sweep)) == ["report.csv"] and os.listdir(tmp_path / "elsewhere") == []
+
+
+TINY_ADVISE = {
+    "model": {"name": "mlp", "hidden": [32]},
+    "data": "digits",
+    "batch_size": 64,
+    "steps": 120,
+    "lr": 0.2,
+    "advise": {"compressors": ["none", {"name": "topk", "ratio": 0.1}], "memory": ["ef"], "sync": ["bsp"]},
+}
+
+
 def test_advise_end_to_end_on_digits(tmp_path):
-    """Three candidates, two seeds, a 24-step probe of a 120-step budget on a 1x4 cluster: ranked
-    rows with intervals and times, the recommendation, JSON and figure written, and --verify's
-    full run of the pick compared with its prediction."""
+    """Two candidates, two seeds, a 120-step budget on a 1x4 cluster: raced within the budget, rows
+    with times and reasons, the recommendation (observed or predicted within the budget), JSON and
+    figure written."""
     import cconv
 
-    base = {
-        "model": {"name": "mlp", "hidden": [32]},
-        "data": "digits",
-        "batch_size": 64,
-        "steps": 120,
-        "lr": 0.2,
-        "advise": {"compressors": ["none", {"name": "topk", "ratio": 0.1}], "memory": ["ef"], "sync": ["bsp"]},
-    }
-    adv = cconv.advise(
-        base, "1x4", target="test_accuracy=0.85", probe=0.2, seeds=2, verify_top=1, out=str(tmp_path / "a")
-    )
-    assert adv.workers == 4 and adv.probe_steps == 24 and adv.seeds == 2
-    assert [r.candidate for r in adv.rows if r.rank] or not adv.supported
-    names = {r.candidate for r in adv.rows}
-    assert names == {"none", "topk(ratio=0.1) ef"}
+    adv = cconv.advise(TINY_ADVISE, "1x4", target="test_accuracy=0.85", seeds=2, out=str(tmp_path / "a"))
+    assert adv.workers == 4 and adv.seeds == 2 and adv.steps == 120
+    assert 0 < adv.spent <= adv.budget == 1.0
+    assert {r.candidate for r in adv.rows} == {"dense", "top-k 10 % + EF"}
     for r in adv.rows:
-        assert r.step.step_s > 0 and r.step.compute_s > 0 and r.bytes_per_step > 0
+        assert r.step.step_s > 0 and r.step.compute_s > 0 and r.bytes_per_step > 0 and r.why
         if r.rank:
-            assert r.time_lo <= r.time_s <= r.time_hi
-    top = next(r for r in adv.rows if r.rank == 1)
-    dense = next(r for r in adv.rows if r.candidate == "none")
-    assert top.step.comm_s <= dense.step.comm_s  # top-k moves fewer bytes than dense or is dense
-    assert adv.recommendation.startswith("Recommended: ")
+            assert r.time_lo <= r.time_s <= r.time_hi and r.prediction.steps <= 120
+    assert adv.supported and adv.recommendation.startswith("Recommended: ")
     data = json.loads(open(adv.outputs["json"]).read())
     assert data["recommendation"] == adv.recommendation and len(data["rows"]) == 2
     assert os.path.getsize(adv.outputs["figure"]) > 10_000
-    (v,) = adv.verify
-    assert v.candidate == top.candidate and math.isfinite(v.actual)
 
 
-def test_speedups_are_over_the_dense_bsp_baseline():
-    """Two dense rows (BSP and local SGD): speedups are over the named baseline (BSP), not over
-    whichever dense row came last (a bug this test caught)."""
-    from cconv.advisor import report as R
-    from cconv.advisor.timing import StepTime
+@pytest.mark.slow
+def test_advise_again_retrains_nothing_and_verifies(tmp_path):
+    """A second advise on the same --out reuses every probe (no metrics file changes) and --verify
+    continues only the pick, to the full budget, and compares it with its prediction."""
+    import cconv
+    from cconv.advisor.probes import slug
 
-    def row(name, over, steps, step_s):
-        p = X.Prediction("predicted", steps, steps / 2, steps * 2, extrapolation=2.0)
-        return R.Row(name, over, "mg-wfbp", p, StepTime("mg-wfbp", step_s, 0, 0, 0), 1.0, 0.9)
-
-    rows = R.rank(
-        [
-            row("none", {"compressor": {"name": "none"}}, 100, 1.0),
-            row("none local_steps=4", {"compressor": {"name": "none"}, "local_steps": 4}, 100, 0.25),
-            row("topk", {"compressor": {"name": "topk"}}, 100, 0.5),
-        ],
-        budget=1000,
-        baseline="none",
+    out = str(tmp_path / "a")
+    adv = cconv.advise(TINY_ADVISE, "1x4", target="test_accuracy=0.85", seeds=2, out=out)
+    probes_dir = os.path.join(out, "probes")
+    mtimes = {d: os.path.getmtime(os.path.join(probes_dir, d, "metrics.jsonl")) for d in os.listdir(probes_dir)}
+    again = cconv.advise(TINY_ADVISE, "1x4", target="test_accuracy=0.85", seeds=2, out=out, verify_top=1)
+    pick = lambda a: next(r.candidate for r in a.rows if r.rank == 1)  # noqa: E731
+    assert pick(again) == pick(adv)  # times differ by the host's timing noise (exchange measured here)
+    (v,) = again.verify
+    assert v.candidate == pick(again) and math.isfinite(v.actual)
+    others = {d: t for d, t in mtimes.items() if d != slug(pick(again))}
+    assert others and all(
+        os.path.getmtime(os.path.join(probes_dir, d, "metrics.jsonl")) == t for d, t in others.items()
     )
-    speed = {r.candidate: r.speedup for r in rows}
-    assert speed == {"none local_steps=4": 4.0, "topk": 2.0, "none": 1.0}
-    assert [r.rank for r in rows] == [1, 2, 3]
-    ok, line = R.recommendation(rows, "test_accuracy>=0.9", "1x8", "none")
-    assert ok and line.startswith("Recommended: none local_steps=4 (mg-wfbp)") and "4.00x dense" in line
+
+
+def test_advise_writes_nothing_through_links(tmp_path):
+    """advice.png, probes/ and probes/<candidate> that are symbolic links are refused with one
+    line, and the files they point to are untouched (before: advice.png was written through)."""
+    import cconv
+    from cconv.experiments.io import ForeignFileError
+
+    victim = tmp_path / "victim.png"
+    victim.write_bytes(b"keep")
+    for name, target in (("advice.png", victim), ("probes", tmp_path)):
+        out = tmp_path / f"a-{name}"
+        out.mkdir()
+        os.symlink(target, out / name)
+        with pytest.raises(ForeignFileError, match="symbolic link"):
+            cconv.advise(TINY_ADVISE, "1x4", target="test_accuracy=0.85", seeds=2, out=str(out))
+    assert victim.read_bytes() == b"keep"
 
 
 def test_mnist1d_is_generated_offline_as_a_width_one_image():

@@ -81,6 +81,7 @@ BAD_USAGE = [
     (["plan", "--workers", "0"], "argument --workers: expected a positive integer, got '0'"),
     (["plan", "--granularity", "perlayer"], "argument --granularity: invalid choice: 'perlayer'"),
     (["plan", "--bogus"], "unrecognized arguments: --bogus"),
+    (["calibrate", "--sizes", "1e3,x"], "argument --sizes: bad list '1e3,x': expected a positive integer, got 'x'"),
 ]
 
 

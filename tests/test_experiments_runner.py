@@ -128,11 +128,32 @@ def test_divergence_is_a_result(tmp_path):
     res = execute(cfg, str(tmp_path / "run"))
     assert res.status == "diverged"
     s = io.read_summary(str(tmp_path / "run"))
-    assert s["status"] == "diverged" and "non-finite loss at step" in s["error"]
+    assert s["status"] == "diverged" and s["error"].startswith("seed 0: ")
+    why = s["per_seed"]["0"]["diverged_why"]
+    assert "non-finite loss" in why or "x the first step's" in why
     ls = lines(str(tmp_path / "run"))
     assert ls and ls[-1]["step"] < 40
     last = ls[-1]["loss"]
-    assert last is None or last in ("inf", "-inf") or not math.isfinite(last)
+    assert last is None or last in ("inf", "-inf") or not math.isfinite(last) or last > 10 * ls[0]["loss"]
+
+
+def test_a_finite_explosion_is_diverged(tmp_path):
+    """A loss that grows geometrically but stays finite (gradient descent past 2/L on least squares)
+    is ``diverged`` at the step it passes 10x the first step's, with the numbers in the summary."""
+    from cconv.experiments.divergence import FACTOR
+
+    raw = {**TINY, "data": "least_squares", "model": {"name": "linear"}, "lr": 3.0, "compressor": "none"}
+    cfg = from_dict({**raw, "memory": "none", "network": None, "steps": 60, "log_every": 1})
+    res = execute(cfg, str(tmp_path / "run"))
+    ls = lines(str(tmp_path / "run"))
+    losses = [ln["loss"] for ln in ls]
+    assert all(math.isfinite(x) for x in losses)  # never overflowed: the old rule said 'completed'
+    assert res.status == "diverged"
+    s = io.read_summary(str(tmp_path / "run"))
+    why = s["per_seed"]["0"]["diverged_why"]
+    assert f"x the first step's {losses[0]:.4g}" in why
+    assert losses[-1] > FACTOR * losses[0] >= max(losses[:-1])
+    assert ls[-1]["step"] < 60
     json.dumps(s)
 
 

@@ -1,11 +1,14 @@
-"""``advise``: which candidate reaches the target soonest on the cluster, predicted from probes.
+"""``advise``: which candidate reaches the target soonest on the cluster, raced and observed.
 
-    probe every candidate (``probes``) -> steps to target (``extrapolate``)
-    -> seconds per step on the cluster (``timing``) -> rank, table, JSON, figure (``report``,
-    ``figure``) -> optionally train the top N to the target and compare (``verify``).
+    validate everything (``prepare``) -> build each candidate once and time its step on the
+    cluster (``timing``) -> race them at equal simulated time (``race``: successive halving, the
+    finalists to the target) within ``budget`` full dense runs of training steps -> every
+    candidate's time to target, observed or predicted from its curve (``extrapolate``) -> rank,
+    table, JSON, figure (``report``, ``figure``) -> optionally continue the top N to the config's
+    full step budget and compare (``verify``).
 
 Everything that can be wrong with the input (config, cluster, target, options, every candidate's
-config) is checked by ``prepare`` before anything is written.
+config, the budget) is checked by ``prepare`` before anything is written.
 """
 
 from __future__ import annotations
@@ -15,30 +18,29 @@ import os
 import time
 from typing import Any, NamedTuple
 
-from cconv.advisor import extrapolate as X
-from cconv.advisor import probes as PR
-from cconv.advisor import report as R
-from cconv.advisor import space as SP
-from cconv.advisor import target as T
-from cconv.advisor import timing as TM
+from cconv.advisor import extrapolate, probes, race, report, space, timing
+from cconv.advisor.space import Candidate, Space
+from cconv.advisor.target import Target
+from cconv.experiments.config import RunConfig
+from cconv.theory.cluster import Cluster
 
-DEFAULT_PROBE, DEFAULT_SEEDS, MIN_PROBE_STEPS = 0.1, 3, 8
+DEFAULT_BUDGET, DEFAULT_SEEDS, POINTS = 1.0, 3, 8  # POINTS: metric lines in the race's first rung
 JSON_NAME, FIGURE_NAME = "advice.json", "advice.png"
+KIND = "advise"  # the kind of output directory (``io.claim_dir``)
 
 
 class Plan(NamedTuple):
     """Everything resolved and validated before anything is written."""
 
-    base: Any  # RunConfig
+    base: RunConfig
     source: str
-    cluster: Any  # cconv.theory.cluster.Cluster
-    space: SP.Space
-    target: T.Target
-    probe: float
-    probe_steps: int
+    rules: tuple
+    cluster: Cluster
+    space: Space
+    target: Target
+    budget: float
     seeds: int
     candidates: list
-    configs: list
     skipped: list  # (candidate name, reason)
     out: str
 
@@ -60,37 +62,42 @@ class Advice(NamedTuple):
     cluster: str
     target: str
     workers: int
-    budget: int
-    probe_steps: int
+    steps: int  # the config's step budget (every candidate's longest run)
+    budget: float  # the race's budget, in full dense runs of training steps
+    spent: float  # what the race spent, in the same unit
     seeds: int
     rows: list
     supported: bool
     recommendation: str
     skipped: list
+    rungs: list
     verify: list
-    probe_wall_s: float
+    race_wall_s: float
     wall_s: float
     outputs: dict
 
 
-def load_config(config: Any, overrides: list | None = None):
-    """(RunConfig, source) from a run config file, a sweep file (its ``base``), a mapping or a RunConfig."""
+def load_config(config: Any, overrides: list | None = None) -> tuple[RunConfig, str, tuple]:
+    """(RunConfig, source, sweep rules) from a run config file, a sweep file (its ``base`` and
+    ``rules``), a mapping or a RunConfig."""
     from cconv.experiments import config as CF
     from cconv.experiments.build import check_names
 
     if isinstance(config, CF.RunConfig):
-        return config, config.name or "config"
+        return config, config.name or "config", ()
+    rules: tuple = ()
     if isinstance(config, dict):
         raw, src = config, "config"
     else:
         raw, src = CF.load_yaml(config), str(config)
-        if isinstance(raw, dict) and "grid" in raw:  # a sweep file: advise on its base config
+        if isinstance(raw, dict) and "grid" in raw:  # a sweep file: advise on its base config, with its rules
+            rules = tuple(raw.get("rules") or ())
             raw = raw.get("base") or {}
             if isinstance(raw, str):
                 raw = CF.load_yaml(os.path.join(os.path.dirname(os.path.abspath(src)), raw)) or {}
     cfg = CF.from_dict(CF.apply_overrides(raw or {}, overrides or []), source=src)
     check_names(cfg)
-    return cfg, src
+    return cfg, src, rules
 
 
 def task_metrics(problem: Any) -> list[str]:
@@ -103,90 +110,257 @@ def task_metrics(problem: Any) -> list[str]:
     return ["loss", *(f"test_{k}" for k in out)]
 
 
-def _target_text(target: str | None, space: SP.Space, cfg: Any) -> str:
-    text = target or space.target or (f"loss={cfg.target_loss}" if cfg.target_loss is not None else None)
+def _target_text(target: str | None, sp: Space, cfg: RunConfig) -> str:
+    text = target or sp.target or (f"loss={cfg.target_loss}" if cfg.target_loss is not None else None)
     if text is None:
         raise ValueError("no target: pass --target METRIC=VALUE (e.g. test_accuracy=0.9), or set advise.target")
     return text
 
 
-def _cluster(cluster: Any):
+def _options(sp: Space, budget: Any, seeds: Any) -> tuple[float, int]:
+    b = budget if budget is not None else (sp.budget or DEFAULT_BUDGET)
+    if isinstance(b, bool) or not isinstance(b, (int, float)) or not (math.isfinite(b) and 0 < b <= 100):
+        raise ValueError(f"--budget must be a number of full dense runs in (0, 100], got {b!r}")
+    n = seeds if seeds is not None else (sp.seeds or DEFAULT_SEEDS)
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= space.MAX_SEEDS:
+        raise ValueError(f"--seeds must be an integer in [1, {space.MAX_SEEDS}], got {n!r}")
+    return float(b), n
+
+
+def prepare(config, cluster, *, target=None, budget=None, seeds=None, out=None, overrides=None) -> Plan:
+    """Validate everything (one-line ValueError) and each candidate's config; writes nothing."""
+    from cconv.experiments import io
     from cconv.theory import cluster as CL
 
-    return CL.parse(cluster) if isinstance(cluster, str) else cluster
-
-
-def prepare(config, cluster, *, target=None, probe=None, seeds=None, out=None, overrides=None) -> Plan:
-    """Validate everything (one-line ValueError) and build every probe's config; writes nothing."""
-    from cconv.experiments import build, io
-
-    cfg, src = load_config(config, overrides)
-    cl = _cluster(cluster)
-    space = SP.parse(cfg.advise, cfg)
-    frac = probe if probe is not None else (space.probe or DEFAULT_PROBE)
-    if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac <= 1:
-        raise ValueError(f"--probe must be a fraction in (0, 1], got {frac!r}")
-    n_seeds = seeds if seeds is not None else (space.seeds or DEFAULT_SEEDS)
-    if isinstance(n_seeds, bool) or not isinstance(n_seeds, int) or n_seeds < 1:
-        raise ValueError(f"--seeds must be an integer >= 1, got {n_seeds!r}")
+    cfg, src, rules = load_config(config, overrides)
+    cl = CL.parse(cluster) if isinstance(cluster, str) else cluster
+    sp = space.parse(cfg.advise, cfg)
+    b, n_seeds = _options(sp, budget, seeds)
     if cfg.batch_size % cl.workers:
         raise ValueError(
             f"batch_size {cfg.batch_size} is not divisible by the cluster's {cl.workers} workers "
             f"(set batch_size to a multiple of {cl.workers})"
         )
-    steps = int(round(frac * cfg.steps))
-    if steps < MIN_PROBE_STEPS:
-        raise ValueError(f"a probe of {steps} steps ({frac:g} x {cfg.steps}) is too short; it needs {MIN_PROBE_STEPS}")
-    cands, configs, skipped = [], [], []
-    for c in SP.candidates(space):
+    cands, skipped, first = [], [], None
+    for c in space.candidates(sp):
         try:
-            configs.append(PR.probe_config(cfg, c, steps, n_seeds, cl.workers))
-            cands.append(c)
+            rc = probes.probe_config(cfg, c, n_seeds, cl.workers, 1, rules)
         except ValueError as e:
             if c.dense:
                 raise
-            skipped.append((c.name, str(e).splitlines()[0]))
-    tgt = T.parse(_target_text(target, space, cfg), task_metrics(build.problem(configs[0])))
+            skipped.append((c.name, str(e).splitlines()[0][:200]))
+            continue
+        cands.append(c)
+        first = first or rc
+    need = len(cands) * race.MIN_STEPS
+    if need > b * cfg.steps:
+        raise ValueError(
+            f"{len(cands)} candidates need at least {need} training steps ({race.MIN_STEPS} each) and --budget "
+            f"{b:g} allows {b * cfg.steps:.0f} ({b:g} x {cfg.steps} steps): raise --budget to "
+            f"{math.ceil(100 * need / cfg.steps) / 100:g} or fewer candidates (advise:)"
+        )
+    tgt = _parse_target(_target_text(target, sp, cfg), first)
     name = os.path.splitext(os.path.basename(src))[0] if src != "config" else "config"
     out = out or os.path.join("results", "advise", name)
     io.check_creatable(out)
-    return Plan(cfg, src, cl, space, tgt, float(frac), steps, n_seeds, cands, configs, skipped, out)
+    check_out(out)
+    return Plan(cfg, src, rules, cl, sp, tgt, b, n_seeds, cands, skipped, out)
 
 
-def evaluate(plan: Plan, probes: list, settings: X.Settings = X.Settings()) -> list:
-    """Ranked rows (``report.rank``) from the finished probes."""
-    profile = TM.profile_of(probes[0].problem)
+def _parse_target(text: str, cfg: RunConfig) -> Target:
+    """The target against the metrics this task logs (read from the model's evaluation function
+    on the data's shapes, abstractly)."""
+    from cconv.advisor import target as T
+    from cconv.experiments import build
+
+    return T.parse(text, task_metrics(build.problem(cfg)))
+
+
+OWN = {JSON_NAME: False, FIGURE_NAME: False, "probes": True, "verify": True}  # name -> is a directory
+
+
+def check_out(out: str) -> None:
+    """Refuse (one line) an output directory that holds anything but an earlier advice's files
+    (a sweep's or a run's directory, a link, a foreign file): the advice's probes would otherwise
+    mix with another command's results.  Reads only; follows no link."""
+    from cconv.experiments import io
+
+    if not io.check_entry(out, want_dir=True):
+        return
+    foreign = sorted(n for n in os.listdir(out) if n not in OWN)
+    if foreign:
+        shown = ", ".join(f[:40] for f in foreign[:3]) + (" ..." if len(foreign) > 3 else "")
+        raise io.OutputError(
+            f"--out {out} holds {shown}: not an advice directory (cconv advise writes only {', '.join(OWN)}); "
+            "choose an empty or new directory"
+        )
+    for name, is_dir in OWN.items():
+        io.check_entry(os.path.join(out, name), is_dir)
+
+
+def _probe_dir(out: str, cand: Candidate) -> str:
+    """``<out>/probes/<slug>``, every level a real directory cconv made (no link followed)."""
+    from cconv.experiments import io
+
+    d = io.ensure_dir(os.path.join(io.ensure_dir(out), "probes"))
+    path = os.path.join(d, probes.slug(cand.name))
+    io.check_entry(path, want_dir=True)
+    return path
+
+
+class Entrant(NamedTuple):
+    """A raced candidate: its probe (built once) and its step time under each schedule."""
+
+    probe: probes.Probe
+    times: list  # timing.StepTime per schedule
+
+    @property
+    def name(self) -> str:
+        return self.probe.candidate.name
+
+    @property
+    def step_s(self) -> float:
+        return min(t.step_s for t in self.times)
+
+
+def _entrants(plan: Plan) -> tuple[list, list]:
+    """Each candidate built once and timed on the cluster; (entrants, merged): a compressed
+    candidate whose step performs exactly the dense baseline's collectives (PowerSGD on a model
+    without matrices) is the same algorithm here: reported, not raced."""
+    entrants, merged, profile, dense_colls = [], [], None, None
+    for c in plan.candidates:
+        cfg = probes.probe_config(plan.base, c, plan.seeds, plan.cluster.workers, 1, plan.rules)
+        pr = probes.build(cfg, c, _probe_dir(plan.out, c))
+        profile = profile or timing.profile_of(pr.problem)
+        colls = [(k.kind, k.bytes, k.count) for k in pr.problem.trainer.collectives(0)]
+        if c.dense and dense_colls is None:
+            dense_colls = colls
+        elif colls == dense_colls and c.overrides["compressor"]["name"] != space.DENSE and _plain_sync(c, plan):
+            merged.append((c.name, "the same traffic as dense on this model (it compresses none of its tensors)"))
+            continue
+        entrants.append(Entrant(pr, timing.step_times(pr.problem, plan.cluster, plan.space.schedules, profile)))
+    return entrants, merged
+
+
+def _plain_sync(c: Candidate, plan: Plan) -> bool:
+    """Does ``c`` run under the dense baseline's synchronization and architecture?"""
+    dense = plan.candidates[0].overrides
+    return all(c.overrides.get(k) == v for k, v in dense.items() if k not in ("compressor", "memory"))
+
+
+def log_every(budget_steps: int, max_steps: int, arms: list) -> int:
+    """Metric lines every k steps, so that the race's first rung logs ``POINTS`` lines for the
+    candidate that trains the fewest steps in it."""
+    t0 = race.first_time(arms, int(budget_steps * race.HALVING_SHARE), max_steps)
+    fewest = min(race.steps_at(a, t0, max_steps) for a in arms)
+    return max(1, fewest // POINTS)
+
+
+def _with_log_every(e: Entrant, every: int) -> Entrant:
+    """The entrant logging every ``every`` steps (logging only: its training is unchanged)."""
+    import dataclasses
+
+    cfg = dataclasses.replace(e.probe.cfg, log_every=every)
+    return e._replace(probe=e.probe._replace(cfg=cfg, problem=e.probe.problem._replace(cfg=cfg)))
+
+
+def run_race(plan: Plan) -> tuple[dict, list, race.Race, dict]:
+    """Build, time and race every candidate: (entrants by name, merged, the race, progress by name)."""
+    entrants, merged = _entrants(plan)
+    arms = [race.Arm(e.name, e.step_s) for e in entrants]
+    every = log_every(int(plan.budget * plan.base.steps), plan.base.steps, arms)
+    byname = {e.name: _with_log_every(e, every) for e in entrants}
+    seen: dict = {}
+
+    def observe(name: str, steps: int) -> race.Observation:
+        e = byname[name]
+        seen[name] = prog = probes.train_to(e.probe, steps)
+        return race.Observation(prog.curve(e.probe.problem.seeds, plan.target.metric), prog.steps, prog.diverged)
+
+    result = race.race(arms, observe, plan.target, plan.base.steps, int(plan.budget * plan.base.steps))
+    return byname, merged, result, seen
+
+
+def _prediction(s: race.Standing, target: Target, refs: tuple, settings) -> extrapolate.Prediction:
+    """A standing's steps to target: observed, or predicted from its curve (``refs``: the curves
+    that ran further), or why not."""
+    if s.status == "diverged":
+        return extrapolate.Prediction("diverged", math.nan, math.nan, math.nan, s.diverged or "diverged")
+    p = extrapolate.predict(s.curve, target, settings, refs)
+    if s.status == "missed" and not p.observed:
+        return extrapolate.Prediction(
+            "missed", math.nan, math.nan, math.nan, f"ran all {s.steps} steps without reaching {target}"
+        )
+    return p
+
+
+def predictions(result: race.Race, target: Target, settings=extrapolate.Settings()) -> dict:
+    """Every raced candidate's steps to target (``extrapolate.Prediction``) by name: observed when
+    the race saw it reach the target, else predicted from its curve, borrowing the shapes of the
+    curves that ran further (``extrapolate.reference``)."""
+    out = {}
+    for s in result.standings:
+        refs = tuple(
+            extrapolate.reference(o.curve, target)
+            for o in result.standings
+            if o.curve is not None and o.status != "diverged" and o.steps > s.steps
+        )
+        out[s.arm.name] = _prediction(s, target, refs, settings)
+    return out
+
+
+def evaluate(plan: Plan, byname: dict, result: race.Race, seen: dict, settings=extrapolate.Settings()) -> list:
+    """Ranked rows (``report.rank``): one per raced candidate and schedule."""
+    preds = predictions(result, plan.target, settings)
     rows = []
-    for pr in probes:
-        curve = pr.curve(plan.target.metric)
-        pred = X.predict(curve, plan.target, settings)
-        final = X.metric_at(curve, plan.target, plan.base.steps, settings)
-        for st in TM.step_times(pr.problem, plan.cluster, plan.space.schedules, profile):
+    for s in result.standings:
+        e, p = byname[s.arm.name], preds[s.arm.name]
+        final = math.nan
+        if s.curve is not None:
+            final = extrapolate.metric_at(s.curve, plan.target, plan.base.steps, settings)
+        bps = seen[s.arm.name].bytes_per_step(e.probe.problem.seeds[0]) if s.arm.name in seen else math.nan
+        for st in e.times:
             rows.append(
-                R.Row(pr.candidate.name, pr.candidate.overrides, st.schedule, pred, st, pr.bytes_per_step(), final)
+                report.Row(e.name, e.probe.candidate.overrides, st.schedule, p, st, bps, final, s.status, s.steps)
             )
-    return R.rank(rows, plan.base.steps, plan.candidates[0].name)
+    return report.rank(rows, plan.base.steps, plan.candidates[0].name)
 
 
-def verify(plan: Plan, rows: list, n: int) -> list:
-    """Train the top ``n`` ranked candidates for the full budget; predicted vs actual steps."""
-    top, seen = [], set()
+def verify(plan: Plan, byname: dict, rows: list, n: int) -> list:
+    """Continue the top ``n`` ranked candidates to the config's full step budget; predicted vs
+    actual steps to target (an observed row is its own check)."""
+    from cconv.advisor.extrapolate import first_crossing
+
+    top, done = [], set()
     for r in rows:
-        if r.rank and r.candidate not in seen:
-            seen.add(r.candidate)
+        if r.rank and r.candidate not in done:
+            done.add(r.candidate)
             top.append(r)
     out = []
     for r in top[:n]:
-        cand = next(c for c in plan.candidates if c.name == r.candidate)
-        log_every = plan.configs[plan.candidates.index(cand)].log_every
-        cfg = PR.probe_config(plan.base, cand, plan.base.steps, plan.seeds, plan.cluster.workers, log_every=log_every)
-        pr = PR.run(cfg, cand, os.path.join(plan.out, "verify", PR.slug(cand.name)))
-        curve = pr.curve(plan.target.metric)
-        hit = X.first_crossing(curve.steps, curve.values.mean(0), plan.target)
+        e = byname[r.candidate]
+        prog = probes.train_to(e.probe, plan.base.steps)
+        curve = prog.curve(e.probe.problem.seeds, plan.target.metric)
+        hit = first_crossing(curve.steps, curve.values.mean(0), plan.target)
         actual = hit[0] if hit is not None else math.nan
         p = r.prediction
-        out.append(VerifyRow(r.candidate, p.steps, p.lo, p.hi, actual, bool(p.lo <= actual <= p.hi), pr.run_dir))
+        out.append(VerifyRow(r.candidate, p.steps, p.lo, p.hi, actual, bool(p.lo <= actual <= p.hi), e.probe.run_dir))
     return out
+
+
+def _figure(plan: Plan, rows: list, outputs: dict) -> None:
+    """advice.png (written atomically, no link followed); a stale one is removed when nothing is
+    ranked, so the directory never pairs a new advice.json with an old figure."""
+    from cconv.advisor import figure
+    from cconv.experiments import io
+
+    path = os.path.join(plan.out, FIGURE_NAME)
+    if any(r.rank for r in rows):
+        title = f"{os.path.basename(plan.source)}: {plan.target} on {plan.cluster.name} (raced, budget {plan.budget:g})"
+        io.atomic_write_bytes(path, figure.png(rows, plan.target.metric, plan.target.kind.higher, title))
+        outputs["figure"] = path
+    elif io.check_entry(path):
+        os.unlink(path)
 
 
 def advise(
@@ -194,49 +368,45 @@ def advise(
     cluster: Any,
     *,
     target: str | None = None,
-    probe: float | None = None,
+    budget: float | None = None,
     seeds: int | None = None,
     verify_top: int = 0,
     out: str | None = None,
     overrides: list | None = None,
     figure: bool = True,
 ) -> Advice:
-    """Probe, predict, rank (module docstring).  ``cluster``: a ``cconv.theory.cluster.Cluster`` or
+    """Race, predict, rank (module docstring).  ``cluster``: a ``cconv.theory.cluster.Cluster`` or
     ``"NODESxGPUS"``.  Writes ``<out>/probes/``, ``advice.json`` and ``advice.png``."""
-    t0 = time.perf_counter()
-    plan = prepare(config, cluster, target=target, probe=probe, seeds=seeds, out=out, overrides=overrides)
-    probes = PR.run_all(plan.configs, plan.candidates, os.path.join(plan.out, "probes"))
-    probe_wall = time.perf_counter() - t0
-    rows = evaluate(plan, probes)
-    ok, line = R.recommendation(rows, str(plan.target), plan.cluster.name, plan.candidates[0].name)
-    outputs = {"json": os.path.join(plan.out, JSON_NAME)}
-    if figure and any(r.rank for r in rows):
-        from cconv.advisor import figure as F
-
-        src = os.path.basename(plan.source)
-        title = f"{src}: {plan.target} on {plan.cluster.name} (probes {plan.probe:g} of {plan.base.steps} steps)"
-        outputs["figure"] = F.plot(
-            rows, plan.target.metric, plan.target.kind.higher, title, os.path.join(plan.out, FIGURE_NAME)
-        )
-    checks = verify(plan, rows, verify_top) if verify_top else []
-    advice = Advice(
-        plan.source,
-        plan.cluster.name,
-        str(plan.target),
-        plan.cluster.workers,
-        plan.base.steps,
-        plan.probe_steps,
-        plan.seeds,
-        rows,
-        ok,
-        line,
-        plan.skipped,
-        checks,
-        probe_wall,
-        time.perf_counter() - t0,
-        outputs,
-    )
     from cconv.experiments import io
 
-    io.atomic_write_text(outputs["json"], R.dumps(advice))
+    t0 = time.perf_counter()
+    plan = prepare(config, cluster, target=target, budget=budget, seeds=seeds, out=out, overrides=overrides)
+    byname, merged, result, seen = run_race(plan)
+    race_wall = time.perf_counter() - t0
+    rows = evaluate(plan, byname, result, seen)
+    ok, line = report.recommendation(rows, str(plan.target), plan.cluster.name, plan.base.steps)
+    outputs = {"json": os.path.join(plan.out, JSON_NAME)}
+    if figure:
+        _figure(plan, rows, outputs)
+    checks = verify(plan, byname, rows, verify_top) if verify_top else []
+    advice = Advice(
+        config=plan.source,
+        cluster=plan.cluster.name,
+        target=str(plan.target),
+        workers=plan.cluster.workers,
+        steps=plan.base.steps,
+        budget=plan.budget,
+        spent=result.spent / plan.base.steps,
+        seeds=plan.seeds,
+        rows=rows,
+        supported=ok,
+        recommendation=line,
+        skipped=plan.skipped + merged,
+        rungs=[r._asdict() for r in result.rungs],
+        verify=checks,
+        race_wall_s=race_wall,
+        wall_s=time.perf_counter() - t0,
+        outputs=outputs,
+    )
+    io.atomic_write_text(outputs["json"], report.dumps(advice))
     return advice

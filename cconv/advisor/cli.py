@@ -11,23 +11,23 @@ from cconv.cli_schema import Command, Option
 from cconv.theory import cluster as CL
 
 DESCRIPTION = """\
-Which method reaches the target soonest on this cluster?  Trains every candidate of the config's
-`advise:` block (default: the registries' compressors at their knob's extreme values, with and
-without error feedback, under BSP; the dense baseline under BSP and local SGD) for a fraction of the config's
-steps (--probe), several seeds as one program; extrapolates each learning curve to the target with
-an interval; times a step on the cluster with the systems simulator (FLOPs / device, the step's own
-collectives on the two-level network, compression measured here and scaled by memory bandwidth,
-the schedule's overlap); ranks by predicted time to target.  Candidates whose probes cannot
-support a prediction (diverged, stalled, target not approached, too noisy) are listed with the
-reason, not ranked.  Writes <out>/probes/ (resumable runs), advice.json and advice.png.
+Which method reaches the target soonest on this cluster?  Times a step of every candidate of the
+config's `advise:` block on the cluster (default: the registries' compressors at their knob's
+extreme values, error feedback around the biased ones, under BSP; the dense baseline under BSP
+and local SGD), then races them at equal time on the cluster (successive halving: the best half
+go on from their checkpoints, the finalists run to the target), several seeds as one program,
+within --budget full dense runs of training steps.  Each candidate's time to target is observed
+(it reached the target in the race) or predicted from its curve with an interval.  Candidates that
+diverge, miss the step budget or cannot be predicted are listed with the reason, never
+recommended.  Writes <out>/probes/ (resumable runs), advice.json and advice.png.
 """
 
 
 def _header(adv) -> str:
     return (
-        f"{adv.config}: {adv.target} on {adv.cluster} ({adv.workers} workers); probes of {adv.probe_steps} of "
-        f"{adv.budget} steps x {adv.seeds} seeds, {len({r.candidate for r in adv.rows})} candidates "
-        f"({adv.probe_wall_s:.0f} s of probing, {adv.wall_s:.0f} s in all)"
+        f"{adv.config}: {adv.target} on {adv.cluster} ({adv.workers} workers), step budget {adv.steps}; "
+        f"{len({r.candidate for r in adv.rows})} candidates x {adv.seeds} seeds raced in {len(adv.rungs)} rungs, "
+        f"spent {adv.spent:.2f} of --budget {adv.budget:g} dense runs of steps ({adv.wall_s:.0f} s in all)"
     )
 
 
@@ -43,8 +43,8 @@ def _verify_table(rows) -> str:
 def run(args: argparse.Namespace) -> int:
     from cconv._startup import quiet_libraries
 
-    if args.verify < 0:
-        raise ValueError(f"--verify must be >= 0, got {args.verify}")
+    if not 0 <= args.verify <= 64:
+        raise ValueError(f"--verify must be an integer in [0, 64], got {args.verify}")
     cluster = CL.from_args(args)
     quiet_libraries()
     from cconv.advisor.api import advise
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         args.config,
         cluster,
         target=args.target,
-        probe=args.probe,
+        budget=args.budget,
         seeds=args.seeds,
         verify_top=args.verify,
         out=args.out,
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(_header(adv))
     multi = len({r.schedule for r in adv.rows}) > 1
-    print(R.table(adv.rows, multi))
+    print(R.table(adv.rows, multi, adv.steps))
     for name, why in adv.skipped:
         print(f"skipped {name}: {why}")
     print(adv.recommendation)
@@ -77,15 +77,17 @@ def run(args: argparse.Namespace) -> int:
 
 COMMAND = Command(
     "advise",
-    help="which method reaches my target soonest on my cluster (probes + simulator)",
+    help="which method reaches my target soonest on my cluster (a race at equal cluster time)",
     description=DESCRIPTION,
     options=(
         Option("config", help="run config or sweep file (its base); an `advise:` block sets the candidates"),
         *CL.options(),
         Option("--target", help="METRIC=VALUE, e.g. test_accuracy=0.9 (default: advise.target, else loss=target_loss)"),
-        Option("--probe", type=float, help="probe length as a fraction of the config's steps (default 0.1)"),
-        Option("--seeds", type=int, help="seeds per candidate, run as one program (default 3)"),
-        Option("--verify", type=int, default=0, metavar="N", help="train the top N to the full budget and compare"),
+        Option(
+            "--budget", type=float, help="training steps to spend, in full dense runs of the config's steps (default 1)"
+        ),
+        Option("--seeds", type=int, help="seeds per candidate, run as one program (default 3, at most 16)"),
+        Option("--verify", type=int, default=0, metavar="N", help="continue the top N to the full budget and compare"),
         Option("--json", action="store_true", help="print the advice as JSON instead of the table"),
         Option("--out", help="output directory (default results/advise/<config name>)"),
         Option("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key; repeatable"),

@@ -1,39 +1,22 @@
-"""Steps to a target from a short learning curve, with an interval, or the reason there is none.
+"""Steps to a target from a learning curve, with an interval, or the reason there is none.
 
-The model (a power law, the shape of SGD's error bound O(t^-b) and of empirical learning curves,
-Hestness et al., "Deep Learning Scaling is Predictable, Empirically", 2017; Domhan et al.,
-IJCAI 2015 use it among their curve families): the gap to the metric's best value
-(``cconv.advisor.target``) decays as
+A curve whose seed mean already reached the target needs no model: t* is the first crossing,
+linearly interpolated in the gap between logged steps, and the interval is those two logged steps.
+Otherwise the gap to the metric's best value (``cconv.advisor.target``) is extrapolated by the
+family that predicts the curve's own last points best (``cconv.advisor.curves``: power law,
+exponential, log-logistic S-curve, or the time-stretched shape of a reference curve that ran
+further, e.g. a race's survivor), with the interval on log t*::
 
-    e(t) = A t^(-b)          i.e.   log e = a - b log t,
+    z * sqrt(var_seed + var_family) + kappa * log(1 + t* / t_end)
 
-fitted by least squares to the seed-mean curve's last ``fit_fraction`` of points (the early
-transient is not a power law).  The steps to the target gap e* solve it:
+(``curves`` gives the terms; ``z`` and ``kappa`` are set on the tuning tasks of
+``experiments/advise/validate.py --calibrate`` and checked on the held-out tasks there).
 
-    log t* = (a - log e*) / b.
-
-Interval on log t*: ``z`` standard errors of the noise each side, plus the model's error:
-
-* noise, two estimates of the same variance, the larger taken: the delta method on the
-  least-squares covariance of (a, b) (residual variance s^2 (X^T X)^-1, gradient (1/b, -log t*/b),
-  the classical inverse-regression interval), and the spread of the same prediction made on each
-  seed's own curve, var_s / S (the mean of S curves);
-* extrapolation: ``kappa * log(1 + t* / t_end)`` -- the model's own error grows with how far past
-  the probe's last step t_end it reaches, and does not vanish when t* is close to t_end (the
-  curve's last points are its noisiest; a plain ``log(t*/t_end)`` shrank the interval to the noise
-  there and covered 17 % of the text task's full runs at a 20 % probe).  ``kappa`` was set on the
-  digits task of the validation benchmark (``experiments/advise``: the smallest value whose coverage
-  is >= 80 % at every probe budget) and is checked on the other tasks there.
-
-A curve whose seed-mean already reached the target needs no model: t* is the first crossing,
-linearly interpolated between logged steps, and the interval is those two logged steps.
-
-No prediction (``Prediction.ok`` is False) when: a seed's metric is non-finite (``diverged``); the
-fitted decay rate b is below ``min_rate`` (``stalled``: the gap is not shrinking); t* lies more
-than ``max_extrapolation`` probe lengths ahead (``not-approached``); or the noise part of the
-interval alone spans more than a factor ``max_width`` (``noisy``: seeds disagree or the curve
-scatters; how far the prediction reaches is ``not-approached``'s business, not this one's).  Each
-says why in ``reason``.
+No prediction (``Prediction.ok`` is False) when: a seed diverged (``cconv.experiments.divergence``:
+non-finite, or a training loss above 10x its first step's; ``diverged``); no family that can be
+fitted brings the gap down to the target (``stalled``, with the best family's rate); t* lies more
+than ``max_extrapolation`` curve lengths ahead (``not-approached``); or the seeds' own predictions
+spread over more than a factor ``max_width`` (``noisy``).  Each says why in ``reason``.
 """
 
 from __future__ import annotations
@@ -43,13 +26,14 @@ from typing import NamedTuple
 
 import numpy as np
 
+from cconv.advisor import curves as CV
 from cconv.advisor.target import Target
 
 STATUSES = ("reached", "predicted", "diverged", "stalled", "not-approached", "noisy", "too-short")
 
 
 class Curve(NamedTuple):
-    """A probe's learning curve: ``values[s, j]`` is seed s's metric at ``steps[j]``."""
+    """A learning curve: ``values[s, j]`` is seed s's metric at ``steps[j]``."""
 
     steps: np.ndarray
     values: np.ndarray
@@ -63,24 +47,28 @@ class Prediction(NamedTuple):
     lo: float
     hi: float
     reason: str = ""
-    rate: float = math.nan  # fitted decay exponent b
+    family: str = ""  # the curve family that made the prediction ("" when observed or none)
     extrapolation: float = math.nan  # t* / t_end
 
     @property
     def ok(self) -> bool:
         return self.status in ("reached", "predicted")
 
+    @property
+    def observed(self) -> bool:
+        return self.status == "reached"
+
 
 class Settings(NamedTuple):
     """The extrapolation's constants (module docstring)."""
 
-    fit_fraction: float = 0.6
-    min_points: int = 4
-    z: float = 1.645  # two-sided 90 % under a normal error on log t*
-    kappa: float = 0.2  # calibrated on the digits task of experiments/advise (validate.py --calibrate)
-    min_rate: float = 0.05
-    max_extrapolation: float = 50.0
-    max_width: float = 20.0  # on exp(2 z sd): the noise part of the interval
+    min_points: int = 5
+    holdout: int = 3
+    z: float = 1.0
+    kappa: float = 0.3
+    family_slack: float = 1.5  # families within this factor of the best held-out error count in var_family
+    max_extrapolation: float = 30.0
+    max_width: float = 20.0  # on exp(2 z sd_seed): the seeds' spread alone
 
 
 def _none(status: str, reason: str, **kw) -> Prediction:
@@ -101,35 +89,27 @@ def first_crossing(steps: np.ndarray, values: np.ndarray, target: Target) -> tup
     return float(steps[j - 1] + w * (steps[j] - steps[j - 1])), float(steps[j - 1]), float(steps[j])
 
 
-def fit_power(steps: np.ndarray, gap: np.ndarray) -> tuple[float, float, np.ndarray, float]:
-    """Least squares of ``log gap = a - b log t``: (a, b, covariance of (a, b), residual variance)."""
-    x, y = np.log(steps), np.log(gap)
-    X = np.stack([np.ones_like(x), -x], 1)
-    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
-    resid = y - X @ coef
-    dof = max(len(x) - 2, 1)
-    s2 = float(resid @ resid / dof)
-    cov = s2 * np.linalg.pinv(X.T @ X)
-    return float(coef[0]), float(coef[1]), cov, s2
-
-
-def log_steps_to(a: float, b: float, gap_target: float) -> float:
-    return (a - math.log(gap_target)) / b
-
-
 def _seed_curves(curve: Curve) -> tuple[np.ndarray, np.ndarray]:
     """(steps, values[seed, step]) in float64; one seed's curve gets the seed axis."""
     steps, values = np.asarray(curve.steps, np.float64), np.asarray(curve.values, np.float64)
     return steps, values[None] if values.ndim == 1 else values
 
 
-def _gap(target: Target, values: np.ndarray) -> np.ndarray:
-    """The gap to the metric's best value, floored at 1e-12 (the fit takes its log)."""
-    return np.maximum(target.gap(values), 1e-12)
+def log_gap(target: Target, values) -> np.ndarray:
+    """log of the gap to the metric's best value, floored at 1e-12."""
+    return np.log(np.maximum(target.gap(values), 1e-12))
 
 
-def predict(curve: Curve, target: Target, settings: Settings = Settings()) -> Prediction:
-    """Steps to ``target`` from ``curve`` (module docstring)."""
+def reference(curve: Curve, target: Target) -> CV.Reference:
+    """A curve as a reference shape for ``curves.fit_warp`` (its seed mean, steps > 0)."""
+    steps, values = _seed_curves(curve)
+    keep = steps > 0
+    return CV.Reference(steps[keep], log_gap(target, np.nanmean(values[:, keep], 0)))
+
+
+def predict(curve: Curve, target: Target, settings: Settings = Settings(), refs: tuple = ()) -> Prediction:
+    """Steps to ``target`` from ``curve`` (module docstring); ``refs``: ``reference`` curves that
+    ran further, whose shapes the ``warp`` family may borrow."""
     steps, values = _seed_curves(curve)
     bad = ~np.isfinite(values)
     if bad.any():
@@ -139,84 +119,104 @@ def predict(curve: Curve, target: Target, settings: Settings = Settings()) -> Pr
     hit = first_crossing(steps, mean, target)
     if hit is not None:
         t, lo, hi = hit
-        return Prediction("reached", t, lo, hi, f"reached within the probe (step {t:.0f})", extrapolation=1.0)
-    n_fit = max(settings.min_points, int(math.ceil(settings.fit_fraction * len(steps))))
+        return Prediction("reached", t, lo, hi, f"reached at step {t:.0f} (observed)", extrapolation=1.0)
     keep = steps > 0
     steps, values, mean = steps[keep], values[:, keep], mean[keep]
-    if len(steps) < n_fit:
-        return _none("too-short", f"{len(steps)} logged points; the fit needs {n_fit} (a longer probe or log_every)")
-    return _extrapolate(steps[-n_fit:], values[:, -n_fit:], mean[-n_fit:], target, settings)
+    if len(steps) < settings.min_points:
+        return _none("too-short", f"{len(steps)} logged points; a fit needs {settings.min_points}")
+    return _extrapolate(steps, values, mean, target, settings, refs)
 
 
-def _extrapolate(
-    xs: np.ndarray, values: np.ndarray, mean: np.ndarray, target: Target, settings: Settings
-) -> Prediction:
-    """The power-law fit to the seed mean ``mean`` at steps ``xs`` (seeds: ``values``), and t* with its
-    interval, or why not (``stalled``, then ``_interval``'s reasons)."""
-    a, b, cov, _ = fit_power(xs, _gap(target, mean))
-    if b < settings.min_rate:
+def _extrapolate(xs, values, mean, target: Target, settings: Settings, refs: tuple) -> Prediction:
+    level = math.log(max(target.gap_target, 1e-12))
+    fits = CV.scored(xs, log_gap(target, mean), refs, settings.holdout)
+    lts = [(f, _log_t(f, level)) for f in fits]
+    good = [(f, lt) for f, lt in lts if math.isfinite(lt)]
+    if not good:
+        best = fits[0].family if fits else "none"
         return _none(
             "stalled",
-            f"the gap to {target.kind.best:g} shrinks as t^-{max(b, 0):.3f} over steps {xs[0]:.0f}-{xs[-1]:.0f} "
-            f"(< t^-{settings.min_rate:g}): no progress to extrapolate",
-            rate=b,
+            f"no curve family brings the gap from {target.gap(mean[-1]):.3g} to {target.gap_target:.3g} "
+            f"(best fit over steps {xs[0]:.0f}-{xs[-1]:.0f}: {best})",
         )
-    lt = log_steps_to(a, b, target.gap_target)
-    grad = np.array([1.0 / b, -lt / b])
-    var_fit = float(grad @ cov @ grad)  # the delta method on the fit's covariance
-    noise = settings.z * math.sqrt(max(var_fit, _seed_variance(xs, values, target, settings)))
-    return _interval(lt, noise, b, float(xs[-1]), settings)
+    f0, lt0 = good[0]
+    near = [lt for f, lt in good if f.holdout_rmse <= settings.family_slack * max(f0.holdout_rmse, 1e-3)]
+    var_family = float(np.var(near)) if len(near) > 1 else 0.0
+    var_seed = _seed_variance(xs, values, target, f0, refs, level)
+    return _interval(lt0, var_seed, var_family, f0.family, float(xs[-1]), settings)
 
 
-def _seed_variance(xs: np.ndarray, values: np.ndarray, target: Target, settings: Settings) -> float:
-    """var_s / S of log t* predicted on each seed's own curve; inf when one of them stalls."""
-    per_seed = []
+def _log_t(f: CV.Fit, level: float) -> float:
+    t = f.steps_to(level)
+    return math.log(t) if t is not None and math.isfinite(t) and t > 0 else math.nan
+
+
+def _seed_variance(xs, values, target: Target, chosen: CV.Fit, refs: tuple, level: float) -> float:
+    """var_s / S of log t* of the chosen family refitted on each seed's curve (inf when a seed's
+    own fit does not reach the target)."""
+    if len(values) < 2:
+        return 0.0
+    fitter = CV.fitters(refs)[chosen.index]
+    per = []
     for v in values:
-        a_s, b_s, _, _ = fit_power(xs, _gap(target, v))
-        per_seed.append(log_steps_to(a_s, b_s, target.gap_target) if b_s >= settings.min_rate else math.inf)
-    per_seed = np.asarray(per_seed)
-    if not np.all(np.isfinite(per_seed)):
+        f = fitter(xs, log_gap(target, v))
+        per.append(_log_t(f, level) if f is not None else math.inf)
+        per[-1] = per[-1] if math.isfinite(per[-1]) else math.inf
+    per = np.asarray(per)
+    if not np.all(np.isfinite(per)):
         return math.inf
-    return float(per_seed.var(ddof=1) / len(per_seed)) if len(per_seed) > 1 else 0.0
+    return float(per.var(ddof=1) / len(per))
 
 
-def _interval(lt: float, noise: float, b: float, t_end: float, settings: Settings) -> Prediction:
-    """t* = exp(lt) with ``noise`` plus kappa log(1 + t*/t_end) each side (in log t), or
-    ``not-approached`` / ``noisy`` (module docstring)."""
+def _interval(
+    lt: float, var_seed: float, var_family: float, family: str, t_end: float, settings: Settings
+) -> Prediction:
+    """t* = exp(lt) with the interval of the module docstring, or ``not-approached`` / ``noisy``."""
     ext = math.exp(lt) / t_end
-    half = noise + settings.kappa * math.log1p(max(ext, 1.0))
-    t, lo, hi = math.exp(lt), math.exp(lt - half), math.exp(lt + half)
-    lo = max(lo, t_end)  # not reached by the probe's last step
+    t = math.exp(lt)
     if ext > settings.max_extrapolation:
         return _none(
             "not-approached",
-            f"the fit puts the target at ~{t:.3g} steps, {ext:.3g}x the probe (limit {settings.max_extrapolation:g}x)",
-            rate=b,
+            f"the {family} fit puts the target at ~{t:.3g} steps, {ext:.3g}x the curve's {t_end:.0f} "
+            f"(limit {settings.max_extrapolation:g}x)",
+            family=family,
             extrapolation=ext,
         )
-    if not math.isfinite(noise) or 2.0 * noise > math.log(settings.max_width):
-        spread = "a seed's own curve stalls" if not math.isfinite(noise) else f"{math.exp(2.0 * noise):.3g}x"
+    if not math.isfinite(var_seed) or 2.0 * settings.z * math.sqrt(var_seed) > math.log(settings.max_width):
+        spread = (
+            "a seed's own curve does not reach it"
+            if not math.isfinite(var_seed)
+            else (f"{math.exp(2.0 * settings.z * math.sqrt(var_seed)):.3g}x")
+        )
         return _none(
             "noisy",
-            f"the noise alone spans more than {settings.max_width:g}x ({spread}; interval [{lo:.3g}, {hi:.3g}]): "
-            "seeds disagree or the curve is noisy",
-            rate=b,
+            f"the seeds' own predictions spread more than {settings.max_width:g}x ({spread}) around ~{t:.3g} steps",
+            family=family,
             extrapolation=ext,
         )
-    return Prediction("predicted", t, lo, hi, f"extrapolated {ext:.1f}x past the probe", rate=b, extrapolation=ext)
+    half = settings.z * math.sqrt(var_seed + var_family) + settings.kappa * math.log1p(max(ext, 1.0))
+    lo, hi = max(math.exp(lt - half), t_end), math.exp(lt + half)
+    return Prediction(
+        "predicted", t, lo, hi, f"{family} fit, {ext:.1f}x past step {t_end:.0f}", family=family, extrapolation=ext
+    )
 
 
-def metric_at(curve: Curve, target: Target, t: float, settings: Settings = Settings()) -> float:
-    """The metric the fitted power law gives at step ``t`` (the seed mean; NaN when a seed
-    diverged or the curve is too short to fit)."""
+def metric_at(curve: Curve, target: Target, t: float, settings: Settings = Settings(), refs: tuple = ()) -> float:
+    """The metric the best-scoring family gives at step ``t`` (the seed mean; the last logged
+    value when ``t`` is inside the curve; NaN when a seed diverged or nothing can be fitted)."""
     steps, values = _seed_curves(curve)
     if not np.all(np.isfinite(values)):
         return math.nan
+    mean = values.mean(0)
+    if t <= steps[-1]:
+        return float(np.interp(t, steps, mean))
     keep = steps > 0
-    n_fit = max(settings.min_points, int(math.ceil(settings.fit_fraction * int(keep.sum()))))
-    if keep.sum() < n_fit:
+    if keep.sum() < settings.min_points:
         return math.nan
-    xs, mean = steps[keep][-n_fit:], values[:, keep].mean(0)[-n_fit:]
-    a, b, _, _ = fit_power(xs, _gap(target, mean))
-    gap = math.exp(a - max(b, 0.0) * math.log(max(t, xs[-1])))
+    fits = CV.scored(steps[keep], log_gap(target, mean[keep]), refs, settings.holdout)
+    if not fits:
+        return math.nan
+    gap = float(np.exp(fits[0].log_gap(np.asarray([t]))[0]))
+    if not math.isfinite(gap):
+        gap = float(target.gap(mean[-1]))
     return target.kind.best - gap if target.kind.higher else target.kind.best + gap

@@ -1,80 +1,76 @@
-"""The advice figure: predicted time to target (with its interval) against the metric the fitted
-curve reaches at the full step budget, one point per ranked row, the Pareto front (no other row
-is both faster and better at the end) joined and marked."""
+"""The advice figure: time to target on the cluster, one line per candidate (its name on the axis,
+so no label overlaps another), fastest at the top.
+
+Observed times (the race saw the candidate reach the target) are filled squares; predicted ones
+are circles with their interval; the recommendation is ringed; the dense baseline is black;
+candidates that cannot be ranked (diverged, missed the step budget, ...) are a grey cross at the
+right edge.  Every marker kind is in the legend.  One row per candidate: under several schedules
+the fastest schedule's row is drawn (the table has them all)."""
 
 from __future__ import annotations
 
+import io
 import math
 
 from cconv.advisor.report import Row
 
 
-def pareto(rows: list[Row], higher: bool) -> list[Row]:
-    """Rows no other row beats on both time (lower) and final metric (higher or lower is better)."""
-    pts = [r for r in rows if math.isfinite(r.time_s) and math.isfinite(r.final_metric)]
-    sign = 1.0 if higher else -1.0
-    front = []
-    for r in pts:
-        beaten = any(
-            o.time_s <= r.time_s
-            and sign * o.final_metric >= sign * r.final_metric
-            and (o.time_s < r.time_s or sign * o.final_metric > sign * r.final_metric)
-            for o in pts
-        )
-        if not beaten:
-            front.append(r)
-    return sorted(front, key=lambda r: r.time_s)
+def _one_per_candidate(rows: list[Row]) -> list[Row]:
+    best: dict[str, Row] = {}
+    for r in rows:
+        cur = best.get(r.candidate)
+        if cur is None or (r.rank and (not cur.rank or r.time_s < cur.time_s)):
+            best[r.candidate] = r
+    ranked = sorted((r for r in best.values() if r.rank), key=lambda r: r.time_s)
+    return ranked + [r for r in best.values() if not r.rank]
 
 
-def plot(rows: list[Row], metric: str, higher: bool, title: str, out: str) -> str:
-    """Write the figure to ``out`` (PNG); returns the path."""
+def _legend(ax) -> None:
+    from matplotlib.lines import Line2D
+
+    handles = [
+        Line2D([], [], marker="s", ls="", color="C0", label="observed in the race"),
+        Line2D([], [], marker="o", ls="-", color="C1", label="predicted from the curve [interval]"),
+        Line2D([], [], marker="o", ls="", mfc="none", mec="C3", ms=12, mew=1.5, label="recommended"),
+        Line2D([], [], marker="s", ls="", color="k", label="dense baseline"),
+        Line2D([], [], marker="x", ls="", color="0.5", label="not ranked (reason in the table)"),
+    ]
+    ax.legend(handles=handles, fontsize=8, loc="lower right", framealpha=0.9)
+
+
+def png(rows: list[Row], metric: str, higher: bool, title: str) -> bytes:
+    """The figure as PNG bytes (the caller writes them: ``io.atomic_write_bytes``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ranked = [r for r in rows if r.rank and math.isfinite(r.final_metric)]
-    front = pareto(ranked, higher)
-    fig, ax = plt.subplots(figsize=(8, 5.5), constrained_layout=True)
-    for r in ranked:
-        on = r in front
-        dense = r.speedup == 1.0 and r.overrides.get("compressor", {}).get("name") == "none"
-        ax.errorbar(
-            r.time_s,
-            r.final_metric,
-            xerr=[[r.time_s - r.time_lo], [r.time_hi - r.time_s]],
-            fmt="s" if dense else "o",
-            color="C3" if on else ("k" if dense else "C0"),
-            alpha=1.0 if on or dense else 0.55,
-            ms=6,
-            capsize=2,
-        )
-        if on or dense or r.rank <= 3:
-            ax.annotate(
-                f"{r.rank}. {r.candidate}",
-                (r.time_s, r.final_metric),
-                fontsize=7,
-                xytext=(4, 3),
-                textcoords="offset points",
-            )
-    if front:
-        ax.plot(
-            [r.time_s for r in front],
-            [r.final_metric for r in front],
-            "-",
-            color="C3",
-            lw=1.2,
-            label="Pareto front (faster and better at the end)",
-        )
+    rs = _one_per_candidate(rows)
+    ranked = [r for r in rs if r.rank]
+    xs = [x for r in ranked for x in (r.time_lo, r.time_s, r.time_hi) if math.isfinite(x) and x > 0]
+    lo, hi = (min(xs) / 1.5, max(xs) * 3.0) if xs else (1e-3, 1.0)
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.42 * len(rs)), constrained_layout=True)
+    for i, r in enumerate(rs):
+        y = len(rs) - 1 - i
+        dense = r.overrides.get("compressor", {}).get("name") == "none" and not r.overrides.get("local_steps")
+        if not r.rank:
+            ax.plot([hi / 1.3], [y], "x", color="0.5")
+            continue
+        color = "k" if dense else ("C0" if r.prediction.observed else "C1")
+        if not r.prediction.observed:
+            ax.plot([r.time_lo, r.time_hi], [y, y], "-", color=color, lw=1.5)
+        ax.plot([r.time_s], [y], "s" if r.prediction.observed else "o", color=color, ms=7)
+        if r.rank == 1:
+            ax.plot([r.time_s], [y], "o", mfc="none", mec="C3", ms=14, mew=1.5)
+    ax.set_yticks(range(len(rs)), [f"{r.rank or '-'}. {r.candidate}" for r in reversed(rs)], fontsize=8)
     ax.set_xscale("log")
-    ax.set_xlabel("predicted time to target on the cluster (s, log); bars: interval")
-    ax.set_ylabel(f"{metric} at the full step budget (fitted curve; up: better)")
-    if not higher:
-        ax.invert_yaxis()
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(-0.7, len(rs) - 0.3)
+    ax.set_xlabel(f"time to reach the target on the cluster (s, log): {metric}")
     ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3, which="both")
-    if front:
-        ax.legend(fontsize=8, loc="best")
-    fig.savefig(out, dpi=130)
+    ax.grid(alpha=0.3, which="both", axis="x")
+    _legend(ax)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=130)
     plt.close(fig)
-    return out
+    return buf.getvalue()

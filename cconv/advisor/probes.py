@@ -1,21 +1,24 @@
-"""Probes: each candidate trained for a fraction of the step budget, several seeds as one program.
+"""Probes: each candidate's full-length run, trained a piece at a time as the race asks.
 
 A probe is an ordinary run of ``cconv.experiments.runner`` (``execute``: metrics.jsonl,
-checkpoints, resume), so an interrupted ``cconv advise`` resumes its probes and a finished probe is
-never trained twice.  Its config is the user's with the candidate's keys set and:
+checkpoints, resume) whose config is the *full* run's -- ``steps`` = the config's steps -- trained
+to the step the race asks for and paused there (``execute(pause_at=...)``: checkpointed, status
+``paused``).  A survivor continues from its checkpoint; nothing is retrained, an interrupted
+``cconv advise`` resumes its probes, and a probe's curve is exactly the first steps of the run the
+user would start.  Its config is the user's with the candidate's keys set and:
 
 * ``workers`` = the target cluster's workers (the global ``batch_size`` kept), ``launcher: vmap``:
   every worker on one device, the seeds vmapped on top (``build(seeds=S)``), so one compiled
   program trains all of a candidate's workers and seeds;
-* ``seed`` = ``[seed, seed + 1, ...]`` (``seeds`` of them), ``steps`` = the probe's steps,
-  ``log_every`` so the probe logs ``POINTS`` metric lines (the test set evaluated at each);
-* the learning-rate schedule keeps the full run's length (its ``decay_steps`` / ``transition_steps``
-  set from the config's ``steps``), so a probe is the first steps of the full run, not a
-  compressed copy of it;
+* ``seed`` = ``[seed, seed + 1, ...]`` (``seeds`` of them), ``log_every`` from the race's first
+  rung (enough points to fit a curve there);
+* a sweep file's ``rules:`` applied (``cconv.experiments.sweep.apply_rules``), and ``ef_scale: auto``
+  where error feedback runs around an unbiased compressor and the config sets no scale (plain EF
+  can diverge there: ``cconv.experiments.build.ErrorFeedbackWarning``);
 * no network, wandb, TensorBoard: the advisor's timing model is ``cconv.advisor.timing``.
 
-Candidates differ in compressor and synchronization, i.e. in program structure, so they run one
-after another (one compilation each); within a candidate everything runs at once.
+Candidates differ in compressor and synchronization, i.e. in program structure: each is built
+once (``build.problem``; the same Problem serves timing and every piece of training).
 """
 
 from __future__ import annotations
@@ -23,29 +26,35 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from cconv.advisor.extrapolate import Curve
 from cconv.advisor.space import Candidate
-
-POINTS = 12  # metric lines per probe
+from cconv.experiments.build import Problem
+from cconv.experiments.config import RunConfig
 
 
 class Probe(NamedTuple):
-    """A finished probe: its config, run directory, metric lines and status per seed."""
+    """A candidate's run: its config, built problem and run directory."""
 
     candidate: Candidate
-    cfg: Any
+    cfg: RunConfig
+    problem: Problem
     run_dir: str
-    lines: list
-    status: str  # completed | diverged
-    problem: Any  # the runner's Problem (trainer, model spec): timing reads it
 
-    def curve(self, metric: str) -> Curve:
+
+class Progress(NamedTuple):
+    """A probe's state after a piece of training: its metric lines, status and steps trained."""
+
+    lines: list
+    status: str  # paused | completed | diverged
+    steps: int
+    diverged: str | None = None  # the divergence rule's reason (``cconv.experiments.divergence``)
+
+    def curve(self, seeds: list, metric: str) -> Curve:
         """The learning curve of ``metric`` (seeds x logged steps; NaN after a seed diverged)."""
-        seeds = self.cfg.seeds()
         steps = sorted({ln["step"] for ln in self.lines})
         vals = np.full((len(seeds), len(steps)), np.nan)
         col = {s: j for j, s in enumerate(steps)}
@@ -55,21 +64,21 @@ class Probe(NamedTuple):
                 vals[seeds.index(ln["seed"]), col[ln["step"]]] = v
         return Curve(np.asarray(steps, np.float64), vals)
 
-    def bytes_per_step(self) -> float:
-        """Bytes sent + received per worker per step (mean over the probe, first seed)."""
-        last = [ln for ln in self.lines if ln.get("seed") == self.cfg.seeds()[0] and "cum_bytes" in ln]
-        if not last:
+    def bytes_per_step(self, seed: int) -> float:
+        """Bytes sent + received per worker per step (mean so far, one seed)."""
+        mine = [ln for ln in self.lines if ln.get("seed") == seed and "cum_bytes" in ln]
+        if not mine:
             return math.nan
-        end = max(last, key=lambda ln: ln["step"])
+        end = max(mine, key=lambda ln: ln["step"])
         return end["cum_bytes"] / max(end["step"], 1)
 
 
 def slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9.=-]+", "_", name).strip("_") or "run"
+    return re.sub(r"[^A-Za-z0-9.=-]+", "_", name).strip("_")[:80] or "run"
 
 
 def _schedule_length(raw: dict, full_steps: int) -> None:
-    """Pin the learning-rate schedule's length to the full run's (module docstring)."""
+    """Pin the learning-rate schedule's length to the full run's."""
     from cconv.experiments.build import SCHEDULE_LENGTH_ARGS
     from cconv.experiments.optax_names import SCHEDULE_ALIASES, parameters, schedule_function
 
@@ -85,17 +94,13 @@ def _schedule_length(raw: dict, full_steps: int) -> None:
 
 
 def probe_config(
-    base: Any,
-    cand: Candidate,
-    steps: int,
-    seeds: int,
-    workers: int,
-    full_steps: int | None = None,
-    log_every: int | None = None,
-):
-    """The RunConfig of one probe (or, with ``steps = full_steps``, of one full run)."""
+    base: RunConfig, cand: Candidate, seeds: int, workers: int, log_every: int, rules: tuple = ()
+) -> RunConfig:
+    """The RunConfig of one candidate's run (module docstring); a one-line ValueError when the
+    loader or the engine refuses the combination."""
     from cconv.experiments.build import check_names
     from cconv.experiments.config import from_dict
+    from cconv.experiments.sweep import apply_rules
 
     raw = base.to_dict()
     raw.update(cand.overrides)
@@ -103,10 +108,9 @@ def probe_config(
     raw.update(
         workers=workers,
         launcher="vmap",
-        steps=steps,
         seed=list(range(s0, s0 + seeds)) if seeds > 1 else s0,
-        log_every=log_every or max(1, steps // POINTS),
-        checkpoint_every=steps,
+        log_every=log_every,
+        checkpoint_every=base.steps,
         network=None,
         schedule=None,
         servers=None,
@@ -114,31 +118,55 @@ def probe_config(
         tensorboard=False,
         advise=None,
     )
+    apply_rules(raw, list(rules))
+    if raw.get("memory") == "ef" and raw.get("ef_scale") is None:
+        raw["ef_scale"] = "auto"  # 1/(1 + omega) around an unbiased compressor, 1 around the others
     if raw.get("lr_schedule", "constant") != "constant":
-        _schedule_length(raw, full_steps or base.steps)
+        _schedule_length(raw, base.steps)
     cfg = from_dict(raw, source=f"candidate {cand.name}")
     check_names(cfg)
     return cfg
 
 
-def run(cfg: Any, cand: Candidate, run_dir: str, nested: bool = True) -> Probe:
-    """Train (or resume, or reuse) one probe into ``run_dir``."""
-    from cconv.experiments import build, io, runner
+def build(cfg: RunConfig, cand: Candidate, run_dir: str) -> Probe:
+    """The candidate's Problem, built once (data, model, compiled trainer on first use)."""
+    from cconv.experiments import build as B
 
-    problem = build.problem(cfg)
-    res = runner.execute(cfg, run_dir, problem=problem, desc=cand.name, nested=nested)
-    lines = io.read_jsonl(os.path.join(run_dir, io.METRICS))
-    return Probe(cand, cfg, run_dir, lines, res.status, problem)
+    return Probe(cand, cfg, B.problem(cfg), run_dir)
 
 
-def run_all(configs: list, cands: list[Candidate], out: str) -> list[Probe]:
-    """Every candidate's probe, one after another under one progress bar (tqdm, on a terminal)."""
-    from cconv.experiments.loggers import progress
+def train_to(probe: Probe, steps: int) -> Progress:
+    """Train (or resume) ``probe`` to ``steps`` and pause there (the run ends instead at its
+    last step, or when every seed diverged)."""
+    from cconv.experiments import io, runner
 
-    done = []
-    with progress(len(cands), "probes", position=0, leave=True) as bar:
-        for cfg, cand in zip(configs, cands):
-            bar.set_postfix_str(cand.name[:40])
-            done.append(run(cfg, cand, os.path.join(out, slug(cand.name))))
-            bar.update(1)
-    return done
+    steps = min(int(steps), probe.cfg.steps)
+    prior = io.read_summary(probe.run_dir) if io.check_entry(probe.run_dir, want_dir=True) else None
+    if prior and prior.get("status") == "paused" and prior.get("step", 0) >= steps:  # an earlier advise got there
+        res = runner.RunResult("paused", prior, trained=False)
+        return _progress(probe, res)
+    res = runner.execute(
+        probe.cfg,
+        probe.run_dir,
+        problem=probe.problem,
+        desc=probe.candidate.name,
+        nested=True,
+        pause_at=steps if steps < probe.cfg.steps else None,
+    )
+    return _progress(probe, res)
+
+
+def _progress(probe: Probe, res) -> Progress:
+    """The probe's lines and status after ``res`` (a ``runner.RunResult``)."""
+    from cconv.experiments import io
+
+    lines = io.read_jsonl(os.path.join(probe.run_dir, io.METRICS))
+    s = res.summary or {}
+    done = max((ln["step"] for ln in lines), default=0)
+    if res.status == "paused":
+        whys = s.get("diverged_why") or []
+    else:
+        per_seed = (s.get("per_seed") or {}).values()
+        whys = [v.get("diverged_why") or (v.get("status") == "diverged" and "non-finite loss") for v in per_seed]
+    why = "; ".join(f"seed {probe.problem.seeds[i]}: {w}" for i, w in enumerate(whys) if w) or None
+    return Progress(lines, res.status, int(s.get("step", done) or done), why)

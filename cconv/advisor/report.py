@@ -1,18 +1,21 @@
 """Ranking and output: the table, the recommendation line, the JSON.
 
-A row is one probed candidate under one communication schedule.  Rows whose prediction is
-``ok`` (``cconv.advisor.extrapolate``) are ranked by predicted time to the target,
+A row is one raced candidate under one communication schedule.  Its steps to target are
+*observed* (the race ran it to the target: the first crossing, between two logged steps) or
+*predicted* from its curve so far (``cconv.advisor.extrapolate``, with an interval).  Rows whose
+steps to target are known or predicted within the config's step budget are ranked by
 
     time = steps to target x seconds per step on the cluster  (interval: [lo, hi] x the same),
 
-fastest first; the others (diverged, stalled, not approached, noisy) are listed after them with
-the reason and no rank.  ``speedup`` is the dense baseline's predicted time over the row's (the
-dense candidate under the first sync mode and architecture, same schedule).  Risk flags:
+fastest first.  The others follow, unranked, with the reason: diverged (``cconv.experiments
+.divergence``), missed (ran the whole step budget without reaching the target), misses the budget
+(predicted past it), stalled, not approached, noisy.  ``speedup`` is the dense baseline's time over
+the row's (same schedule).  ``why`` says where the row's step time goes (``timing.StepTime``):
+compute-, communication- or compression-bound, with the share.  Flags:
 
+    observed     the race saw this candidate reach the target (no extrapolation)
     wide         the interval spans more than a factor 3
-    over-budget  the interval's upper end exceeds the config's step budget
-    far          the prediction extrapolates more than 5x past the probe
-    tied         the best row's interval overlaps this row's (not separable by the probes)
+    tied         the best row's interval overlaps this row's (not separable by the race)
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any, NamedTuple
 from cconv.advisor.extrapolate import Prediction
 from cconv.advisor.timing import StepTime
 
-WIDE, FAR = 3.0, 5.0
+WIDE = 3.0
 
 
 class Row(NamedTuple):
@@ -34,42 +37,58 @@ class Row(NamedTuple):
     prediction: Prediction
     step: StepTime
     bytes_per_step: float
-    final_metric: float  # the fitted curve's metric at the full step budget
+    final_metric: float  # the metric at the full step budget (observed, or the fitted curve's)
+    race: str = ""  # how the race left it: reached, pruned, finalist, missed, diverged
+    steps_trained: int = 0
     time_s: float = math.nan
     time_lo: float = math.nan
     time_hi: float = math.nan
     speedup: float = math.nan
+    why: str = ""
     flags: tuple = ()
     rank: int | None = None
 
 
+def bound_by(st: StepTime) -> str:
+    """Which part dominates a step: ``compute-bound (62 %)`` etc. (the parts without overlap)."""
+    parts = {"compute": st.compute_s, "communication": st.comm_s, "compression": st.compress_s}
+    total = sum(parts.values())
+    if not total > 0:
+        return ""
+    name, x = max(parts.items(), key=lambda kv: kv[1])
+    return f"{name}-bound ({100 * x / total:.0f} %)"
+
+
 def _times(r: Row) -> Row:
     p, s = r.prediction, r.step.step_s
+    r = r._replace(why=bound_by(r.step))
     return r._replace(time_s=p.steps * s, time_lo=p.lo * s, time_hi=p.hi * s) if p.ok else r
 
 
-def rank(rows: list[Row], budget: int, baseline: str = "none") -> list[Row]:
-    """Rows with times, speedups, flags and ranks; ranked rows first (fastest first).  ``baseline``:
-    the dense candidate's name (dense under the first sync mode and architecture)."""
+def in_budget(r: Row, budget: int) -> bool:
+    return r.prediction.ok and r.prediction.steps <= budget
+
+
+def rank(rows: list[Row], budget: int, baseline: str = "dense") -> list[Row]:
+    """Rows with times, speedups, flags and ranks; ranked rows first (fastest first).  ``budget``:
+    the config's steps; ``baseline``: the dense candidate's name."""
     rows = [_times(r) for r in rows]
     dense = {r.schedule: r for r in rows if r.candidate == baseline}
-    ok = sorted((r for r in rows if r.prediction.ok), key=lambda r: r.time_s)
+    ok = sorted((r for r in rows if in_budget(r, budget)), key=lambda r: r.time_s)
     best = ok[0] if ok else None
     out = []
     for i, r in enumerate(ok):
         p, flags = r.prediction, []
+        if p.observed:
+            flags.append("observed")
         if p.hi / max(p.lo, 1e-12) > WIDE:
             flags.append("wide")
-        if p.hi > budget:
-            flags.append("over-budget")
-        if p.extrapolation > FAR:
-            flags.append("far")
         if i > 0 and r.time_lo <= best.time_hi:
             flags.append("tied")
         d = dense.get(r.schedule)
-        sp = d.time_s / r.time_s if d is not None and d.prediction.ok else math.nan
+        sp = d.time_s / r.time_s if d is not None and in_budget(d, budget) else math.nan
         out.append(r._replace(speedup=sp, flags=tuple(flags), rank=i + 1))
-    return out + [r for r in rows if not r.prediction.ok]
+    return out + [r for r in rows if not in_budget(r, budget)]
 
 
 def _fmt_t(x: float) -> str:
@@ -90,22 +109,29 @@ def _fmt_b(x: float) -> str:
     return f"{x:.0f} B"
 
 
-def table(rows: list[Row], multi_schedule: bool) -> str:
+def _unranked(r: Row, budget: int) -> str:
+    p = r.prediction
+    if p.ok:
+        return f"misses the budget: ~{p.steps:.0f} steps [{p.lo:.0f}, {p.hi:.0f}] > {budget}"
+    return f"{p.status}: {p.reason}"
+
+
+def table(rows: list[Row], multi_schedule: bool, budget: int) -> str:
     """The ranked table (plain text, one row per line)."""
     head = ["#", "candidate"] + (["schedule"] if multi_schedule else [])
-    head += ["steps [interval]", "s/step", "time to target [interval]", "speedup", "bytes/step", "flags"]
+    head += ["steps to target", "s/step", "time to target", "speedup", "bytes/step", "why", "flags"]
     body = []
     for r in rows:
         p = r.prediction
-        if p.ok:
-            steps = f"{p.steps:.0f} [{p.lo:.0f}, {p.hi:.0f}]"
-            tt = f"{_fmt_t(r.time_s)} [{_fmt_t(r.time_lo)}, {_fmt_t(r.time_hi)}]"
+        if r.rank:
+            steps = f"{p.steps:.0f}" + ("" if p.observed else f" [{p.lo:.0f}, {p.hi:.0f}]")
+            tt = _fmt_t(r.time_s) + ("" if p.observed else f" [{_fmt_t(r.time_lo)}, {_fmt_t(r.time_hi)}]")
             sp = f"{r.speedup:.2f}x" if math.isfinite(r.speedup) else "-"
-            flags = ",".join(r.flags) or ""
+            flags = ",".join(r.flags)
         else:
-            steps, tt, sp, flags = "-", "-", "-", f"{p.status}: {p.reason}"
+            steps, tt, sp, flags = "-", "-", "-", _unranked(r, budget)
         cells = [str(r.rank) if r.rank else "-", r.candidate] + ([r.schedule] if multi_schedule else [])
-        cells += [steps, _fmt_t(r.step.step_s), tt, sp, _fmt_b(r.bytes_per_step), flags]
+        cells += [steps, _fmt_t(r.step.step_s), tt, sp, _fmt_b(r.bytes_per_step), r.why, flags]
         body.append(cells)
     widths = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head) - 1)]
     lines = []
@@ -114,25 +140,38 @@ def table(rows: list[Row], multi_schedule: bool) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def recommendation(rows: list[Row], target: str, cluster: str, baseline: str = "none") -> tuple[bool, str]:
-    """(supported, one line): the fastest ranked row, or why the probes support no ranking."""
+def _no_recommendation(rows: list[Row], target: str, budget: int) -> str:
+    counts: dict[str, int] = {}
+    for r in rows:
+        k = "misses the budget" if r.prediction.ok else r.prediction.status
+        counts[k] = counts.get(k, 0) + 1
+    what = ", ".join(f"{n} {k}" for k, n in counts.items())
+    over = sorted((r for r in rows if r.prediction.ok), key=lambda r: r.prediction.steps)
+    need = (
+        f" The nearest, {over[0].candidate}, is predicted at ~{over[0].prediction.steps:.0f} steps "
+        f"[{over[0].prediction.lo:.0f}, {over[0].prediction.hi:.0f}]: a step budget of "
+        f"{math.ceil(over[0].prediction.hi)} would reach it."
+        if over
+        else ""
+    )
+    return f"No recommendation: no candidate reaches {target} within {budget} steps ({what}).{need}"
+
+
+def recommendation(rows: list[Row], target: str, cluster: str, budget: int) -> tuple[bool, str]:
+    """(supported, one line): the fastest ranked row, or why none can be recommended (and the
+    step budget that would reach the target, when a candidate is predicted past it)."""
     ok = [r for r in rows if r.rank]
     if not ok:
-        counts: dict[str, int] = {}
-        for r in rows:
-            counts[r.prediction.status] = counts.get(r.prediction.status, 0) + 1
-        dense = next((r for r in rows if r.candidate == baseline), None)
-        why = f"; dense: {dense.prediction.reason}" if dense is not None else ""
-        what = ", ".join(f"{n} {k}" for k, n in counts.items())
-        return False, f"No recommendation: the probes support no prediction of {target} ({what}){why}."
+        return False, _no_recommendation(rows, target, budget)
     b = ok[0]
-    sp = f", {b.speedup:.2f}x dense" if math.isfinite(b.speedup) else ", dense not predictable"
+    sp = f", {b.speedup:.2f}x dense" if math.isfinite(b.speedup) else ""
+    seen = "observed" if b.prediction.observed else f"predicted [{_fmt_t(b.time_lo)}, {_fmt_t(b.time_hi)}]"
     tied = [r.candidate for r in ok[1:] if "tied" in r.flags]
     tie = f"; not separable from {', '.join(tied[:3])}{' ...' if len(tied) > 3 else ''}" if tied else ""
-    sched = f" ({b.schedule})"
+    why = f"; {b.why}" if b.why else ""
     return True, (
-        f"Recommended: {b.candidate}{sched}: {target} in {_fmt_t(b.time_s)} "
-        f"[{_fmt_t(b.time_lo)}, {_fmt_t(b.time_hi)}] on {cluster}{sp}{tie}."
+        f"Recommended: {b.candidate} ({b.schedule}): {target} in {_fmt_t(b.time_s)} on {cluster} "
+        f"({b.prediction.steps:.0f} steps, {seen}){sp}{why}{tie}."
     )
 
 

@@ -17,13 +17,16 @@ The block (every key optional)::
       include:                     # further candidates, each a mapping of run-config keys
         - {compressor: {name: topk, ratio: 0.1}, memory: ef, local_steps: 4}
       target: test_accuracy=0.9    # --target
-      probe: 0.1                   # --probe (fraction of the config's steps)
+      budget: 1.0                  # --budget (units of one full dense run's training steps)
       seeds: 3                     # --seeds
 
 Default (no block, or a key left out): ``compressors`` = every registered compressor with a
 ``knob`` that lists values (``Entry.knob``), at its smallest and largest value; ``memory`` =
-``[none, ef]``; ``sync`` = ``[bsp]``; ``include`` (when ``sync`` is not given either) = the dense
-model under local SGD, ``[{local_steps: H}]`` with H the config's ``local_steps_init`` default
+``[paired]``: error feedback around the compressors that are not unbiased (top-k, sign, PowerSGD,
+...: the pairing of their papers) and none around the unbiased ones (QSGD, scaled random-k), read
+from the compressor's bound (``cconv.theory.constants``), never from its name; ``sync`` =
+``[bsp]``; ``include`` (when ``sync`` is not given either) = the dense model under local SGD,
+``[{local_steps: H}]`` with H the config's ``local_steps_init`` default
 (the common non-BSP mode); ``architectures`` = the config's own; ``schedules`` = the config's
 ``schedule`` or ``mg-wfbp`` (MG-WFBP, Shi et al., INFOCOM 2019: communication overlapped with
 backpropagation, small gradients merged into larger messages, as PyTorch DDP's buckets and
@@ -31,15 +34,29 @@ Horovod's tensor fusion do; plain ``wfbp`` pays one latency per layer).  The den
 (compressor ``none``, memory ``none``, the first sync and architecture) is always a candidate.
 A combination the config loader or the engine refuses (e.g. ``asp`` without a parameter server)
 is skipped and reported, not run.
+
+What a researcher would choose, applied to every candidate (``cconv.advisor.probes``): a sweep
+file's ``rules:`` (``when``/``set``, as ``cconv sweep`` applies them); ``ef_scale: auto`` where
+error feedback runs around an unbiased compressor with omega >= 1 (cconv's theory warns that plain
+EF can diverge there, ``ErrorFeedbackWarning``); and a candidate that moves exactly the dense
+baseline's bytes (PowerSGD on a model without matrices) is not raced but reported as dense.
+
+Sizes are bounded before anything is expanded: the candidate count is the product of the lists'
+lengths, checked against ``MAX_CANDIDATES`` first (``count``).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any, NamedTuple
 
-KEYS = ("compressors", "memory", "sync", "architectures", "schedules", "include", "target", "probe", "seeds")
+KEYS = ("compressors", "memory", "sync", "architectures", "schedules", "include", "target", "budget", "seeds")
 DENSE = "none"
+PAIRED = "paired"  # memory: EF around biased compressors, none around unbiased ones
+MAX_CANDIDATES = 64  # a race over more than this is not one run's budget (a sweep's job)
+MAX_SEEDS = 16
+RESERVED = ("seed", "workers", "steps", "schedule", "launcher", "log_every", "checkpoint_every")
 DEFAULT_SCHEDULE = "mg-wfbp"  # merged-gradient WFBP: overlap with backprop, small tensors merged (as DDP buckets)
 
 
@@ -64,7 +81,7 @@ class Space(NamedTuple):
     schedules: tuple
     include: tuple = ()
     target: str | None = None
-    probe: float | None = None
+    budget: float | None = None
     seeds: int | None = None
 
 
@@ -72,7 +89,45 @@ def _list(block: dict, key: str) -> list | None:
     v = block.get(key)
     if v is None:
         return None
-    return list(v) if isinstance(v, list) else [v]
+    out = list(v) if isinstance(v, list) else [v]
+    if not out:
+        raise ValueError(f"advise.{key}: an empty list (leave the key out for the default)")
+    return out
+
+
+def _shown(x: Any, n: int = 60) -> str:
+    r = repr(x)
+    return r if len(r) <= n else r[: n - 3] + "..."
+
+
+def _points_count(spec: Any) -> int:
+    """How many hyper-parameter points a compressor entry expands to (without expanding it)."""
+    if not isinstance(spec, dict):
+        return 1
+    n = 1
+    for k, v in spec.items():
+        if k != "name" and isinstance(v, list):
+            n *= len(v)  # lengths only: nothing is expanded
+    return n
+
+
+def count(block: Any) -> int:
+    """The number of candidates a block asks for, counted before anything is expanded (an upper
+    bound: duplicates are removed later)."""
+    if not isinstance(block, dict):
+        return 1
+    comps = block.get("compressors")
+    n_comp = (
+        len(default_compressors())
+        if comps is None
+        else sum(_points_count(c) for c in (comps if isinstance(comps, list) else [comps]))
+    )
+    n = n_comp
+    for key in ("memory", "sync", "architectures"):
+        v = block.get(key)
+        n *= len(v) if isinstance(v, list) and v else 1
+    inc = block.get("include")
+    return n + 2 + (len(inc) if isinstance(inc, list) else 0)
 
 
 def _compressor_points(spec: Any) -> list[dict]:
@@ -80,7 +135,7 @@ def _compressor_points(spec: Any) -> list[dict]:
     if isinstance(spec, str):
         return [{"name": spec}]
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        raise ValueError(f"advise.compressors: expected a name or a mapping with 'name', got {spec!r}")
+        raise ValueError(f"advise.compressors: expected a name or a mapping with 'name', got {_shown(spec)}")
     keys = [k for k in spec if k != "name"]
     values = [spec[k] if isinstance(spec[k], list) else [spec[k]] for k in keys]
     return [{"name": spec["name"], **dict(zip(keys, combo))} for combo in itertools.product(*values)]
@@ -105,29 +160,61 @@ def _sync_point(spec: Any) -> dict:
 
     if isinstance(spec, str):
         if spec not in public_names():
-            raise ValueError(f"advise.sync: unknown mode {spec!r}; valid: {', '.join(public_names())} or a mapping")
+            raise ValueError(
+                f"advise.sync: unknown mode {_shown(spec)}; valid: {', '.join(public_names())} or a mapping"
+            )
         return {"sync": spec}
     if not isinstance(spec, dict) or not spec:
-        raise ValueError(f"advise.sync: expected a mode name or a mapping of run-config keys, got {spec!r}")
+        raise ValueError(f"advise.sync: expected a mode name or a mapping of run-config keys, got {_shown(spec)}")
+    _no_reserved("advise.sync", spec)
     return dict(spec)
 
 
-def parse(block: Any, cfg: Any) -> Space:
-    """Validate an ``advise:`` block against run config ``cfg``; one-line ValueError when malformed."""
+def _no_reserved(where: str, spec: dict) -> None:
     from cconv.experiments.config import FIELDS
 
+    bad = [k for k in spec if k not in FIELDS]
+    if bad:
+        raise ValueError(f"{where}: unknown config key(s) {', '.join(_shown(k, 40) for k in bad[:5])}")
+    fixed = [k for k in spec if k in RESERVED]
+    if fixed:
+        raise ValueError(
+            f"{where}: {', '.join(fixed)} cannot vary between candidates (the advisor sets seed, workers, steps, "
+            "logging and checkpoints for every candidate from --seeds, --cluster and the config; schedules: "
+            "advise.schedules)"
+        )
+
+
+def _number(block: dict, key: str, ok, what: str):
+    v = block.get(key)
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not ok(v)):
+        raise ValueError(f"advise.{key} must be {what}, got {_shown(v)}")
+    return v
+
+
+def parse(block: Any, cfg: Any) -> Space:
+    """Validate an ``advise:`` block against run config ``cfg``; one-line ValueError when malformed
+    (the candidate count is checked before any list is expanded)."""
     block = {} if block is None else block
     if not isinstance(block, dict):
         raise ValueError(f"advise: expected a mapping with keys {', '.join(KEYS)}, got {type(block).__name__}")
     bad = [k for k in block if k not in KEYS]
     if bad:
-        raise ValueError(f"advise: unknown key(s) {', '.join(map(str, bad))}; valid: {', '.join(KEYS)}")
+        raise ValueError(
+            f"advise: unknown key(s) {', '.join(_shown(k, 40) for k in bad[:5])}; valid: {', '.join(KEYS)}"
+        )
+    n = count(block)
+    if n > MAX_CANDIDATES:
+        raise ValueError(
+            f"advise: the block asks for {n if n < 10**6 else 'over a million'} candidates; the limit is "
+            f"{MAX_CANDIDATES} (narrow the lists, or sweep them with cconv sweep)"
+        )
     comps = _list(block, "compressors")
     points = [p for c in comps for p in _compressor_points(c)] if comps is not None else default_compressors()
-    memory = _list(block, "memory") or ["none", "ef"]
+    memory = _list(block, "memory") or [PAIRED]
     for m in memory:
         if not isinstance(m, str):
-            raise ValueError(f"advise.memory: expected names (none, ef, dgc), got {m!r}")
+            raise ValueError(f"advise.memory: expected names ({PAIRED}, none, ef, ...), got {_shown(m)}")
     sync = _list(block, "sync")
     sync_points = [_sync_point(s) for s in sync] if sync is not None else [{"sync": "bsp"}]
     arch = _list(block, "architectures") or [cfg.architecture]
@@ -136,24 +223,23 @@ def parse(block: Any, cfg: Any) -> Space:
 
     for s in scheds:
         if s not in S.names():
-            raise ValueError(f"advise.schedules: unknown schedule {s!r}; valid: {', '.join(S.names())}")
-    probe, seeds = block.get("probe"), block.get("seeds")
-    if probe is not None and (isinstance(probe, bool) or not isinstance(probe, (int, float)) or not 0 < probe <= 1):
-        raise ValueError(f"advise.probe must be a fraction in (0, 1], got {probe!r}")
-    if seeds is not None and (isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1):
-        raise ValueError(f"advise.seeds must be an integer >= 1, got {seeds!r}")
+            raise ValueError(f"advise.schedules: unknown schedule {_shown(s)}; valid: {', '.join(S.names())}")
+    budget = _number(block, "budget", lambda x: math.isfinite(x) and 0 < x <= 100, "a number in (0, 100]")
+    seeds = _number(
+        block, "seeds", lambda x: isinstance(x, int) and 1 <= x <= MAX_SEEDS, f"an integer in [1, {MAX_SEEDS}]"
+    )
     target = block.get("target")
     if target is not None and not isinstance(target, str):
-        raise ValueError(f"advise.target: expected METRIC=VALUE, got {target!r}")
+        raise ValueError(f"advise.target: expected METRIC=VALUE, got {_shown(target)}")
     include = _list(block, "include")
     if include is None:  # default: the dense model under local SGD, the common non-BSP mode
+        from cconv.experiments.config import FIELDS
+
         include = [{"local_steps": FIELDS["local_steps_init"].default}] if sync is None else []
     for inc in include:
         if not isinstance(inc, dict) or not inc:
-            raise ValueError(f"advise.include: expected mappings of run-config keys, got {inc!r}")
-        bad = [k for k in inc if k not in FIELDS]
-        if bad:
-            raise ValueError(f"advise.include: unknown config key(s) {', '.join(map(str, bad))}")
+            raise ValueError(f"advise.include: expected mappings of run-config keys, got {_shown(inc)}")
+        _no_reserved("advise.include", inc)
     return Space(
         tuple(points),
         tuple(memory),
@@ -162,32 +248,53 @@ def parse(block: Any, cfg: Any) -> Space:
         tuple(scheds),
         tuple(include),
         target,
-        probe,
+        budget,
         seeds,
     )
 
 
-def _label(comp: dict, memory: str, sync: dict, arch: str, arch0: str, sync0: dict) -> str:
-    hp = ",".join(f"{k}={v}" for k, v in comp.items() if k != "name")
-    bits = [comp["name"] + (f"({hp})" if hp else "")]
+_NAMES = {
+    "ratio": lambda v: f"{v * 100:g} %",
+    "local_steps": lambda v: f"H={v}",
+    "rank": lambda v: f"rank {v}",
+    "levels": lambda v: f"{v} levels",
+}
+
+
+def label(comp: dict, memory: str, sync: dict, arch: str, arch0: str, sync0: dict) -> str:
+    """A human name: "dense", "top-k 1 % + EF", "dense, local SGD H=4", "QSGD levels=4, ssp"."""
+    from cconv import compressors as C
+
+    name = comp["name"]
+    try:
+        base = "dense" if name == DENSE else (C.entry(name).label or name)
+    except (KeyError, ValueError):
+        base = name
+    hp = [_NAMES.get(k, lambda v, k=k: f"{k}={v}")(v) for k, v in comp.items() if k != "name"]
+    out = base + (" " + ", ".join(hp) if hp else "")
     if memory != "none":
-        bits.append(memory)
+        out += " + EF" if memory == "ef" else f" + {memory}"
+    extra = []
     if sync != sync0:
-        bits.append(",".join(f"{k}={v}" for k, v in sync.items()))
+        if set(sync) == {"local_steps"}:
+            extra.append(f"local SGD {_NAMES['local_steps'](sync['local_steps'])}")
+        else:
+            extra.append(", ".join(f"{k}={v}" for k, v in sync.items()))
     if arch != arch0:
-        bits.append(arch)
-    return " ".join(bits)
+        extra.append(arch)
+    return ", ".join([out, *extra])
 
 
 def candidates(space: Space) -> list[Candidate]:
     """The probed candidates: compressors x memory x sync x architectures (memory only around a
-    real compressor), the dense baseline first, duplicates removed."""
+    real compressor; ``paired`` resolved per compressor), the dense baseline first, duplicates
+    removed."""
     sync0, arch0 = space.sync[0], space.architectures[0]
     dense = {"name": DENSE}
     out: dict[str, Candidate] = {}
 
     def add(comp, memory, sync, arch):
-        name = _label(comp, memory, sync, arch, arch0, sync0)
+        name = label(comp, memory, sync, arch, arch0, sync0)
         over = {"compressor": dict(comp), "memory": memory, "architecture": arch, **sync}
         out.setdefault(name, Candidate(name, over))
 
@@ -195,10 +302,25 @@ def candidates(space: Space) -> list[Candidate]:
     for comp, memory, sync, arch in itertools.product(space.compressors, space.memory, space.sync, space.architectures):
         if comp["name"] == DENSE and memory != "none":
             continue
-        add(comp, memory, sync, arch)
+        add(comp, paired_memory(comp) if memory == PAIRED else memory, sync, arch)
     for inc in space.include:
         comp = inc.get("compressor", dense)
         comp = {"name": comp} if isinstance(comp, str) else dict(comp)
         sync = {k: v for k, v in inc.items() if k not in ("compressor", "memory", "architecture")}
         add(comp, inc.get("memory", "none"), sync or sync0, inc.get("architecture", arch0))
     return list(out.values())
+
+
+def paired_memory(comp: dict) -> str:
+    """``ef`` around a compressor whose bound is not unbiased, ``none`` around an unbiased one (the
+    bound from ``cconv.theory.constants`` on a probe tensor: the compressor's own entry decides)."""
+    if comp["name"] == DENSE:
+        return "none"
+    from cconv.experiments.build import make_compressor, theory_constants
+
+    try:
+        table = theory_constants(make_compressor(comp), [(64, 64)])
+    except Exception:  # noqa: BLE001 - a bad spec is reported by the probe's config check
+        return "ef"
+    kinds = {getattr(k, "kind", None) for k in table.values()}
+    return "none" if kinds == {"unbiased"} else "ef"

@@ -38,6 +38,7 @@ from cconv.compressors.randomk import randomk
 from cconv.compressors.registry import (
     Bench,
     Bound,
+    Cost,
     Entry,
     Knob,
     Param,
@@ -85,6 +86,7 @@ __all__ = [
     "Param",
     "Theory",
     "Bound",
+    "Cost",
     "Knob",
     "Bench",
     "IDENTITY",

@@ -54,7 +54,7 @@ from jax import lax
 from cconv.compressors import golomb
 from cconv.compressors.base import Array, Compressor, SparsifierSize, check_float, size_of, stateless_init
 from cconv.compressors.oracle import flat64, sparsifier_k, top_idx
-from cconv.compressors.registry import Bound, Entry, Knob, Param, Schema, Theory, register, with_ratio
+from cconv.compressors.registry import Bound, Cost, Entry, Knob, Param, Schema, Theory, register, with_ratio
 from cconv.compressors.select import topk_indices
 from cconv.compressors.sparse import (
     SIZE,
@@ -324,6 +324,10 @@ dgc = register(
         knob=Knob("ratio", SPARSE_RATIOS),
         at_density=with_ratio,  # warm-up: ratio = the density
         label="DGC",
+        known_as=("grace:DgcCompressor",),  # GRACE (Xu et al. 2021), its data release
+        # sample, top-k of the sample, threshold, mask, count (and re-threshold), compact (Lin et al. 2018;
+        # grace_dl/tensorflow/compressor/dgc.py: ~12 ops, 3 passes); decode as top-k
+        cost=Cost(compress_ops=12, compress_passes=3.0, select="sample", decompress_ops=3, decompress_passes=1.0),
         cases=({"ratio": 0.2}, {"ratio": 0.05, "positions": "golomb"}),
         bench=SPARSE_BENCH,
     ),

@@ -10,7 +10,7 @@ import numpy as np
 
 from cconv.compressors.base import Compressor, DensePayload, check_float, itemsize, like_info, size_of, stateless_init
 from cconv.compressors.oracle import alternating
-from cconv.compressors.registry import Bench, Bound, Entry, Theory, register
+from cconv.compressors.registry import Bench, Bound, Cost, Entry, Theory, register
 
 IDENTITY = "none"  # the registered name of the uncompressed baseline
 
@@ -40,5 +40,12 @@ THEORY = Theory(
 
 identity = register(
     IDENTITY,
-    Entry(_identity, aggregation="allreduce", theory=THEORY, label="dense (no compression)", bench=Bench(target_x=4.0)),
+    Entry(
+        _identity,
+        aggregation="allreduce",
+        theory=THEORY,
+        label="dense (no compression)",
+        bench=Bench(target_x=4.0),
+        cost=Cost(compress_ops=0, compress_passes=0.0, decompress_ops=0, decompress_passes=0.0),  # nothing to do
+    ),
 )

@@ -40,7 +40,7 @@ from cconv.compressors.base import (
     like_info,
     size_of,
 )
-from cconv.compressors.registry import Bench, Bound, Entry, Knob, Param, Schema, Theory, register
+from cconv.compressors.registry import Bench, Bound, Cost, Entry, Knob, Param, Schema, Theory, register
 
 
 class PowerSGDPayload(NamedTuple):
@@ -136,6 +136,16 @@ def _factorised(shape, rank: int) -> tuple[int, int] | None:
     return (n, m) if min(n, m) > rank else None
 
 
+def _flops(shape, rank: int) -> tuple[float, float]:
+    """FLOPs of (compress, decompress) for one tensor: P = M Q and Q = M^T P (2 n m r each) and
+    Gram-Schmidt on P (2 n r^2), then P Q^T (2 n m r) to decode; 0 for a tensor sent dense."""
+    nm = _factorised(tuple(shape), rank)
+    if nm is None:
+        return 0.0, 0.0
+    n, m = nm
+    return 4.0 * n * m * rank + 2.0 * n * rank * rank, 2.0 * n * m * rank
+
+
 def _wire_bytes(c, shape, isz):
     nm = _factorised(shape, c.hparams["rank"])
     return size_of(shape) * isz if nm is None else c.hparams["rank"] * (nm[0] + nm[1]) * isz
@@ -223,6 +233,17 @@ powersgd = register(
         theory=THEORY,
         knob=Knob("rank", (1, 4)),
         label="PowerSGD",
+        known_as=("grace:PowerSGDCompressor",),  # GRACE (Xu et al. 2021), its data release
+        # per matrix: reshape, P = M Q, orthogonalise P, Q = M^T P (two all-reduces between), and P Q^T to
+        # decode (Vogels et al. 2019, Algorithm 1; grace_dl/tensorflow/compressor/powersgd.py)
+        cost=Cost(
+            compress_ops=6,
+            compress_passes=1.0,
+            decompress_ops=3,
+            decompress_passes=1.0,
+            flops=lambda c, shape: _flops(shape, c.hparams["rank"])[0],
+            decompress_flops=lambda c, shape: _flops(shape, c.hparams["rank"])[1],
+        ),
         cases=({"rank": 2}, {"rank": 1}),
         bench=Bench(lambda r: {"rank": 4}),
     ),

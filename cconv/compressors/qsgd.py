@@ -55,7 +55,7 @@ from cconv.compressors import bitstream, elias, fastrng
 from cconv.compressors.base import Array, Compressor, check_float, like_info, safe_div, size_of, stateless_init
 from cconv.compressors.oracle import alternating, flat64
 from cconv.compressors.packing import pack_bits, packed_size, row, sum_rows, unpack_bits
-from cconv.compressors.registry import Bench, Bound, Entry, Knob, Param, Schema, Theory, register
+from cconv.compressors.registry import Bench, Bound, Cost, Entry, Knob, Param, Schema, Theory, register
 
 CODINGS = ("fixed", "elias")
 CHUNK = bitstream.CHUNK  # entries per chunk-index offset of the Elias stream
@@ -294,6 +294,11 @@ qsgd = register(
         theory=THEORY,
         knob=Knob("levels", (4, 16)),
         label="QSGD",
+        known_as=("grace:QSGDCompressor",),  # GRACE (Xu et al. 2021), its data release
+        # norm, scale, floor, uniform draws, compare, add, sign, cast (Alistarh et al. 2017; GRACE's qsgd.py)
+        cost=Cost(
+            compress_ops=10, compress_passes=6.0, decompress_ops=4, decompress_passes=2.5, code_bytes=1.0
+        ),  # int8
         cases=({"levels": 4}, {"levels": 2, "bucket": 6}, {"levels": 2, "bucket": 6, "coding": "elias"}),
         bench=Bench(lambda r: {"levels": 2}, 4.0),
     ),

@@ -47,6 +47,7 @@ from cconv.compressors.oracle import alternating, flat64, sparsifier_k
 from cconv.compressors.registry import (
     Bench,
     Bound,
+    Cost,
     Entry,
     Knob,
     Param,
@@ -225,6 +226,8 @@ randomk = register(
         at_density=with_ratio,  # warm-up: ratio = the density
         label="random-k",
         known_as=("grace:RandomKCompressor",),  # GRACE (Xu et al. 2021), its data release
+        # random indices, gather (k elements, no pass over the tensor); decode: scatter_nd, reshape
+        cost=Cost(compress_ops=3, compress_passes=0.0, decompress_ops=3, decompress_passes=1.0),
         cases=(
             {"ratio": 0.2},
             {"ratio": 0.2, "scaled": False, "shared": False},

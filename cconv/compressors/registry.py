@@ -49,6 +49,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from cconv._text import shown, shown_names
 from cconv.compressors.base import (
     AGGREGATIONS,
     ALGEBRAS,
@@ -179,7 +180,7 @@ class Schema(NamedTuple):
         if unknown:
             valid = ", ".join(self.names) if self.params else "(none)"
             raise ValueError(
-                f"compressor {owner!r} got unknown hyper-parameter(s) {', '.join(unknown)}; valid: {valid}"
+                f"compressor {shown(owner)} got unknown hyper-parameter(s) {shown_names(unknown)}; valid: {valid}"
             )
         values = {p.name: p.check(owner, hparams.get(p.name, p.default)) for p in self.params}
         return dict(self.rule(owner, values)) if self.rule is not None else values
@@ -266,6 +267,40 @@ class Bench(NamedTuple):
     target_x: float | None = None
 
 
+class Cost(NamedTuple):
+    """What one compress / decompress of a tensor of n elements does, for the time model of
+    ``cconv.theory.implementation`` (facts about the algorithm, not timings):
+
+    compress_ops      framework operations (kernel launches) per tensor when the compressor runs op
+                      by op (GRACE's TensorFlow ops, Horovod's per-tensor hooks)
+    compress_passes   passes over memory, in units of one fp32 read of the tensor (4 n bytes)
+    select            the selection algorithm: None, "sort" (a framework top-k: sorts, far from
+                      memory-bound on GPUs), "radix" (radix select, a few passes), "compare" (a fixed
+                      threshold: one comparison pass), "sample" (a threshold estimated on a sample,
+                      then one pass)
+    decompress_ops    operations per decoded payload
+    decompress_passes passes over memory per decoded payload (writing the dense tensor: 1)
+    flops             ``(c, shape) -> float``: arithmetic per tensor of compress (PowerSGD's
+                      matmuls and orthogonalisation); None: none beyond the passes
+    decompress_flops  the same for decompress
+    code_bytes        bytes per element its codes take in a framework's smallest dtype (bool, int8)
+                      when they are not bit-packed (a framework implementation's message); 0: its
+                      wire format either way
+    """
+
+    compress_ops: int = 2
+    compress_passes: float = 2.0
+    select: str | None = None
+    decompress_ops: int = 2
+    decompress_passes: float = 1.0
+    flops: Callable[[Compressor, tuple], float] | None = None
+    decompress_flops: Callable[[Compressor, tuple], float] | None = None
+    code_bytes: float = 0.0
+
+
+SELECTIONS = (None, "sort", "radix", "compare", "sample")
+
+
 # --------------------------------------------------------------------------- entries
 
 
@@ -295,6 +330,8 @@ class Entry(NamedTuple):
                  compressor class, ``"grace:TopKCompressor"``), so that published data naming
                  methods its own way is mapped here, on the entry, not in the code that reads it
                  (``known_as``)
+    cost         ``Cost``: its compress/decompress operations, memory passes and selection
+                 algorithm (the time model's facts); the default is a generic elementwise codec
     """
 
     factory: Callable[..., Compressor]
@@ -310,6 +347,7 @@ class Entry(NamedTuple):
     at_density: Callable[[dict, float], dict] | None = None
     name: str = ""
     known_as: tuple[str, ...] = ()
+    cost: Cost = Cost()
 
     def aggregation_of(self, hparams: Mapping[str, Any]) -> str:
         """The name of the aggregation method for ``hparams`` (an ``Aggregation`` instance is
@@ -353,6 +391,8 @@ def register(name: str, entry: Entry) -> Callable[..., Compressor]:
         raise ValueError(f"register: entry must be a cconv.compressors.Entry, got {type(entry).__name__}")
     if not entry.cases:
         raise ValueError(f"register: {name!r} needs at least one test case (cases=({{}},) for defaults)")
+    if not isinstance(entry.cost, Cost) or entry.cost.select not in SELECTIONS:
+        raise ValueError(f"register: {name!r} cost must be a Cost with select in {SELECTIONS}, got {entry.cost!r:.80}")
     if isinstance(entry.aggregation, Aggregation):
         register_aggregation(entry.aggregation)
     elif not callable(entry.aggregation) and not (isinstance(entry.aggregation, str) and entry.aggregation):
@@ -443,7 +483,7 @@ def entry(name: str) -> Entry:
     if isinstance(name, str) and ":" in name:
         return _from_path(name)
     raise ValueError(
-        f"unknown compressor {name!r}; valid names: {', '.join(sorted(_REGISTRY))} (or 'package.module:factory')"
+        f"unknown compressor {shown(name)}; valid names: {', '.join(sorted(_REGISTRY))} (or 'package.module:factory')"
     )
 
 

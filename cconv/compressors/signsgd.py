@@ -21,7 +21,7 @@ import numpy as np
 from cconv.compressors.base import Array, Compressor, check_float, like_info, size_of, stateless_init
 from cconv.compressors.oracle import flat64
 from cconv.compressors.packing import bit_counts, pack_signs, packed_size, unpack_signs
-from cconv.compressors.registry import Bench, Bound, Entry, Theory, register
+from cconv.compressors.registry import Bench, Bound, Cost, Entry, Theory, register
 
 
 class SignPayload(NamedTuple):
@@ -80,5 +80,9 @@ signsgd = register(
         bench=Bench(target_x=4.0),
         votes=True,
         known_as=("grace:SignSGDCompressor",),  # GRACE (Xu et al. 2021), its data release
+        # reshape, greater_equal (read 4n, write n bytes); decode: cast, scale, shift, reshape
+        cost=Cost(
+            compress_ops=2, compress_passes=1.25, decompress_ops=4, decompress_passes=2.5, code_bytes=1.0
+        ),  # bool
     ),
 )

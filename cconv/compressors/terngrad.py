@@ -59,7 +59,7 @@ from cconv.compressors.base import (
 )
 from cconv.compressors.oracle import flat64
 from cconv.compressors.packing import pack_bits, packed_size, row, sum_rows, unpack_bits
-from cconv.compressors.registry import Bench, Bound, Entry, Knob, Param, Schema, Theory, register
+from cconv.compressors.registry import Bench, Bound, Cost, Entry, Knob, Param, Schema, Theory, register
 
 
 class TernPayload(NamedTuple):
@@ -262,6 +262,11 @@ terngrad = register(
         theory=THEORY,
         knob=Knob("clip"),
         label="TernGrad",
+        known_as=("grace:TernGradCompressor",),  # GRACE (Xu et al. 2021), its data release
+        # mean, std, clip, max, uniform draws, compare, sign, cast (Wen et al. 2017; GRACE's terngrad.py)
+        cost=Cost(
+            compress_ops=10, compress_passes=7.0, decompress_ops=3, decompress_passes=2.5, code_bytes=1.0
+        ),  # int8
         cases=({}, {"clip": 2.5}, {"shared_scale": True}),
         bench=Bench(target_x=4.0),
     ),

@@ -32,6 +32,7 @@ from cconv.compressors.oracle import flat64, sparsifier_k, top_idx
 from cconv.compressors.registry import (
     Bench,
     Bound,
+    Cost,
     Entry,
     Knob,
     Param,
@@ -107,6 +108,9 @@ threshold = register(
         knob=Knob("tau"),
         at_density=with_ratio,  # warm-up: ratio = the density
         label="threshold",
+        known_as=("grace:ThresholdCompressor",),  # GRACE (Xu et al. 2021), its data release
+        # abs, compare, boolean_mask of values and indices (one comparison pass, then compaction)
+        cost=Cost(compress_ops=6, compress_passes=2.0, select="compare", decompress_ops=3, decompress_passes=1.0),
         cases=({"tau": 0.5, "ratio": 0.2}, {"tau": 0.1}),
         # N(0, 1) input: P(|x| >= tau) = ratio
         bench=Bench(lambda r: {"tau": round(NormalDist().inv_cdf(1 - r / 2), 4), "ratio": r}, 10.0),

@@ -23,7 +23,7 @@ import numpy as np
 from cconv.compressors import golomb
 from cconv.compressors.base import Compressor, SparsifierSize, check_float, size_of, stateless_init
 from cconv.compressors.oracle import alternating, flat64, sparsifier_k, top_idx
-from cconv.compressors.registry import Bound, Entry, Knob, Schema, Theory, register, with_ratio
+from cconv.compressors.registry import Bound, Cost, Entry, Knob, Schema, Theory, register, with_ratio
 from cconv.compressors.select import topk_indices as _select_topk_indices
 from cconv.compressors.sparse import (
     SIZE,
@@ -125,6 +125,9 @@ topk = register(
         at_density=with_ratio,  # warm-up: ratio = the density
         label="top-k",
         known_as=("grace:TopKCompressor",),  # GRACE (Xu et al. 2021), its data release
+        # a framework top-k (tf.math.top_k / torch.topk) per tensor: reshape, abs, top_k, gather, concat;
+        # decode: split, scatter_nd into zeros, reshape (grace_dl/tensorflow/compressor/topk.py)
+        cost=Cost(compress_ops=5, compress_passes=2.0, select="sort", decompress_ops=3, decompress_passes=1.0),
         cases=({"ratio": 0.2}, {"k": 5}, {"ratio": 0.2, "positions": "golomb"}),
         bench=SPARSE_BENCH,
     ),

@@ -34,8 +34,10 @@ split (the files' own order), for quick runs.
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import pickle
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -76,25 +78,62 @@ def default_root() -> Path:
 
 
 # ----------------------------------------------------------------------------------------- IDX
-def read_idx(path: str | os.PathLike) -> np.ndarray:
-    """Read an IDX file (optionally gzip-compressed, by the ``.gz`` suffix) into a NumPy array."""
+MAX_IDX_BYTES = 1 << 30  # an IDX file's data (after decompression) is at most 1 GiB: MNIST's largest is 47 MB
+
+
+def _read_exactly(f, n: int) -> bytes:
+    """Up to ``n`` bytes of ``f`` (fewer only at its end)."""
+    chunks, left = [], n
+    while left > 0:
+        chunk = f.read(min(left, 1 << 24))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_idx(path: str | os.PathLike, max_bytes: int = MAX_IDX_BYTES) -> np.ndarray:
+    """Read an IDX file (optionally gzip-compressed, by the ``.gz`` suffix) into a NumPy array.
+
+    The header is read and checked first (magic number, then the size it declares, at most
+    ``max_bytes``); then exactly the bytes it declares are read (decompressed), plus one to find
+    out whether the file is longer.  A compressed file is never decompressed beyond that: a gzip
+    bomb costs at most ``max_bytes``, and a file whose magic number is wrong costs 4 bytes."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        raw = f.read()
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in IDX_TYPES:
-        raise ValueError(f"{path}: not an IDX file (bad magic number {raw[:4].hex()})")
-    ndim = raw[3]
-    header = 4 + 4 * ndim
-    if len(raw) < header:
+    try:
+        with opener(path, "rb") as f:
+            return _read_idx_stream(f, path, max_bytes)
+    except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+        raise ValueError(f"{path}: cannot be read as an IDX file ({type(e).__name__}: {e})") from None
+
+
+def _read_idx_stream(f, path: Path, max_bytes: int) -> np.ndarray:
+    head = _read_exactly(f, 4)
+    if len(head) < 4 or head[0] != 0 or head[1] != 0 or head[2] not in IDX_TYPES:
+        raise ValueError(f"{path}: not an IDX file (bad magic number {head[:4].hex()})")
+    ndim = head[3]
+    dims = _read_exactly(f, 4 * ndim)
+    if len(dims) < 4 * ndim:
         raise ValueError(f"{path}: truncated IDX header")
-    shape = tuple(int(s) for s in np.frombuffer(raw, ">u4", count=ndim, offset=4))
-    dtype = np.dtype(IDX_TYPES[raw[2]])
-    expected = header + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if len(raw) != expected:
-        raise ValueError(f"{path}: IDX header says shape {shape} ({expected} bytes) but the file has {len(raw)} bytes")
-    data = np.frombuffer(raw, dtype, offset=header).reshape(shape)
-    return data.astype(dtype.newbyteorder("="))
+    shape = tuple(int(s) for s in np.frombuffer(dims, ">u4", count=ndim))
+    dtype = np.dtype(IDX_TYPES[head[2]])
+    size = math.prod(shape) * dtype.itemsize
+    header = 4 + 4 * ndim
+    if size > max_bytes:
+        raise ValueError(
+            f"{path}: IDX header says shape {shape} ({size} bytes of data), more than the {max_bytes} bytes "
+            f"an IDX file may hold here; refusing to read it"
+        )
+    raw = _read_exactly(f, size + 1)
+    if len(raw) != size:
+        got = f"{header + len(raw)} bytes" if len(raw) < size else "more"
+        raise ValueError(
+            f"{path}: IDX header says shape {shape} ({header + size} bytes) but the file has {got}"
+            + (" (decompressed)" if path.suffix == ".gz" else "")
+        )
+    return np.frombuffer(raw, dtype).reshape(shape).astype(dtype.newbyteorder("="))
 
 
 def write_idx(path: str | os.PathLike, array: np.ndarray) -> None:

@@ -99,12 +99,24 @@ def corpus_files(root=None) -> list[Path]:
     return present
 
 
+def _read_prefix(path: Path, chars: int | None) -> str:
+    """The first ``chars`` characters of a UTF-8 text file (all of it when None), as ``read_text``
+    reads them (universal newlines): a character is at least one byte of the corpus, so ``chars``
+    characters cover ``chars`` corpus bytes, and at most 4 x ``chars`` bytes of the file are read
+    (a 1.5 GB file gives its first MiB, not 1.5 GB in memory)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read(-1 if chars is None else max(chars, 0))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"text: {path} is not UTF-8 text ({e.reason})") from None
+
+
 def corpus_bytes(root=None, max_bytes: int = 1 << 20, docstrings_only: bool = False):
     """(bytes, files) of the corpus, capped at ``max_bytes``."""
     files = corpus_files(root)
     chunks, total = [], 0
     for f in files:
-        text = f.read_text(encoding="utf-8")
+        text = _read_prefix(f, None if docstrings_only and f.suffix == ".py" else max_bytes - total)
         if docstrings_only and f.suffix == ".py":
             text = _docstrings(text)
         data = text.encode("utf-8")

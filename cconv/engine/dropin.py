@@ -40,6 +40,7 @@ import optax
 from jax import lax
 
 from cconv import memory as M
+from cconv._text import shown_names
 from cconv.comm.accounting import Collective, encoded_traffic, total_traffic, traffic
 from cconv.comm.aggregation import TRANSPORTS
 from cconv.comm.backend import Comm, MeshComm
@@ -233,7 +234,7 @@ OPTIONS = tuple(
 def _unknown_options(owner: str, compressor, unknown: dict) -> str:
     """One line naming the valid options, and the compressor's hyper-parameters when the unknown
     ones are those (``as_optax(name, <a knob>=...)``: the knob belongs to the compressor)."""
-    names = ", ".join(sorted(unknown))
+    names = shown_names(sorted(unknown))
     msg = f"{owner}: unknown option(s) {names}; valid: {', '.join(OPTIONS)}"
     base = compressor if isinstance(compressor, str) else getattr(compressor, "name", None)
     try:

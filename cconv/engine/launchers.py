@@ -93,13 +93,9 @@ class _StackedLayout(Launcher):
     _view_fn: Callable | None = None
 
     def init(self, worker_init, params, mstate, like_params=None, like_mstate=None):
-        P_, S = self.workers, self.seeds
-
-        def per_seed(p, m):
-            return jax.tree.map(lambda x: jnp.broadcast_to(x, (P_, *jnp.shape(x))), worker_init(p, m))
-
+        S = self.seeds
         if S is None:
-            return jax.jit(per_seed, out_shardings=self.sharded)(params, mstate)
+            return self._init_fn(worker_init, None)(params, mstate)
         lead = lambda t, like: (
             jax.tree.leaves(t) and jnp.ndim(jax.tree.leaves(t)[0]) == jnp.ndim(jax.tree.leaves(like)[0]) + 1
         )
@@ -107,9 +103,22 @@ class _StackedLayout(Launcher):
             0 if lead(params, like_params) else None,
             0 if jax.tree.leaves(mstate) and lead(mstate, like_mstate) else None,
         )
-        return jax.jit(lambda p, m: jax.vmap(per_seed, in_axes=axes, axis_size=S)(p, m), out_shardings=self.sharded)(
-            params, mstate
-        )
+        return self._init_fn(worker_init, axes)(params, mstate)
+
+    def _init_fn(self, worker_init: Callable, axes: tuple | None) -> Callable:
+        """The jitted initialiser, made once per (worker_init, seed axes): a run resumed in the same
+        process (the advisor's races) would otherwise compile it again at every restore."""
+        cache = self.__dict__.setdefault("_init_fns", {})
+        key = (worker_init, axes)
+        if key not in cache:
+            P_, S = self.workers, self.seeds
+
+            def per_seed(p, m):
+                return jax.tree.map(lambda x: jnp.broadcast_to(x, (P_, *jnp.shape(x))), worker_init(p, m))
+
+            fn = per_seed if axes is None else (lambda p, m: jax.vmap(per_seed, in_axes=axes, axis_size=S)(p, m))
+            cache[key] = jax.jit(fn, out_shardings=self.sharded)
+        return cache[key]
 
     def view(self, tree, average: bool):
         if self._view_fn is None:  # compiled once per trainer (jit caches per tree structure)

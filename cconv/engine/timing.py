@@ -39,6 +39,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from cconv._text import shown_names
+
 
 class Stragglers(NamedTuple):
     """A fixed subset of ``round(fraction * P)`` workers computes ``slowdown`` times slower."""
@@ -58,7 +60,7 @@ def check(cfg) -> None:
         bad = set(st) - {"fraction", "slowdown"}
         if bad:
             raise ValueError(
-                f"stragglers: unknown key(s) {', '.join(sorted(map(str, bad)))}; valid: fraction, slowdown"
+                f"stragglers: unknown key(s) {shown_names(sorted(map(str, bad)))}; valid: fraction, slowdown"
             )
         st = Stragglers(st.get("fraction", 0.0), st.get("slowdown", 1.0))
     if st is not None:

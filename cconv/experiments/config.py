@@ -69,7 +69,7 @@ from typing import Any
 
 import yaml
 
-from cconv._text import shown
+from cconv._text import shown, shown_name, shown_names
 from cconv.engine.config import ADAPTIVE, ARCHITECTURES, COLLECTIVES, GRANULARITIES, LAUNCHERS, MEMORIES
 from cconv.engine.sync import public_names as sync_names
 from cconv.experiments.errors import ConfigError
@@ -110,6 +110,17 @@ GOSSIP_FIELDS: dict[str, Any] = {
     "gossip_gamma": None,  # null: the compressor's safe consensus step (cconv.theory.gossip.safe_gamma)
 }
 ADDED_FIELDS.update(GOSSIP_FIELDS)
+# keys that only steer the advisor or the report, never what is trained: they are no part of a
+# run's identity (``identity``: ``digest``, the stored-config comparison of ``cconv run``/``sweep``),
+# so adding an ``advise:`` block or changing ``target_loss`` keeps a finished run finished.  The run
+# directory keeps the values it was started with (``cconv report --target`` overrides the target).
+STEERING_FIELDS = ("target_loss", "advise")
+
+
+def identity(d: dict) -> dict:
+    """A config mapping with ``STEERING_FIELDS`` at their defaults: what decides whether two configs
+    are one run (defaults, not removal: the digest of a config that never set them is unchanged)."""
+    return {k: (default_of(k) if k in STEERING_FIELDS else v) for k, v in d.items()}
 
 
 # --------------------------------------------------------------------------- rules
@@ -260,7 +271,7 @@ def mapping(
             raise ConfigError(f"{name} must be {what}, got {shown(v)}")
         bad = [str(k) for k in v if keys is not None and k not in keys]
         if bad:
-            raise ConfigError(f"{name}: unknown key(s) {', '.join(bad)}; valid: {', '.join(keys)}")
+            raise ConfigError(f"{name}: unknown key(s) {shown_names(bad)}; valid: {', '.join(keys)}")
         rules = values or {}
         return {k: rules[k](f"{name}.{k}", x, run) if k in rules else x for k, x in v.items()}
 
@@ -546,8 +557,9 @@ class RunConfig:
         return list(self.network) if isinstance(self.network, list) else [self.network]
 
     def digest(self) -> str:
-        """A short hash of the resolved config (identifies a run's content)."""
-        d = {k: v for k, v in self.to_dict().items() if k not in ADDED_FIELDS or v != ADDED_FIELDS[k]}
+        """A short hash of the resolved config (identifies a run's content: ``identity``, the keys
+        that steer only the advisor or the report left out)."""
+        d = {k: v for k, v in identity(self.to_dict()).items() if k not in ADDED_FIELDS or v != ADDED_FIELDS[k]}
         blob = json.dumps(d, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
@@ -794,9 +806,11 @@ def check_values(raw: dict) -> None:
         elif isinstance(v, list):
             stack.extend((f"{where}[{i}]", x) for i, x in enumerate(v))
         elif isinstance(v, float) and not math.isfinite(v):
-            raise ConfigError(f"{where} is {v}: every number in a config must be finite")
+            raise ConfigError(f"{shown_name(where, 80)} is {v}: every number in a config must be finite")
         elif isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_INT and str(where)[:4] != "seed":
-            raise ConfigError(f"{where} is {shown(v)}: integers in a config are at most 2**31 - 1 in magnitude")
+            raise ConfigError(
+                f"{shown_name(where, 80)} is {shown(v)}: integers in a config are at most 2**31 - 1 in magnitude"
+            )
 
 
 def _check_bounds(cfg: RunConfig) -> None:
@@ -874,9 +888,7 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
         raise ConfigError(f"{source}: expected a mapping of config keys, got {type(raw).__name__}")
     unknown = [k for k in raw if k not in FIELDS]
     if unknown:
-        raise ConfigError(
-            f"{source}: unknown config key(s) {', '.join(map(str, unknown))}; valid keys: {', '.join(FIELDS)}"
-        )
+        raise ConfigError(f"{source}: unknown config key(s) {shown_names(unknown)}; valid keys: {', '.join(FIELDS)}")
     check_values(raw)
     raw = copy.deepcopy(raw)  # the RunConfig shares no container with its caller
     values: dict[str, Any] = {}

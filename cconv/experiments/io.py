@@ -29,6 +29,7 @@ import fcntl
 import json
 import math
 import os
+import secrets
 import stat
 import tempfile
 import warnings
@@ -190,13 +191,27 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _new_temp(directory: str, prefix: str) -> tuple[int, str]:
+    """(descriptor, path) of a new empty file ``<prefix><random>.tmp`` in ``directory``, created
+    with ``O_EXCL | O_NOFOLLOW`` and mode 0666 less the umask, as ``open`` creates files
+    (``tempfile.mkstemp`` makes them 0600: results unreadable to colleagues under umask 022)."""
+    for _ in range(100):
+        tmp = os.path.join(directory, f"{prefix}{secrets.token_hex(6)}.tmp")
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temporary file name", os.path.join(directory, prefix))
+
+
 def atomic_write_bytes(path: str, data: bytes) -> None:
     """Write a file so that readers see either the old or the new content, never a mix.  The file
     replaced must be a regular file (no link: ``check_entry``); the temporary file is created with
-    ``O_EXCL`` next to it."""
+    ``O_EXCL`` next to it, with the mode ``open`` gives a new file (0666 less the umask)."""
     check_entry(path)
     d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=d)
+    fd, tmp = _new_temp(d, "." + os.path.basename(path) + ".")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -408,6 +423,38 @@ def check_creatable(path: str) -> None:
         raise OutputError(f"output directory {path} is not writable: {p} is not a directory")
     if not os.access(p, os.W_OK | os.X_OK):
         raise OutputError(f"output directory {path} is not writable: {p}: permission denied")
+
+
+# names cconv keeps in run and sweep directories: no other command's output may take them
+RESERVED = frozenset(RUN_ENTRIES) | {SWEEP_INDEX}
+
+
+def holds_results(directory: str) -> bool:
+    """Is ``directory`` a run (it holds ``config.yaml``) or a sweep (``sweep.json``) directory?"""
+    return any(os.path.lexists(os.path.join(directory, n)) for n in (CONFIG, SWEEP_INDEX))
+
+
+def check_output(path: str, what: str, *, in_results: bool = True) -> str:
+    """Refuse, before any work, an output file a command (``report --csv``, ``plot --out``,
+    ``doctor --json``) may not write: a name cconv keeps in run and sweep directories
+    (``RESERVED``: ``config.yaml``, ``metrics.jsonl``, ...), a file inside a run's own
+    sub-directories (``checkpoints/``, ...), one inside a run or sweep directory when the command's
+    output is not a result of that kind (``in_results=False``), a link or anything but a regular
+    file (``check_entry``), or a directory that cannot be created.  Returns ``path``; a one-line
+    ``OutputError`` / ``ForeignFileError`` (ValueErrors: exit 2) otherwise."""
+    name, parent = os.path.basename(path), os.path.dirname(os.path.abspath(path))
+    if not name or name in RESERVED:
+        raise OutputError(
+            f"{what} {path}: {name or 'a directory'} is not a file name {what} may write (cconv keeps "
+            f"{', '.join(sorted(RESERVED))} in run and sweep directories); choose another name"
+        )
+    inside = os.path.basename(parent) in RUN_ENTRIES and holds_results(os.path.dirname(parent))
+    if inside or (not in_results and holds_results(parent)):
+        where = f"{os.path.dirname(parent) if inside else parent} is a cconv run or sweep directory"
+        raise OutputError(f"{what} {path}: {where}, which holds only its own files; choose another place")
+    check_entry(path)
+    check_creatable(parent)
+    return path
 
 
 def check_writable(directory: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import optax
 
-from cconv._text import shown
+from cconv._text import shown, shown_names
 from cconv.experiments.errors import ConfigError
 
 # lr_schedule spellings of optax schedules (today's strings; each takes lr and the run's length)
@@ -102,7 +102,7 @@ def check_arguments(what: str, fn: Any, spec: dict, given: tuple = ()) -> None:
         bad = [str(k) for k in spec if k != "name" and k not in named]
         if bad:
             valid = [p for p in named if p not in given]
-            raise ConfigError(f"{what}: unknown argument(s) {', '.join(bad)}; valid: {', '.join(valid)}")
+            raise ConfigError(f"{what}: unknown argument(s) {shown_names(bad)}; valid: {', '.join(valid)}")
     missing = [k for k, p in named.items() if p.default is inspect.Parameter.empty and k not in spec and k not in given]
     if missing:
         raise ConfigError(f"{what}: missing required argument(s) {', '.join(missing)}")

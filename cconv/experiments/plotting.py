@@ -424,18 +424,27 @@ def run_order(df) -> list[str]:
     return sorted(settings, key=key)
 
 
+def outputs(out: str) -> list[str]:
+    """The files ``save`` writes for ``out``: the .png and the .pdf next to it (and vice versa)."""
+    root, ext = os.path.splitext(out)
+    if ext.lower() in (".png", ".pdf"):
+        return [out, root + (".pdf" if ext.lower() == ".png" else ".png")]
+    return [out]
+
+
+def check_outputs(out: str) -> list[str]:
+    """``io.check_output`` of every file ``save`` writes for ``out`` (before any work)."""
+    return [io.check_output(o, "--out") for o in outputs(out)]
+
+
 def save(fig, out: str) -> list[str]:
     """Save a figure as ``out`` and, for .png, also the .pdf next to it (and vice versa).  Each file
     is replaced atomically and only if it is a regular file (``io.atomic_write_bytes``: a link or
     another file type there is refused, never followed)."""
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    root, ext = os.path.splitext(out)
-    outs = [out]
-    if ext.lower() in (".png", ".pdf"):
-        other = root + (".pdf" if ext.lower() == ".png" else ".png")
-        outs.append(other)
+    outs = outputs(out)
     for o in outs:
         io.check_entry(o)  # all refusals before the first file is written
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)  # the directory may be a link you chose
     for o in outs:
         buf = BytesIO()
         fig.savefig(buf, format=os.path.splitext(o)[1][1:].lower() or None, dpi=150, bbox_inches="tight")

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import yaml
 
+from cconv._text import shown, shown_names
 from cconv.experiments import io
 
 if TYPE_CHECKING:
@@ -212,14 +213,46 @@ def _first_reaching(lines: list[dict], metric: str, target: float, higher_is_bet
     return None
 
 
+def check_target(target: float | None, metric: str = "loss") -> None:
+    """Refuse (one-line ValueError) a target no run could meaningfully reach: not finite (``inf``
+    would be "reached" by every run, ``nan`` by none), negative (losses, accuracies, bytes and times
+    are >= 0), or an accuracy above 1.  Checked before any run is read."""
+    if target is None:
+        return
+    if isinstance(target, bool) or not isinstance(target, (int, float)) or not math.isfinite(target):
+        raise ValueError(f"--target must be a finite number, got {shown(target)}")
+    if target < 0:
+        raise ValueError(f"--target {target:g}: {metric} is never negative (targets are >= 0)")
+    if "accuracy" in metric and target > 1:
+        raise ValueError(f"--target {target:g}: {metric} is a fraction in [0, 1]")
+
+
+def check_metric(runs: list[RunFiles], metric: str) -> None:
+    """Refuse a ``metric`` that no metric line of ``runs`` holds (a misspelt ``--metric`` would
+    otherwise give every run an empty to-target column, silently); runs without lines prove nothing."""
+    seen: set[str] = set()
+    for run in runs:
+        for line in run.lines:
+            if metric in line:
+                return
+            seen.update(line)
+    if seen:
+        known = sorted(seen - {"step", "seed"})
+        raise ValueError(f"--metric {shown(metric)}: no run logged it; the runs' metrics: {shown_names(known, 12)}")
+
+
 def load_runs(paths: Iterable[str], target: float | None = None, metric: str = "loss") -> pd.DataFrame:
     """One row per (run, seed): status, final metrics and, when a target is known (argument, else
-    the run config's ``target_loss``), bytes/steps/time to reach it."""
+    the run config's ``target_loss``), bytes/steps/time to reach it.  A bad ``target``/``metric``
+    is a one-line ValueError (``check_target``, ``check_metric``)."""
     import pandas as pd
 
+    check_target(target, metric)
     higher = "accuracy" in metric
     rows = []
-    for run in read_runs(paths):
+    runs = read_runs(paths)
+    check_metric(runs, metric)
+    for run in runs:
         rd, cfg, summary, lines, status = run
         seeds = sorted({l["seed"] for l in lines}, key=_seed_order) or (
             cfg.get("seed") if isinstance(cfg.get("seed"), list) else [cfg.get("seed")]

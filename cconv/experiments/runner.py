@@ -15,7 +15,8 @@ The loop (``execute``) is the whole protocol that makes results survive a kill:
    it lost.  Run files are opened through ``io.open_file`` / ``io.ensure_dir`` (no links, no
    foreign file types), and a finished run is recognized reading only (``stored_run``).
 3. ``summary.json`` is replaced atomically: ``running`` at start, then ``completed``, ``diverged``
-   (a non-finite loss; the run stops, the sweep goes on), ``failed`` (with the error) or
+   (``cconv.experiments.divergence``: a non-finite loss, or one above 10x the first step's; the
+   seed stops, the sweep goes on), ``failed`` (with the error) or
    ``interrupted`` (SIGTERM/SIGINT: checkpointed at the step reached, resumed by the next run;
    ``cconv.experiments.signals``).
 4. The final checkpoint (step ``steps``, or the step at which every seed had diverged) is saved
@@ -76,7 +77,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cconv.comm.aggregation import TRANSPORTS
-from cconv.experiments import build, io, signals, writers
+from cconv.experiments import build, divergence, io, signals, writers
 from cconv.experiments.build import Problem, network_label, resolve_network, seed_keys
 from cconv.experiments.checkpoint import Checkpointer, CheckpointError, decode_host_state, encode_host_state
 from cconv.experiments.config import ConfigError, RunConfig, read_stored, to_yaml
@@ -270,6 +271,20 @@ def make_evaluator(problem: Problem) -> Callable[[Any, dict], dict]:
     return jax.jit(ev)
 
 
+_EVALUATORS: dict[int, tuple] = {}  # id(problem) -> (problem, evaluator): a run resumed in-process compiles once
+
+
+def evaluator_of(problem: Problem) -> Callable[[Any, dict], dict]:
+    """``make_evaluator(problem)``, made once per problem object (the advisor pauses and resumes a
+    probe several times in one process; each new jit of the evaluator would compile again)."""
+    hit = _EVALUATORS.get(id(problem))
+    if hit is None or hit[0] is not problem:
+        if len(_EVALUATORS) >= 32:
+            _EVALUATORS.pop(next(iter(_EVALUATORS)))
+        hit = _EVALUATORS[id(problem)] = (problem, make_evaluator(problem))
+    return hit[1]
+
+
 def evaluate(problem: Problem, evaluator, state) -> list[dict]:
     """Test metrics over the whole test set (chunks, weighted by size), one dict per seed."""
     test = problem.ds.test
@@ -308,18 +323,19 @@ def _being_created(name: str) -> bool:
 
 def stored_config_diff(run_dir: str, cfg: RunConfig) -> list[str] | None:
     """How the config stored in ``run_dir`` differs from ``cfg`` (``diff``'s dotted ``key: old ->
-    new`` entries; [] when equal), or None when the directory holds no config.  Reads only."""
+    new`` entries; [] when equal), or None when the directory holds no config.  Keys that only
+    steer the advisor or the report (``config.STEERING_FIELDS``) are left out.  Reads only."""
     import yaml
 
-    from cconv.experiments.config import diff
+    from cconv.experiments.config import diff, identity
 
     cpath = os.path.join(run_dir, io.CONFIG)
     if not io.check_entry(cpath):
         return None
-    old = read_stored(cpath)  # fields added since filled in; a damaged file: one-line ConfigError
-    if old == yaml.safe_load(to_yaml(cfg)):
+    old = identity(read_stored(cpath))  # fields added since filled in; damaged: one-line ConfigError
+    if old == identity(yaml.safe_load(to_yaml(cfg))):
         return []
-    return diff(old, cfg.to_dict()) or ["(the stored config.yaml is written differently)"]
+    return diff(old, identity(cfg.to_dict())) or ["(the stored config.yaml is written differently)"]
 
 
 def different_config(run_dir: str, d: list[str]) -> ConfigError:
@@ -365,6 +381,7 @@ def execute(
     desc: str | None = None,
     stop_after: int | None = None,
     nested: bool = False,
+    pause_at: int | None = None,
 ) -> RunResult:
     """Run (or resume, or skip when finished) one config into ``run_dir``.
 
@@ -373,7 +390,9 @@ def execute(
     Bad input raises ConfigError/ValueError before anything is written.  Errors during training are
     recorded as status ``failed`` in summary.json and re-raised.  ``stop_after`` ends the process
     loop early (after that step, as a kill would) -- for tests of the resume path.  ``nested``:
-    the progress bar sits under a sweep's bar and disappears when the run ends.
+    the progress bar sits under a sweep's bar and disappears when the run ends.  ``pause_at``:
+    train to that step, checkpoint there and return status ``paused`` (``summary.json`` says so;
+    the next ``execute`` resumes from it): the advisor's races continue survivors this way.
     """
     if problem is None:
         problem = build.problem(cfg)
@@ -384,18 +403,29 @@ def execute(
     _refuse_foreign(run_dir)  # before a lock file is put there
     io.check_writable(run_dir)
     with io.run_lock(run_dir):
-        return _execute_locked(problem, cfg, run_dir, desc, stop_after, nested)
+        return _execute_locked(problem, cfg, run_dir, desc, _Stop(stop_after, pause_at), nested)
+
+
+class _Stop(NamedTuple):
+    """Where a call of ``execute`` ends before ``cfg.steps``: ``after`` (as a kill: no checkpoint)
+    or ``pause`` (checkpointed, status ``paused``)."""
+
+    after: int | None = None
+    pause: int | None = None
+
+    def due(self, step: int) -> bool:
+        return any(x is not None and step >= x for x in self)
 
 
 def _execute_locked(
-    problem: Problem, cfg: RunConfig, run_dir: str, desc: str | None, stop_after: int | None, nested: bool
+    problem: Problem, cfg: RunConfig, run_dir: str, desc: str | None, stop: _Stop, nested: bool
 ) -> RunResult:
     state_kind = prepare_run_dir(run_dir, cfg)
     if state_kind == "finished":
         s = io.read_summary(run_dir)
         return RunResult(s["status"], s, trained=False)
     try:
-        return _train(problem, run_dir, desc or os.path.basename(os.path.abspath(run_dir)), stop_after, nested)
+        return _train(problem, run_dir, desc or os.path.basename(os.path.abspath(run_dir)), stop, nested)
     except KeyboardInterrupt:
         raise
     except Exception as e:  # recorded, then re-raised for the caller to report
@@ -431,7 +461,10 @@ class Counters:
     cum_enc_sent, cum_enc_recv   the same for the encoded messages (= moved for fixed formats)
     sim                 simulated time since step 0, per seed and network (None: no network)
     wall                wall-clock seconds spent training, resumes included
-    diverged            the step whose loss was non-finite, per seed (None: still finite)
+    diverged            the step at which the seed diverged (``cconv.experiments.divergence``:
+                        non-finite loss, or above 10x the first step's), per seed (None: not)
+    diverged_why        that rule's one-line reason, per seed (None: not diverged)
+    loss0               the seed's first step's training loss, the divergence rule's reference
     calibration         the measured compute / exchange times behind ``sim`` (None: no network)
     acc                 running sums of the metrics since the last metric line, per seed, with
                         ``_n`` (steps summed), ``_last`` (the last step's metrics) and ``_times``
@@ -447,16 +480,27 @@ class Counters:
     acc: list[dict]
     cum_enc_sent: list[float] = dataclasses.field(default_factory=list)
     cum_enc_recv: list[float] = dataclasses.field(default_factory=list)
+    diverged_why: list = dataclasses.field(default_factory=list)
+    loss0: list = dataclasses.field(default_factory=list)
 
     @classmethod
     def fresh(cls, seeds: int) -> Counters:
         z = lambda: [0.0] * seeds
-        return cls(z(), z(), None, 0.0, [None] * seeds, None, [dict() for _ in range(seeds)], z(), z())
+        n = lambda: [None] * seeds
+        return cls(z(), z(), None, 0.0, n(), None, [dict() for _ in range(seeds)], z(), z(), n(), n())
 
     @classmethod
     def from_dict(cls, d: dict) -> Counters:
-        # checkpoints written before encoded sizes were logged: every format was fixed (encoded = moved)
-        d = {"cum_enc_sent": list(d["cum_sent"]), "cum_enc_recv": list(d["cum_recv"]), **d}
+        # checkpoints written before encoded sizes were logged: every format was fixed (encoded = moved);
+        # before the divergence rule had a reference: only its non-finite part applies (loss0 None)
+        n = [None] * len(d["cum_sent"])
+        d = {
+            "cum_enc_sent": list(d["cum_sent"]),
+            "cum_enc_recv": list(d["cum_recv"]),
+            "diverged_why": n,
+            "loss0": n,
+            **d,
+        }
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
 
     def to_dict(self) -> dict:
@@ -583,15 +627,15 @@ def _step_inputs(problem: Problem, step: int, step_keys: list) -> tuple[Any, Any
     return batch[0], jax.random.fold_in(step_keys[0], step)
 
 
-def _must_flush(cfg: RunConfig, step: int, pending: int, stop_after: int | None) -> bool:
+def _must_flush(cfg: RunConfig, step: int, pending: int, stop: _Stop) -> bool:
     """Wait for the device here?  At most ``MAX_INFLIGHT`` steps in flight (the deadlock trap),
-    and at every metric line, checkpoint, the last step and ``stop_after``."""
+    and at every metric line, checkpoint, the last step and where the call stops."""
     return (
         pending >= MAX_INFLIGHT
         or step % cfg.log_every == 0
         or step == cfg.steps
         or step % cfg.checkpoint_every == 0
-        or step == stop_after
+        or stop.due(step)
     )
 
 
@@ -605,8 +649,8 @@ def _accumulate(
     problem: Problem, counters: Counters, clock: SimClock | None, pending: list[tuple[int, dict]]
 ) -> list[tuple[int, int, dict]]:
     """Add the host metrics of finished steps to ``counters``; returns the metric lines due, as
-    (seed index, step, accumulated sums).  A non-finite loss marks its seed diverged (that line
-    is written, later steps of the seed are not counted)."""
+    (seed index, step, accumulated sums).  A loss that breaks ``cconv.experiments.divergence``'s
+    rule marks its seed diverged (that line is written, later steps of the seed are not counted)."""
     cfg, multi = problem.cfg, len(problem.seeds) > 1
     records = []
     for s_idx, hm in pending:
@@ -629,9 +673,13 @@ def _accumulate(
             a["_last"] = mi
             a["_times"] = times
             done = s_idx + 1
-            bad = not math.isfinite(mi.get("loss", 0.0))
+            loss = mi.get("loss", 0.0)
+            why = divergence.reason(loss, counters.loss0[i], done)
+            if counters.loss0[i] is None and math.isfinite(loss):
+                counters.loss0[i] = loss
+            bad = why is not None
             if bad:
-                counters.diverged[i] = done
+                counters.diverged[i], counters.diverged_why[i] = done, why
             if bad or done % cfg.log_every == 0 or done == cfg.steps:
                 records.append((i, done, a))
                 counters.acc[i] = {}
@@ -686,18 +734,19 @@ def _train_steps(
     out: _Outputs,
     t0: float,
     last_lines: list,
-    stop_after: int | None,
+    stop_at: _Stop,
 ) -> tuple[int, Any]:
     """The step loop from ``step`` to ``cfg.steps`` (or until every seed diverged): steps are
     dispatched without waiting; every ``_must_flush`` the finished steps' metrics are fetched,
     counted, written (with a test evaluation) and the run is checkpointed.  Returns (step, state);
-    raises ``_Stopped`` after ``stop_after``.  A pending SIGTERM/SIGINT (``signals.pending``) ends
-    the loop after the step just dispatched: its steps are flushed and written, a checkpoint is saved
+    raises ``_Stopped`` where ``stop_at`` says (checkpointed first for a pause).  A pending
+    SIGTERM/SIGINT (``signals.pending``) ends the loop after the step just dispatched: its steps
+    are flushed and written, a checkpoint is saved
     at it and ``signals.Interrupted`` is raised (at the last step the run simply ends)."""
     cfg = problem.cfg
     step_fn = problem.trainer.step
     step_keys = [seed_keys(s)["steps"] for s in problem.seeds]
-    evaluator = make_evaluator(problem)
+    evaluator = evaluator_of(problem)
     pending: list = []
     while step < cfg.steps:
         batch, key = _step_inputs(problem, step, step_keys)
@@ -705,7 +754,7 @@ def _train_steps(
         pending.append((step, m))
         step += 1
         stop = signals.pending() is not None and step < cfg.steps  # SIGTERM/SIGINT: stop at this step
-        if not stop and not _must_flush(cfg, step, len(pending), stop_after):
+        if not stop and not _must_flush(cfg, step, len(pending), stop_at):
             continue
         host = jax.device_get([p[1] for p in pending])
         records = _accumulate(problem, counters, clock, [(p[0], h) for p, h in zip(pending, host)])
@@ -724,13 +773,14 @@ def _train_steps(
         out.bar.update(steps_done)
         if counters.all_diverged():
             break
-        if stop or (step % cfg.checkpoint_every == 0 and step < cfg.steps):
+        pause = stop_at.pause is not None and step >= stop_at.pause and step < cfg.steps
+        if stop or pause or (step % cfg.checkpoint_every == 0 and step < cfg.steps):
             counters.wall = time.perf_counter() - t0
             _save(problem, out.ckpt, step, state, counters)
         if stop:
             raise signals.Interrupted(signals.pending(), step)
-        if stop_after is not None and step >= stop_after:
-            raise _Stopped()
+        if stop_at.due(step) and step < cfg.steps:
+            raise _Stopped(step if pause else None)
     return step, state
 
 
@@ -742,6 +792,7 @@ def _final_summary(problem: Problem, base: dict, step: int, counters: Counters, 
         str(s): {
             "status": "diverged" if div[i] is not None else "completed",
             "diverged_at_step": div[i],
+            "diverged_why": counters.diverged_why[i],
             "final": last_lines[i],
         }
         for i, s in enumerate(seeds)
@@ -756,8 +807,11 @@ def _final_summary(problem: Problem, base: dict, step: int, counters: Counters, 
         "per_seed": per_seed,
     }
     if status == "diverged":
-        summary["error"] = "non-finite loss at step " + ", ".join(
-            f"{d} (seed {s})" for s, d in zip(seeds, div) if d is not None
+        why = counters.diverged_why
+        summary["error"] = "; ".join(
+            f"seed {s}: {why[i] or f'non-finite loss at step {d}'}"
+            for i, (s, d) in enumerate(zip(seeds, div))
+            if d is not None
         )
     return summary
 
@@ -802,7 +856,7 @@ def _mark_interrupted(run_dir: str, base: dict, e: signals.Interrupted, ckpt: Ch
 
 
 @signals.deferring
-def _train(problem: Problem, run_dir: str, desc: str, stop_after: int | None, nested: bool = False) -> RunResult:
+def _train(problem: Problem, run_dir: str, desc: str, stop: _Stop = _Stop(), nested: bool = False) -> RunResult:
     """Restore or start, train, write the summary (the protocol of the module docstring); a
     SIGTERM/SIGINT received meanwhile stops it at a checkpoint (``cconv.experiments.signals``)."""
     from cconv.experiments.loggers import progress
@@ -834,11 +888,17 @@ def _train(problem: Problem, run_dir: str, desc: str, stop_after: int | None, ne
     t0 = time.perf_counter() - counters.wall
     last_lines: list = [None] * len(problem.seeds)
     try:
-        step, state = _train_steps(problem, state, start, counters, clock, out, t0, last_lines, stop_after)
-    except _Stopped:
+        step, state = _train_steps(problem, state, start, counters, clock, out, t0, last_lines, stop)
+    except _Stopped as e:
         out.bar.close()
         ckpt.close()
         writer.close()
+        if e.paused_at is not None:
+            io.write_json(
+                os.path.join(run_dir, io.SUMMARY),
+                {**summary_base, "status": "paused", "step": e.paused_at, "diverged_why": counters.diverged_why},
+            )
+            return RunResult("paused", io.read_summary(run_dir))
         return RunResult("running", io.read_summary(run_dir))
     except signals.Interrupted as e:
         out.bar.close()
@@ -865,4 +925,6 @@ def _train(problem: Problem, run_dir: str, desc: str, stop_after: int | None, ne
 
 
 class _Stopped(Exception):
-    pass
+    def __init__(self, paused_at: int | None = None):
+        super().__init__(paused_at)
+        self.paused_at = paused_at

@@ -63,6 +63,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cconv._text import shown, shown_names
 from cconv.experiments import io, signals
 from cconv.experiments.config import (
     FIELDS,
@@ -108,7 +109,7 @@ def expand_grid(grid: dict) -> list[dict]:
     for k in keys:
         vals = grid[k]
         if not isinstance(vals, list) or not vals:
-            raise ConfigError(f"sweep grid: {k!r} must map to a non-empty list of values, got {vals!r}")
+            raise ConfigError(f"sweep grid: {shown(k)} must map to a non-empty list of values, got {shown(vals)}")
         alts = [a for v in vals for a in _expand_value(v)]
         axes.append(alts)
     n = math.prod(len(a) for a in axes)
@@ -122,8 +123,8 @@ def _fmt(v: Any) -> str:
         name = v.get("name")
         rest = [f"{k}{_fmt(x)}" for k, x in v.items() if k != "name"]
         return "-".join(([str(name)] if name is not None else []) + rest)
-    if isinstance(v, float):
-        return f"{v:g}"
+    if isinstance(v, float):  # short where exact (0.01); else every digit (0.1000001 != 0.1000002)
+        return f"{v:g}" if float(f"{v:g}") == v else repr(v)
     if isinstance(v, list):
         return "+".join(_fmt(x) for x in v)
     return str(v)
@@ -150,7 +151,7 @@ def load_sweep(path: str) -> tuple[str, list[SweepRun]]:
     unknown = [k for k in raw if k not in SWEEP_KEYS]
     if unknown:
         raise ConfigError(
-            f"{path}: unknown sweep key(s) {', '.join(map(str, unknown))}; valid keys: "
+            f"{path}: unknown sweep key(s) {shown_names(unknown)}; valid keys: "
             f"{', '.join(SWEEP_KEYS)} (run fields go under 'base')"
         )
     base = raw.get("base") or {}
@@ -172,30 +173,48 @@ def load_sweep(path: str) -> tuple[str, list[SweepRun]]:
         for r in rules
     ):
         raise ConfigError(f"{path}: 'rules' must be a list of {{when: {{field: value}}, set: {{field: value}}}}")
-    runs = []
-    seen = set()
+    return str(name), _runs(path, base, points, rules)
+
+
+def _runs(path: str, base: dict, points: list[dict], rules: list[dict]) -> list[SweepRun]:
+    """One validated run per distinct config: a point repeated (an ``include:`` naming a grid point,
+    its keys in any order) is that run once; two distinct configs never share a name."""
+    runs, names, configs = [], {}, set()
     for point in points:
         merged = copy.deepcopy(base)
         for k, v in point.items():
             set_path(merged, k, copy.deepcopy(v))
-        for rule in rules:
-            if all(_get_path(merged, k) == v for k, v in rule["when"].items()):
-                for k, v in rule["set"].items():
-                    set_path(merged, k, copy.deepcopy(v))
+        apply_rules(merged, rules)
         rname = point_name(point)
-        if rname in seen:
-            raise ConfigError(f"{path}: grid produces the run {rname!r} twice")
-        seen.add(rname)
-        cfg = from_dict(merged, source=f"{path} [{rname}]")
+        cfg = from_dict(merged, source=f"{path} [{shown(rname)}]")
+        key = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
+        if key in configs:
+            continue
+        configs.add(key)
+        if rname in names:
+            raise ConfigError(
+                f"{path}: the grid points {shown(names[rname])} and {shown(point)} are different configs "
+                f"with one run name {shown(rname)}; give them values that name them apart"
+            )
+        names[rname] = point
         runs.append(SweepRun(rname, point, cfg))
-    return str(name), runs
+    return runs
+
+
+def apply_rules(raw: dict, rules: list) -> None:
+    """Apply a sweep's ``rules`` (in order; each ``when`` read after the rules before it) to a raw
+    run config, in place.  ``cconv advise`` applies a sweep file's rules to its candidates too."""
+    for rule in rules:
+        if all(_get_path(raw, k) == v for k, v in rule["when"].items()):
+            for k, v in rule["set"].items():
+                set_path(raw, k, copy.deepcopy(v))
 
 
 def _get_path(d: dict, dotted: str) -> Any:
     """Value of a dotted key in a raw config (names given as strings count as {name: ...})."""
     parts = dotted.split(".")
     if parts[0] not in FIELDS:
-        raise ConfigError(f"unknown config key {parts[0]!r} in a rule; valid keys: {', '.join(FIELDS)}")
+        raise ConfigError(f"unknown config key {shown(parts[0])} in a rule; valid keys: {', '.join(FIELDS)}")
     node = d[parts[0]] if parts[0] in d else default_of(parts[0])
     for p in parts[1:]:
         if isinstance(node, str) and p == "name":

@@ -9,13 +9,17 @@
 * ``cconv.theory.devices``, ``cconv.theory.cluster``: GPUs with sustained FLOP/s, and a cluster of N
   nodes x G GPUs on an intra-node link and a network; ``cconv.theory.predict``: every method's
   iteration time on a cluster; ``cconv.theory.validation``: the model against published measurements.
+* ``cconv.theory.implementation``: what compress/decompress cost by implementation (cconv's fused
+  program, framework ops per tensor, host-staged MPI); ``cconv.theory.device_profile`` and
+  ``cconv.theory.calibrate_cli``: ``cconv calibrate``'s measured device profile.
 * ``cconv.theory.planner``: predicted iteration time and speedup of every registered compressor
   (methods, sweeps and byte models read from the compressor registry); ``cconv.theory.plan_cli``:
   the ``cconv plan`` command (both imported on demand).
 * ``cconv.theory.simulate``: single-process simulations that check the convergence notes.
 
 Derivations: ``theory/*.md`` in the repository; each claim names the test that checks it.
-Depends only on ``cconv.compressors`` (and ``cconv.memory`` in ``simulate``).
+Depends only on ``cconv.compressors`` (and ``cconv.memory`` in ``simulate``; ``device_profile`` reads
+and writes its file with ``cconv.experiments.io``).
 """
 
 from cconv.theory import constants, network, workloads

@@ -13,19 +13,24 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from cconv import compressors as C
+from cconv._text import shown, shown_name, shown_names
 from cconv.cli_schema import Command, Option, add_options, error_line, standalone
 from cconv.theory import cluster as CL
+from cconv.theory import device_profile as DP
 from cconv.theory import gossip as G
+from cconv.theory import implementation as IM
 from cconv.theory import network as N
 from cconv.theory import planner as PL
 from cconv.theory import predict as PR
 from cconv.theory import profiles as P
 from cconv.theory import workloads as W
+from cconv.theory.schedule import compress as CC
 from cconv.theory.schedule import ratios as R
 from cconv.theory.schedule import schedules as S
 from cconv.theory.schedule import survey as SV
@@ -95,6 +100,7 @@ MAX_RANK = 1 << 16
 MAX_PARAMS = 10**13
 MAX_BATCH = 1 << 24
 MAX_FLOPS = 1e18  # FLOPs per sample or FLOP/s of one device
+MIN_FLOPS = 1.0  # a FLOP per sample or per second: below it, times overflow (--device-flops 1e-300: inf s)
 MAX_LIST = 64  # values in one list option
 _SHOWN = 40  # characters of a bad value echoed in a message
 
@@ -117,7 +123,8 @@ def _int_in(limit: int) -> Callable[[str], int]:
 _pos_int = _int_in(MAX_INT)
 
 
-def _float_in(limit: float, zero: bool = False) -> Callable[[str], float]:
+def _float_in(limit: float, zero: bool = False, low: float = 0.0) -> Callable[[str], float]:
+    """A finite number in [``low``, ``limit``] (0 allowed only with ``zero``)."""
     what = "a number >= 0" if zero else "a positive number"
 
     def parse(text: str) -> float:
@@ -127,14 +134,15 @@ def _float_in(limit: float, zero: bool = False) -> Callable[[str], float]:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text[:_SHOWN]!r}") from None
         if not math.isfinite(v) or v < 0 or (v == 0 and not zero):
             raise argparse.ArgumentTypeError(f"expected {what}, got {text[:_SHOWN]!r}")
-        if v > limit:
-            raise argparse.ArgumentTypeError(f"expected a number <= {limit:g}, got {text[:_SHOWN]!r}")
+        if v > limit or (0 < v < low):
+            raise argparse.ArgumentTypeError(f"expected a number in [{low:g}, {limit:g}], got {text[:_SHOWN]!r}")
         return v
 
     return parse
 
 
 _pos_float = _float_in(MAX_FLOPS)
+_flops = _float_in(MAX_FLOPS, low=MIN_FLOPS)
 
 
 def _list(conv: Callable[[str], Any]) -> Callable[[str], list]:
@@ -220,12 +228,22 @@ def sweep_of(args: argparse.Namespace) -> dict[str, list]:
 
 
 def fixed_of(args: argparse.Namespace) -> dict[str, Any]:
-    """Hyper-parameter name -> value from ``--hparam NAME=VALUE``."""
+    """Hyper-parameter name -> value from ``--hparam NAME=VALUE``; a knob (``ratio=0.5``) is then
+    the one value planned (refused when ``--sweep`` or its alias names it too)."""
     out: dict[str, Any] = {}
+    swept = {name for name, _ in getattr(args, "sweep", None) or []} | {
+        knob
+        for alias, knob in (("ratios", "ratio"), ("ranks", "rank"), ("levels", "levels"))
+        if getattr(args, alias, None)
+    }
     for item in getattr(args, "hparam", None) or []:
         name, sep, text = item.partition("=")
         if not sep or not name:
-            raise ValueError(f"--hparam expects NAME=VALUE, got {item!r}")
+            raise ValueError(f"--hparam expects NAME=VALUE, got {shown(item)}")
+        if name in swept:
+            raise ValueError(
+                f"--hparam {shown_name(name)}: the knob is swept too; give its values once (--sweep or --hparam)"
+            )
         out[name] = knob_value(name, text, "--hparam", knobs_only=False)
         choices = {c for e in C.entries() for p in e.schema.params if p.name == name for c in (p.choices or ())}
         if choices and out[name] not in choices:
@@ -237,7 +255,7 @@ OPTIONS: tuple[Option, ...] = (
     # the workload (preset or D, C, M), the workers and the network
     Option("--workload", help=lambda: f"a workload preset: {', '.join(W.names())}"),
     Option("--params", type=_int_in(MAX_PARAMS), help="D, number of parameters"),
-    Option("--flops-per-sample", type=_pos_float, help="C, FLOPs per sample (forward + backward)"),
+    Option("--flops-per-sample", type=_flops, help="C, FLOPs per sample (forward + backward)"),
     Option("--batch", type=_int_in(MAX_BATCH), help="M, local mini-batch per worker"),
     Option("--workers", type=_int_in(CL.MAX_WORKERS), help="P, number of workers (not with --cluster)"),
     Option(
@@ -247,11 +265,11 @@ OPTIONS: tuple[Option, ...] = (
             "EDR, HDR, NDR, K x LINK; or a name for --alpha/--beta.  With --cluster: the inter-node network(s)"
         ),
     ),
-    Option("--alpha", type=_float_in(1.0, zero=True), help="custom network: seconds per message"),
-    Option("--beta", type=_float_in(1.0), help="custom network: seconds per byte"),
+    Option("--alpha", type=_float_in(N.MAX_ALPHA, zero=True), help="custom network: seconds per message"),
+    Option("--beta", type=_float_in(N.MAX_BETA, low=N.MIN_BETA), help="custom network: seconds per byte"),
     Option(
         "--device-flops",
-        type=_pos_float,
+        type=_flops,
         help="F, sustained FLOP/s of one worker (default: the survey's RTX 2080Ti on "
         "BERT-Large, 597e9/0.163 s = 3.66e12; with --cluster use --device)",
     ),
@@ -266,6 +284,18 @@ OPTIONS: tuple[Option, ...] = (
         "--architecture",
         choices=PR.A2A,
         help="with --cluster: the all-reduce algorithm (default hierarchical, as NCCL/Horovod on multi-GPU nodes)",
+    ),
+    Option(
+        "--device-profile",
+        metavar="FILE",
+        help="with --cluster: the device as cconv calibrate measured it (FLOP/s, memory bandwidth, launch cost, "
+        "compressor costs), instead of --device",
+    ),
+    Option(
+        "--implementation",
+        choices=IM.names(),
+        help="with --cluster: how compression runs (default fused: cconv's jitted program; per-tensor: framework "
+        "ops per tensor, as GRACE/Horovod; mpi: per-tensor with payloads staged through host memory)",
     ),
     # which methods are planned and their knob values
     Option(
@@ -307,7 +337,8 @@ OPTIONS: tuple[Option, ...] = (
         "--hparam",
         action="append",
         metavar="NAME=VALUE",
-        help="a hyper-parameter for every compressor that has it (repeatable), e.g. positions=golomb",
+        help="a hyper-parameter for every compressor that has it (repeatable), e.g. positions=golomb; "
+        "a knob (ratio=0.5) is planned at that one value",
     ),
     Option(
         "--bytes",
@@ -393,7 +424,6 @@ def format_method_set(name: str, workload: str, workers: int, net: N.Network | N
 
 def run_method_set(args: argparse.Namespace, name: str) -> str:
     """Rows of a method set (``cconv.theory.schedule.sets.METHOD_SETS``) for every network."""
-    import json
 
     if args.workload is None or args.workload.lower() not in P.names():
         raise ValueError(f"--methods {name} needs --workload with a layer profile: {', '.join(P.names())}")
@@ -416,12 +446,11 @@ def run_method_set(args: argparse.Namespace, name: str) -> str:
         out.append(format_method_set(name, w, args.workers, net, rows))
         for r in rows:
             records.append({"workload": w, "network": net.name, "workers": args.workers, **r._asdict()})
-    return json.dumps(records, indent=1) if args.json else "\n\n".join(out)
+    return _dumps(records) if args.json else "\n\n".join(out)
 
 
 def run_per_layer_ratios(args: argparse.Namespace) -> str:
     """``--per-layer-ratios METHOD=VALUE``: the chosen values and the gain over the global value."""
-    import json
 
     name, eq, text = args.per_layer_ratios.partition("=")
     table = PL.all_methods()
@@ -451,13 +480,17 @@ def run_per_layer_ratios(args: argparse.Namespace) -> str:
         )
         rec = {**plan._asdict(), "gain": plan.gain, "layers": [lay.name for lay in prof.layers]}
         records.append({"workload": args.workload.lower(), "network": net.name, "workers": args.workers, **rec})
-    return json.dumps(records, indent=1, default=str) if args.json else "\n\n".join(out)
+    return _dumps(records, default=str) if args.json else "\n\n".join(out)
 
 
 def _refuse_outside_mode(args: argparse.Namespace) -> None:
     """Options that mean something only in one mode are refused in the others (never ignored)."""
     if args.cluster is None:
-        given = [f"--{k}" for k in ("intra", "device", "schedule", "architecture") if getattr(args, k) is not None]
+        given = [
+            f"--{k.replace('_', '-')}"
+            for k in ("intra", "device", "schedule", "architecture", "implementation", "device_profile")
+            if getattr(args, k) is not None
+        ]
         if given:
             raise ValueError(f"{', '.join(given)} need(s) --cluster NODESxGPUS")
         if args.workers is None or args.network is None:
@@ -490,11 +523,14 @@ def _legacy_defaults(args: argparse.Namespace) -> None:
         args.ratio_method = "MG-WFBP"
 
 
-def format_cluster(c: CL.Cluster, workload: str, rows: list[PR.Row], notes: list[str]) -> str:
+def format_cluster(
+    c: CL.Cluster, workload: str, rows: list[PR.Row], notes: list[str], implementation: str = IM.DEFAULT
+) -> str:
     """The rows of ``cconv plan --cluster`` as a table."""
     r0 = rows[0]
     lines = [
-        f"workload {workload} on {c.name} (P={c.workers}); schedule {r0.schedule}, all-reduce {r0.architecture}",
+        f"workload {workload} on {c.name} (P={c.workers}); schedule {r0.schedule}, all-reduce {r0.architecture}, "
+        f"compression {implementation}",
         f"device {c.device.name}: {c.device.flops:.3g} FLOP/s sustained ({c.device.precision}), "
         f"{c.device.mem_bw / 1e9:.0f} GB/s; network {_describe(c.network())}",
         "",
@@ -515,7 +551,6 @@ def format_cluster(c: CL.Cluster, workload: str, rows: list[PR.Row], notes: list
 
 def run_cluster(args: argparse.Namespace) -> str:
     """``cconv plan --cluster``: every method on each named cluster (cconv.theory.predict)."""
-    import json
 
     if args.workload is None or args.workload.lower() not in P.names():
         raise ValueError(f"--cluster needs --workload with a layer profile: {', '.join(P.names())}")
@@ -524,12 +559,18 @@ def run_cluster(args: argparse.Namespace) -> str:
     nets = [n.strip() for n in (args.network or CL.DEFAULT_NETWORK).split(",") if n.strip()]
     if not nets:
         raise ValueError("--network is empty")
-    intra, device = args.intra or CL.DEFAULT_INTRA, args.device or CL.DEFAULT_DEVICE
+    intra, device, bench = args.intra or CL.DEFAULT_INTRA, args.device or CL.DEFAULT_DEVICE, None
+    if args.device_profile is not None:
+        if args.device is not None:
+            raise ValueError("give --device or --device-profile, not both")
+        device, measured = DP.load(args.device_profile)
+        bench = {**CC.load_bench(), **measured}  # compressors it did not time: cconv's benchmark rows
     clusters = [CL.parse(args.cluster, intra, n, device) for n in nets]
     if args.workers is not None and args.workers != clusters[0].workers:
         raise ValueError(f"--workers {args.workers} disagrees with --cluster {args.cluster} ({clusters[0].workers})")
     sweep = PL._sweep(sweep_of(args), {"ratios": args.ratios, "ranks": args.ranks, "levels": args.levels})
     w, out, records = args.workload.lower(), [], []
+    impl = args.implementation or IM.DEFAULT
     for c in clusters:
         notes: list[str] = []
         rows = PR.predict(
@@ -545,12 +586,14 @@ def run_cluster(args: argparse.Namespace) -> str:
             servers=args.servers,
             topology=args.topology,
             notes=notes,
+            implementation=impl,
+            bench=bench,
         )
-        out.append(format_cluster(c, w, rows, notes))
+        out.append(format_cluster(c, w, rows, notes, impl))
         head = {"workload": w, "cluster": f"{c.nodes}x{c.gpus_per_node}", "intra": c.intra.name}
-        head |= {"network": c.inter.name, "device": c.device.name, "workers": c.workers}
+        head |= {"network": c.inter.name, "device": c.device.name, "workers": c.workers, "implementation": impl}
         records += [{**head, **r.as_dict()} for r in rows]
-    return json.dumps(records, indent=1) if args.json else "\n\n".join(out)
+    return _dumps(records) if args.json else "\n\n".join(out)
 
 
 def plan_records(p: PL.Plan) -> list[dict]:
@@ -582,7 +625,6 @@ def plan_records(p: PL.Plan) -> list[dict]:
 
 def run_plan(args: argparse.Namespace) -> str:
     """The planner's table (or ``--json`` records) for every network."""
-    import json
 
     w = _workload(args)
     nets = _networks(args)
@@ -612,7 +654,7 @@ def run_plan(args: argparse.Namespace) -> str:
         if args.gossip:  # dense gossip steps next to the all-reduce (cconv.theory.gossip)
             rows = G.gossip_rows(4.0 * w.params, args.workers, net)
             out[-1] += "\n\n" + G.format_rows(rows, p.compute_s, human_bytes)
-    return json.dumps(records, indent=1) if args.json else "\n\n".join(out)
+    return _dumps(records) if args.json else "\n\n".join(out)
 
 
 def _dispatch(args: argparse.Namespace) -> str:
@@ -635,16 +677,44 @@ def _dispatch(args: argparse.Namespace) -> str:
     unknown = [m for m in args.methods or [] if m not in table]
     if unknown:
         raise ValueError(
-            f"unknown method(s) {', '.join(unknown)}; valid: {', '.join(table)}, "
+            f"unknown method(s) {shown_names(unknown)}; valid: {', '.join(table)}, "
             f"or one method set: {', '.join(METHOD_SETS)}"
         )
     return run_plan(args)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Print the plan; 0 on success, 2 with one line on stderr for bad input."""
+# a number printed as inf or nan (Python's formats; ``allow_nan=False`` keeps them out of --json)
+_NOT_FINITE = re.compile(r"(?<![A-Za-z0-9_.+-])[-+]?(?:inf|nan)(?![A-Za-z])")
+
+
+def check_finite(text: str) -> str:
+    """``text`` when every number in it is finite; else the ValueError that refuses the input
+    (a rate so small, or a size so large, that an answer overflows: ``inf`` s, ``nan`` x)."""
+    m = _NOT_FINITE.search(text)
+    if m:
+        line = text[: m.start()].rsplit("\n", 1)[-1] + m.group(0)
+        raise ValueError(
+            f"the plan's numbers are not finite ({shown(line.strip(), 60)}): a rate, size or time given is "
+            "out of the range the model is meant for"
+        )
+    return text
+
+
+def _dumps(records: list, **kw) -> str:
+    """--json's text: strict JSON, so a number that is not finite refuses the input (``check_finite``)."""
+    import json
+
     try:
-        text = _dispatch(args)
+        return json.dumps(records, indent=1, allow_nan=False, **kw)
+    except ValueError:
+        return check_finite(json.dumps(records, indent=1, **kw).replace("NaN", "nan").replace("Infinity", "inf"))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the plan; 0 on success, 2 with one line on stderr for bad input (a plan whose numbers
+    are not finite included: ``check_finite``)."""
+    try:
+        text = check_finite(_dispatch(args))
     except ValueError as e:
         print(error_line(str(e)), file=sys.stderr)
         return 2

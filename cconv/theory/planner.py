@@ -184,11 +184,14 @@ def settings(
     """The hyper-parameter sets a method is planned with: its knob's values (``sweep`` overrides
     them by knob name); ``[{}]`` (the defaults) without a knob or without values.  ``fixed``
     (name -> value, e.g. ``positions="golomb"``) is added to every set of a method whose
-    compressor has a hyper-parameter of that name."""
+    compressor has a hyper-parameter of that name; a ``fixed`` knob (``ratio=0.5``) is the knob's
+    one value (``sweep`` may not name it too)."""
     knob, sweep = method.knob, sweep or {}
     names = {p.name for p in C.entry(method.compressor).schema.params}
     base = {k: v for k, v in (fixed or {}).items() if k in names}
-    if knob is None or (knob.name not in sweep and not knob.values):
+    if knob is not None and knob.name in base and knob.name in sweep:
+        raise ValueError(f"{knob.name} is both fixed and swept: give its values once (--sweep or --hparam)")
+    if knob is None or knob.name in base or (knob.name not in sweep and not knob.values):
         return [dict(base)]
     return [{**base, knob.name: v} for v in (sweep[knob.name] if knob.name in sweep else knob.values)]
 

@@ -4,9 +4,13 @@ For a workload's layer profile (``cconv.theory.profiles``: per-layer forward and
 and gradient bytes, at local batch M) on a cluster of P = N x G devices (``cconv.theory.cluster``):
 
 * compute: every layer's FLOPs / the device's sustained FLOP/s (``cconv.theory.devices``);
-* compression: the compressor's compress and decompress operations on the compute stream, as
-  multiples of the device's memory read floor measured by cconv's benchmark
-  (``cconv.theory.schedule.compress``); the dense baseline adds none;
+* compression: the compressor's compress and decompress operations on the compute stream, as the
+  ``implementation`` runs them (``cconv.theory.implementation``): ``fused`` (default), cconv's
+  program, multiples of the device's memory read floor measured by cconv's benchmark
+  (``cconv.theory.schedule.compress``); ``per-tensor``, framework ops on each tensor (launches,
+  memory passes, a framework top-k's sort, one decode per gathered payload); ``mpi``, per-tensor
+  ops with every payload staged through host memory.  The dense baseline adds none (over MPI:
+  the staging of its gradient);
 * communication: each message's collective on the cluster's two-level network
   (``Cluster.network()``: hierarchical all-reduce, NCCL/Horovod style), issued as the
   ``schedule`` says (default ``fusion``: Horovod's tensor fusion, wait-free backpropagation
@@ -22,8 +26,10 @@ compute (``interference``, kappa) is 0 by default: the survey's fitted kappa (0.
 ``schedule.survey.INTERFERENCE``) describes a PCIe-only RTX 2080Ti server where NCCL copies
 through host memory, not NVLink machines; pass it explicitly to use it.
 
-Compressors whose message of a flat layer vector is not smaller than the gradient (PowerSGD: it
-needs matrix shapes, which a profile does not keep) are left out with a note, as are methods
+Messages are sized per tensor from the profile's tensor shapes (``Layer.shapes``), so PowerSGD's
+rank-r factors of each matrix are planned (its matmuls and orthogonalisation on the compute stream
+under the per-tensor implementations).  For a profile without shapes, a compressor whose message
+of a flat layer vector is not smaller than the gradient is left out with a note, as are methods
 whose defaults do not build (a knob without default values).
 """
 
@@ -33,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from cconv import compressors as C
+from cconv.theory import implementation as IM
 from cconv.theory import planner as PL
 from cconv.theory import profiles as P
 from cconv.theory.cluster import Cluster
@@ -80,13 +87,16 @@ def profile_at(workload: str | P.Profile, batch: int | None = None) -> P.Profile
     return prof._replace(layers=layers, batch=batch)
 
 
-def _layer_costs(prof, method, hp, cluster, bench, notes) -> list[S.LayerCost] | None:
+def _layer_costs(prof, method, hp, cluster, bench, notes, implementation) -> list[S.LayerCost] | None:
     c = C.get(method.compressor, **hp)
-    if not _compresses(c, PL.kind_of(method, c)):
+    shaped = any(lay.shapes for lay in prof.layers)
+    if not shaped and not _compresses(c, PL.kind_of(method, c)):
         notes.append(f"{method.name} omitted: a flat layer vector is not compressed (it needs matrix shapes)")
         return None
     try:
-        return CC.layer_costs(prof, method, cluster.workers, cluster.device, hparams=hp, bench=bench)
+        return CC.layer_costs(
+            prof, method, cluster.workers, cluster.device, hparams=hp, bench=bench, implementation=implementation
+        )
     except ValueError as e:
         notes.append(f"{method.name} omitted: {' '.join(str(e).split())}")
         return None
@@ -128,8 +138,11 @@ def predict(
     topology: str | None = None,
     bench: Mapping | None = None,
     notes: list[str] | None = None,
+    implementation: str | IM.Implementation = IM.DEFAULT,
 ) -> list[Row]:
-    """One ``Row`` per (method, knob value) on ``cluster``; ``notes`` collects what was left out."""
+    """One ``Row`` per (method, knob value) on ``cluster``; ``notes`` collects what was left out;
+    ``implementation``: how compression runs (``cconv.theory.implementation``: fused, per-tensor, mpi)."""
+    implementation = IM.get(implementation)
     if architecture not in A2A:
         raise ValueError(f"architecture must be one of {', '.join(A2A)} (PS is the <identity>-ps method)")
     sched = S.get(schedule)
@@ -142,7 +155,7 @@ def predict(
         ps = method.collective == PL.PS
         arch = A.get("byteps" if ps else architecture, net, p, servers if ps else None, topology)
         for hp in sets:
-            lcs = _layer_costs(prof, method, hp, cluster, bench, notes)
+            lcs = _layer_costs(prof, method, hp, cluster, bench, notes, implementation)
             if lcs is None:
                 break
             if ps and any((lc.kind or "allreduce") not in GATHERABLE for lc in lcs):

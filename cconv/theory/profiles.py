@@ -74,6 +74,12 @@ class Layer(NamedTuple):
     fwd_flops: float
     bwd_flops: float
     grad_bytes: float
+    shapes: tuple[tuple[int, ...], ...] = ()  # the layer's parameter tensors; () when unknown
+
+    @property
+    def tensors(self) -> tuple[tuple[int, ...], ...]:
+        """The layer's tensor shapes, or one flat vector of its elements when they are unknown."""
+        return self.shapes or ((int(round(self.grad_bytes / FLOAT_BYTES)),),)
 
 
 class Profile(NamedTuple):
@@ -114,31 +120,49 @@ def _number(what: str, v: Any) -> float:
     return float(v)
 
 
-def layer(name: str, fwd_flops: float, bwd_flops: float, grad_bytes: float) -> Layer:
-    """A checked ``Layer``: a one-line ValueError for a negative or non-finite size."""
+def _shapes(name: str, shapes: Any, grad_bytes: float) -> tuple[tuple[int, ...], ...]:
+    """Checked tensor shapes whose elements add up to ``grad_bytes`` / 4 (or ``()``: unknown)."""
+    try:
+        out = tuple(tuple(int(v) for v in s) for s in shapes)
+    except (TypeError, ValueError):
+        raise ValueError(f"layer {name!r}: shapes must be a sequence of integer tuples, got {shapes!r:.60}") from None
+    if any(v < 1 for s in out for v in s):
+        raise ValueError(f"layer {name!r}: tensor dimensions must be >= 1, got {out!r:.60}")
+    if out and sum(math.prod(s) for s in out) * FLOAT_BYTES != grad_bytes:
+        raise ValueError(
+            f"layer {name!r}: its shapes hold {sum(math.prod(s) for s in out)} elements, not grad_bytes / 4"
+        )
+    return out
+
+
+def layer(name: str, fwd_flops: float, bwd_flops: float, grad_bytes: float, shapes: Any = ()) -> Layer:
+    """A checked ``Layer``: a one-line ValueError for a negative or non-finite size, or for tensor
+    shapes that do not hold ``grad_bytes`` / 4 elements."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"a layer needs a non-empty name, got {name!r}")
+    grad = _number(f"layer {name!r} grad_bytes", grad_bytes)
     return Layer(
         name,
         _number(f"layer {name!r} fwd_flops", fwd_flops),
         _number(f"layer {name!r} bwd_flops", bwd_flops),
-        _number(f"layer {name!r} grad_bytes", grad_bytes),
+        grad,
+        _shapes(name, shapes, grad),
     )
 
 
 def make(name: str, layers: Iterable[Layer | Mapping | Sequence], batch: int, source: str = "") -> Profile:
     """A checked ``Profile`` from layers in backprop order, each a ``Layer``, a mapping with keys
-    name, fwd_flops, bwd_flops, grad_bytes, or a 4-sequence in that order."""
+    name, fwd_flops, bwd_flops, grad_bytes (and optionally shapes), or a 4- or 5-sequence in that order."""
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"profile {name!r}: batch must be an integer >= 1, got {batch!r}")
     out = []
     for lay in layers:
         if isinstance(lay, Mapping):
-            missing = [k for k in Layer._fields if k not in lay]
+            missing = [k for k in Layer._fields[:4] if k not in lay]
             if missing:
                 raise ValueError(f"profile {name!r}: a layer lacks {', '.join(missing)}: {dict(lay)!r}")
-            lay = [lay[k] for k in Layer._fields]
-        if not isinstance(lay, Sequence) or len(lay) != 4:
+            lay = [lay[k] for k in Layer._fields if k in lay]
+        if not isinstance(lay, Sequence) or len(lay) not in (4, 5):
             raise ValueError(f"profile {name!r}: a layer is (name, fwd_flops, bwd_flops, grad_bytes), got {lay!r}")
         out.append(layer(*lay))
     if not out:
@@ -157,10 +181,15 @@ def scaled(profile: Profile, flops_per_sample: float) -> Profile:
     return profile._replace(layers=layers)
 
 
-def _backprop(name: str, forward: list[tuple[str, float, float]], batch: int, source: str) -> Profile:
-    """Profile from (layer, forward FLOPs per iteration, parameters) in FORWARD order: backward
-    = 2 x forward, 1 x for the first layer (no input gradient); reversed into backprop order."""
-    layers = [Layer(n, f, (1.0 if i == 0 else 2.0) * f, FLOAT_BYTES * float(p)) for i, (n, f, p) in enumerate(forward)]
+def _backprop(name: str, forward: list[tuple], batch: int, source: str) -> Profile:
+    """Profile from (layer, forward FLOPs per iteration, parameters[, tensor shapes]) in FORWARD
+    order: backward = 2 x forward, 1 x for the first layer (no input gradient); reversed into
+    backprop order.  With shapes, the parameters are their elements."""
+    layers = []
+    for i, (n, f, p, *shapes) in enumerate(forward):
+        sh = tuple(shapes[0]) if shapes else ()
+        params = sum(math.prod(s) for s in sh) if sh else p
+        layers.append(layer(n, f, (1.0 if i == 0 else 2.0) * f, FLOAT_BYTES * float(params), sh))
     return make(name, reversed(layers), batch, source)
 
 
@@ -174,11 +203,11 @@ def resnet(depth: int = 50, batch: int = 64, image: int = 224, num_classes: int 
     """torchvision ResNet-50/101 (v1.5) at ``batch`` images of ``image`` x ``image`` x 3 (module doc)."""
     if depth not in RESNET_BLOCKS:
         raise ValueError(f"resnet depth must be one of {', '.join(map(str, RESNET_BLOCKS))}, got {depth!r}")
-    fwd: list[tuple[str, float, float]] = []
+    fwd: list[tuple] = []
 
     def conv(name: str, k: int, cin: int, cout: int, hw_out: int) -> None:
         macs = hw_out * hw_out * k * k * cin * cout
-        fwd.append((name, 2.0 * macs * batch, k * k * cin * cout + 2 * cout))  # kernel + BN scale, bias
+        fwd.append((name, 2.0 * macs * batch, 0, ((k, k, cin, cout), (cout,), (cout,))))  # kernel + BN scale, bias
 
     hw = (image + 1) // 2  # conv1 7x7 stride 2, padding 3
     conv("conv1", 7, 3, 64, hw)
@@ -195,7 +224,7 @@ def resnet(depth: int = 50, batch: int = 64, image: int = 224, num_classes: int 
             if b == 0:
                 conv(f"{pre}.downsample", 1, cin, 4 * width, out)
             cin, hw = 4 * width, out
-    fwd.append(("fc", 2.0 * cin * num_classes * batch, cin * num_classes + num_classes))
+    fwd.append(("fc", 2.0 * cin * num_classes * batch, 0, ((cin, num_classes), (num_classes,))))
     return _backprop(
         f"resnet{depth}",
         fwd,
@@ -216,17 +245,17 @@ def vgg16(batch: int = 64, image: int = 224, num_classes: int = 1000) -> Profile
     """VGG-16 (Simonyan & Zisserman 2015, configuration D; torchvision, no BatchNorm): 13 3x3
     convolutions with biases, 5 max-pools, fc 25088 -> 4096 -> 4096 -> classes.  138.4 M
     parameters, 15.5 G multiply-accumulates per 224 x 224 image forward."""
-    fwd: list[tuple[str, float, float]] = []
+    fwd: list[tuple] = []
     cin, hw, i = 3, image, 0
     for v in VGG16_CONVS:
         if v == "M":
             hw //= 2
             continue
-        fwd.append((f"features.conv{i}", 2.0 * hw * hw * 9 * cin * v * batch, 9 * cin * v + v))
+        fwd.append((f"features.conv{i}", 2.0 * hw * hw * 9 * cin * v * batch, 0, ((3, 3, cin, v), (v,))))
         cin, i = v, i + 1
     dims = (cin * 7 * 7, 4096, 4096, num_classes)  # adaptive average pool to 7 x 7
     for j, (a, b) in enumerate(zip(dims, dims[1:])):
-        fwd.append((f"classifier.fc{j}", 2.0 * a * b * batch, a * b + b))
+        fwd.append((f"classifier.fc{j}", 2.0 * a * b * batch, 0, ((a, b), (b,))))
     return _backprop("vgg16", fwd, batch, f"VGG-16 (configuration D), {image}x{image}x3 inputs, local batch {batch}")
 
 
@@ -243,16 +272,16 @@ def bert(
 ) -> Profile:
     """Hugging Face BertModel with pooler at ``batch`` sentences of ``seq`` tokens (module doc)."""
     h, tokens = hidden, batch * seq
-    fwd: list[tuple[str, float, float]] = [("embeddings", 0.0, (vocab + positions + types) * h + 2 * h)]
+    fwd: list[tuple] = [("embeddings", 0.0, 0, ((vocab, h), (positions, h), (types, h), (h,), (h,)))]
     for i in range(layers):
         pre = f"encoder.{i}"
         for part in ("query", "key", "value"):
-            fwd.append((f"{pre}.attention.{part}", 2.0 * h * h * tokens, h * h + h))
+            fwd.append((f"{pre}.attention.{part}", 2.0 * h * h * tokens, 0, ((h, h), (h,))))
         scores_context = 2.0 * 2 * seq * h * tokens  # Q K^T and A V over all heads
-        fwd.append((f"{pre}.attention.output", 2.0 * h * h * tokens + scores_context, h * h + h + 2 * h))
-        fwd.append((f"{pre}.intermediate", 2.0 * h * ffn * tokens, h * ffn + ffn))
-        fwd.append((f"{pre}.output", 2.0 * ffn * h * tokens, ffn * h + h + 2 * h))
-    fwd.append(("pooler", 2.0 * h * h * batch, h * h + h))
+        fwd.append((f"{pre}.attention.output", 2.0 * h * h * tokens + scores_context, 0, ((h, h), (h,), (h,), (h,))))
+        fwd.append((f"{pre}.intermediate", 2.0 * h * ffn * tokens, 0, ((h, ffn), (ffn,))))
+        fwd.append((f"{pre}.output", 2.0 * ffn * h * tokens, 0, ((ffn, h), (h,), (h,), (h,))))
+    fwd.append(("pooler", 2.0 * h * h * batch, 0, ((h, h), (h,))))
     return _backprop(
         name,
         fwd,
@@ -273,14 +302,16 @@ def gpt2(
     at the end of the forward pass and the embedding's gradient is complete only when
     backpropagation reaches the first layer."""
     h, tokens = hidden, batch * seq
-    fwd: list[tuple[str, float, float]] = [("wte+wpe", 0.0, vocab * h + positions * h)]
+    fwd: list[tuple] = [("wte+wpe", 0.0, 0, ((vocab, h), (positions, h)))]
     for i in range(layers):
         pre = f"h.{i}"
-        fwd.append((f"{pre}.attn.c_attn", 2.0 * h * 3 * h * tokens, 2 * h + h * 3 * h + 3 * h))  # ln_1 + qkv
-        fwd.append((f"{pre}.attn.c_proj", 2.0 * (h * h + 2 * seq * h) * tokens, h * h + h))
-        fwd.append((f"{pre}.mlp.c_fc", 2.0 * h * 4 * h * tokens, 2 * h + h * 4 * h + 4 * h))  # ln_2 + fc
-        fwd.append((f"{pre}.mlp.c_proj", 2.0 * 4 * h * h * tokens, 4 * h * h + h))
-    fwd.append(("ln_f+lm_head", 2.0 * h * vocab * tokens, 2 * h))  # the head is tied to wte: no parameters
+        fwd.append(
+            (f"{pre}.attn.c_attn", 2.0 * h * 3 * h * tokens, 0, ((h,), (h,), (h, 3 * h), (3 * h,)))
+        )  # ln_1 + qkv
+        fwd.append((f"{pre}.attn.c_proj", 2.0 * (h * h + 2 * seq * h) * tokens, 0, ((h, h), (h,))))
+        fwd.append((f"{pre}.mlp.c_fc", 2.0 * h * 4 * h * tokens, 0, ((h,), (h,), (h, 4 * h), (4 * h,))))  # ln_2 + fc
+        fwd.append((f"{pre}.mlp.c_proj", 2.0 * 4 * h * h * tokens, 0, ((4 * h, h), (h,))))
+    fwd.append(("ln_f+lm_head", 2.0 * h * vocab * tokens, 0, ((h,), (h,))))  # the head is tied to wte: no parameters
     return _backprop("gpt2", fwd, batch, f"GPT-2 small (124 M), {seq}-token sequences, local batch {batch}")
 
 
@@ -290,10 +321,10 @@ def lstm(batch: int = 20, seq: int = 35, hidden: int = 1500, layers: int = 2, vo
     batch 20, untied softmax: 66 M parameters), as trained by DGC (Lin et al. 2018) and others.
     Per token and layer the four gates cost 2 x 4 (in + h) h FLOPs; the softmax 2 h V."""
     h, tokens = hidden, batch * seq
-    fwd: list[tuple[str, float, float]] = [("embedding", 0.0, vocab * h)]
+    fwd: list[tuple] = [("embedding", 0.0, 0, ((vocab, h),))]
     for i in range(layers):
-        fwd.append((f"lstm.{i}", 2.0 * 4 * (h + h) * h * tokens, 4 * (h + h) * h + 2 * 4 * h))  # W_ih, W_hh, 2 biases
-    fwd.append(("decoder", 2.0 * h * vocab * tokens, h * vocab + vocab))
+        fwd.append((f"lstm.{i}", 2.0 * 4 * (h + h) * h * tokens, 0, ((h, 4 * h), (h, 4 * h), (4 * h,), (4 * h,))))
+    fwd.append(("decoder", 2.0 * h * vocab * tokens, 0, ((h, vocab), (vocab,))))
     return _backprop("lstm", fwd, batch, f"2-layer LSTM LM ({h} units, vocabulary {vocab}), {seq} steps, batch {batch}")
 
 
@@ -433,9 +464,10 @@ def from_apply(
     fwd = []
     for k in seen:
         size = sum(math.prod(getattr(leaf, "shape", ())) for leaf in jax.tree.leaves(params[k]))
-        fwd.append((str(k), flops.pop(k, 0.0), size))
+        shapes = tuple(tuple(getattr(leaf, "shape", ())) or (1,) for leaf in jax.tree.leaves(params[k]))
+        fwd.append((str(k), flops.pop(k, 0.0), size, shapes))
     if flops.get("(input)", 0.0) > 0:
-        fwd[0] = (fwd[0][0], fwd[0][1] + flops.pop("(input)"), fwd[0][2])
+        fwd[0] = (fwd[0][0], fwd[0][1] + flops.pop("(input)"), *fwd[0][2:])
     return _backprop(name, fwd, batch, source or f"derived from the jaxpr of {name}'s forward pass")
 
 

@@ -31,53 +31,62 @@ hierarchical all-reduce (``HOROVOD_HIERARCHICAL_ALLREDUCE`` / NCCL's two-level r
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import NamedTuple
 
 from cconv import compressors as C
 from cconv.theory import cluster as CL
 from cconv.theory import devices as D
+from cconv.theory import implementation as IM
 from cconv.theory import planner as PL
 from cconv.theory import predict as PR
 from cconv.theory import profiles as P
 from cconv.theory.schedule.survey import INTERFERENCE
 
-# Stated tolerances (tests/test_cluster_validation.py): every case within TOLERANCE of its published value
-# except the KNOWN_MISSES (each with its reason, and checked to still miss), and the median |error| within
-# MEDIAN_TOLERANCE.  The model is optimistic: it leaves out input pipelines, framework overheads and
-# stragglers, so most predictions lie above the published values.
-TOLERANCE = 0.25
+# Stated tolerances (tests/test_cluster_validation.py), issue 33's goals: every case within TOLERANCE of its
+# published value except the KNOWN_MISSES (each with its reason, and checked to still miss), the median |error|
+# within MEDIAN_TOLERANCE, and the sign of (compressed - dense) right for every compressed case with a dense twin
+# except the SIGN_MISSES.  The model leaves out input pipelines, framework overheads and stragglers, so most
+# dense predictions lie above the published values.
+TOLERANCE = 0.35
 MEDIAN_TOLERANCE = 0.20
-GRACE_MISS = (
-    "the missing time is not on the network (the release's compressed throughputs do not move with the link rate); "
-    "up to ~55 ms of it is Horovod's MPI path (the dense MPI run is 305 ms against 250 ms over NCCL), the rest is "
-    "what the model leaves out of compression: GRACE's per-tensor TensorFlow compress and decompress ops (one per "
-    "gradient tensor, decoding all P payloads after the allgather) with their launch and host-staging costs, where "
-    "the model charges cconv's benchmarked kernel cost scaled to the V100 (1.2-1.6 ms per iteration)"
+_GRACE_POWERSGD = (
+    "GRACE's TensorFlow PowerSGD views a kernel as shape[0] x rest and TensorFlow kernels are HWIO, so n is the "
+    "kernel height (1 or 3) and its factor Q holds a third of each 3x3 kernel and all of each 1x1 one: it sends "
+    "near-dense bytes in two per-tensor all-reduces with two QR decompositions each, where the model plans "
+    "PowerSGD's own (out x in) factors"
+)
+_GRACE_DGC = (
+    "GRACE's DGC re-thresholds in a tf.while_loop until the selected count is within bounds (more rounds, each a "
+    "host round trip, at small ratios: its 1 % runs are slower than its 10 % ones although they send 10x less); "
+    "the model charges a fixed 12 operations"
 )
 KNOWN_MISSES = {
     "Horovod 128x4 P100 ResNet-101": "a flat ring's 2(P-1) alpha at P = 512 charged to each of ResNet-101's ~40 fused "
     "messages: the alpha-beta ring latency is linear in P, NCCL's measured one is not",
-    **{
-        f"GRACE 8x1 V100 10GbE ResNet-50 {label}": f"{what}: {GRACE_MISS}"
-        for label, what in (
-            (
-                "random-k 1% (NCCL)",
-                "~90 ms per iteration missing (0.27 s published, 0.18 s predicted); MPI-backend "
-                "random-k 1% gives 0.723, 0.746, 0.734 of linear at 1, 10, 25 Gbit/s",
-            ),
-            (
-                "top-k 1% (MPI)",
-                "~240 ms per iteration missing (0.42 s published, 0.18 s predicted); top-k 1% gives "
-                "0.417 and 0.392 of linear at 10 and 25 Gbit/s",
-            ),
-            (
-                "signSGD (MPI)",
-                "~200 ms per iteration missing (0.38 s published, 0.18 s predicted); signSGD gives 0.455 "
-                "and 0.436 of linear at 10 and 25 Gbit/s",
-            ),
-        )
-    },
+    "GRACE 2x1 10 Gbit/s DGC 0.01 (MPI)": _GRACE_DGC,
+    "GRACE 4x1 10 Gbit/s DGC 0.01 (MPI)": _GRACE_DGC,
+    "GRACE 8x1 10 Gbit/s PowerSGD r=1 (MPI)": _GRACE_POWERSGD,
+}
+_QUANT = (
+    "a near tie in the release (compressed 2 % faster than dense); the model charges the elementwise quantizers' "
+    "P decodes and byte codes too much here (QSGD and signSGD are 20-33 % too slow at 2, 4 and 8 workers)"
+)
+SIGN_MISSES = {
+    "GRACE 2x1 10 Gbit/s PowerSGD r=1 (MPI)": _GRACE_POWERSGD,
+    "GRACE 4x1 10 Gbit/s PowerSGD r=1 (MPI)": _GRACE_POWERSGD,
+    "GRACE 8x1 10 Gbit/s PowerSGD r=1 (MPI)": _GRACE_POWERSGD,
+    "GRACE 8x1 10 Gbit/s PowerSGD r=1 (NCCL)": _GRACE_POWERSGD,
+    "GRACE 4x1 10 Gbit/s QSGD 64 (MPI)": _QUANT,
+    "GRACE 4x1 10 Gbit/s signSGD (MPI)": _QUANT,
+    "GRACE 4x1 10 Gbit/s random-k 0.01 EF (NCCL)": "its dense twin is predicted 13 % too fast (the 4-server NCCL run "
+    "loses more than the model's ring charges)",
+    "GRACE 8x1 10 Gbit/s random-k 0.5 EF (MPI)": "a near tie: 8.6 % faster than dense published, 0.7 % slower "
+    "predicted",
+    "GRACE 8x1 10 Gbit/s random-k 0.01 EF (NCCL)": "compression slows this run by 7 % in the release; the model "
+    "predicts 13 % faster: it misses ~50 ms of GRACE's per-tensor random-k with its error-feedback memory ops over "
+    "NCCL (the same method over MPI is predicted within 9 %)",
 }
 
 # the survey's seven methods as (schedule, planner method): BSP/WFBP/ByteScheduler x PS/all-to-all, MG-WFBP
@@ -108,32 +117,40 @@ class Case(NamedTuple):
     note: str = ""
     method: str = DENSE  # a planner method (``cconv.theory.planner.all_methods``): the compressor the run used
     knobs: tuple[tuple[str, float], ...] = ()  # the compressor's knob values, e.g. (("ratio", 0.01),)
+    implementation: str = "fused"  # how compression ran (``cconv.theory.implementation``)
 
 
 DLE = "NVIDIA DeepLearningExamples, PyTorch ResNet50 v1.5 README, training performance tables (pytorch-21.03)"
 HVD = "Horovod README / docs/benchmarks (Sergeev & Del Balso 2018): 25 Gbit/s RoCE, 4 Pascal GPUs per server"
 SURVEY = "Shi et al., Communication-Efficient Distributed Deep Learning: Survey, Evaluation, and Challenges"
 I779 = "horovod/horovod issue #779: AWS p3.16xlarge (8 x V100-SXM2, 25 Gbps), tf_cnn_benchmarks synthetic"
-GRACE = (
-    "GRACE data release (github.com/sands-lab/grace-data, GRACE_data_release.pickle, Xu et al., GRACE, ICDCS 2021): "
-    "imagenet-classification, ResNet-50, mode 'throughput', env 'mcnodes', bw '10g', tf_cnn_benchmarks' "
-    "total_images_per_sec; one V100 per server over TCP (sands-lab/grace-benchmarks TF_scripts.sh: -H server1_ip:1,"
-    "server2_ip:1, NCCL_IB_DISABLE=1)"
-)
+GRACE = "GRACE data release (github.com/sands-lab/grace-data, Xu et al., ICDCS 2021)"
 GRACE_ONE_GPU = 365.93  # the same release's 1-worker dense run (id 1ipvrhj50), total_images_per_sec
 GRACE_NOTE = (
-    "batch 64 (tf_cnn_benchmarks' ResNet-50 default; the release does not state it); device from the release's "
-    f"1-worker {GRACE_ONE_GPU} img/s; published = total_images_per_sec / (8 x {GRACE_ONE_GPU})"
+    "ImageNet ResNet-50, tf_cnn_benchmarks, one V100 per server over TCP; batch 64 (tf_cnn_benchmarks' default, "
+    f"not stated); published = total_images_per_sec / (P x the 1-worker {GRACE_ONE_GPU})"
 )
+GRACE_CALIBRATION_GBPS = 25.0  # the declared calibration subset: every GRACE run at 25 Gbit/s
+# GRACE's '1g' runs moved more than 1 Gbit/s (``link_bound_gbps``): not a setting the model can be checked on
+GRACE_INCONSISTENT_GBPS = 1.0
 
 
-def _grace_runs() -> list[tuple[str, str, tuple, float, str]]:
-    """The GRACE runs as published (``grace_runs.json``, data: label, method as GRACE names it,
-    mapped to ours by the entry that declares it (``cconv.compressors.known_as``), or null for the
-    dense baseline, knobs, images/s, run id)."""
-    rows = json.loads(Path(__file__).with_name("grace_runs.json").read_text(encoding="utf-8"))
-    method = lambda r: C.known_as(r["method"]) if r["method"] else DENSE  # noqa: E731
-    return [(r["label"], method(r), tuple(map(tuple, r["knobs"])), r["ips"], r["run"]) for r in rows]
+def _grace_case(r: dict) -> Case:
+    """One GRACE run (``grace_runs.json``, written by scripts/grace_runs.py from the release): its
+    method as GRACE names it, mapped by the entry that declares it (``cconv.compressors.known_as``);
+    Horovod over MPI is the ``mpi`` implementation, over NCCL ``per-tensor``."""
+    method = C.known_as(r["method"]) if r["method"] else DENSE
+    p = r["workers"]
+    return Case(
+        f"GRACE {r['label']}", "resnet50", 64, f"{p}x1", "PCIe3x16", f"{r['gbps']:g}GbE", "v100-grace", "scaling",
+        r["ips"] / (p * GRACE_ONE_GPU), f"{GRACE}: run {r['run']} ({r['ips']} img/s)", one_gpu=GRACE_ONE_GPU,
+        mem_bw=900e9, note=GRACE_NOTE, method=method, knobs=tuple(map(tuple, r["knobs"])),
+        implementation="mpi" if r["backend"] == "mpi" else "per-tensor",
+    )  # fmt: skip
+
+
+def _grace_runs() -> list[dict]:
+    return json.loads(Path(__file__).with_name("grace_runs.json").read_text(encoding="utf-8"))
 
 
 def _dle(name: str, intra: str, device: str, batch: int, img_s: float, one: float, note: str, **calibration) -> Case:
@@ -216,18 +233,45 @@ CASES: tuple[Case, ...] = (  # one case a block: the published setting in Case's
         )
         for n, eff in I779_SCALING
     ),
-    # compressed training: the GRACE benchmark's 8-worker ResNet-50 runs at 10 Gbit/s (one V100 per node), each
-    # with its dense twin on the same backend (Horovod over NCCL, or Horovod over MPI as GRACE's allgather uses)
-    *(
-        Case(
-            f"GRACE 8x1 V100 10GbE ResNet-50 {label}", "resnet50", 64, "8x1", "PCIe3x16", "10GbE", "v100-grace",
-            "scaling", ips / (8 * GRACE_ONE_GPU), f"{GRACE}: run {run} ({ips} img/s)", one_gpu=GRACE_ONE_GPU,
-            mem_bw=900e9, note=GRACE_NOTE, method=method, knobs=knobs,
-        )
-        for label, method, knobs, ips, run in _grace_runs()
-    ),
+    # compressed training: the GRACE benchmark's ResNet-50 runs on 2, 4 and 8 servers of one V100 at 1 and 10
+    # Gbit/s, not the 25 Gbit/s calibration subset, each with its dense twin on the same backend
+    *(_grace_case(r) for r in _grace_runs() if r["gbps"] not in (GRACE_CALIBRATION_GBPS, GRACE_INCONSISTENT_GBPS)),
 )
 # fmt: on
+
+# The calibration subset the per-tensor and MPI constants were fitted to (``calibrate``): never in CASES.
+CALIBRATION: tuple[Case, ...] = tuple(_grace_case(r) for r in _grace_runs() if r["gbps"] == GRACE_CALIBRATION_GBPS)
+# The runs at a link rate they exceeded (``link_bound_gbps``): shown, not counted.
+INCONSISTENT: tuple[Case, ...] = tuple(_grace_case(r) for r in _grace_runs() if r["gbps"] == GRACE_INCONSISTENT_GBPS)
+
+
+def link_bound_gbps(case: Case) -> float:
+    """The Gbit/s a dense run's link must have carried at least: a ring all-reduce moves 2(P-1)/P x 4D
+    bytes per worker per iteration, and the iteration took M P / throughput seconds (published)."""
+    p = CL.parse(case.cluster).workers
+    t_iter = case.batch / (case.published * device_of(case).flops / P.get(case.workload).flops_per_sample)
+    return 2 * (p - 1) / p * 4 * P.get(case.workload).params * 8 / t_iter / 1e9
+
+
+def dense_twin(case: Case, cases: tuple[Case, ...] = CASES) -> Case | None:
+    """The dense run of the same setting and implementation as a compressed ``case`` (None: none)."""
+    same = ("workload", "cluster", "network", "implementation")
+    for c in cases:
+        if c.method == DENSE and c is not case and all(getattr(c, k) == getattr(case, k) for k in same):
+            return c
+    return None
+
+
+def signs(rows: list[tuple[Case, float, float]]) -> list[tuple[Case, float, float]]:
+    """(case, published, predicted) relative change of compressed over its dense twin, for every
+    compressed row with a twin among ``rows``: > 0 means compression made training faster."""
+    pred = {c.name: p for c, p, _ in rows}
+    out = []
+    for c, p, _ in rows:
+        twin = dense_twin(c, tuple(r[0] for r in rows)) if c.method != DENSE else None
+        if twin is not None:
+            out.append((c, c.published / twin.published - 1.0, p / pred[twin.name] - 1.0))
+    return out
 
 
 def device_of(case: Case) -> D.Device:
@@ -238,10 +282,12 @@ def device_of(case: Case) -> D.Device:
     return D.Device(case.device, case.one_gpu * per_sample, case.mem_bw, D.LAUNCH_S, f"{case.one_gpu} samples/s")
 
 
-def predict(case: Case) -> float:
-    """The model's value of ``case.metric`` for ``case``."""
+def predict(case: Case, implementation: IM.Implementation | None = None) -> float:
+    """The model's value of ``case.metric`` for ``case`` (``implementation``: overrides the case's
+    implementation, e.g. with other constants while calibrating)."""
     c = CL.parse(case.cluster, case.intra, case.network, D.get("v100"))._replace(device=device_of(case))
-    kw = dict(batch=case.batch, interference=case.interference)
+    impl = implementation or IM.get(case.implementation)
+    kw = dict(batch=case.batch, interference=case.interference, implementation=impl)
     if case.best_of_survey:
         rows = [PR.predict(c, case.workload, [m], schedule=s, **kw)[0] for s, m in SURVEY_SEVEN]
     else:
@@ -258,6 +304,39 @@ def predict(case: Case) -> float:
     return best.scaling_factor if case.metric == "scaling" else best.speedup
 
 
+# The calibration's search: each constant on a geometric grid (``calibrate``)
+GRIDS = {
+    "op_s": tuple(10e-6 * 1.25**i for i in range(15)),
+    "sort_passes": tuple(25.0 * 2**i for i in range(9)),
+    "host_bw": tuple(0.5e9 * 1.25**i for i in range(14)),
+}
+
+
+def calibration_loss(values: dict, cases: tuple[Case, ...] = CALIBRATION) -> float:
+    """Mean squared log error of ``cases`` with the per-tensor/MPI constants ``values`` (op_s,
+    sort_passes, host_bw; host staging only where the case's implementation stages)."""
+    total = 0.0
+    for case in cases:
+        base = IM.get(case.implementation)
+        impl = base._replace(**{k: v for k, v in values.items() if k != "host_bw" or base.host_bw})
+        total += math.log(predict(case, impl) / case.published) ** 2
+    return total / len(cases)
+
+
+def calibrate(cases: tuple[Case, ...] = CALIBRATION, rounds: int = 4) -> dict:
+    """The constants of ``cconv.theory.implementation`` fitted to ``cases`` (default: the declared
+    GRACE 25 Gbit/s subset): coordinate descent on ``GRIDS``, minimising ``calibration_loss``,
+    from the middle of each grid.  Deterministic; its result is what implementation.py states."""
+    values = {k: g[len(g) // 2] for k, g in GRIDS.items()}
+    for _ in range(rounds):
+        before = dict(values)
+        for k, grid in GRIDS.items():
+            values[k] = min(grid, key=lambda v: calibration_loss({**values, k: v}, cases))
+        if values == before:
+            break
+    return values
+
+
 def table(cases: tuple[Case, ...] = CASES) -> list[tuple[Case, float, float]]:
     """(case, prediction, relative error prediction / published - 1) for every case."""
     out = []
@@ -265,6 +344,29 @@ def table(cases: tuple[Case, ...] = CASES) -> list[tuple[Case, float, float]]:
         pred = predict(case)
         out.append((case, pred, pred / case.published - 1.0))
     return out
+
+
+def summary(rows: list[tuple[Case, float, float]]) -> str:
+    """Markdown: per group of cases (dense runs of the other sources, GRACE's dense runs, GRACE's
+    compressed runs, all) the count, median and largest |error|, and how many compressed cases get
+    the sign of (compressed - dense) right."""
+    import statistics
+
+    groups = {
+        "dense, other sources": lambda c: not c.name.startswith("GRACE"),
+        "GRACE dense": lambda c: c.name.startswith("GRACE") and c.method == DENSE,
+        "GRACE compressed": lambda c: c.name.startswith("GRACE") and c.method != DENSE,
+        "all": lambda c: True,
+    }
+    signed = {c.name: (pub > 0) == (pred > 0) for c, pub, pred in signs(rows)}
+    lines = ["| cases | n | median abs. error | largest abs. error | sign of compressed - dense right |"]
+    lines.append("|---|---|---|---|---|")
+    for label, keep in groups.items():
+        errs = [abs(e) for c, _, e in rows if keep(c)]
+        ok = [signed[c.name] for c, _, _ in rows if keep(c) and c.name in signed]
+        sign = f"{sum(ok)} of {len(ok)}" if ok else "-"
+        lines.append(f"| {label} | {len(errs)} | {statistics.median(errs):.1%} | {max(errs):.1%} | {sign} |")
+    return "\n".join(lines)
 
 
 def markdown(rows: list[tuple[Case, float, float]], sources: bool = True) -> str:
@@ -283,9 +385,18 @@ def markdown(rows: list[tuple[Case, float, float]], sources: bool = True) -> str
 __all__ = [
     "Case",
     "CASES",
+    "CALIBRATION",
+    "INCONSISTENT",
     "TOLERANCE",
     "MEDIAN_TOLERANCE",
     "KNOWN_MISSES",
+    "SIGN_MISSES",
+    "calibrate",
+    "calibration_loss",
+    "link_bound_gbps",
+    "dense_twin",
+    "signs",
+    "summary",
     "predict",
     "table",
     "markdown",

@@ -67,7 +67,7 @@ from cconv.theory.network.cost import (
     recursive_doubling_rounds,
     recursive_doubling_time,
 )
-from cconv.theory.network.links import Hierarchical, Network
+from cconv.theory.network.links import MAX_ALPHA, MAX_BETA, MIN_BETA, Hierarchical, Network
 from cconv.theory.network.overlap import Overlap, step_comm_time, wfbp_finish
 from cconv.theory.network.presets import (
     BERT_LARGE_ALLREDUCE_S,
@@ -91,6 +91,9 @@ from cconv.theory.network.presets import (
 __all__ = [
     "Network",
     "Hierarchical",
+    "MAX_ALPHA",
+    "MAX_BETA",
+    "MIN_BETA",
     "Measurement",
     "SURVEY_MEASUREMENTS",
     "fit_alpha_beta",

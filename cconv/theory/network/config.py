@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from cconv._text import shown_names
 from cconv.theory.network.links import Hierarchical, Network, _validate
 from cconv.theory.network.presets import get, names
 
@@ -46,9 +47,7 @@ def from_config(cfg: Any) -> Network | Hierarchical:
         )
     unknown = sorted(set(cfg) - set(_CONFIG_KEYS))
     if unknown:
-        raise ValueError(
-            f"network config: unknown key(s) {', '.join(map(str, unknown))}; valid: {', '.join(_CONFIG_KEYS)}"
-        )
+        raise ValueError(f"network config: unknown key(s) {shown_names(unknown)}; valid: {', '.join(_CONFIG_KEYS)}")
     if any(k in cfg for k in ("intra", "inter", "per_node")):
         return _two_level(cfg)
     if "preset" in cfg:

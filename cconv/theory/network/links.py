@@ -44,12 +44,24 @@ class Hierarchical(NamedTuple):
     source: str = ""
 
 
+# The range of a link the model is meant for: beyond it a value is a typo, and the times computed
+# from it overflow (inf) or vanish (a speedup of nan); issue 34.
+MAX_ALPHA = 1.0  # seconds per message
+MIN_BETA = 1e-15  # seconds per byte: 8 Pb/s, above any link (the fastest named rate is 100 Tb/s)
+MAX_BETA = 1.0  # seconds per byte: 8 b/s
+
+
 def _validate(name: str, alpha: float, beta: float) -> Network:
+    shown_name = repr(str(name)[:40])
     for what, v in (("alpha", alpha), ("beta", beta)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise ValueError(f"network {name!r}: {what} must be a finite number, got {v!r}")
-    if alpha < 0:
-        raise ValueError(f"network {name!r}: alpha (seconds per message) must be >= 0, got {alpha!r}")
-    if beta <= 0:
-        raise ValueError(f"network {name!r}: beta (seconds per byte) must be > 0, got {beta!r}")
+            raise ValueError(f"network {shown_name}: {what} must be a finite number, got {str(v)[:40]!r}")
+    if not 0 <= alpha <= MAX_ALPHA:
+        raise ValueError(
+            f"network {shown_name}: alpha (seconds per message) must be in [0, {MAX_ALPHA:g}], got {alpha!r}"
+        )
+    if not MIN_BETA <= beta <= MAX_BETA:
+        raise ValueError(
+            f"network {shown_name}: beta (seconds per byte) must be in [{MIN_BETA:g}, {MAX_BETA:g}], got {beta!r}"
+        )
     return Network(str(name), float(alpha), float(beta))

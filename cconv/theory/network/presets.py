@@ -147,12 +147,13 @@ HIERARCHICAL: dict[str, Hierarchical] = {
 IB_GENERATIONS = {"FDR": 4 * 14.0625 * 64 / 66, "EDR": 100.0, "HDR": 200.0, "NDR": 400.0}  # Gb/s data rate
 NVLINK = {"NVLink2": NVLINK2_V100, "NVLink3": 12 * 25e9, "NVLink4": 18 * 25e9}  # bytes/s per direction
 MAX_RATE_GBPS = 1e5  # a line rate above 100 Tb/s is a typo, not a network
+MIN_RATE_GBPS = 1e-3  # nor one below 1 Mb/s (0.000...1GbE: times of inf seconds, speedups of nan)
 MAX_NICS = 64
 
 
 def _rate_link(name: str, gbps: float, rdma: bool) -> Network:
-    if not (math.isfinite(gbps) and 0 < gbps <= MAX_RATE_GBPS):
-        raise ValueError(f"network {name!r}: the line rate must be in (0, {MAX_RATE_GBPS:g}] Gb/s")
+    if not (math.isfinite(gbps) and MIN_RATE_GBPS <= gbps <= MAX_RATE_GBPS):
+        raise ValueError(f"network {name[:40]!r}: the line rate must be in [{MIN_RATE_GBPS:g}, {MAX_RATE_GBPS:g}] Gb/s")
     base = PRESETS["100GbIB" if rdma else "10GbE"]
     line = 100.0 if rdma else 10.0
     efficiency = base.gbps / line
@@ -171,7 +172,7 @@ def _derived(name: str) -> Network | None:
     if m:
         k, inner = int(m.group(1)), get(m.group(2))
         if not 1 <= k <= MAX_NICS or not isinstance(inner, Network):
-            raise ValueError(f"network {name!r}: K x LINK needs 1 <= K <= {MAX_NICS} and a single-level link")
+            raise ValueError(f"network {name[:40]!r}: K x LINK needs 1 <= K <= {MAX_NICS} and a single-level link")
         return Network(key, inner.alpha, inner.beta / k, f"{k} x {inner.name} striped (one ring per NIC)")
     m = _RATE.match(key)
     if m:

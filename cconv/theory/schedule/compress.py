@@ -40,6 +40,7 @@ from typing import NamedTuple
 
 from cconv import compressors as C
 from cconv.compressors.base import Compressor
+from cconv.theory import implementation as IM
 from cconv.theory import planner as PL
 from cconv.theory import workloads as W
 from cconv.theory.devices import LAUNCH_S, Device
@@ -100,11 +101,8 @@ def ratio_at(rows: Sequence[Ratio], d: float) -> tuple[float, float]:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-# payloads a worker decodes per call, by network collective kind (default 1)
-DECODES = {
-    "allgather": lambda p: p,
-    "recursive_doubling": lambda p: max(1, math.ceil(math.log2(p))) if p > 1 else 1,
-}
+# payloads a worker decodes per call, by network collective kind (default 1): implementation.decodes
+DECODES = {k: (lambda p, k=k: IM.decodes(k, p)) for k in ("allgather", "recursive_doubling")}
 
 
 class EstimatedCostWarning(UserWarning):
@@ -134,16 +132,59 @@ def estimated_rows(name: str, bench: Mapping[str, Sequence[Ratio]]) -> tuple[Rat
     warnings.warn(
         f"no benchmark row for {name!r}: its compress/decompress cost is estimated from {how} (x the read floor)",
         EstimatedCostWarning,
-        stacklevel=3,
+        stacklevel=4,  # the caller of layer_costs (estimated_rows <- _fused_ops <- layer_cost <- layer_costs)
     )
     return rows
 
 
-def _wire(c: Compressor, d: int) -> float:
+def _wire(c: Compressor, shape: tuple[int, ...]) -> float:
     e = C.entry(c.name)
     if e.theory is not None and e.theory.wire_bytes is not None:
-        return float(e.theory.wire_bytes(c, (d,), FLOAT_BYTES))
-    return float(c.wire_bytes((d,), "float32"))
+        return float(e.theory.wire_bytes(c, tuple(shape), FLOAT_BYTES))
+    return float(c.wire_bytes(tuple(shape), "float32"))
+
+
+_LEAVES: dict[tuple, float] = {}
+
+
+def _leaf_bytes(c: Compressor, shape: tuple[int, ...]) -> float:
+    """Summed floating payload leaves of ``c`` on ``shape`` (``planner.payload_leaf_bytes``), cached."""
+    key = (c.name, tuple(sorted((k, repr(v)) for k, v in c.hparams.items())), tuple(shape))
+    if key not in _LEAVES:
+        _LEAVES[key] = float(sum(PL.payload_leaf_bytes(c, tuple(shape))))
+    return _LEAVES[key]
+
+
+def _message(c: Compressor, kind: str, shapes: Sequence[tuple[int, ...]], d: int, impl: IM.Implementation) -> float:
+    """Bytes of the layer's message: per tensor for a per-tensor aggregation (PowerSGD: its factors
+    need the matrix shapes) or a per-tensor implementation (its codes unpacked, ``message_bytes``),
+    else of the flat d-vector."""
+    if PL.per_tensor(kind):
+        return sum(_leaf_bytes(c, s) for s in shapes)
+    if not impl.per_tensor:
+        return _wire(c, (d,))
+    return sum(IM.message_bytes(c, s, _wire(c, s), impl) for s in shapes)
+
+
+def _fused_ops(c, method, d, kind, workers, device, bench) -> tuple[float, float]:
+    """(compress, decompress) seconds of cconv's fused program on the layer (module docstring)."""
+    rows = bench.get(method.compressor) or estimated_rows(method.compressor, bench)
+    cx, dx = ratio_at(rows, d)
+    floor = device.read_floor(d)
+    m = IM.decodes(kind, workers)
+    return cx * floor + device.launch_s, m * dx * floor + device.launch_s
+
+
+def _per_tensor_ops(c, shapes, kind, workers, device, impl, sizes) -> tuple[float, float]:
+    """(compress, decompress) seconds of framework ops on each tensor, with host staging over MPI
+    (``cconv.theory.implementation``); ``sizes``: each tensor's message bytes."""
+    m = IM.decodes(kind, workers)
+    comp = dec = 0.0
+    for s, b in zip(shapes, sizes):
+        out, back = IM.staging_s(impl, kind, b, workers)
+        comp += IM.compress_s(c, s, impl, device) + out
+        dec += IM.decompress_s(c, s, impl, device, m) + back
+    return comp, dec
 
 
 def layer_cost(
@@ -156,34 +197,30 @@ def layer_cost(
     workers: int,
     device: Device,
     bench: Mapping[str, Sequence[Ratio]],
+    shapes: Sequence[tuple[int, ...]] = (),
+    implementation: str | IM.Implementation = IM.DEFAULT,
 ) -> LayerCost:
-    """The ``LayerCost`` of one layer of ``d`` elements under ``method`` with compressor ``c``."""
+    """The ``LayerCost`` of one layer of ``d`` elements (tensors ``shapes``; () = one flat vector)
+    under ``method`` with compressor ``c``, run by ``implementation`` (``cconv.theory.implementation``)."""
     if d <= 0:
         return LayerCost(name, fwd_s, bwd_s, 0.0)
+    impl = IM.get(implementation)
+    shapes = tuple(tuple(s) for s in shapes) or ((int(d),),)
     kind = PL.kind_of(method, c)
     if kind == PL.PS:
         kind = "allreduce"  # the architecture decides push/pull
-    if c.name == PL.identity_name():
-        return LayerCost(name, fwd_s, bwd_s, FLOAT_BYTES * float(d), 0.0, 0.0, kind)
+    if c.name == PL.identity_name():  # no compression; over MPI the gradient is staged through the host
+        out, back = IM.staging_s(impl, "allreduce", FLOAT_BYTES * float(d), workers)
+        return LayerCost(name, fwd_s, bwd_s, FLOAT_BYTES * float(d), out, back, kind)
+    sizes = [_message(c, kind, (s,), int(math.prod(s)), impl) for s in shapes]
+    nbytes = _message(c, kind, shapes, d, impl)
     if PL.per_tensor(kind):  # not one network collective: all-reduce of the summed payload leaves
-        nbytes = float(sum(PL.payload_leaf_bytes(c, (d,))))
         kind = "allreduce"
+    if impl.per_tensor:
+        comp, dec = _per_tensor_ops(c, shapes, kind, workers, device, impl, sizes)
     else:
-        nbytes = _wire(c, d)
-    rows = bench.get(method.compressor) or estimated_rows(method.compressor, bench)
-    cx, dx = ratio_at(rows, d)
-    floor = device.read_floor(d)
-    decodes = DECODES.get(kind, lambda p: 1)(workers)
-    return LayerCost(
-        name,
-        fwd_s,
-        bwd_s,
-        nbytes,
-        cx * floor + device.launch_s,
-        decodes * dx * floor + device.launch_s,
-        kind,
-        FLOAT_BYTES * float(d),
-    )
+        comp, dec = _fused_ops(c, method, d, kind, workers, device, bench)
+    return LayerCost(name, fwd_s, bwd_s, nbytes, comp, dec, kind, FLOAT_BYTES * float(d))
 
 
 def layer_costs(
@@ -194,11 +231,13 @@ def layer_costs(
     *,
     hparams: Mapping | Sequence[Mapping] | None = None,
     bench: Mapping[str, Sequence[Ratio]] | None = None,
+    implementation: str | IM.Implementation = IM.DEFAULT,
 ) -> list[LayerCost]:
     """``LayerCost``s of ``profile`` (backprop order) under ``method`` (a planner method or its
     name): FLOPs / ``device.flops`` for forward and backward, and per layer the message and the
     compress/decompress operations of the module docstring.  ``hparams``: the compressor's
-    hyper-parameters, one mapping for every layer or one per layer (backprop order)."""
+    hyper-parameters, one mapping for every layer or one per layer (backprop order);
+    ``implementation``: how compress/decompress run (``cconv.theory.implementation``)."""
     table = PL.all_methods()
     if isinstance(method, str):
         if method not in table:
@@ -227,6 +266,8 @@ def layer_costs(
                 workers,
                 device,
                 bench,
+                lay.shapes,
+                implementation,
             )
         )
     return out

@@ -1,0 +1,209 @@
+"""Racing the candidates at equal time on the target cluster: successive halving by simulated time.
+
+Successive halving (Jamieson & Talwalkar, AISTATS 2016; the rung of Hyperband, Li et al., JMLR
+2018, and ASHA, Li et al., MLSys 2020) trains every candidate for a small budget, keeps the best
+1/eta, multiplies the budget by eta, and repeats.  Here the budget of a rung is *time on the
+target cluster*, not steps: rung r lasts ``T_r = T_0 eta^r`` simulated seconds, and candidate i
+trains ``ceil(T_r / step_s_i)`` steps (at most the config's ``max_steps``), with ``step_s_i`` its
+seconds per step on the cluster (``cconv.advisor.timing``).  A candidate whose steps are cheap
+(compression that saves traffic) gets more of them in the same time, which is the whole
+question.  At each rung the candidates are ordered by
+
+1. reached the target: by time to target (first crossing x step_s), fastest first;
+2. not yet: by the gap to the target's metric at the rung's end (mean of the seed-mean log gap
+   over the last two logged points), smallest first;
+
+diverged candidates (``cconv.experiments.divergence``) drop out, and a candidate is dropped as soon
+as the time it has trained passes the best time to target already seen (it cannot win).  Survivors
+continue from their checkpoints (``observe`` trains from where a candidate stopped).  When
+``finalists`` are left, they run to the target (or to ``max_steps``) in rungs that keep
+doubling, while the budget lasts.
+
+Budget: ``budget_steps`` training steps in all, counted in steps of a candidate's program (its
+seeds are vmapped into one program; ``cconv.advisor.api`` sets ``budget_steps = B x max_steps``,
+B in units of one full dense run).  ``T_0`` is the largest time whose halving rungs fit in
+``halving_share`` of the budget under the worst case (the candidates with the most steps survive
+longest); what the halving leaves is the finalists'.  The race never trains a step past the
+budget: a rung that would is cut to the steps that fit.
+
+We write these lines rather than use Optuna's ``SuccessiveHalvingPruner``: Optuna prunes one
+trial at a time against rungs measured in steps it is told, with no notion of a per-candidate
+time per step, of candidates whose seeds are one program, or of a global step budget; its
+pruner would hold the ordering logic only, which is the five lines of ``order`` below.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+
+from cconv.advisor.extrapolate import Curve, first_crossing
+from cconv.advisor.target import Target
+
+ETA, FINALISTS, HALVING_SHARE, MIN_STEPS = 2, 2, 0.5, 8
+
+
+class Arm(NamedTuple):
+    """A candidate in the race: its name and seconds per step on the target cluster."""
+
+    name: str
+    step_s: float
+
+
+class Observation(NamedTuple):
+    """What training an arm to some step showed: its curve so far and whether it diverged (with
+    the divergence rule's reason)."""
+
+    curve: Curve
+    steps: int  # steps trained so far
+    diverged: str | None = None
+
+
+class Standing(NamedTuple):
+    """An arm after the race: how far it got and why it stopped."""
+
+    arm: Arm
+    steps: int
+    curve: Curve | None
+    status: str  # reached | diverged | pruned | missed (all max_steps, not reached) | finalist (budget ran out)
+    reached_at: float = math.nan  # steps to target (first crossing), when reached
+    rung: int = 0  # the last rung it ran in
+    diverged: str | None = None
+
+    @property
+    def time_to_target(self) -> float:
+        return self.reached_at * self.arm.step_s
+
+
+class Rung(NamedTuple):
+    time_s: float
+    steps: dict  # arm name -> steps trained by the rung's end
+    kept: tuple  # arm names that go on
+
+
+class Race(NamedTuple):
+    standings: list
+    rungs: list
+    spent: int  # training steps spent (program steps)
+    budget: int
+
+
+def rung_counts(n: int, eta: int = ETA, finalists: int = FINALISTS) -> list[int]:
+    """Arms in each halving rung: n, ceil(n / eta), ... down to ``finalists`` (at least one rung)."""
+    out = [n]
+    while out[-1] > finalists:
+        out.append(max(finalists, math.ceil(out[-1] / eta)))
+    return out
+
+
+def steps_at(arm: Arm, t: float, max_steps: int, min_steps: int = MIN_STEPS) -> int:
+    return int(min(max_steps, max(min_steps, math.ceil(t / arm.step_s - 1e-9))))
+
+
+def halving_cost(arms: list[Arm], t0: float, max_steps: int, eta: int = ETA, finalists: int = FINALISTS) -> int:
+    """Worst-case steps of the halving rungs started at ``t0``: the arms with the most steps at
+    each rung are the ones that survive to it."""
+    counts = rung_counts(len(arms), eta, finalists)
+    total, prev = 0, {a.name: 0 for a in arms}
+    for r, n in enumerate(counts):
+        t = t0 * eta**r
+        cost = sorted(((steps_at(a, t, max_steps) - prev[a.name], a) for a in arms), key=lambda x: -x[0])[:n]
+        for c, a in cost:
+            total += c
+            prev[a.name] += c
+    return total
+
+
+def first_time(arms: list[Arm], budget: int, max_steps: int, eta: int = ETA, finalists: int = FINALISTS) -> float:
+    """The largest T_0 whose worst-case halving cost fits ``budget`` steps (bisection in log T_0)."""
+    fastest = min(a.step_s for a in arms)
+    lo, hi = fastest * 1e-3, max(a.step_s for a in arms) * max_steps * 2
+    if halving_cost(arms, lo, max_steps, eta, finalists) > budget:
+        return lo
+    for _ in range(60):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if halving_cost(arms, mid, max_steps, eta, finalists) <= budget else (lo, mid)
+    return lo
+
+
+def gap_score(curve: Curve, target: Target) -> float:
+    """Mean log gap of the seed-mean curve over its last two logged points (smaller: closer)."""
+    m = np.nanmean(np.asarray(curve.values, np.float64).reshape(-1, len(curve.steps)), 0)
+    g = np.maximum(target.gap(m[-2:]), 1e-12)
+    return float(np.mean(np.log(g)))
+
+
+def order(standings: list[Standing], target: Target) -> list[Standing]:
+    """Reached (by time to target) before not reached (by gap at the rung's end); diverged last."""
+
+    def key(s: Standing):
+        if s.status == "diverged":
+            return (2, 0.0)
+        if s.status == "reached":
+            return (0, s.time_to_target)
+        return (1, gap_score(s.curve, target)) if s.curve is not None else (1, math.inf)
+
+    return sorted(standings, key=key)
+
+
+def _advance(s: Standing, steps: int, observe, target: Target, rung: int) -> tuple[Standing, int]:
+    """Train ``s`` to ``steps``; (its new standing, steps spent)."""
+    if s.status in ("reached", "diverged") or steps <= s.steps:
+        return s, 0
+    ob = observe(s.arm.name, steps)
+    spent = ob.steps - s.steps
+    if ob.diverged is not None:
+        return s._replace(steps=ob.steps, curve=ob.curve, status="diverged", rung=rung, diverged=ob.diverged), spent
+    mean = np.nanmean(np.asarray(ob.curve.values, np.float64).reshape(-1, len(ob.curve.steps)), 0)
+    hit = first_crossing(ob.curve.steps, mean, target)
+    if hit is not None:
+        return s._replace(steps=ob.steps, curve=ob.curve, status="reached", reached_at=hit[0], rung=rung), spent
+    return s._replace(steps=ob.steps, curve=ob.curve, status="running", rung=rung), spent
+
+
+def _best_time(standings: list[Standing]) -> float:
+    return min((s.time_to_target for s in standings if s.status == "reached"), default=math.inf)
+
+
+def race(
+    arms: list[Arm],
+    observe: Callable[[str, int], Observation],
+    target: Target,
+    max_steps: int,
+    budget: int,
+    eta: int = ETA,
+    finalists: int = FINALISTS,
+    halving_share: float = HALVING_SHARE,
+) -> Race:
+    """Successive halving by simulated time, then the finalists to the target (module docstring)."""
+    st = {a.name: Standing(a, 0, None, "unrun") for a in arms}
+    counts = rung_counts(len(arms), eta, finalists)
+    t0 = first_time(arms, int(budget * halving_share), max_steps, eta, finalists)
+    spent, rungs, alive = 0, [], [a.name for a in arms]
+    r, t = 0, t0
+    while alive:
+        for name in alive:
+            want = min(steps_at(st[name].arm, t, max_steps), st[name].steps + max(budget - spent, 0))
+            st[name], used = _advance(st[name], want, observe, target, r)
+            spent += used
+        best = _best_time(list(st.values()))
+        for n in alive:
+            if st[n].status == "running" and st[n].steps >= max_steps:
+                st[n] = st[n]._replace(status="missed")  # the whole step budget, target not reached
+        running = [n for n in alive if st[n].status == "running" and st[n].steps * st[n].arm.step_s < best]
+        keep_n = counts[r + 1] if r + 1 < len(counts) else finalists
+        kept = [s.arm.name for s in order([st[n] for n in running], target)][:keep_n]
+        for n in alive:
+            if st[n].status == "running" and n not in kept:
+                st[n] = st[n]._replace(status="pruned")
+        rungs.append(Rung(t, {n: st[n].steps for n in alive}, tuple(kept)))
+        alive = kept
+        if spent >= budget:
+            break
+        r, t = r + 1, t * eta
+    for n in alive:  # still running when the budget ran out
+        st[n] = st[n]._replace(status="finalist")
+    return Race(list(st.values()), rungs, spent, budget)

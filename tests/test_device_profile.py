@@ -1,0 +1,92 @@
+"""``cconv calibrate --out FILE`` and ``cconv plan --device-profile FILE`` (cconv.theory.device_profile):
+the profile's content is checked, written only over a profile, and changes the plan as documented."""
+
+import json
+
+import pytest
+
+from cconv.theory import cluster as CL
+from cconv.theory import device_profile as DP
+from cconv.theory import predict as PR
+from cconv.theory import profiles as P
+
+PROFILE = {
+    "kind": DP.KIND,
+    "version": DP.VERSION,
+    "device": {"name": "toy", "flops": 1e12, "mem_bw": 1e10, "launch_s": 1e-5},
+    "compressors": {"topk": [{"d": 1000, "compress_x": 3.0, "decompress_x": 1.0}]},
+}
+
+
+def test_profile_changes_the_plan_as_documented():
+    """Compute = FLOPs / the profile's FLOP/s; the fused compress/decompress of a layer of d elements
+    = its measured multiple x 4 d / the profile's bandwidth + the profile's launch cost (x P decodes
+    after top-k's all-gather)."""
+    device, bench = DP.parse(PROFILE)
+    c = CL.parse("4x1", "NVLink", "10GbE", device)
+    prof = P.get("resnet50")
+    (row,) = PR.predict(c, "resnet50", ["topk"], sweep={"ratio": [0.01]}, bench=bench)
+    assert row.compute_s == pytest.approx((prof.fwd_flops + prof.bwd_flops) / 1e12)
+    n = len(prof.layers)
+    floors = 4 * prof.params / 1e10
+    assert row.compress_s == pytest.approx(3.0 * floors + n * 1e-5 + 4 * 1.0 * floors + n * 1e-5)
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({**PROFILE, "kind": "x"}, "not a cconv device profile"),
+        ({**PROFILE, "version": 9}, "version 9"),
+        ({**PROFILE, "device": {"name": "t", "flops": -1, "mem_bw": 1, "launch_s": 1}}, "flops must be a finite"),
+        ({**PROFILE, "compressors": {"nope": [{"d": 1, "compress_x": 1, "decompress_x": 1}]}}, "not a registered"),
+        ({**PROFILE, "compressors": {"topk": [{"d": 1, "compress_x": float("nan"), "decompress_x": 1}]}}, "finite"),
+    ],
+)
+def test_bad_profiles_are_one_line_errors(bad, match):
+    with pytest.raises(ValueError, match=match):
+        DP.parse(bad)
+
+
+def test_write_replaces_only_a_profile(tmp_path):
+    out = tmp_path / "p.json"
+    DP.write(str(out), PROFILE)
+    assert DP.load(str(out))[0].flops == 1e12
+    DP.write(str(out), {**PROFILE, "device": {**PROFILE["device"], "flops": 2e12}})  # a profile: replaced
+    assert DP.load(str(out))[0].flops == 2e12
+    other = tmp_path / "notes.json"
+    other.write_text('{"mine": 1}')
+    with pytest.raises(ValueError, match="not a cconv device profile; not overwriting"):
+        DP.write(str(other), PROFILE)
+    assert json.loads(other.read_text()) == {"mine": 1}
+
+
+def test_plan_refuses_a_profile_beside_device_or_without_cluster(tmp_path, capsys):
+    from cconv.theory import plan_cli
+
+    out = tmp_path / "p.json"
+    DP.write(str(out), PROFILE)
+    base = ["--workload", "resnet50", "--methods", "none"]
+    assert plan_cli.main([*base, "--cluster", "2x1", "--device", "v100", "--device-profile", str(out)]) == 2
+    assert "--device or --device-profile, not both" in capsys.readouterr().err
+    assert plan_cli.main([*base, "--workers", "2", "--network", "10GbE", "--device-profile", str(out)]) == 2
+    assert "--device-profile need(s) --cluster" in capsys.readouterr().err
+    assert plan_cli.main([*base, "--cluster", "2x1", "--device-profile", str(out)]) == 0
+    assert "device toy: 1e+12 FLOP/s" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_calibrate_measures_and_plan_reads_it(tmp_path, capsys):
+    from cconv import cli
+
+    out = tmp_path / "prof.json"
+    argv = ["calibrate", "--out", str(out), "--methods", "topk,signsgd", "--sizes", "1000,4000", "--repeats", "2"]
+    assert cli.main(argv) == 0
+    device, bench = DP.load(str(out))
+    assert device.flops > 0 and device.mem_bw > 0 and device.launch_s > 0
+    assert set(bench) == {"topk", "signsgd"} and all(len(r) == 2 for r in bench.values())
+    capsys.readouterr()
+    plan = ["plan", "--workload", "resnet50", "--cluster", "2x1", "--methods", "none,topk", "--ratios", "0.01"]
+    assert cli.main([*plan, "--device-profile", str(out)]) == 0
+    assert f"device {device.name}: {device.flops:.3g} FLOP/s" in capsys.readouterr().out
+    assert cli.main(["calibrate", "--out", str(out), "--sizes", "10"]) == 2  # bad input: the old profile stays
+    assert DP.load(str(out))[0] == device

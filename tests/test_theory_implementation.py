@@ -1,0 +1,179 @@
+"""Compression cost by implementation (cconv.theory.implementation): each cost term against
+hand-computed values, the facts on the registry entries, and PowerSGD planned from tensor shapes."""
+
+import math
+
+import pytest
+
+from cconv import compressors as C
+from cconv.theory import cluster as CL
+from cconv.theory import implementation as IM
+from cconv.theory import planner as PL
+from cconv.theory import predict as PR
+from cconv.theory import profiles as P
+from cconv.theory.devices import Device
+from cconv.theory.schedule import compress as CC
+
+# round numbers: a read floor of n elements is 4n / 1e9 s, one op 10 us, a sort 10 floors, staging 1 GB/s
+DEV = Device("toy", 1e12, 1e9, 5e-6)
+IMPL = IM.Implementation("toy", True, op_s=1e-5, sort_passes=10.0, host_bw=1e9)
+
+
+def test_decodes_per_collective():
+    assert IM.decodes("allgather", 8) == 8
+    assert IM.decodes("recursive_doubling", 8) == 3
+    assert IM.decodes("recursive_doubling", 5) == 3  # ceil(log2 5)
+    assert IM.decodes("recursive_doubling", 1) == 1
+    assert IM.decodes("allreduce", 8) == 1
+
+
+def test_selection_costs_in_read_floors():
+    floor = 4 * 1000 / 1e9
+    assert IM.select_s(None, 1000, IMPL, DEV) == 0.0
+    assert IM.select_s("sort", 1000, IMPL, DEV) == pytest.approx(10 * floor)
+    assert IM.select_s("radix", 1000, IMPL, DEV) == pytest.approx(5 * floor)  # 4 digit passes + 1
+    assert IM.select_s("compare", 1000, IMPL, DEV) == pytest.approx(floor)
+    assert IM.select_s("sample", 1000, IMPL, DEV) == pytest.approx(floor)
+    with pytest.raises(ValueError, match="unknown selection"):
+        IM.select_s("bogosort", 1000, IMPL, DEV)
+
+
+def test_topk_compress_and_decompress_by_hand():
+    """top-k's facts: 5 ops, 2 passes, a framework sort; decode 3 ops and 1 pass per payload."""
+    c = C.get("topk", ratio=0.01)
+    floor = 4 * 1000 / 1e9
+    assert IM.compress_s(c, (10, 100), IMPL, DEV) == pytest.approx(5 * 1e-5 + 2 * floor + 10 * floor)
+    assert IM.decompress_s(c, (1000,), IMPL, DEV, 4) == pytest.approx(4 * (3 * 1e-5 + 1 * floor))
+
+
+def test_powersgd_matmuls_by_hand():
+    """P = M Q and Q = M^T P (2 n m r each), Gram-Schmidt 2 n r^2; decode P Q^T (2 n m r); vectors
+    are sent dense (no FLOPs)."""
+    c = C.get("powersgd", rank=2)
+    n, m, r = 64, 32, 2
+    floor = 4 * n * m / 1e9
+    comp = 6 * 1e-5 + 1 * floor + (4 * n * m * r + 2 * n * r * r) / 1e12
+    assert IM.compress_s(c, (n, m), IMPL, DEV) == pytest.approx(comp)
+    assert IM.decompress_s(c, (n, m), IMPL, DEV, 1) == pytest.approx(3 * 1e-5 + floor + 2 * n * m * r / 1e12)
+    assert IM.compress_s(c, (64,), IMPL, DEV) == pytest.approx(6 * 1e-5 + 4 * 64 / 1e9)
+
+
+def test_host_staging_by_hand():
+    assert IM.staging_s(IMPL, "allgather", 1e6, 8) == pytest.approx((1e-3, 8e-3))  # P payloads come back
+    assert IM.staging_s(IMPL, "allreduce", 1e6, 8) == pytest.approx((1e-3, 1e-3))  # their sum comes back
+    assert IM.staging_s(IM.get("per-tensor"), "allgather", 1e6, 8) == (0.0, 0.0)  # stays on the GPU
+
+
+def test_unpacked_codes_in_framework_implementations():
+    """A framework tensor has no sub-byte dtype: signSGD's signs travel as bools (1 byte each)."""
+    c = C.get("signsgd")
+    wire = float(c.wire_bytes((1000,), "float32"))
+    assert wire == 125
+    assert IM.message_bytes(c, (1000,), wire, IM.get("fused")) == 125
+    assert IM.message_bytes(c, (1000,), wire, IM.get("per-tensor")) == 1000
+    topk = C.get("topk", ratio=0.1)  # values and indices: already whole words
+    w = float(topk.wire_bytes((1000,), "float32"))
+    assert IM.message_bytes(topk, (1000,), w, IM.get("mpi")) == w
+
+
+def test_layer_cost_sums_its_tensors_and_stages_the_dense_gradient():
+    table = PL.all_methods()
+    shapes = ((10, 100), (100,))
+    d = 1100
+    floor = lambda n: 4 * n / 1e9  # noqa: E731
+    c = C.get("topk", ratio=0.01)
+    lc = CC.layer_cost("l", 0.0, 0.0, d, table["topk"], c, 4, DEV, {}, shapes, IMPL)
+    wires = [float(c.wire_bytes(s, "float32")) for s in shapes]
+    comp = sum(5 * 1e-5 + 12 * floor(math.prod(s)) + w / 1e9 for s, w in zip(shapes, wires))
+    dec = sum(4 * (3 * 1e-5 + floor(math.prod(s))) + 4 * w / 1e9 for s, w in zip(shapes, wires))
+    assert (lc.kind, lc.nbytes) == ("allgather", sum(wires))
+    assert lc.compress_s == pytest.approx(comp)
+    assert lc.decompress_s == pytest.approx(dec)
+    ident = C.get(PL.identity_name())
+    dense = CC.layer_cost("l", 0.0, 0.0, d, table[PL.identity_name()], ident, 4, DEV, {}, shapes, IMPL)
+    assert (dense.compress_s, dense.decompress_s) == pytest.approx((4 * d / 1e9, 4 * d / 1e9))
+    fused = CC.layer_cost("l", 0.0, 0.0, d, table[PL.identity_name()], ident, 4, DEV, {}, shapes, "fused")
+    assert (fused.compress_s, fused.decompress_s) == (0.0, 0.0)
+
+
+def test_unknown_implementation_is_one_line():
+    with pytest.raises(ValueError, match="unknown implementation 'gpu'; valid: fused, per-tensor, mpi"):
+        IM.get("gpu")
+
+
+def test_registry_refuses_a_bad_cost():
+    entry = C.entry("signsgd")._replace(cost=C.Cost(select="quickselect"))
+    with pytest.raises(ValueError, match="cost must be a Cost"):
+        C.register("signsgd-bad-cost", entry)
+
+
+def test_every_registered_compressor_has_cost_facts():
+    for e in C.entries():
+        assert isinstance(e.cost, C.Cost) and e.cost.compress_ops >= 0 and e.cost.decompress_passes >= 0
+
+
+def test_profiles_carry_tensor_shapes_that_add_up():
+    for name in P.names():
+        prof = P.get(name)
+        assert all(lay.shapes for lay in prof.layers), name
+        assert sum(math.prod(s) for lay in prof.layers for s in lay.shapes) == prof.params
+    assert len([s for lay in P.get("resnet50").layers for s in lay.shapes]) == 161  # torchvision's tensors
+    with pytest.raises(ValueError, match="its shapes hold 6 elements, not grad_bytes / 4"):
+        P.layer("x", 1.0, 2.0, 4 * 7, ((2, 3),))
+
+
+@pytest.mark.slow
+def test_powersgd_is_planned_per_tensor_on_a_cluster():
+    """Issue 33's done-when: every row, PowerSGD included, with its rank-r traffic and its matmuls."""
+    c = CL.parse("8x1", "NVLink", "10GbE", "v100")
+    rows = PR.predict(c, "resnet50", ["none", "topk", "powersgd"], sweep={"ratio": [0.01], "rank": [1, 4]})
+    by = {(r.method, r.setting): r for r in rows}
+    dense = by[("none", "-")]
+    r1, r4 = by[("powersgd", "rank=1")], by[("powersgd", "rank=4")]
+    assert r1.bytes < r4.bytes < dense.bytes / 50
+    slow = PR.predict(c, "resnet50", ["topk", "powersgd"], sweep={"ratio": [0.01], "rank": [1]}, implementation="mpi")
+    fast = {r.method: r for r in rows}
+    for r in slow:  # op by op through the host is slower than cconv's fused program
+        assert r.compress_s > fast[r.method].compress_s
+
+
+@pytest.mark.slow
+def test_plan_cli_done_when_command(capsys):
+    import json
+
+    from cconv.theory import plan_cli
+
+    argv = "--workload resnet50 --cluster 8x1 --network 10GbE --device v100 --implementation per-tensor "
+    argv += "--methods none,topk,randomk,signsgd,powersgd --json"
+    assert plan_cli.main(argv.split()) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["method"] for r in rows} == {"none", "topk", "randomk", "signsgd", "powersgd"}
+    assert all(r["implementation"] == "per-tensor" for r in rows)
+
+
+@pytest.mark.slow
+def test_docs_example_and_constants_are_the_models(capsys):
+    """docs/clusters.md's per-tensor example is what the command prints, its constants table and
+    its claims about the fused run come from the code."""
+    import pathlib
+    import re
+
+    from cconv.theory import plan_cli
+
+    doc = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "clusters.md").read_text()
+    block = re.search(r"\$ cconv plan --workload resnet50 --cluster 8x1 (.*?)\n```", doc, re.S).group(1)
+    command, _, printed = block.partition("\n")
+    command += " " + printed.split("\n", 1)[0]  # the command's continuation line
+    printed = printed.split("\n", 1)[1]
+    argv = ("--workload resnet50 --cluster 8x1 " + command.replace("\\", " ")).split()
+    assert plan_cli.main(argv) == 0
+    assert capsys.readouterr().out.strip() == printed.strip()
+    for text in (f"{IM.OP_S * 1e6:.1f} us", f"| {IM.SORT_PASSES:.0f} |", f"{IM.HOST_BW / 1e9:.2f} GB/s"):
+        assert text in doc
+    c = CL.parse("8x1", "NVLink", "10GbE", "v100")
+    fused = PR.predict(
+        c, "resnet50", ["none", "topk", "randomk", "signsgd", "powersgd"], sweep={"ratio": [0.01], "rank": [1]}
+    )
+    scal = {r.method: round(r.scaling_factor, 2) for r in fused}
+    lo, hi = min(v for k, v in scal.items() if k != "none"), max(v for k, v in scal.items() if k != "none")
+    assert f"scaling {lo:.2f}-{hi:.2f} against {scal['none']:.2f}" in " ".join(doc.split())
