@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from cconv.compressors.base import Compressor
-from cconv.compressors.eden import ROTATION_X, quantizer, wire_bytes
+from cconv.compressors.eden import COST, ROTATION_X, quantizer, wire_bytes
 from cconv.compressors.oracle import flat64
 from cconv.compressors.registry import Bench, Bound, Entry, Param, Schema, Theory, register
 from cconv.compressors.rotation import padded
@@ -69,5 +69,6 @@ drive = register(
         label="DRIVE",
         cases=({}, {"unbiased": False}),
         bench=Bench(target_x=ROTATION_X),
+        cost=COST,  # EDEN's at b = 1: one threshold comparison per coordinate
     ),
 )

@@ -44,7 +44,7 @@ import numpy as np
 from cconv.compressors import rotation
 from cconv.compressors.base import Array, Compressor, check_float, like_info, safe_div, size_of, stateless_init
 from cconv.compressors.packing import pack_bits, packed_size, unpack_bits
-from cconv.compressors.registry import Bench, Bound, Entry, Knob, Param, Schema, Theory, register
+from cconv.compressors.registry import Bench, Bound, Cost, Entry, Knob, Param, Schema, Theory, register
 
 KEY_BYTES = 8  # the sender's raw uint32[2] key
 
@@ -119,6 +119,25 @@ THEORY = Theory(wire_bytes=wire_bytes, bound=bound)
 ROTATION_X = 6.0 * rotation.passes(10**6) + 8.0
 
 
+def transform_flops(shape) -> float:
+    """Additions of one fast Walsh-Hadamard transform of the padded tensor: D log2 D."""
+    n = rotation.padded(size_of(shape))
+    return float(n * max(n.bit_length() - 1, 0))
+
+
+# The time model's facts (``cconv.theory.implementation``): pad and sign flips (2 passes), the
+# transform's stages (2 ceil(log2(D) / 4) passes, read and write: 10 at d ~ 10^6, the model's
+# reference; its D log2 D additions are ``flops``), the norm and the inner product (2), the
+# packing (1); the 2^b - 1 threshold comparisons per coordinate are flops too.  Decode: unpack and
+# table lookup (2), the transform (10), sign flips and the slice (2).
+ROTATION_COST = dict(compress_ops=12, compress_passes=15.0, decompress_ops=10, decompress_passes=14.0)
+COST = Cost(
+    **ROTATION_COST,
+    flops=lambda c, shape: transform_flops(shape) + ((1 << c.hparams.get("bits", 1)) - 1) * size_of(shape),
+    decompress_flops=lambda c, shape: transform_flops(shape),
+)
+
+
 def _eden(bits: int = 2, unbiased: bool = True) -> Compressor:
     return quantizer(bits, unbiased, "eden")
 
@@ -139,5 +158,6 @@ eden = register(
         label="EDEN",
         cases=({}, {"bits": 1, "unbiased": False}, {"bits": 3}, {"bits": 4, "unbiased": False}),
         bench=Bench(hparams=lambda ratio: {"bits": 2}, target_x=ROTATION_X),
+        cost=COST,
     ),
 )

@@ -56,9 +56,15 @@ from cconv.compressors.base import (
 )
 from cconv.compressors.oracle import flat64
 from cconv.compressors.packing import pack_bits, packed_size, row, sum_rows, unpack_bits
-from cconv.compressors.registry import Bench, Bound, Entry, Knob, Param, Schema, Theory, register
+from cconv.compressors.registry import Bench, Bound, Cost, Entry, Knob, Param, Schema, Theory, register
 
 TABLES = ("uniform", "table")
+
+
+def _transform_flops(shape) -> float:
+    """D log2 D additions of one fast Walsh-Hadamard transform of the padded tensor."""
+    n = rotation.padded(size_of(shape))
+    return float(n * max(n.bit_length() - 1, 0))
 
 
 class THCPayload(NamedTuple):
@@ -266,5 +272,18 @@ thc = register(
         # two rotations to compress, one to decode: 1.5 per side on average, each ~6 read floors
         # per pass (see eden.ROTATION_X); measured at d = 10^6: compress 74x, decompress 29x
         bench=Bench(hparams=lambda ratio: {"bits": 4}, target_x=1.5 * 6.0 * rotation.passes(10**6) + 8.0),
+        # two rotations to compress (the agreed range's statistic, then the quantization: 2 x 12
+        # passes at d ~ 10^6 as eden.ROTATION_COST, plus the max, the rounding and the packing: 4),
+        # the transforms' D log2 D additions and the b-step table search as flops.  Decode: each
+        # gathered payload is unpacked, looked up and added as integers (3 passes per payload); the
+        # one inverse rotation of the sum is the decompress flops (counted once per call)
+        cost=Cost(
+            compress_ops=22,
+            compress_passes=28.0,
+            decompress_ops=4,
+            decompress_passes=3.0,
+            flops=lambda c, shape: 2 * _transform_flops(shape) + c.hparams["bits"] * size_of(shape),
+            decompress_flops=lambda c, shape: _transform_flops(shape),
+        ),
     ),
 )
