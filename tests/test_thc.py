@@ -92,3 +92,17 @@ def test_lookup_table_lowers_the_error_at_three_and_four_bits():
     err = {(b, t): K.error_ratio(C.get("thc", bits=b, table=t), x) for b in (2, 3, 4) for t in ("uniform", "table")}
     assert err[(3, "table")] < 0.8 * err[(3, "uniform")] and err[(4, "table")] < 0.7 * err[(4, "uniform")], err
     assert err[(2, "table")] == pytest.approx(err[(2, "uniform")], rel=1e-9)
+
+
+def test_planner_moves_the_codes_not_one_float_per_tensor():
+    """``cconv plan`` plans an ``intsum`` method (THC, TernGrad's shared scaler) as a gather of its
+    payload: for a fused 2^20-element gradient, ceil(D b / 8) + 4 bytes per worker (it planned only
+    the float32 range, 4 bytes, as an all-reduce before)."""
+    from cconv.theory import network as N
+    from cconv.theory import planner as PL
+    from cconv.theory import workloads as W
+
+    w = W.Workload("toy", 2**20, 1e6, 1, ((2**10, 2**10),))
+    p = PL.plan(w, 8, N.Network("t", 0.0, 1e-9), 1e12, sweep={"bits": [4]}, methods=["thc"])
+    (row,) = p.rows
+    assert row.payload_bytes == 2**20 * 4 // 8 + 4
