@@ -85,6 +85,7 @@ CASES += [
     ("stc-golomb", dict(compressor=C.stc(ratio=0.1, positions="golomb"), memory="ef"), 0),
     ("dgc-golomb-ps", dict(compressor=C.dgc(ratio=0.1, positions="golomb"), architecture="parameter-server"), 0),
     ("dgc-golomb", dict(compressor=C.dgc(ratio=0.1, positions="golomb"), memory="dgc"), 0),
+    ("topk-ef21", dict(compressor=C.topk(ratio=0.1), memory="ef21"), 0),  # EF21's update: g + average
     ("terngrad-shared", dict(compressor=C.terngrad(shared_scale=True)), 0),
     ("terngrad-shared-ps", dict(compressor=C.terngrad(shared_scale=True), architecture="parameter-server"), 0),
     ("fused-filter", dict(compressor=C.topk(ratio=0.1), memory="ef", granularity="fused", compress_vectors=False), 0),

@@ -106,5 +106,9 @@ def test_shared_scale_codes_sum_as_integers(name, hp, workers):
     unpacked, packed = _both(bound, stacked, like)
     np.testing.assert_allclose(packed, unpacked, rtol=2e-6, atol=1e-6 * float(np.max(np.abs(unpacked))))
     levels = jax.vmap(lambda p: c.agree.levels(p, like).astype(jnp.int32))(stacked).sum(0)
-    value = np.asarray(c.agree.level_value(agreed))
-    np.testing.assert_array_equal(packed, (value * np.asarray(levels, np.float32)).reshape(SHAPE))
+    # decoded once from the summed levels: level_value * levels, or the agreement's own decode
+    # (THC: one inverse rotation of the summed levels)
+    np.testing.assert_array_equal(packed, np.asarray(c.agree.decode_sum(levels, agreed, like)))
+    if c.agree.decode is None:
+        value = np.asarray(c.agree.level_value(agreed))
+        np.testing.assert_array_equal(packed, (value * np.asarray(levels, np.float32)).reshape(SHAPE))

@@ -359,6 +359,9 @@ class IntSum(_Method):
 
         sum_w decompress(payload_w) = level_value(s) * sum_w levels(payload_w)
 
+    or, for levels in another basis, the agreement's ``decode(sum_w levels_w, s, like)`` (THC:
+    levels of a shared rotation, inverted once after the sum; ``Agreement.decode_sum``).
+
     Per unit, the levels are summed exactly as small integers by one ring all-reduce (all
     such units in one call) when that moves fewer bytes than gathering the payloads
     (``sum_dtype``, decided statically from P, d and the payload size), else the payloads are
@@ -393,20 +396,19 @@ class IntSum(_Method):
         payloads, states, coders, agreed = self._compress(comm, plan, units, state, key)
         agree = plan.comp.agree
         ring = plan.transport.name == AllToAll.name
+        levels = [agree.levels(p, u) for p, u in zip(payloads, units)]
         dts = [
-            self.sum_dtype(comm.size, u.size, agree.level_max, payload_bytes(p)) if ring else None
-            for p, u in zip(payloads, units)
+            self.sum_dtype(comm.size, lv.size, agree.level_max, payload_bytes(p)) if ring else None
+            for p, lv in zip(payloads, levels)
         ]
-        levels = [agree.levels(p, u).astype(dt) for p, u, dt in zip(payloads, units, dts) if dt is not None]
+        levels = [lv.astype(dt) for lv, dt in zip(levels, dts) if dt is not None]
         summed = iter(comm.allreduce(levels, integers=True))
         rest = [j for j, dt in enumerate(dts) if dt is None]
         pick = lambda xs: [xs[j] for j in rest]
         gathered = _per_coder(plan.transport.gather, comm, pick(coders), pick(payloads), pick(units)) if rest else []
         gathered = iter(gathered)
         totals = [
-            next(gathered)
-            if dt is None
-            else (next(summed).astype(jnp.float32) * agree.level_value(agreed[j])).reshape(u.shape).astype(u.dtype)
+            next(gathered) if dt is None else agree.decode_sum(next(summed), agreed[j], u)
             for j, (u, dt) in enumerate(zip(units, dts))
         ]
         return self._reply(comm, plan, self.average(comm, plan, totals), units, states, state, key)

@@ -27,6 +27,8 @@ from cconv.compressors.base import (
 )
 from cconv.compressors.casts import bf16, fp16
 from cconv.compressors.dgc import dgc
+from cconv.compressors.drive import drive
+from cconv.compressors.eden import eden
 from cconv.compressors.identity import IDENTITY, identity
 from cconv.compressors.natural import natural
 from cconv.compressors.onebit import onebit
@@ -55,6 +57,7 @@ from cconv.compressors.scaled_sign import scaled_sign
 from cconv.compressors.signsgd import signsgd
 from cconv.compressors.stc import stc
 from cconv.compressors.terngrad import terngrad
+from cconv.compressors.thc import thc
 from cconv.compressors.threshold import threshold
 from cconv.compressors.topk import topk
 

@@ -258,6 +258,9 @@ class Agreement(NamedTuple):
                  sum_w decompress(payload_w) = level_value(agreed) * sum_w levels(payload_w)
     level_max    the largest |level| (1 for ternary codes)
     level_value  agreed statistic -> the value of level 1 (float32)
+    decode       None, or (summed levels, agreed, like) -> sum_w decompress(payload_w), for
+                 levels in another basis than the tensor's (THC: a shared rotation, inverted
+                 once after the sum); None: level_value(agreed) * summed levels, reshaped
     """
 
     statistic: Callable[[Array], Array]
@@ -266,6 +269,14 @@ class Agreement(NamedTuple):
     levels: Callable[[Payload, Any], Array] | None = None
     level_max: int = 0
     level_value: Callable[[Array], Array] | None = None
+    decode: Callable[[Array, Array, Any], Array] | None = None
+
+    def decode_sum(self, summed: Array, agreed: Array, like) -> Array:
+        """sum_w decompress(payload_w) from the summed integer levels (``decode``, or
+        level_value(agreed) * summed in like's shape and dtype)."""
+        if self.decode is not None:
+            return self.decode(summed, agreed, like)
+        return (summed.astype(jnp.float32) * self.level_value(agreed)).reshape(like.shape).astype(like.dtype)
 
 
 class EmptyState(NamedTuple):

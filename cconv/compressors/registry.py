@@ -207,7 +207,9 @@ class Bound(NamedTuple):
 
     kind   "unbiased": E[C(x)] = x and E||C(x) - x||^2 <= omega ||x||^2
            "contractive": E||C(x) - x||^2 <= (1 - delta) ||x||^2 with delta > 0
-           "biased": neither; delta = 0 when C is only non-expansive, None when even that fails
+           "biased": neither; delta = 0 when C is only non-expansive, None when even that fails;
+           ``omega``, when given, bounds E||C(x) - x||^2 <= omega ||x||^2 all the same (a bounded
+           error, e.g. DRIVE's unbiased scale under a Hadamard rotation: scaled to the gradient)
     tight  the worst case is attained (or is the exact supremum), else a valid bound
     """
 

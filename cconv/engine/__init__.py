@@ -7,7 +7,8 @@
     state, metrics = trainer.step(state, batch, key)
 
 Inside your own ``jax.shard_map`` / ``pmap`` / ``vmap`` loop, ``Exchange`` and ``as_optax``
-(``cconv.engine.dropin``) give the same compressed exchange.
+(``cconv.engine.dropin``) give the same compressed exchange; ``onebit_adam``
+(``cconv.engine.onebit_adam``) is 1-bit Adam, an optax optimizer that communicates its momentum.
 
 See ``EngineConfig`` for every option and docs/engine.md ("Python API").  Aggregation methods and
 transports are objects in ``cconv.comm.aggregation``, memories in ``cconv.memory``, launchers in
@@ -32,6 +33,7 @@ from cconv.engine.config import (
 )
 from cconv.engine.dropin import Exchange, as_optax
 from cconv.engine.launchers import Launcher
+from cconv.engine.onebit_adam import onebit_adam
 from cconv.engine.step import WorkerState, worker_step
 from cconv.engine.sync import SYNC_MODES, SyncMode
 from cconv.engine.timing import Stragglers
@@ -58,6 +60,7 @@ __all__ = [
     "Launcher",
     "Exchange",
     "as_optax",
+    "onebit_adam",
     "SYNC_MODES",
     "SyncMode",
     "Stragglers",

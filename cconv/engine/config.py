@@ -90,8 +90,10 @@ class EngineConfig:
     compressor         a ``Compressor`` or a registered name (None: no compression)
     memory             a key of ``MEMORIES``: none, ef (error feedback) or dgc (DGC's momentum
                        correction + masking; the optimizer must then be plain SGD: the momentum
-                       lives in the memory)
-    momentum, masking  DGC memory's momentum factor and momentum-factor masking
+                       lives in the memory), ef21 / ef21_sgdm (EF21: compress the change of each
+                       worker's gradient estimate; the update is the server's estimate)
+    momentum, masking  DGC memory's momentum factor and momentum-factor masking (momentum is
+                       EF21-SGDM's beta = 1 - eta)
     ef_scale           error feedback's input scale a in (0, 1]: the compressor sees a (g + e);
                        1/(1 + omega) makes an unbiased compressor with variance factor omega a
                        delta-contraction (``cconv.memory.error_feedback``); 1: plain EF

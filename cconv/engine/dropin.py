@@ -109,7 +109,8 @@ class Exchange:
     PowerSGD) over all-to-all collectives or a parameter server.
 
     compressor         a ``Compressor`` or a registered name (None: no compression)
-    memory             "none" | "ef" | "dgc" (``cconv.memory.MEMORIES``); ``momentum``, ``masking``
+    memory             "none" | "ef" | "dgc" | "ef21" | "ef21_sgdm" (``cconv.memory.MEMORIES``);
+                       ``momentum`` (DGC's, or EF21-SGDM's beta), ``masking``
     axis_name          the worker axis of the surrounding shard_map / pmap / vmap
     workers            P; None: the bound axis size (checked against it when given)
     collective, vote, granularity, min_compress_size, compress_vectors, architecture,

@@ -124,6 +124,15 @@ def average(comm, plan: Plan, tree):
     return plan.transport.mean(comm, tree)
 
 
+def _deliver(plan: Plan, agg, state: dict):
+    """The memory's ``receive`` per unit: the update from the aggregated average (EF21's
+    server estimate g + average); the average itself for every other memory."""
+    if plan.memory is None or plan.memory.receive is None:
+        return agg, state
+    pairs = [plan.memory.deliver(s, a) for s, a in zip(state["units"], agg)]
+    return [a for a, _ in pairs], {**state, "units": tuple(s for _, s in pairs)}
+
+
 def exchange(comm, plan: Plan, tree, state: dict, key):
     """Average ``tree`` over workers through ``plan``; returns (average, new state)."""
     leaves, treedef = jax.tree.flatten(tree)
@@ -140,6 +149,7 @@ def exchange(comm, plan: Plan, tree, state: dict, key):
         out = [None if c else next(it) for c in plan.compressed]
     if any(plan.compressed):
         agg, state = aggregation(plan.mode).aggregate(comm, plan, _units(plan, leaves), state, key)
+        agg, state = _deliver(plan, agg, state)
         for i, a in enumerate(_split_units(plan, agg, leaves)):
             if a is not None:
                 out[i] = a.astype(leaves[i].dtype)

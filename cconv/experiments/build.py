@@ -418,7 +418,8 @@ def _warn_error_feedback(cfg: RunConfig, c: Compressor, table: Callable[[], dict
 
 def _warn_sign_learning_rate(cfg: RunConfig, c: Compressor, table: Callable[[], dict]) -> None:
     """Warn once per compressor and lr when plain SGD with lr >= SGD_TUNED_LR runs a compressor
-    whose registry bound says it is not even non-expansive (``Bound(kind="biased", delta=None)``,
+    whose registry bound says it is not even non-expansive, nor of bounded error
+    (``Bound(kind="biased", delta=None, omega=None)``,
     ``cconv.theory.constants``): its update is not scaled to the gradient, so the learning rate
     must be retuned (decided from the entry; no compressor is named here)."""
     if cfg.optimizer.get("name") != "sgd" or not isinstance(cfg.lr, (int, float)) or cfg.lr < SGD_TUNED_LR:
@@ -426,7 +427,7 @@ def _warn_sign_learning_rate(cfg: RunConfig, c: Compressor, table: Callable[[], 
     for k in table().values():
         if isinstance(k, ValueError):  # no constants for this compressor: nothing to say
             return
-        if k.kind == "biased" and k.delta is None and (c.name, cfg.lr) not in _WARNED:
+        if k.kind == "biased" and k.delta is None and k.omega is None and (c.name, cfg.lr) not in _WARNED:
             _WARNED.add((c.name, cfg.lr))
             warnings.warn(
                 f"{c.name} is not scaled to the gradient (not even non-expansive, cconv.theory.constants: "

@@ -11,7 +11,7 @@ A run config is a flat mapping (YAML, loaded with a safe loader, see below)::
     lr: 0.1
     lr_schedule: cosine                       # constant | cosine | any optax schedule {name, **args}
     compressor: {name: topk, ratio: 0.01}     # any name in cconv.compressors.names()
-    memory: ef                                # none | ef | dgc
+    memory: ef                                # none | ef | dgc | ef21 | ef21_sgdm
     network: [10GbE, 100GbE, 100GbIB]         # simulated time on each (optional)
     log_every: 10
     tensorboard: true                         # also write TensorBoard event files (optional)
@@ -427,9 +427,13 @@ class RunConfig:
         {"name": "none"}, "compressor name or {name, **hparams} (cconv.compressors.names())", named(), dotted=True
     )
     memory: str = key(
-        "none", "none | ef (error feedback) | dgc (momentum correction)", choice(lambda: MEMORIES, null="none")
+        "none",
+        "none | ef (error feedback) | dgc (momentum correction) | ef21 | ef21_sgdm (EF21, EF21-SGDM)",
+        choice(lambda: MEMORIES, null="none"),
     )
-    momentum: float = key(0.9, "DGC momentum when memory is dgc", number(0.0, below=1))
+    momentum: float = key(
+        0.9, "DGC momentum when memory is dgc; beta = 1 - eta when memory is ef21_sgdm", number(0.0, below=1)
+    )
     masking: bool = key(True, "DGC momentum-factor masking when memory is dgc", flag())
     ef_scale: Any = key(
         None,

@@ -40,8 +40,8 @@ from cconv.experiments import io
 # x axes on a byte scale (log): name -> (column, what it counts)
 BYTE_AXES = {"bytes": ("cum_bytes", "traffic"), "bytes_encoded": ("cum_bytes_encoded", "encoded traffic")}
 X_AXES = (*BYTE_AXES, "steps", "time")
-MEMORY_STYLE = {"ef": "-", "none": "--", "dgc": ":"}
-MEMORY_LABEL = {"ef": "EF", "none": "no EF", "dgc": "DGC memory"}
+MEMORY_STYLE = {"ef": "-", "none": "--", "dgc": ":", "ef21": "-.", "ef21_sgdm": (0, (5, 1, 1, 1, 1, 1))}
+MEMORY_LABEL = {"ef": "EF", "none": "no EF", "dgc": "DGC memory", "ef21": "EF21", "ef21_sgdm": "EF21-SGDM"}
 Y_LABELS = {
     "loss": "training loss",
     "test_loss": "test loss",

@@ -15,6 +15,11 @@ and an aggregation that drops part of what a worker sent (gTop-k) hands it back:
 
     state = give_back(state, back)
 
+and a memory that keeps a server-side estimate (EF21: g = 1/P sum_i g_i) turns the average the
+aggregation delivered (identical on every worker) into the update it applies:
+
+    update, state = receive(state, average)        # default: (average, state)
+
 PowerSGD's aggregation runs the same ``absorb`` / ``settle`` around the *aggregated*
 approximation (error feedback on the aggregate, Vogels et al. 2019), so no consumer of a memory
 needs to know its state type.  ``wrap(c, memory)`` turns a compressor and a memory into one
@@ -48,6 +53,8 @@ class Memory(NamedTuple):
                difference (``wrap`` prefers it: the compressor computes the difference from the
                payload, see ``Compressor.minus``)
     transparent  True for "no memory": ``wrap`` returns the compressor itself
+    receive    optional (state, average) -> (update, state): what the workers apply given the
+               average of the decoded payloads (EF21: g + average); None: the average itself
     """
 
     name: str
@@ -58,6 +65,11 @@ class Memory(NamedTuple):
     hparams: dict = {}
     transparent: bool = False
     settle_minus: Callable[[Any, Array, Any, Callable[[Array], Array]], Any] | None = None
+    receive: Callable[[Any, Array], tuple[Array, Any]] | None = None
+
+    def deliver(self, state, average):
+        """(update, state) from the aggregated ``average`` (``receive``, or the average)."""
+        return (average, state) if self.receive is None else self.receive(state, average)
 
 
 def no_memory(c: Compressor | None = None, **options) -> Memory:

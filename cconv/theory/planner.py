@@ -198,8 +198,17 @@ def settings(
 
 def kind_of(method: Method, c: Compressor) -> str:
     """The exchange of one call: a network collective kind, ``PS``, or an aggregation that is not a
-    network collective (planned as one all-reduce per payload leaf)."""
-    return method.collective or c.aggregation
+    network collective (planned as one all-reduce per payload leaf).  A registered aggregation
+    that is no network collective but follows the DECODE or SUM algebra moves the payloads by a
+    gather or a sum (``intsum``: the codes gathered, the workers agreeing on the scale by a
+    control reduction; its ring sum of integer levels is chosen only when cheaper): planned as
+    that collective of the payload, not per floating leaf."""
+    if method.collective:
+        return method.collective
+    kind = c.aggregation
+    if kind in SINGLE_COLLECTIVES or kind not in C.AGGREGATIONS:
+        return kind
+    return {C.DECODE: "allgather", C.SUM: "allreduce"}.get(C.AGGREGATIONS[kind].algebra, kind)
 
 
 def per_tensor(kind: str) -> bool:

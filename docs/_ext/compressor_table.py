@@ -67,6 +67,8 @@ def rows() -> list[tuple[str, ...]]:
                 if kind == "unbiased"
                 else _delta(k.delta)
                 if k.delta is not None
+                else f"none (not a contraction; error ≤ {k.omega:.4g} ‖x‖²)"
+                if k.omega is not None
                 else "none (not a contraction)"
             )
             const += "" if k.tight else " (bound)"

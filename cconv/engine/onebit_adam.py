@@ -1,0 +1,143 @@
+"""1-bit Adam (Tang, Gan, Awan, Rajbhandari, Li, Lian, Liu, Zhang & He, ICML 2021, "1-bit Adam:
+Communication Efficient Large-Scale Training with Adam's Convergence Speed") as an
+``optax.GradientTransformation`` that does its own communication, for use inside a shard_map /
+pmap / vmap over ``axis_name`` (the drop-in API's setting, ``cconv.engine.dropin``).
+
+Warm-up (steps t < ``warmup_steps``): vanilla Adam on the dense average of the workers' gradients
+g = 1/P sum_i g_i (one all-reduce, ``Exchange`` without compression):
+
+    m <- b1 m + (1 - b1) g,   v <- b2 v + (1 - b2) g^2,
+    update = -lr (m / (1 - b1^(t+1))) / (sqrt(v / (1 - b2^(t+1))) + eps)
+
+Compression stage (t >= ``warmup_steps``): v is frozen (its bias correction too, at
+1 - b2^warmup_steps); each worker forms its local momentum from the shared m and its own
+gradient, and the momenta are averaged through a 1-bit compressor with error feedback (the
+paper's compressed momentum; default ``scaled_sign``, i.e. ||.||_1 / d * sign, on every tensor,
+``memory="ef"``: e_i <- m_i + e_i - C(m_i + e_i)):
+
+    m_i = b1 m + (1 - b1) g_i,   m <- 1/P sum_i C(m_i + e_i),
+    update = -lr m / (sqrt(v_hat) + eps)            (no momentum bias correction: t is large)
+
+The switch is a ``lax.cond`` on the step counter (one branch's collectives run; under
+``jax.vmap`` both are evaluated and the reported traffic is the taken branch's).  The paper's
+server-side compression of the averaged momentum (its second error-feedback stage) is what
+``architecture="parameter-server", ps_downlink=...`` gives the compressed ``Exchange``; by default
+the average travels as all-to-all collectives of the 1-bit payloads.
+
+State (every leaf with a leading worker axis of size 1, like ``as_optax``'s): the step count, m
+and v (identical on every worker), both exchanges' states (the compressed one holds e_i), the key
+and the last step's traffic (``Exchange`` byte metrics).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+
+from cconv.compressors.base import Compressor
+from cconv.engine.dropin import SERVER_KEYS, TRAFFIC_KEYS, Exchange
+
+
+class OneBitAdamState(NamedTuple):
+    count: jax.Array  # (1,) int32
+    mu: Any  # m, params-like, each leaf (1, ...)
+    nu: Any  # v
+    dense: dict  # the warm-up exchange's state
+    compressed: dict  # the compressed exchange's state (error-feedback residuals)
+    key: jax.Array  # (1, 2) uint32
+    traffic: dict  # the last update's bytes, each (1,) float32
+
+
+def _check(b1, b2, eps, warmup_steps, seed) -> None:
+    """One-line ValueErrors for bad hyper-parameters."""
+    for name, v in (("b1", b1), ("b2", b2)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
+            raise ValueError(f"onebit_adam: {name} must be in [0, 1), got {v!r}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(f"onebit_adam: eps must be a number >= 0, got {eps!r}")
+    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 1:
+        raise ValueError(f"onebit_adam: warmup_steps must be an integer >= 1, got {warmup_steps!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"onebit_adam: seed must be an integer, got {seed!r}")
+
+
+def _stages(dense: Exchange, comp: Exchange, b1: float, b2: float, keys: tuple):
+    """(warm, compressed): the two branches of a step, (grads, state, key) -> (m, v, dense
+    state, compressed state, traffic)."""
+
+    def traffic(tr):
+        return {k: jnp.asarray(tr.get(k, 0.0), jnp.float32)[None] for k in keys}
+
+    def warm(grads, state, key):
+        avg, new, tr = dense(grads, state.dense, key)
+        mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g[None], state.mu, avg)
+        nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g[None]), state.nu, avg)
+        return mu, nu, new, state.compressed, traffic(tr)
+
+    def compressed(grads, state, key):
+        local = jax.tree.map(lambda m, g: b1 * m[0] + (1 - b1) * g, state.mu, grads)
+        avg, new, tr = comp(local, state.compressed, key)
+        return jax.tree.map(lambda a: a[None], avg), state.nu, state.dense, new, traffic(tr)
+
+    return warm, compressed
+
+
+def onebit_adam(
+    learning_rate: float | optax.Schedule,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    warmup_steps: int = 100,
+    compressor: Compressor | str = "scaled_sign",
+    axis_name: str = "data",
+    seed: int = 0,
+    **options,
+) -> optax.GradientTransformation:
+    """1-bit Adam (module docstring); ``options`` go to the compressed ``Exchange``
+    (``architecture``, ``ps_downlink``, ``granularity``, ...).  Bad values: one-line ValueError."""
+    _check(b1, b2, eps, warmup_steps, seed)
+    dense = Exchange(None, axis_name=axis_name, **{k: v for k, v in options.items() if k == "architecture"})
+    comp = Exchange(compressor, memory="ef", axis_name=axis_name, **options)
+    keys = TRAFFIC_KEYS + (SERVER_KEYS if comp.config.architecture != "all-to-all" else ())
+    lr = learning_rate if callable(learning_rate) else (lambda count: learning_rate)
+
+    def init_fn(params):
+        zeros = jax.tree.map(lambda p: jnp.zeros((1, *p.shape), p.dtype), params)
+        return OneBitAdamState(
+            jnp.zeros((1,), jnp.int32),
+            zeros,
+            zeros,
+            dense.init(params),
+            comp.init(params),
+            jax.random.key_data(jax.random.PRNGKey(seed))[None],
+            {k: jnp.zeros((1,), jnp.float32) for k in keys},
+        )
+
+    warm, compressed = _stages(dense, comp, b1, b2, keys)
+
+    def update_fn(updates, state, params=None):
+        del params
+        if state.count.shape != (1,):
+            raise ValueError(
+                f"onebit_adam: its state has {state.count.shape[0]} rows inside the map, one per worker expected: "
+                f"its partition spec must be P({axis_name!r})"
+            )
+        t = state.count[0]
+        key = jax.random.fold_in(state.key[0], t)
+        mu, nu, dstate, cstate, traffic = lax.cond(t < warmup_steps, warm, compressed, updates, state, key)
+        c1 = jnp.where(t < warmup_steps, 1 - b1 ** (t + 1).astype(jnp.float32), 1.0)
+        c2 = 1 - b2 ** jnp.minimum(t + 1, warmup_steps).astype(jnp.float32)
+        step = lr(t)
+        out = jax.tree.map(
+            lambda m, v, g: (-step * (m[0] / c1) / (jnp.sqrt(v[0] / c2) + eps)).astype(g.dtype), mu, nu, updates
+        )
+        return out, OneBitAdamState(state.count + 1, mu, nu, dstate, cstate, state.key, traffic)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+__all__ = ["onebit_adam", "OneBitAdamState"]
