@@ -343,3 +343,24 @@ def test_a_metric_line_carries_the_window_mean_and_for_max_metrics_the_window_ma
     ((i, done, acc),) = runner._accumulate(problem, counters, None, list(enumerate(steps)))
     line = runner._metric_line(problem, counters, None, i, done, acc, None, 0.0)
     assert line["loss"] == 2.5 and line["staleness_max"] == 7.0
+
+
+def test_pause_and_resume_equal_one_uninterrupted_run(tmp_path):
+    """``execute(pause_at=s)`` checkpoints at s and returns ``paused``; resumed (with the same
+    problem object, as the advisor's race does) the run's metric lines equal an uninterrupted
+    run's, and nothing before the pause is trained again."""
+    from cconv.experiments import build
+
+    cfg = from_dict({**TINY, "network": None, "steps": 24, "log_every": 4})
+    whole = execute(cfg, str(tmp_path / "whole"))
+    problem = build.problem(cfg)
+    for s in (6, 13):
+        res = execute(cfg, str(tmp_path / "paused"), problem=problem, pause_at=s)
+        assert res.status == "paused" and res.summary["step"] == s
+        assert io.read_summary(str(tmp_path / "paused"))["status"] == "paused"
+    end = execute(cfg, str(tmp_path / "paused"), problem=problem)
+    assert end.status == whole.status == "completed"
+    a, b = lines(str(tmp_path / "whole")), lines(str(tmp_path / "paused"))
+    assert [ln["step"] for ln in a] == [ln["step"] for ln in b]
+    for x, y in zip(a, b):
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-6) and x["test_accuracy"] == y["test_accuracy"]

@@ -12,18 +12,15 @@ For a probe (its trainer, built with the cluster's P workers) and a cluster
   as the engine performs them, the same list that the byte ledger records), on the cluster's
   two-level network (``Cluster.network()``), through a parameter server when the candidate's
   transport goes through one (``Transport.via_server``);
-* compression and decompression: the candidate's ``exchange`` (memory, compress, aggregate,
-  decompress of every received payload, as ``cconv.experiments.runner.Calibration`` times it)
-  measured on this machine with the collectives stubbed out (``exchange_seconds``: the fastest of
-  5 calls on a standard-normal stand-in gradient), then scaled to the device by memory
-  bandwidth, the rule of ``cconv.theory.schedule.compress`` (compression kernels are memory
-  bound, so a kernel's time is the same multiple of its read floor on both machines), plus one
-  launch per layer for compression and one for decompression, as ``compress.layer_cost`` charges:
-
-      t_device = t_host x B_host / B_device + 2 x layers x Device.launch_s,
-
-  with B_host measured here (``host_bandwidth``: the fastest read of a 64 MiB fp32 array) and
-  B_device the datasheet's (``Device.mem_bw``);
+* compression and decompression: cconv's fused program's cost model, the planner's
+  (``cconv.theory.schedule.compress``): per compressed tensor of n elements (the run's own
+  ``build.compressed_shapes``), compress = x_c(n) F(n) + launch and decompress =
+  m x_d(n) F(n) + launch, with F(n) = 4 n / B_device the device's read floor, x_c and x_d cconv's
+  benchmarked multiples of it for this compressor (``experiments/benchmarks/results``), m the
+  payloads a worker decodes (P after an all-gather); error feedback or another memory adds two
+  passes (read x + e, write e).  A model, not a measurement on this machine: the advice is the same
+  on every machine and every run (measured compression on the host, scaled by memory bandwidth,
+  varied by the host's load from one run to the next);
 * overlap and fusion: one iteration of the event simulator (``cconv.theory.schedule.runs
   .step_time``) under the schedule (``wfbp``, ``mg-wfbp``, ``bytescheduler``, ``bsp``, ...).
 
@@ -33,8 +30,6 @@ with and without communication).
 
 from __future__ import annotations
 
-import functools
-import time
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -53,23 +48,6 @@ class StepTime(NamedTuple):
     compress_s: float  # compression + decompression on the device
 
 
-@functools.cache
-def host_bandwidth() -> float:
-    """Bytes/s of this machine's memory read floor: the fastest of 5 jitted sums of 64 MiB."""
-    import jax
-    import jax.numpy as jnp
-
-    x = jnp.ones(1 << 24, jnp.float32)
-    f = jax.jit(jnp.sum)
-    f(x).block_until_ready()
-    best = np.inf
-    for _ in range(5):
-        t = time.perf_counter()
-        f(x).block_until_ready()
-        best = min(best, time.perf_counter() - t)
-    return float(x.nbytes / best)
-
-
 def profile_of(problem: Any):
     """The run's model as layers on its local batch (as ``runner.SimClock.profile``)."""
     import jax
@@ -82,41 +60,46 @@ def profile_of(problem: Any):
     return profiles.from_spec(cfg.model["name"], problem.specs[0], b)
 
 
-def _fastest(fn, *args, repeats: int = 5) -> float:
-    """Fastest of ``repeats`` timed calls after a warm-up (compiling) call: interference from other
-    processes only ever adds time, so the minimum is the least disturbed estimate."""
+MEMORY_PASSES = 2.0  # error feedback (and DGC's memory): read x + e, write the new e
+
+
+def exchange_seconds(problem: Any, device: Any, workers: int) -> float:
+    """One worker's compression + decompression per communicating step on ``device`` (module
+    docstring): 0 for the dense baseline."""
+    import warnings
+
+    from cconv import compressors as C
+    from cconv.experiments import build
+    from cconv.theory import implementation as IM
+    from cconv.theory import planner as PL
+    from cconv.theory.schedule import compress as CP
+
+    cfg = problem.cfg
+    c = build.make_compressor(cfg.compressor)
+    name = cfg.compressor["name"]
+    if name == PL.identity_name():
+        return 0.0
+    kind = C.entry_of(c).aggregation_of({k: v for k, v in cfg.compressor.items() if k != "name"})
+    m = IM.decodes(kind if isinstance(kind, str) else "allreduce", workers)
+    bench = CP.load_bench()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CP.EstimatedCostWarning)
+        rows = bench.get(name) or CP.estimated_rows(name, bench)
+    shapes = [x.shape for x in jax_leaves(problem.specs[0].params)]
+    extra = MEMORY_PASSES if cfg.memory not in (None, "none") else 0.0
+    total = 0.0
+    for shape in build.compressed_shapes(cfg, shapes):
+        n = float(np.prod(shape))
+        cx, dx = CP.ratio_at(rows, n)
+        floor = device.read_floor(n)
+        total += (cx + extra) * floor + m * dx * floor + 2 * device.launch_s
+    return total
+
+
+def jax_leaves(tree) -> list:
     import jax
 
-    jax.block_until_ready(fn(*args))
-    best = np.inf
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t)
-    return float(best)
-
-
-@functools.cache
-def _gradient(params_shapes: tuple, seed: int = 0):
-    """A stand-in gradient (standard normal) of the given leaf shapes: what compression costs does
-    not depend on the values' history, and one is shared by every candidate of a model."""
-    import jax
-
-    keys = jax.random.split(jax.random.key(seed), len(params_shapes))
-    return [jax.random.normal(k, shape, dtype) for k, (shape, dtype) in zip(keys, params_shapes)]
-
-
-def exchange_seconds(problem: Any, phase: Any) -> float:
-    """One worker's ``exchange`` of ``phase`` on this machine (``SyncMode.exchange_work``, the
-    engine's memory + compress + decompress with the collectives stubbed out by ``DryComm``)."""
-    import jax
-
-    trainer = problem.trainer
-    params = problem.specs[0].params
-    leaves, tree = jax.tree.flatten(params)
-    grads = jax.tree.unflatten(tree, _gradient(tuple((x.shape, x.dtype) for x in leaves)))
-    fn, args = trainer.sync.exchange_work(trainer.cfg, trainer.plan(phase), grads)
-    return _fastest(fn, *args, jax.random.key(0))
+    return jax.tree.leaves(tree)
 
 
 def step_times(problem: Any, cluster: Any, schedules: tuple, profile: Any = None) -> list[StepTime]:
@@ -129,7 +112,7 @@ def step_times(problem: Any, cluster: Any, schedules: tuple, profile: Any = None
     trainer, dev, net, P = problem.trainer, cluster.device, cluster.network(), cluster.workers
     layers = len(profile.layers)
     compute = (profile.fwd_flops + profile.bwd_flops) / dev.flops + KERNELS_PER_LAYER * layers * dev.launch_s
-    scale = host_bandwidth() / dev.mem_bw
+    ex_s = exchange_seconds(problem, dev, P)
     sync, ps = trainer.sync, TRANSPORTS[trainer.cfg.architecture].via_server
     steps = range(min(STEPS, problem.cfg.steps))
     per_phase: dict = {}
@@ -138,7 +121,7 @@ def step_times(problem: Any, cluster: Any, schedules: tuple, profile: Any = None
         if ph not in per_phase:
             colls = [c for c in trainer.collectives(s) if not getattr(c, "control", False)]
             talks = sync.communicates(ph) and colls
-            ex = exchange_seconds(problem, ph) * scale + 2 * layers * dev.launch_s if talks else 0.0
+            ex = ex_s if talks else 0.0
             per_phase[ph] = (colls, ex, N.step_comm_time(colls, P, net) if colls else 0.0)
     out = []
     for sched in schedules:

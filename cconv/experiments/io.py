@@ -46,7 +46,8 @@ LOCK = ".lock"
 TENSORBOARD = "tensorboard"  # event files of a run with tensorboard: true (one directory per seed)
 SWEEP_INDEX = "sweep.json"  # marks a sweep directory: its grid points, configs and sweep file
 FINISHED = ("completed", "diverged")
-STATUSES = ("running", "completed", "diverged", "failed", "interrupted")  # interrupted: SIGTERM/SIGINT (signals.py)
+# interrupted: SIGTERM/SIGINT (signals.py); paused: runner.execute(pause_at=...), the advisor's races
+STATUSES = ("running", "completed", "diverged", "failed", "interrupted", "paused")
 # what cconv creates in a run directory: name -> is a directory
 RUN_ENTRIES = {
     CONFIG: False,

@@ -893,13 +893,7 @@ def _train(problem: Problem, run_dir: str, desc: str, stop: _Stop = _Stop(), nes
         out.bar.close()
         ckpt.close()
         writer.close()
-        if e.paused_at is not None:
-            io.write_json(
-                os.path.join(run_dir, io.SUMMARY),
-                {**summary_base, "status": "paused", "step": e.paused_at, "diverged_why": counters.diverged_why},
-            )
-            return RunResult("paused", io.read_summary(run_dir))
-        return RunResult("running", io.read_summary(run_dir))
+        return _stopped(run_dir, summary_base, counters, e.paused_at)
     except signals.Interrupted as e:
         out.bar.close()
         _mark_interrupted(run_dir, summary_base, e, ckpt, counters)
@@ -922,6 +916,19 @@ def _train(problem: Problem, run_dir: str, desc: str, stop: _Stop = _Stop(), nes
     writer.write_summary({"status": summary["status"], **(last_lines[0] or {})})
     writer.close()
     return RunResult(summary["status"], summary)
+
+
+def _stopped(run_dir: str, base: dict, counters: Counters, paused_at: int | None) -> RunResult:
+    """The result of a call that ended before the run did: ``paused`` (checkpointed at
+    ``paused_at``; summary.json says so, with each seed's divergence so far) or, for
+    ``stop_after``, ``running`` (as a kill leaves it)."""
+    if paused_at is not None:
+        io.write_json(
+            os.path.join(run_dir, io.SUMMARY),
+            {**base, "status": "paused", "step": paused_at, "diverged_why": counters.diverged_why},
+        )
+        return RunResult("paused", io.read_summary(run_dir))
+    return RunResult("running", io.read_summary(run_dir))
 
 
 class _Stopped(Exception):

@@ -172,6 +172,27 @@ def ground_truth(task: str, out: str, only: list | None = None) -> dict:
     return res
 
 
+def step_seconds(task: str, out: str) -> dict:
+    """{candidate: seconds per step on the cluster} from the advisor's timing model (each candidate
+    built, not trained), cached in ``<out>/<task>/timing.json``; replaces the full runs' step_s."""
+    from cconv.advisor import probes, timing
+
+    cache = os.path.join(out, task, "timing.json")
+    if os.path.exists(cache):
+        with open(cache) as fh:
+            return json.load(fh)
+    plan = plan_of(task, out)
+    res, profile = {}, None
+    for c in plan.candidates:
+        cfg = probes.probe_config(plan.base, c, SEEDS, WORKERS, 1, plan.rules)
+        pr = probes.build(cfg, c, os.path.join(out, task, probes.slug(c.name)))
+        profile = profile or timing.profile_of(pr.problem)
+        res[c.name] = min(s.step_s for s in timing.step_times(pr.problem, plan.cluster, plan.space.schedules, profile))
+    with open(cache, "w") as fh:
+        json.dump(res, fh)
+    return res
+
+
 def _curve(d: dict):
     from cconv.advisor.extrapolate import Curve
 
@@ -506,7 +527,11 @@ def main(argv=None) -> int:
         return 0
     from cconv.advisor.extrapolate import Settings
 
-    truths = {t: ground_truth(t, args.out) for t in args.tasks}
+    truths = {}
+    for t in args.tasks:
+        truths[t] = ground_truth(t, args.out)
+        for name, step_s in step_seconds(t, args.out).items():
+            truths[t][name]["step_s"] = step_s
     settings = calibrate(truths, args.out) if args.calibrate else Settings()
     print(f"settings: z={settings.z} kappa={settings.kappa}", flush=True)
     results = []
