@@ -2,20 +2,21 @@
 
 A row is one raced candidate under one communication schedule.  Its steps to target are
 *observed* (the race ran it to the target: the first crossing, between two logged steps) or
-*predicted* from its curve so far (``cconv.advisor.extrapolate``, with an interval).  Rows whose
-steps to target are known or predicted within the config's step budget are ranked by
+*predicted* from its curve so far (``cconv.advisor.extrapolate``, with an interval), and
 
-    time = steps to target x seconds per step on the cluster  (interval: [lo, hi] x the same),
+    time = steps to target x seconds per step on the cluster  (interval: [lo, hi] x the same).
 
-fastest first.  The others follow, unranked, with the reason: diverged (``cconv.experiments
-.divergence``), missed (ran the whole step budget without reaching the target), misses the budget
+Rows whose steps to target are known or predicted within the config's step budget are ranked by
+the time the advisor can vouch for (``seen_time``): an observed row's time, a predicted row's
+interval's slow end; the first is the recommendation.  The others follow, unranked, with the
+reason: diverged (``cconv.experiments.divergence``), missed (ran the whole step budget without reaching the target), misses the budget
 (predicted past it), stalled, not approached, noisy.  ``speedup`` is the dense baseline's time over
 the row's (same schedule).  ``why`` says where the row's step time goes (``timing.StepTime``):
 compute-, communication- or compression-bound, with the share.  Flags:
 
     observed     the race saw this candidate reach the target (no extrapolation)
     wide         the interval spans more than a factor 3
-    tied         the best row's interval overlaps this row's (not separable by the race)
+    tied         this row's interval holds the recommended row's time (not separable by the race)
 """
 
 from __future__ import annotations
@@ -65,6 +66,14 @@ def _times(r: Row) -> Row:
     return r._replace(time_s=p.steps * s, time_lo=p.lo * s, time_hi=p.hi * s) if p.ok else r
 
 
+def seen_time(r: Row) -> float:
+    """The time the advisor can vouch for: an observed row's time, a predicted row's interval's
+    slow end (so a prediction ranks above what the race saw only when even its pessimistic end is
+    faster; on the tuning tasks of the validation, ranking pruned candidates by their point
+    predictions from short curves cost a 1.4-1.9x regret)."""
+    return r.time_s if r.prediction.observed else r.time_hi
+
+
 def in_budget(r: Row, budget: int) -> bool:
     return r.prediction.ok and r.prediction.steps <= budget
 
@@ -74,7 +83,7 @@ def rank(rows: list[Row], budget: int, baseline: str = "dense") -> list[Row]:
     the config's steps; ``baseline``: the dense candidate's name."""
     rows = [_times(r) for r in rows]
     dense = {r.schedule: r for r in rows if r.candidate == baseline}
-    ok = sorted((r for r in rows if in_budget(r, budget)), key=lambda r: r.time_s)
+    ok = sorted((r for r in rows if in_budget(r, budget)), key=seen_time)
     best = ok[0] if ok else None
     out = []
     for i, r in enumerate(ok):
@@ -83,7 +92,7 @@ def rank(rows: list[Row], budget: int, baseline: str = "dense") -> list[Row]:
             flags.append("observed")
         if p.hi / max(p.lo, 1e-12) > WIDE:
             flags.append("wide")
-        if i > 0 and r.time_lo <= best.time_hi:
+        if i > 0 and r.time_lo <= seen_time(best) <= r.time_hi:
             flags.append("tied")
         d = dense.get(r.schedule)
         sp = d.time_s / r.time_s if d is not None and in_budget(d, budget) else math.nan
@@ -158,16 +167,12 @@ def _no_recommendation(rows: list[Row], target: str, budget: int) -> str:
 
 
 def recommendation(rows: list[Row], target: str, cluster: str, budget: int) -> tuple[bool, str]:
-    """(supported, one line): the ranked row with the fastest time *as seen*: an observed row by
-    its time, a predicted one by its interval's slow end -- a prediction displaces what the race
-    saw only when even its pessimistic end is faster (on the tuning tasks of the validation, the
-    point prediction from a pruned candidate's short curve was optimistic often enough to cost a
-    1.4-1.9x regret) -- or why none can be recommended (and the step budget that would reach the
-    target, when a candidate is predicted past it)."""
+    """(supported, one line): the first ranked row (``seen_time``), or why none can be recommended
+    (and the step budget that would reach the target, when a candidate is predicted past it)."""
     ok = [r for r in rows if r.rank]
     if not ok:
         return False, _no_recommendation(rows, target, budget)
-    b = min(ok, key=lambda r: r.time_s if r.prediction.observed else r.time_hi)
+    b = ok[0]
     sp = f", {b.speedup:.2f}x dense" if math.isfinite(b.speedup) else ""
     seen = "observed" if b.prediction.observed else f"predicted [{_fmt_t(b.time_lo)}, {_fmt_t(b.time_hi)}]"
     tied = [r.candidate for r in ok[1:] if "tied" in r.flags]

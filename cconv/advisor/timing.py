@@ -68,7 +68,6 @@ def exchange_seconds(problem: Any, device: Any, workers: int) -> float:
     docstring): 0 for the dense baseline."""
     import warnings
 
-    from cconv import compressors as C
     from cconv.experiments import build
     from cconv.theory import implementation as IM
     from cconv.theory import planner as PL
@@ -79,8 +78,7 @@ def exchange_seconds(problem: Any, device: Any, workers: int) -> float:
     name = cfg.compressor["name"]
     if name == PL.identity_name():
         return 0.0
-    kind = C.entry_of(c).aggregation_of({k: v for k, v in cfg.compressor.items() if k != "name"})
-    m = IM.decodes(kind if isinstance(kind, str) else "allreduce", workers)
+    m = IM.decodes(c.aggregation if isinstance(c.aggregation, str) else "allreduce", workers)
     bench = CP.load_bench()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CP.EstimatedCostWarning)

@@ -11,7 +11,8 @@ resumes it), so ``observe`` reads the full run's curve up to the step asked, at 
 interval the advisor would use.  Its predictions (``cconv.advisor.api.predictions``) are scored
 against the full runs:
 
-* Kendall tau between predicted and actual time to target (steps x seconds per step) over all 8
+* Kendall tau between the advisor's order (``report.seen_time``: observed times, predicted
+  intervals' slow ends) and the actual times to target (steps x seconds per step) over all 8
   candidates (flagged or never reaching: last, tied);
 * top-1 regret: actual time of the advisor's recommendation / the best actual time;
 * coverage: the share of ranked candidates whose actual steps to target lie in the interval, and
@@ -261,7 +262,13 @@ def score(task: str, truth: dict, target, steps: int, budget: float = 1.0, setti
                 observed=p.observed,
             )
         )
-    pt = np.array([r["predicted"] * r["step_s"] if math.isfinite(r["predicted"]) else big for r in rows])
+    # the order the advisor shows (report.seen_time): observed times, predicted intervals' slow ends
+    pt = np.array(
+        [
+            (r["predicted"] if r["observed"] else r["hi"]) * r["step_s"] if math.isfinite(r["predicted"]) else big
+            for r in rows
+        ]
+    )
     at = np.array([r["actual"] * r["step_s"] if math.isfinite(r["actual"]) else big for r in rows])
     tau = float(kendalltau(pt, at).statistic)
     pick = int(np.argmin(pt))
