@@ -9,8 +9,8 @@ A row is one raced candidate under one communication schedule.  Its steps to tar
 Rows whose steps to target are known or predicted within the config's step budget are ranked by
 the time the advisor can vouch for (``seen_time``): an observed row's time, a predicted row's
 interval's slow end; the first is the recommendation.  The others follow, unranked, with the
-reason: diverged (``cconv.experiments.divergence``), missed (ran the whole step budget without reaching the target), misses the budget
-(predicted past it), stalled, not approached, noisy.  ``speedup`` is the dense baseline's time over
+reason: diverged (``cconv.experiments.divergence``), missed (ran the whole step budget without
+reaching the target), misses the budget (predicted past it), stalled, not approached, noisy.  ``speedup`` is the dense baseline's time over
 the row's (same schedule).  ``why`` says where the row's step time goes (``timing.StepTime``):
 compute-, communication- or compression-bound, with the share.  Flags:
 
