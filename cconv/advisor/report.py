@@ -10,9 +10,9 @@ Rows whose steps to target are known or predicted within the config's step budge
 the time the advisor can vouch for (``seen_time``): an observed row's time, a predicted row's
 interval's slow end; the first is the recommendation.  The others follow, unranked, with the
 reason: diverged (``cconv.experiments.divergence``), missed (ran the whole step budget without
-reaching the target), misses the budget (predicted past it), stalled, not approached, noisy.  ``speedup`` is the dense baseline's time over
-the row's (same schedule).  ``why`` says where the row's step time goes (``timing.StepTime``):
-compute-, communication- or compression-bound, with the share.  Flags:
+reaching the target), misses the budget (predicted past it), stalled, not approached, noisy.
+``speedup`` is the dense baseline's time over the row's (same schedule).  ``why`` says where the
+row's step time goes (``timing.StepTime``): compute-, communication- or compression-bound, with the share.  Flags:
 
     observed     the race saw this candidate reach the target (no extrapolation)
     wide         the interval spans more than a factor 3
