@@ -154,6 +154,7 @@ def test_metric_at_the_budget_follows_the_fit():
         ("test_loss=0", "never reaches"),
         ("test_perplexity=0.5", "never reaches"),
         ("test_accuracy=0", "every run starts there"),
+        ("test_accuracy=1", "the metric's best value"),
         ("test_accuracy=abc", "not a number"),
         ("test_accuracy", "METRIC=VALUE"),
         ("test_f1=0.5", "which way it improves"),
@@ -369,7 +370,7 @@ def _row(name, over, steps, step_s, status="predicted", lo=None, hi=None):
     from cconv.advisor import report as R
     from cconv.advisor.timing import StepTime
 
-    p = X.Prediction(status, steps, lo or steps / 2, hi or steps * 2, extrapolation=2.0)
+    p = X.Prediction(status, steps, steps / 2 if lo is None else lo, steps * 2 if hi is None else hi, extrapolation=2.0)
     return R.Row(name, over, "mg-wfbp", p, StepTime("mg-wfbp", step_s, step_s / 2, step_s / 4, step_s / 4), 1.0, 0.9)
 
 
@@ -410,6 +411,18 @@ def test_a_candidate_predicted_past_the_budget_is_never_recommended():
     ok, line = R.recommendation(rows, "test_loss<=0.1", "1x8", 500)
     assert not ok and "no candidate reaches test_loss<=0.1 within 500 steps" in line
     assert "a step budget of 1200 would reach it" in line
+
+
+def test_a_target_met_at_the_first_logged_step_is_no_recommendation():
+    """Every candidate meets the target at its first line: the order would be step time alone
+    (before: ranked on it), so the advice says the target is too easy."""
+    from cconv.advisor import report as R
+
+    first = _row("dense", {"compressor": {"name": "none"}}, 4, 1.0, status="reached", lo=0.0, hi=4.0)
+    other = _row("top-k", {"compressor": {"name": "topk"}}, 4, 0.5, status="reached", lo=0.0, hi=4.0)
+    rows = R.rank([first, other], budget=100, baseline="dense")
+    ok, line = R.recommendation(rows, "test_accuracy>=0.1", "1x8", 100)
+    assert not ok and "at its first logged step" in line and "choose a harder target" in line
 
 
 # --------------------------------------------------------------------------- the command

@@ -64,8 +64,8 @@ class Settings(NamedTuple):
 
     min_points: int = 5
     holdout: int = 3
-    z: float = 1.0
-    kappa: float = 0.3
+    z: float = 0.5  # set with kappa on the validation's tuning tasks (experiments/advise/validate.py --calibrate)
+    kappa: float = 0.2
     family_slack: float = 1.5  # families within this factor of the best held-out error count in var_family
     max_extrapolation: float = 30.0
     max_width: float = 20.0  # on exp(2 z sd_seed): the seeds' spread alone

@@ -173,6 +173,12 @@ def recommendation(rows: list[Row], target: str, cluster: str, budget: int) -> t
     if not ok:
         return False, _no_recommendation(rows, target, budget)
     b = ok[0]
+    if b.prediction.observed and b.prediction.lo == 0.0:  # reached at its first logged step
+        return False, (
+            f"No recommendation: {b.candidate} meets {target} at its first logged step ({b.prediction.steps:.0f}): "
+            "the target does not separate the candidates (their order would be step time alone); "
+            "choose a harder target."
+        )
     sp = f", {b.speedup:.2f}x dense" if math.isfinite(b.speedup) else ""
     seen = "observed" if b.prediction.observed else f"predicted [{_fmt_t(b.time_lo)}, {_fmt_t(b.time_hi)}]"
     tied = [r.candidate for r in ok[1:] if "tied" in r.flags]

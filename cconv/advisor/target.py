@@ -75,6 +75,11 @@ def parse(text: str, available: list[str] | None = None) -> Target:
         raise ValueError(f"--target {metric}: {raw!r} is not a number") from None
     if not np.isfinite(value):
         raise ValueError(f"--target {metric}: {raw!r} is not a finite number")
+    if kind.higher and value == kind.best:
+        raise ValueError(
+            f"--target {metric}={value:g}: the metric's best value, reached only by chance on a finite test set "
+            f"and never approached by a curve (choose a value short of {kind.best:g}, e.g. 0.99)"
+        )
     if kind.higher:
         beyond = value > kind.best
         trivial = value <= 0.0

@@ -303,7 +303,6 @@ def score(task: str, truth: dict, target, steps: int, budget: float = 1.0, setti
 
 ZS = (0.5, 0.75, 1.0, 1.25, 1.5)
 KAPPAS = tuple(round(0.1 * i, 1) for i in range(11))
-CALIBRATION_COVERAGE = 0.8  # on the tuning tasks' predicted rows: the 70 % goal plus a margin
 
 
 def _target(task: str, out: str):
@@ -313,27 +312,26 @@ def _target(task: str, out: str):
 
 
 def calibrate(truths: dict, out: str):
-    """The narrowest (z, kappa) whose pooled coverage of the tuning tasks' *predicted* rows is
-    >= 80 % (observed rows need no interval): narrowest by the median width over those rows."""
+    """The (z, kappa) that meets the interval goals (coverage >= 70 % and median width <= 3, over
+    each task's ranked rows) on the most tuning tasks; ties: the larger worst coverage, then the
+    narrower median width."""
     from cconv.advisor.extrapolate import Settings
 
     best = None
     for z in ZS:
         for k in KAPPAS:
             st = Settings(z=z, kappa=k)
-            rows = [
-                r
+            scores = [
+                score(t, truths[t], _target(t, out), TASKS[t]["base"]["steps"], settings=st)
                 for t in TUNE
                 if t in truths
-                for r in score(t, truths[t], _target(t, out), TASKS[t]["base"]["steps"], settings=st)["rows"]
-                if math.isfinite(r["predicted"]) and math.isfinite(r["actual"]) and not r["observed"]
             ]
-            if not rows:
-                continue
-            cov = np.mean([r["lo"] <= r["actual"] <= r["hi"] for r in rows])
-            width = float(np.median([r["hi"] / r["lo"] for r in rows]))
-            if cov >= CALIBRATION_COVERAGE and (best is None or width < best[0]):
-                best = (width, st)
+            covs = [b["coverage"] if math.isfinite(b["coverage"]) else 0.0 for b in scores]
+            widths = [b["width"] if math.isfinite(b["width"]) else math.inf for b in scores]
+            met = sum(c >= GOALS["coverage"] and w <= GOALS["width"] for c, w in zip(covs, widths))
+            key = (met, min(covs), -float(np.median(widths)))
+            if best is None or key > best[0]:
+                best = (key, st)
     return best[1] if best else Settings()
 
 
@@ -439,14 +437,15 @@ def figure(results: list, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
+    from matplotlib.ticker import NullFormatter
 
     n = len(results)
     cols = 3
     fig, axes = plt.subplots(
         (n + cols - 1) // cols,
         cols,
-        figsize=(5 * cols, 4.4 * ((n + cols - 1) // cols)),
-        constrained_layout=True,
+        figsize=(5 * cols, 4.4 * ((n + cols - 1) // cols) + 0.8),
+        layout="constrained",
         squeeze=False,
     )
     for ax, r in zip(axes.flat, results):
@@ -476,6 +475,8 @@ def figure(results: list, path: str) -> None:
         ax.axvline(r["steps"], color="0.7", lw=0.8)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_xlim(lo, top * 1.1)
         ax.set_ylim(lo, top * 1.1)
         ax.set_xlabel("actual steps to target (full runs; right edge: never)")
@@ -498,9 +499,7 @@ def figure(results: list, path: str) -> None:
     ]
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
-    list(axes.flat)[-1].legend(handles=handles, loc="center", fontsize=9)
-    if n % cols == 0:
-        axes.flat[0].legend(handles=handles, fontsize=6, loc="upper left")
+    fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=9)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
