@@ -554,3 +554,18 @@ def test_mnist1d_is_generated_offline_as_a_width_one_image():
     assert abs(float(ds.train["x"].mean())) < 1e-5 and abs(float(ds.train["x"].std()) - 1) < 1e-4
     with pytest.raises(ValueError, match="num_samples must be an integer >= 20"):
         data.load("mnist1d", num_samples=5)
+
+
+def test_an_advice_that_ranks_nothing_removes_the_old_figure(tmp_path):
+    """advice.json and advice.png always belong to the same advice: when nothing is ranked the
+    previous run's figure is removed (before: left beside the new JSON)."""
+    from types import SimpleNamespace
+
+    from cconv.advisor import api
+
+    (tmp_path / "advice.png").write_bytes(b"old")
+    unranked = _row("signSGD", {"compressor": {"name": "signsgd"}}, math.nan, 1.0, status="diverged")
+    plan = SimpleNamespace(out=str(tmp_path), source="x.yaml", target=ACC, cluster=None, budget=1.0)
+    outputs: dict = {}
+    api._figure(plan, [unranked], outputs)
+    assert not (tmp_path / "advice.png").exists() and "figure" not in outputs

@@ -1,5 +1,5 @@
 """The advice figure: time to target on the cluster, one line per candidate (its name on the axis,
-so no label overlaps another), fastest at the top.
+so no label overlaps another), in the order of the table (rank 1, the recommendation, at the top).
 
 Observed times (the race saw the candidate reach the target) are filled squares; predicted ones
 are circles with their interval; the recommendation is ringed; the dense baseline is black;
@@ -21,7 +21,7 @@ def _one_per_candidate(rows: list[Row]) -> list[Row]:
         cur = best.get(r.candidate)
         if cur is None or (r.rank and (not cur.rank or r.time_s < cur.time_s)):
             best[r.candidate] = r
-    ranked = sorted((r for r in best.values() if r.rank), key=lambda r: r.time_s)
+    ranked = sorted((r for r in best.values() if r.rank), key=lambda r: r.rank)
     return ranked + [r for r in best.values() if not r.rank]
 
 
@@ -32,10 +32,10 @@ def _legend(ax) -> None:
         Line2D([], [], marker="s", ls="", color="C0", label="observed in the race"),
         Line2D([], [], marker="o", ls="-", color="C1", label="predicted from the curve [interval]"),
         Line2D([], [], marker="o", ls="", mfc="none", mec="C3", ms=12, mew=1.5, label="recommended"),
-        Line2D([], [], marker="s", ls="", color="k", label="dense baseline"),
+        Line2D([], [], marker="o", ls="", color="k", label="dense baseline (square when observed)"),
         Line2D([], [], marker="x", ls="", color="0.5", label="not ranked (reason in the table)"),
     ]
-    ax.legend(handles=handles, fontsize=8, loc="lower right", framealpha=0.9)
+    ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=3, frameon=False)
 
 
 def png(rows: list[Row], metric: str, higher: bool, title: str) -> bytes:
@@ -49,7 +49,7 @@ def png(rows: list[Row], metric: str, higher: bool, title: str) -> bytes:
     ranked = [r for r in rs if r.rank]
     xs = [x for r in ranked for x in (r.time_lo, r.time_s, r.time_hi) if math.isfinite(x) and x > 0]
     lo, hi = (min(xs) / 1.5, max(xs) * 3.0) if xs else (1e-3, 1.0)
-    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.42 * len(rs)), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(9, 2.0 + 0.42 * len(rs)), constrained_layout=True)
     for i, r in enumerate(rs):
         y = len(rs) - 1 - i
         dense = r.overrides.get("compressor", {}).get("name") == "none" and not r.overrides.get("local_steps")

@@ -182,7 +182,8 @@ def recommendation(rows: list[Row], target: str, cluster: str, budget: int) -> t
     sp = f", {b.speedup:.2f}x dense" if math.isfinite(b.speedup) else ""
     seen = "observed" if b.prediction.observed else f"predicted [{_fmt_t(b.time_lo)}, {_fmt_t(b.time_hi)}]"
     tied = [r.candidate for r in ok[1:] if "tied" in r.flags]
-    tie = f"; not separable from {', '.join(tied[:3])}{' ...' if len(tied) > 3 else ''}" if tied else ""
+    more = f" and {len(tied) - 3} more" if len(tied) > 3 else ""
+    tie = f"; not separable from {', '.join(tied[:3])}{more}" if tied else ""
     why = f"; {b.why}" if b.why else ""
     return True, (
         f"Recommended: {b.candidate} ({b.schedule}): {target} in {_fmt_t(b.time_s)} on {cluster} "
