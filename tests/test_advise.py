@@ -101,10 +101,10 @@ def test_no_prediction_when_diverged_stalled_or_far():
 
 def test_noisy_seeds_are_refused_not_ranked():
     """Seeds whose own curves decay at different rates (t^-0.3, t^-0.6, t^-1.2: their own
-    predictions of the target step spread 80x) are 'noisy', not ranked on their mean."""
+    predictions of the target step spread 80x at z = 1) are 'noisy', not ranked on their mean."""
     steps = np.arange(10, 101, 10, dtype=float)
     vals = np.stack([steps**-b for b in (0.3, 0.6, 1.2)])
-    p = X.predict(X.Curve(steps, vals), T.Target("test_loss", 0.05, T.KINDS["loss"]))
+    p = X.predict(X.Curve(steps, vals), T.Target("test_loss", 0.05, T.KINDS["loss"]), X.Settings(z=1.0))
     assert p.status == "noisy" and not p.ok
 
 

@@ -38,7 +38,7 @@ def test_registries():
     assert all(m.name == n for n, m in AGGREGATORS.items())
     assert set(TRANSPORTS) == {"all-to-all", "parameter-server"}
     assert COLLECTIVES == ("auto", "allgather", "gtopk")
-    assert set(M.MEMORIES) == {"none", "ef", "dgc"}
+    assert set(M.MEMORIES) == {"none", "ef", "dgc", "ef21", "ef21_sgdm"}
     assert set(supporting("gtopk")) == {n for n in C.names() if "gtopk" in C.entry(n).collectives}
     assert {"topk", "dgc"} <= set(supporting("gtopk"))
 

@@ -157,7 +157,7 @@ RULE_MESSAGES = [
     ({"momentum": -0.5}, "momentum must be >= 0.0, got -0.5"),
     ({"clip": 0}, "clip must be > 0.0, got 0"),
     ({"target_loss": "low"}, "target_loss must be a number, got 'low'"),
-    ({"memory": "residual"}, "memory must be one of none, ef, dgc; got 'residual'"),
+    ({"memory": "residual"}, "memory must be one of none, ef, dgc, ef21, ef21_sgdm; got 'residual'"),
     ({"masking": "yes"}, "masking must be true or false, got 'yes'"),
     ({"name": 3}, "name must be a string, got 3"),
     ({"gossip": 1}, "gossip must be a string, got 1"),

@@ -63,7 +63,7 @@ def test_malformed_yaml_is_one_line_with_position(tmp_path):
         ({"workers": 3, "batch_size": 64}, "not divisible by workers 3"),
         ({"workers": 0}, "workers must be an integer >= 1"),
         ({"lr": -1.0}, "lr must be > 0"),
-        ({"memory": "residual"}, "memory must be one of none, ef, dgc"),
+        ({"memory": "residual"}, "memory must be one of none, ef, dgc, ef21, ef21_sgdm"),
         ({"architecture": "ring"}, "architecture must be one of"),
         ({"seed": [1, 1]}, "duplicates"),
         ({"steps": 2.5}, "steps must be an integer"),

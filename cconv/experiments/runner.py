@@ -483,6 +483,11 @@ class Counters:
     diverged_why: list = dataclasses.field(default_factory=list)
     loss0: list = dataclasses.field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        n = len(self.cum_sent)  # counters made before the divergence rule had a reference
+        self.diverged_why = self.diverged_why or [None] * n
+        self.loss0 = self.loss0 or [None] * n
+
     @classmethod
     def fresh(cls, seeds: int) -> Counters:
         z = lambda: [0.0] * seeds

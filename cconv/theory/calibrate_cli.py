@@ -17,7 +17,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.out is None:
             raise ValueError("--out FILE is required (the profile to write)")
-        methods = [m.strip() for m in (args.methods or ",".join(DP.DEFAULT_METHODS)).split(",") if m.strip()]
+        methods = [m.strip() for m in (args.methods or ",".join(DP.default_methods())).split(",") if m.strip()]
         if not methods:
             raise ValueError("--methods is empty")
         profile = DP.measure(methods, list(args.sizes or DP.DEFAULT_SIZES), args.repeats or 5)

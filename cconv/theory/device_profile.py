@@ -32,7 +32,14 @@ from cconv.theory.schedule.compress import Ratio
 KIND = "cconv-device-profile"
 VERSION = 1
 DEFAULT_SIZES = (10_000, 100_000, 1_000_000)
-DEFAULT_METHODS = ("topk", "randomk", "signsgd", "qsgd", "powersgd")
+
+
+def default_methods() -> tuple[str, ...]:
+    """The compressors measured by default: those whose registry entry sweeps a knob (the ones a
+    plan compares at several settings), read from the registry, none named here."""
+    return tuple(n for n in C.names() if C.entry(n).knob is not None and C.entry(n).knob.values)
+
+
 MAX_SIZE = 1 << 27
 
 
@@ -69,7 +76,8 @@ def _compressor_rows(name: str, sizes: Sequence[int], mem_bw: float, repeats: in
     c = C.get(name, **(e.bench.hparams(0.01) if e.bench is not None else {}))
     rows = []
     for d in sizes:
-        shape = (1000, d // 1000) if name == "powersgd" and d >= 2000 else (d,)  # a matrix to factorise
+        matrix = e.cost is not None and e.cost.flops is not None  # matmuls (low-rank factors): a matrix to factorise
+        shape = (1000, d // 1000) if matrix and d >= 2000 else (d,)
         x = jax.random.normal(jax.random.PRNGKey(0), shape, jnp.float32)
         key = jax.random.PRNGKey(1)
         comp = jax.jit(lambda x, s, k: c.compress(x, s, k)[0])
@@ -83,10 +91,11 @@ def _compressor_rows(name: str, sizes: Sequence[int], mem_bw: float, repeats: in
     return rows
 
 
-def measure(methods: Sequence[str] = DEFAULT_METHODS, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5) -> dict:
+def measure(methods: Sequence[str] | None = None, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5) -> dict:
     """The profile of the default JAX device (module docstring); ValueError for bad arguments."""
     import jax
 
+    methods = default_methods() if methods is None else methods
     unknown = [m for m in methods if m not in C.names()]
     if unknown:
         raise ValueError(f"unknown compressor(s) {', '.join(unknown)}; valid: {', '.join(C.names())}")
@@ -177,4 +186,4 @@ def write(path: str, profile: dict) -> None:
     io.write_json(path, profile)
 
 
-__all__ = ["KIND", "VERSION", "measure", "parse", "load", "write", "DEFAULT_SIZES", "DEFAULT_METHODS"]
+__all__ = ["KIND", "VERSION", "measure", "parse", "load", "write", "DEFAULT_SIZES", "default_methods"]
