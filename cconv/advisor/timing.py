@@ -83,7 +83,7 @@ def exchange_seconds(problem: Any, device: Any, workers: int) -> float:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CP.EstimatedCostWarning)
         rows = bench.get(name) or CP.estimated_rows(name, bench)
-    shapes = [x.shape for x in jax_leaves(problem.specs[0].params)]
+    shapes = [x.shape for x in jax.tree.leaves(problem.specs[0].params)]
     extra = MEMORY_PASSES if cfg.memory not in (None, "none") else 0.0
     total = 0.0
     for shape in build.compressed_shapes(cfg, shapes):
@@ -92,12 +92,6 @@ def exchange_seconds(problem: Any, device: Any, workers: int) -> float:
         floor = device.read_floor(n)
         total += (cx + extra) * floor + m * dx * floor + 2 * device.launch_s
     return total
-
-
-def jax_leaves(tree) -> list:
-    import jax
-
-    return jax.tree.leaves(tree)
 
 
 def step_times(problem: Any, cluster: Any, schedules: tuple, profile: Any = None) -> list[StepTime]:

@@ -39,6 +39,7 @@ import optax
 from jax import lax
 
 from cconv.compressors.base import Compressor
+from cconv.compressors.scaled_sign import scaled_sign as one_bit  # the paper's 1 bit + scale per tensor
 from cconv.engine.dropin import SERVER_KEYS, TRAFFIC_KEYS, Exchange
 
 
@@ -92,16 +93,17 @@ def onebit_adam(
     b2: float = 0.999,
     eps: float = 1e-8,
     warmup_steps: int = 100,
-    compressor: Compressor | str = "scaled_sign",
+    compressor: Compressor | str | None = None,
     axis_name: str = "data",
     seed: int = 0,
     **options,
 ) -> optax.GradientTransformation:
     """1-bit Adam (module docstring); ``options`` go to the compressed ``Exchange``
-    (``architecture``, ``ps_downlink``, ``granularity``, ...).  Bad values: one-line ValueError."""
+    (``architecture``, ``ps_downlink``, ``granularity``, ...); ``compressor`` defaults to the
+    paper's sign with one scale per tensor.  Bad values: one-line ValueError."""
     _check(b1, b2, eps, warmup_steps, seed)
     dense = Exchange(None, axis_name=axis_name, **{k: v for k, v in options.items() if k == "architecture"})
-    comp = Exchange(compressor, memory="ef", axis_name=axis_name, **options)
+    comp = Exchange(compressor if compressor is not None else one_bit(), memory="ef", axis_name=axis_name, **options)
     keys = TRAFFIC_KEYS + (SERVER_KEYS if comp.config.architecture != "all-to-all" else ())
     lr = learning_rate if callable(learning_rate) else (lambda count: learning_rate)
 
