@@ -68,6 +68,8 @@ def exchange_seconds(problem: Any, device: Any, workers: int) -> float:
     docstring): 0 for the dense baseline."""
     import warnings
 
+    import jax
+
     from cconv.experiments import build
     from cconv.theory import implementation as IM
     from cconv.theory import planner as PL
