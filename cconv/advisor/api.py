@@ -43,6 +43,7 @@ class Plan(NamedTuple):
     candidates: list
     skipped: list  # (candidate name, reason)
     out: str
+    first: Any  # the first (dense) candidate's built Problem: read for the target's metrics, then raced
 
 
 class VerifyRow(NamedTuple):
@@ -159,21 +160,23 @@ def prepare(config, cluster, *, target=None, budget=None, seeds=None, out=None, 
             f"{b:g} allows {b * cfg.steps:.0f} ({b:g} x {cfg.steps} steps): raise --budget to "
             f"{math.ceil(100 * need / cfg.steps) / 100:g} or fewer candidates (advise:)"
         )
+    from cconv.experiments import build as B
+
+    first = B.problem(first)  # built once: the target's metrics now, the dense candidate's probe later
     tgt = _parse_target(_target_text(target, sp, cfg), first)
     name = os.path.splitext(os.path.basename(src))[0] if src != "config" else "config"
     out = out or os.path.join("results", "advise", name)
     io.check_creatable(out)
     check_out(out)
-    return Plan(cfg, src, rules, cl, sp, tgt, b, n_seeds, cands, skipped, out)
+    return Plan(cfg, src, rules, cl, sp, tgt, b, n_seeds, cands, skipped, out, first)
 
 
-def _parse_target(text: str, cfg: RunConfig) -> Target:
+def _parse_target(text: str, problem: Any) -> Target:
     """The target against the metrics this task logs (read from the model's evaluation function
     on the data's shapes, abstractly)."""
     from cconv.advisor import target as T
-    from cconv.experiments import build
 
-    return T.parse(text, task_metrics(build.problem(cfg)))
+    return T.parse(text, task_metrics(problem))
 
 
 OWN = {JSON_NAME: False, FIGURE_NAME: False, "probes": True, "verify": True}  # name -> is a directory
@@ -230,7 +233,7 @@ def _entrants(plan: Plan) -> tuple[list, list]:
     entrants, merged, profile, dense_colls = [], [], None, None
     for c in plan.candidates:
         cfg = probes.probe_config(plan.base, c, plan.seeds, plan.cluster.workers, 1, plan.rules)
-        pr = probes.build(cfg, c, _probe_dir(plan.out, c))
+        pr = probes.build(cfg, c, _probe_dir(plan.out, c), plan.first if c is plan.candidates[0] else None)
         profile = profile or timing.profile_of(pr.problem)
         colls = [(k.kind, k.bytes, k.count) for k in pr.problem.trainer.collectives(0)]
         if c.dense and dense_colls is None:

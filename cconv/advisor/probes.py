@@ -128,11 +128,11 @@ def probe_config(
     return cfg
 
 
-def build(cfg: RunConfig, cand: Candidate, run_dir: str) -> Probe:
+def build(cfg: RunConfig, cand: Candidate, run_dir: str, problem: Problem | None = None) -> Probe:
     """The candidate's Problem, built once (data, model, compiled trainer on first use)."""
     from cconv.experiments import build as B
 
-    return Probe(cand, cfg, B.problem(cfg), run_dir)
+    return Probe(cand, cfg, problem if problem is not None else B.problem(cfg), run_dir)
 
 
 def train_to(probe: Probe, steps: int) -> Progress:
