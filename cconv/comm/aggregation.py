@@ -190,7 +190,7 @@ TRANSPORTS: dict[str, Transport] = {t.name: t for t in (AllToAll(), ParameterSer
 
 
 def _collectives(c: Compressor) -> tuple[str, ...]:
-    """The extra collectives ``c``'s registry entry lists (none for an unregistered one)."""
+    """The extra collectives ``c``'s registry entry lists (none for one built by hand)."""
     try:
         return entry_of(c).collectives
     except ValueError:
@@ -309,7 +309,7 @@ class Vote(AllGather):
     def check(self, cfg, c):
         try:
             votes = entry_of(c).votes
-        except ValueError:  # a compressor from a user factory has no entry
+        except ValueError:  # a compressor built by hand carries no entry
             votes = False
         if not votes or c.aggregation != "allgather":
             ok = ", ".join(e.name for e in entries() if e.votes)

@@ -52,6 +52,7 @@ from cconv.compressors.registry import (
     known_as,
     names,
     register,
+    registered_name,
 )
 from cconv.compressors.scaled_sign import scaled_sign
 from cconv.compressors.signsgd import signsgd
@@ -73,6 +74,7 @@ __all__ = [
     "hparams_of",
     "entry",
     "entry_of",
+    "registered_name",
     "entries",
     "register",
     "register_aggregation",

@@ -52,6 +52,15 @@ Static properties
 ``aggregation`` and ``hparams`` are filled in from the compressor's registry entry when it is
 built (``cconv.compressors.registry.Entry.build``), so a raw factory need not repeat them.
 
+``entry``        what cconv knows about the compressor beyond its functions: the registry
+                 ``Entry`` it was built from (theory oracle, extra collectives, ``votes``,
+                 ``at_density``, ``cost``, ``knob``, ``label``), set by ``Entry.build``.  Every
+                 wrapper forwards it (``_replace`` keeps it: ``cconv.memory.wrap``, a user's
+                 ``c._replace(name="mine")``), so the engine, the aggregations and the theory read
+                 a compressor's facts from the object, never from its name
+                 (``cconv.compressors.entry_of``).  None for a ``Compressor(...)`` built by hand:
+                 it has no facts (no theory constant, no extra collective, no vote, no warm-up).
+
 Conventions (documented once, used everywhere)
 ----------------------------------------------
 * ``sign(0) = +1`` (the papers' counterexamples assume it): a sign bit is ``x >= 0``, so -0.0
@@ -180,6 +189,7 @@ class Compressor(NamedTuple):
     sparse: Callable[[Payload, Any], Any] | None = None  # coded payload -> its (values, indices)
     gathered_sum: Callable[[Payload, Any], Array] | None = None  # stacked payloads -> their decompressed sum
     subtract: Callable[[Array, Payload], Array] | None = None  # (y, payload) -> y - decompress(payload, y), cheaper
+    entry: Any = None  # its registry Entry (set by ``Entry.build``; module docstring): its facts
 
     def minus(self, y: Array, payload: Payload) -> Array:
         """``y - decompress(payload, y)``: what error feedback keeps.  A compressor whose payload

@@ -373,7 +373,7 @@ class Entry(NamedTuple):
             raise ValueError(
                 f"compressor {self.name!r}: its factory returned {type(c).__name__}, not a cconv.compressors.Compressor"
             )
-        return c._replace(name=self.name, aggregation=self.aggregation_of(hp), hparams=hp)
+        return c._replace(name=self.name, aggregation=self.aggregation_of(hp), hparams=hp, entry=self)
 
 
 _REGISTRY: dict[str, Entry] = {}
@@ -488,16 +488,24 @@ def entry(name: str) -> Entry:
 
 
 def entry_of(c: Compressor) -> Entry:
-    """The entry a (possibly memory-wrapped) compressor was built from: ``c.name`` is its
-    registered name; memory wrappers name themselves ``ef(<name>)``, ``dgc_memory(<name>)``."""
-    return entry(_base_name(c))
+    """The entry ``c`` was built from: the ``entry`` it carries (``Entry.build`` sets it, every
+    wrapper keeps it: memories, a user's ``c._replace(name="mine")``), never found from its name.
+    A one-line ValueError for a compressor built by hand (``Compressor(...)``), which has none."""
+    e = getattr(c, "entry", None)
+    if isinstance(e, Entry):
+        return e
+    raise ValueError(
+        f"compressor {shown(getattr(c, 'name', c))} carries no registry entry (built as Compressor(...), not by "
+        f"cconv.compressors.get or Entry.build), so cconv knows none of its facts; register it: "
+        f"cconv.compressors.register(name, Entry(factory, ...))"
+    )
 
 
-def _base_name(c: Compressor) -> str:
-    name = c.name
-    while "(" in name and name.endswith(")"):
-        name = name[name.index("(") + 1 : -1]
-    return name
+def registered_name(c: Compressor) -> str | None:
+    """The name ``c``'s entry is registered under, whatever ``c`` is called now (a user may rename
+    it; a memory calls it ``ef(<name>)``); None for a compressor built by hand."""
+    e = getattr(c, "entry", None)
+    return e.name if isinstance(e, Entry) else None
 
 
 def known_as(alias: str) -> str:
@@ -576,6 +584,7 @@ __all__ = [
     "describe",
     "entry",
     "entry_of",
+    "registered_name",
     "names",
     "entries",
     "hparams_of",

@@ -253,11 +253,11 @@ def _unknown_options(owner: str, compressor, unknown: dict) -> str:
     ones are those (``as_optax(name, <a knob>=...)``: the knob belongs to the compressor)."""
     names = shown_names(sorted(unknown))
     msg = f"{owner}: unknown option(s) {names}; valid: {', '.join(OPTIONS)}"
-    base = compressor if isinstance(compressor, str) else getattr(compressor, "name", None)
-    try:
-        schema = registry.entry(base).schema.names if base else []
+    try:  # a name, or the entry the compressor carries (never found from its name)
+        e = registry.entry(compressor) if isinstance(compressor, str) else registry.entry_of(compressor)
+        base, schema = e.name, e.schema.names
     except ValueError:
-        schema = []
+        base, schema = None, []
     hp = {k: v for k, v in unknown.items() if k in schema}
     if hp:
         args = ", ".join(f"{k}={v!r}" for k, v in hp.items())

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cconv import compressors as C
 from cconv import memory as M
 from cconv.comm.aggregation import TRANSPORTS, Transport, method_of
 from cconv.compressors.base import Compressor, aggregation
@@ -51,7 +52,7 @@ def make_plan(cfg, base: Compressor | None, shapes, *, memory: str) -> Plan:
     transport = TRANSPORTS[cfg.architecture]
     ps = transport.name != "all-to-all"
     sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
-    if base is None or (base.name == IDENTITY and memory == M.NONE and not ps):
+    if base is None or (C.registered_name(base) == IDENTITY and memory == M.NONE and not ps):
         return Plan(None, "allreduce", (False,) * len(shapes), False, False, ps, None, 1.0, None, transport)
     mode = method_of(base, cfg.collective, cfg.vote)
     method = aggregation(mode)

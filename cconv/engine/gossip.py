@@ -137,7 +137,7 @@ def step_of(cfg) -> GossipStep:
     """The ``GossipStep`` of an ``EngineConfig`` with ``sync="gossip"`` (the identity compressor
     sends dense models / differences without calling it)."""
     c = cfg.compressor
-    comp = None if c is None or c.name == C.IDENTITY else c
+    comp = None if c is None or C.registered_name(c) == C.IDENTITY else c
     return GossipStep(cfg.gossip, mixing_of(cfg), comp, cfg.gossip_gamma)
 
 

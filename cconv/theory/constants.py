@@ -11,8 +11,9 @@ non-expansive (E||C(x) - x||^2 <= ||x||^2), or ``delta = None`` when even that f
 unscaled sign, stochastic rounding after clipping).
 
 Each compressor's closed forms live in its own module, as the ``Theory`` oracle on its registry
-entry (``cconv.compressors.registry.Theory``); this module resolves a compressor, finds its entry
-(memory wrappers such as ``ef(...)`` resolve to the wrapped compressor) and calls the oracle.
+entry (``cconv.compressors.registry.Theory``); this module resolves a compressor, reads the entry
+it carries (``Compressor.entry``: memory wrappers such as ``ef(...)`` and a user's renamed copy
+keep the wrapped compressor's) and calls the oracle.
 A compressor without an oracle, or whose oracle lacks a function, gets a one-line ValueError.
 For each compressor it gives
 
@@ -54,8 +55,8 @@ class Constants(NamedTuple):
 def resolve(c: Compressor | str, **hparams) -> Compressor:
     """A Compressor from an object or a registered name plus hyper-parameters.
 
-    Memory wrappers (``ef(<name>)``) have their inner compressor's constants: error feedback changes
-    what is compressed, not the compressor.
+    Memory wrappers (``ef(<name>)``) have their inner compressor's constants (they carry its entry):
+    error feedback changes what is compressed, not the compressor.
     """
     if isinstance(c, Compressor):
         if hparams:

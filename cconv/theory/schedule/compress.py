@@ -138,9 +138,9 @@ def estimated_rows(name: str, bench: Mapping[str, Sequence[Ratio]]) -> tuple[Rat
 
 
 def _wire(c: Compressor, shape: tuple[int, ...]) -> float:
-    e = C.entry(c.name)
-    if e.theory is not None and e.theory.wire_bytes is not None:
-        return float(e.theory.wire_bytes(c, tuple(shape), FLOAT_BYTES))
+    theory = C.entry_of(c).theory
+    if theory is not None and theory.wire_bytes is not None:
+        return float(theory.wire_bytes(c, tuple(shape), FLOAT_BYTES))
     return float(c.wire_bytes(tuple(shape), "float32"))
 
 
@@ -209,7 +209,7 @@ def layer_cost(
     kind = PL.kind_of(method, c)
     if kind == PL.PS:
         kind = "allreduce"  # the architecture decides push/pull
-    if c.name == PL.identity_name():  # no compression; over MPI the gradient is staged through the host
+    if C.registered_name(c) == PL.identity_name():  # no compression; over MPI the gradient is staged through the host
         out, back = IM.staging_s(impl, "allreduce", FLOAT_BYTES * float(d), workers)
         return LayerCost(name, fwd_s, bwd_s, FLOAT_BYTES * float(d), out, back, kind)
     sizes = [_message(c, kind, (s,), int(math.prod(s)), impl) for s in shapes]
