@@ -1,7 +1,8 @@
 """``cconv doctor``: does every training step lower for CUDA, ROCm and TPU?  Checked without a device.
 
 ``jax.export.export(step, platforms=(p,))`` lowers a jitted function for a platform that is not
-present (StableHLO, no XLA compile).  For every registered compressor (each entry's ``cases``),
+present (StableHLO, no XLA compile).  For every registered compressor (its entry's ``example``;
+with ``full``, also each switch of its schema flipped: ``settings``),
 memory (``cconv.memory.MEMORIES``), architecture (``cconv.comm.aggregation.TRANSPORTS``),
 aggregation option (``collective`` in ``COLLECTIVES``, majority ``vote``) and launcher
 (``cconv.engine.launchers.LAUNCHERS``) that the engine accepts, the doctor builds the training
@@ -21,7 +22,7 @@ passes run only on such a machine), nor speed or numerics there.  A launcher tha
 cannot export (pmap, whose per-device program is not a jit) and one the engine refuses here (mpi
 without mpirun) are listed with their reason, as is every combination the engine refuses.
 
-The default set (``quick``, the CI test) is every compressor's first case with every memory on
+The default set (``quick``, the CI test) is every compressor's example with every memory on
 all-to-all / shard_map, every compressor on vmap, the first compressor of each aggregation
 method on the parameter server, every valid ``collective``/``vote`` option, and the other
 launchers once; ``full=True`` (``cconv doctor --full``, the extended test) is the whole product.
@@ -97,7 +98,7 @@ class Combo(NamedTuple):
     """One training-step configuration the doctor exports."""
 
     compressor: str
-    hparams: tuple  # ((name, value), ...) of the registry case
+    hparams: tuple  # ((name, value), ...) of the setting (``settings``)
     memory: str = M.NONE
     architecture: str = "all-to-all"
     collective: str = "auto"
@@ -148,11 +149,31 @@ def _quick(name: str, hp: tuple, first_of_method: bool) -> list[Combo]:
     return out
 
 
+def settings(e: C.Entry) -> list[dict]:
+    """The entry's example, then its example with each switch of its schema flipped, one at a time
+    (every other choice of a "str" hyper-parameter, the other value of a "bool" one; those that do
+    not build are left out): the settings that change the program, read from the schema."""
+    example = dict(e.example)
+    out = [example]
+    for p in e.schema.params:
+        values = (p.choices or ()) if p.type == "str" else (True, False) if p.type == "bool" else ()
+        for v in values:
+            hp = {**example, p.name: v}
+            if v == e.schema.validate(e.name, example).get(p.name) or hp in out:
+                continue
+            try:
+                e.schema.validate(e.name, hp)
+            except ValueError:
+                continue
+            out.append(hp)
+    return out
+
+
 def combos(full: bool = False) -> list[Combo]:
     """The combinations to check (module docstring): ``quick`` by default, all with ``full``."""
     out, methods = [], set()
     for e in C.entries():
-        for case in e.cases if full else e.cases[:1]:
+        for case in settings(e) if full else [dict(e.example)]:
             hp = tuple(sorted(case.items()))
             if full:
                 out += _full(e.name, hp)
@@ -162,7 +183,7 @@ def combos(full: bool = False) -> list[Combo]:
             methods.add(method)
     if not full:  # the other launchers, once each
         first = C.entries()[0]
-        hp = tuple(sorted(first.cases[0].items()))
+        hp = tuple(sorted(first.example.items()))
         out += [Combo(first.name, hp, launcher=n) for n in LAUNCHERS if n not in (DEFAULT_LAUNCHER, ONE_DEVICE)]
     return out
 
@@ -366,7 +387,7 @@ COMMAND = Command(
     description=__doc__.split("\n\n")[0],
     options=(
         Option("--platform", choices=(*PLATFORMS, "all"), default="all", help="platform to lower for (default all)"),
-        Option("--full", action="store_true", help="every case x memory x architecture x option x launcher"),
+        Option("--full", action="store_true", help="every setting x memory x architecture x option x launcher"),
         Option("--json", metavar="FILE", help="also write every result as JSON"),
     ),
     handler=run,

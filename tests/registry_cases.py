@@ -1,5 +1,6 @@
-"""The generic compressor tests' shared source: every registered compressor with each of its
-entry's ``cases``, subsets by *declared* property, and the checks themselves as plain functions.
+"""The generic compressor tests' shared source: every registered compressor with its entry's
+``example`` and the further cases ``tests/compressor_cases.py`` lists for it, subsets by
+*declared* property, and the checks themselves as plain functions.
 
 A compressor is covered by every generic test the moment it is registered: the test files
 parametrize over ``CASES`` (or a subset below) and call ``check_*`` on a ``Subject``.  Nothing
@@ -17,8 +18,9 @@ compressor is tested for the claims it makes, ``claims``):
     WITH_ERROR    its ``Theory`` gives the exact error term ``error_sq`` (``WITH_THEORY``: the same)
     CONTRACTIVE   its theory bound at ``PROBE_SHAPE`` is "contractive" with delta > 0
 
-Cases come from the entries (``cases``), lazily built: a case that does not build (a required
-hyper-parameter the entry's ``cases`` omit) is still collected in ``CASES`` and its tests fail
+Cases are each entry's ``example`` (``{}``: its defaults) and its further cases
+(``compressor_cases.FURTHER``, keyed by registered name), lazily built: a case that does not build
+(a required hyper-parameter the entry's ``example`` omits) is still collected in ``CASES`` and its tests fail
 with the build's one-line error; it is in no subset.  Test ids start with the compressor's
 name, so ``pytest -k NAME`` selects all of its registry-parametrized tests.
 
@@ -35,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from statistics import NormalDist
 from typing import Any, NamedTuple
 
@@ -43,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from compressor_cases import FURTHER
 
 import cconv.comm.aggregation  # noqa: F401  (registers the built-in aggregation methods)
 import cconv.compressors as cc
@@ -332,17 +335,22 @@ def _builds(name: str, hp: dict) -> Subject | None:
         return None
 
 
-def cases(pred: Callable[[Subject], bool] | None = None, names: list[str] | None = None) -> list:
-    """pytest params (name, hp) of every registered case (or those of ``names``), optionally
-    those whose subject satisfies ``pred`` (evaluated at collection: only static, declared
-    properties; a case that does not build is in ``CASES`` only, where its tests fail with the
-    build error).  An entry's first selected case runs in the fast subset; its further cases are
-    marked ``slow`` and ``extended`` (outside the README/CI command: the options they exercise
-    have their own test modules, e.g. tests/test_golomb.py, tests/test_qsgd_elias.py)."""
+def cases(
+    pred: Callable[[Subject], bool] | None = None,
+    names: list[str] | None = None,
+    further: Mapping[str, tuple[dict, ...]] = FURTHER,
+) -> list:
+    """pytest params (name, hp) of every registered compressor's cases (or those of ``names``):
+    its entry's ``example``, then ``further[name]``; optionally those whose subject satisfies
+    ``pred`` (evaluated at collection: only static, declared properties; a case that does not
+    build is in ``CASES`` only, where its tests fail with the build error).  An entry's first
+    selected case runs in the fast subset; its further cases are marked ``slow`` and ``extended``
+    (outside the README/CI command: the options they exercise have their own test modules, e.g.
+    tests/test_golomb.py, tests/test_qsgd_elias.py)."""
     out = []
     for e in cc.entries() if names is None else [cc.entry(n) for n in names]:
         first = True
-        for hp in e.cases:
+        for hp in (dict(e.example), *further.get(e.name, ())):
             s = _builds(e.name, hp)
             if pred is None or (s is not None and pred(s)):
                 marks = () if first else (pytest.mark.slow, pytest.mark.extended)
@@ -352,9 +360,9 @@ def cases(pred: Callable[[Subject], bool] | None = None, names: list[str] | None
 
 
 def first_case(name: str) -> dict:
-    """The hyper-parameters of ``name``'s first declared case (what tables keyed by compressor
-    use instead of hand-written defaults, so a required hyper-parameter is always given)."""
-    return dict(cc.entry(name).cases[0])
+    """The hyper-parameters of ``name``'s example (what tables keyed by compressor use instead of
+    hand-written defaults, so a required hyper-parameter is always given)."""
+    return dict(cc.entry(name).example)
 
 
 def _contractive(s: Subject) -> bool:
@@ -812,7 +820,6 @@ SHRINK = Entry(
         worst_case=_unit,
     ),
     label="shrink (test)",
-    cases=({}, {"scale": 0.5}),
 )
 DROPOUT = Entry(
     dropout,
@@ -825,5 +832,4 @@ DROPOUT = Entry(
         worst_case=_unit,
     ),
     label="dropout (test)",
-    cases=({},),
 )

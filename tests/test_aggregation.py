@@ -247,7 +247,6 @@ def test_a_compressor_registered_at_test_time_trains_with_error_feedback():
             C.Schema((C.Param("step", "float", 0.125, low=0.0, low_open=True),)),
             aggregation="allgather",
             label="grid rounding (test)",
-            cases=({},),
         ),
     )
     assert "test_grid" in C.names()

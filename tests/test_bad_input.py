@@ -53,7 +53,7 @@ def test_bad_k(name, k):
 def test_ratio_and_k_together(name):
     """Every compressor whose schema has both ratio and k takes exactly one of them."""
     with pytest.raises(ValueError, match="either ratio or k"):
-        cc.get(name, **{**cc.entry(name).cases[0], "ratio": 0.1, "k": 3})
+        cc.get(name, **{**cc.entry(name).example, "ratio": 0.1, "k": 3})
 
 
 @pytest.mark.parametrize("name", ["randomk", "topk", "dgc", "stc"])

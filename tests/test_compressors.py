@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import registry_cases as R
+from compressor_cases import FURTHER
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from registry_cases import CASES, SUMMABLE
@@ -62,10 +63,12 @@ def test_registry():
     np.testing.assert_array_equal(np.sort(np.asarray(topk_indices(jnp.array([0.1, -3.0, 2.0, 0.5]), 2))), [1, 2])
 
 
-def test_every_entry_has_cases_and_they_build():
+def test_every_compressor_builds_with_its_example_and_further_cases():
+    """Every registered compressor runs with its entry's example ({}: its defaults), so one with a
+    required hyper-parameter and no example fails here; the further cases name registered ones."""
+    assert set(FURTHER) <= set(cc.names())
     for e in cc.entries():
-        assert e.cases and e.name in cc.names()
-        for hp in e.cases:
+        for hp in (dict(e.example), *FURTHER.get(e.name, ())):
             c = cc.get(e.name, **hp)
             assert c.hparams == e.build(**hp).hparams
             for key, value in hp.items():
@@ -232,7 +235,8 @@ def test_shard_map_powersgd_equals_compressing_the_mean(mesh):
 # The generic checks are plain functions (tests/registry_cases.py); here they run on compressors
 # defined in the tests and never registered globally, and on broken variants of them.
 
-DEMOS = [pytest.param(entry, hp, id=f"{entry.label}-{hp}") for entry in (R.SHRINK, R.DROPOUT) for hp in entry.cases]
+DEMO_CASES = ((R.SHRINK, ({}, {"scale": 0.5})), (R.DROPOUT, ({},)))
+DEMOS = [pytest.param(entry, hp, id=f"{entry.label}-{hp}") for entry, hps in DEMO_CASES for hp in hps]
 
 
 def _all_checks(s):
@@ -266,7 +270,7 @@ def test_registering_a_compressor_adds_its_cases(monkeypatch):
     monkeypatch.setattr(cc.registry, "_REGISTRY", dict(cc.registry._REGISTRY))
     cc.register("tests-demo-shrink", R.SHRINK)
     cc.register("tests-demo-dropout", R.DROPOUT)
-    ids = {p.id for p in R.cases()}
+    ids = {p.id for p in R.cases(further={"tests-demo-shrink": ({"scale": 0.5},)})}
     assert {"tests-demo-shrink", "tests-demo-shrink-scale=0.5", "tests-demo-dropout"} <= ids
     assert "tests-demo-shrink" in {p.id for p in R.cases(R._contractive)}
     assert "tests-demo-shrink" in {p.id for p in R.cases(lambda s: s.c.summable)}
@@ -275,6 +279,19 @@ def test_registering_a_compressor_adds_its_cases(monkeypatch):
     assert s.c.name == "tests-demo-shrink" and s.theory is R.SHRINK.theory
     R.check_static(s)
     R.check_contract(s)
+
+
+def test_a_required_hyper_parameter_without_an_example_fails_the_generic_tests(monkeypatch):
+    """A compressor registered without the example its required hyper-parameter needs is still
+    collected (with {}), and every generic test of it fails with the build's one-line error."""
+    monkeypatch.setattr(cc.registry, "_REGISTRY", dict(cc.registry._REGISTRY))
+    required = cc.Schema((cc.Param("scale", "float", None, low=0.0, high=1.0, low_open=True),))
+    cc.register("tests-demo-required", R.SHRINK._replace(schema=required))
+    assert [p.values for p in R.cases(names=["tests-demo-required"])] == [("tests-demo-required", {})]
+    with pytest.raises(ValueError, match="tests-demo-required: scale must be in"):
+        R.subject("tests-demo-required", {})
+    cc.register("tests-demo-given", R.SHRINK._replace(schema=required, example={"scale": 0.5}))
+    assert R.subject("tests-demo-given", {"scale": 0.5}).c.hparams["scale"] == 0.5
 
 
 def test_import_path_factories(monkeypatch):

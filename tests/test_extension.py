@@ -34,7 +34,7 @@ NAME = "count_sketch"
 with R.registries_restored():  # registered for collection, then only while this module's tests run
     import ext_countsketch as X
 
-    CASES = R.cases(names=[NAME])
+    CASES = R.cases(names=[NAME], further={NAME: X.FURTHER})
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -47,7 +47,7 @@ def _inputs(d=64, seed=0):
 def test_registered_with_its_entry():
     e = cc.entry("natural")
     assert c.name == "natural" and c.unbiased and c.aggregation == "allgather" and c.hparams == {}
-    assert e.knob is None and e.label == "natural compression" and e.cases == ({},)
+    assert e.knob is None and e.label == "natural compression" and e.example == {}
     assert e.bench.target_x == 4.0 and e.theory is not None
     with pytest.raises(ValueError, match=r"valid: \(none\)"):
         cc.get("natural", levels=3)

@@ -1,7 +1,7 @@
 """GPU and TPU readiness without a device (``cconv.doctor``, issue 25).
 
-Every training step the engine accepts -- each compressor (its first registry case; all cases
-with ``-m extended``) x memory x aggregation option x architecture x launcher of the doctor's
+Every training step the engine accepts -- each compressor (its entry's example; its schema's
+switches too with ``-m extended``) x memory x aggregation option x architecture x launcher of the doctor's
 set -- is exported with ``jax.export`` for CUDA, ROCm and TPU (lowered, not compiled): it must
 lower, call no CPU-only custom call, and its collectives must move the bytes cconv logs.  The
 parser of lowered StableHLO that the byte check rests on is tested on programs built to trip it

@@ -299,7 +299,7 @@ def test_simulated_clock_bsp_waits_for_the_straggler_asp_does_not_and_bytes_are_
 def _first_cases():
     from cconv.compressors import entries
 
-    return [pytest.param(e.name, dict(e.cases[0]), id=e.name) for e in entries() if e.cases]
+    return [pytest.param(e.name, dict(e.example), id=e.name) for e in entries()]
 
 
 @pytest.mark.extended

@@ -181,7 +181,7 @@ def test_echoed_values_are_truncated(raw):
 def test_vote_only_where_the_entry_declares_it(name):
     """vote=True is signSGD's majority vote: allowed exactly for entries with ``votes`` (before,
     top-k, QSGD, TernGrad and scaled sign were accepted and silently became dense +-1)."""
-    c = C.get(name, **C.entry(name).cases[0])
+    c = C.get(name, **C.entry(name).example)
     if C.entry(name).votes:
         assert EngineConfig(workers=2, compressor=c, vote=True).vote
     else:

@@ -42,7 +42,7 @@ def _configs():
     """(id, EngineConfig kwargs) for every entry x architecture (x gTop-k), valid ones only."""
     out = []
     for e in C.entries():
-        c = e.build(**e.cases[0])
+        c = e.build(**e.example)
         base = dict(compressor=c, memory="none" if c.unbiased else "ef")
         variants = {"a2a": {}, "ps": dict(architecture="parameter-server")}
         if "gtopk" in e.collectives:

@@ -328,7 +328,7 @@ dgc = register(
         # sample, top-k of the sample, threshold, mask, count (and re-threshold), compact (Lin et al. 2018;
         # grace_dl/tensorflow/compressor/dgc.py: ~12 ops, 3 passes); decode as top-k
         cost=Cost(compress_ops=12, compress_passes=3.0, select="sample", decompress_ops=3, decompress_passes=1.0),
-        cases=({"ratio": 0.2}, {"ratio": 0.05, "positions": "golomb"}),
+        example={"ratio": 0.2},
         bench=SPARSE_BENCH,
     ),
 )

@@ -67,7 +67,6 @@ drive = register(
         aggregation="allgather",
         theory=THEORY,
         label="DRIVE",
-        cases=({}, {"unbiased": False}),
         bench=Bench(target_x=ROTATION_X),
         cost=COST,  # EDEN's at b = 1: one threshold comparison per coordinate
     ),

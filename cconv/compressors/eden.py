@@ -156,7 +156,6 @@ eden = register(
         theory=THEORY,
         knob=Knob("bits", (1, 2, 4)),
         label="EDEN",
-        cases=({}, {"bits": 1, "unbiased": False}, {"bits": 3}, {"bits": 4, "unbiased": False}),
         bench=Bench(hparams=lambda ratio: {"bits": 2}, target_x=ROTATION_X),
         cost=COST,
     ),

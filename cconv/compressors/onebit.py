@@ -114,7 +114,6 @@ onebit = register(
         Schema((Param("columns", "bool", False),)),
         theory=THEORY,
         label="1-bit SGD",
-        cases=({}, {"columns": True}),
         bench=Bench(target_x=4.0),
     ),
 )

@@ -244,7 +244,7 @@ powersgd = register(
             flops=lambda c, shape: _flops(shape, c.hparams["rank"])[0],
             decompress_flops=lambda c, shape: _flops(shape, c.hparams["rank"])[1],
         ),
-        cases=({"rank": 2}, {"rank": 1}),
+        example={"rank": 2},
         bench=Bench(lambda r: {"rank": 4}),
     ),
 )

@@ -299,7 +299,7 @@ qsgd = register(
         cost=Cost(
             compress_ops=10, compress_passes=6.0, decompress_ops=4, decompress_passes=2.5, code_bytes=1.0
         ),  # int8
-        cases=({"levels": 4}, {"levels": 2, "bucket": 6}, {"levels": 2, "bucket": 6, "coding": "elias"}),
+        example={"levels": 4},
         bench=Bench(lambda r: {"levels": 2}, 4.0),
     ),
 )  # 3-bit codes: the generic bit-stream packing path

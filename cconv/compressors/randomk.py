@@ -228,12 +228,7 @@ randomk = register(
         known_as=("grace:RandomKCompressor",),  # GRACE (Xu et al. 2021), its data release
         # random indices, gather (k elements, no pass over the tensor); decode: scatter_nd, reshape
         cost=Cost(compress_ops=3, compress_passes=0.0, decompress_ops=3, decompress_passes=1.0),
-        cases=(
-            {"ratio": 0.2},
-            {"ratio": 0.2, "scaled": False, "shared": False},
-            {"k": 3, "scaled": False},
-            {"ratio": 0.2, "shared": False, "positions": "golomb"},
-        ),
+        example={"ratio": 0.2},
         bench=Bench(lambda r: {"ratio": r}, 4.0),
     ),
 )

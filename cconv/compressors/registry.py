@@ -10,7 +10,7 @@ A compressor module builds its ``Compressor`` with a plain factory and registers
                                                 # the validated hyper-parameters
         theory=Theory(wire_bytes=..., bound=..., error_sq=...),   # or None: "no constant"
         label="natural compression",            # plots and the planner
-        cases=({},),                            # small hyper-parameter sets the generic tests run
+        example={},                             # the setting tables and reports show (defaults)
     ))
 
 ``register`` returns the validated public factory (``natural(**hp)`` checks ``hp`` against the
@@ -18,7 +18,7 @@ schema, then builds), and ``cconv.compressors`` imports it: a new compressor is 
 import line in ``cconv/compressors/__init__.py`` and (optionally) its own test file.  Every generic
 test (contract, wire bytes, error-feedback invariant, bad input from the schema, determinism,
 unbiasedness when the compressor says so, contraction when its theory says so) parametrizes over
-``names()`` and each entry's ``cases``.
+``names()``: each entry's ``example``, then the further cases ``tests/registry_cases.py`` lists.
 
 The aggregation declares the algebra of the payloads, and every architecture (all-reduce,
 all-gather, parameter server, gossip) follows it:
@@ -45,6 +45,7 @@ import inspect
 import math
 import sys
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -318,7 +319,12 @@ class Entry(NamedTuple):
     theory       ``Theory`` oracle, or None ("no constant": theory functions raise ValueError)
     knob         the swept hyper-parameter (``Knob``), or None
     label        human-readable name for plots and tables
-    cases        small hyper-parameter sets the generic tests run (at least one)
+    example      the hyper-parameters cconv shows it with where a table, report or readiness
+                 export needs one setting of every compressor (the docs' compressor table,
+                 ``cconv.engine.report``, ``cconv doctor``; the generic tests' first case); {}: its
+                 defaults.  A compressor with a required hyper-parameter gives it here (the
+                 generic tests fail otherwise).  Further test cases live with the tests
+                 (``tests/registry_cases.py``), not on the entry
     bench        ``Bench`` settings (None: benchmarked with its defaults, no target)
     votes        its payloads are signs, so sign(sum_w decompress(payload_w)) is signSGD's majority
                  vote: ``vote=True`` is allowed (refused for every other compressor)
@@ -341,7 +347,7 @@ class Entry(NamedTuple):
     theory: Theory | None = None
     knob: Knob | None = None
     label: str = ""
-    cases: tuple[dict, ...] = ({},)
+    example: Mapping[str, Any] = MappingProxyType({})
     bench: Bench | None = None
     votes: bool = False
     at_density: Callable[[dict, float], dict] | None = None
@@ -389,8 +395,8 @@ def register(name: str, entry: Entry) -> Callable[..., Compressor]:
         raise ValueError(f"register: name must be a non-empty string, got {name!r}")
     if not isinstance(entry, Entry):
         raise ValueError(f"register: entry must be a cconv.compressors.Entry, got {type(entry).__name__}")
-    if not entry.cases:
-        raise ValueError(f"register: {name!r} needs at least one test case (cases=({{}},) for defaults)")
+    if not isinstance(entry.example, Mapping):
+        raise ValueError(f"register: {name!r} example must be a mapping of hyper-parameters, got {entry.example!r:.80}")
     if not isinstance(entry.cost, Cost) or entry.cost.select not in SELECTIONS:
         raise ValueError(f"register: {name!r} cost must be a Cost with select in {SELECTIONS}, got {entry.cost!r:.80}")
     if isinstance(entry.aggregation, Aggregation):
@@ -450,7 +456,7 @@ def describe(entry: Entry) -> str:
     agg = "depends on the hyper-parameters" if callable(entry.aggregation) else entry.aggregation
     lines.append("")
     lines.append(f"Aggregation: {agg}" + (f"; also {', '.join(entry.collectives)}" if entry.collectives else ""))
-    lines.append(f"Entry: cconv.compressors.entry({entry.name!r}) (theory constants, knob, label, test cases).")
+    lines.append(f"Entry: cconv.compressors.entry({entry.name!r}) (theory constants, knob, label, example).")
     return "\n".join(lines)
 
 

@@ -177,7 +177,7 @@ stc = register(
         knob=Knob("ratio", SPARSE_RATIOS),
         at_density=with_ratio,  # warm-up: ratio = the density
         label="STC",
-        cases=({"ratio": 0.2}, {"k": 3}, {"ratio": 0.2, "positions": "golomb"}),
+        example={"ratio": 0.2},
         bench=SPARSE_BENCH,
     ),
 )

@@ -267,7 +267,6 @@ terngrad = register(
         cost=Cost(
             compress_ops=10, compress_passes=7.0, decompress_ops=3, decompress_passes=2.5, code_bytes=1.0
         ),  # int8
-        cases=({}, {"clip": 2.5}, {"shared_scale": True}),
         bench=Bench(target_x=4.0),
     ),
 )

@@ -268,7 +268,6 @@ thc = register(
         theory=THEORY,
         knob=Knob("bits", (2, 4)),
         label="THC",
-        cases=({}, {"bits": 2, "table": "table"}),
         # two rotations to compress, one to decode: 1.5 per side on average, each ~6 read floors
         # per pass (see eden.ROTATION_X); measured at d = 10^6: compress 74x, decompress 29x
         bench=Bench(hparams=lambda ratio: {"bits": 4}, target_x=1.5 * 6.0 * rotation.passes(10**6) + 8.0),

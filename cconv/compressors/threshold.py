@@ -111,7 +111,7 @@ threshold = register(
         known_as=("grace:ThresholdCompressor",),  # GRACE (Xu et al. 2021), its data release
         # abs, compare, boolean_mask of values and indices (one comparison pass, then compaction)
         cost=Cost(compress_ops=6, compress_passes=2.0, select="compare", decompress_ops=3, decompress_passes=1.0),
-        cases=({"tau": 0.5, "ratio": 0.2}, {"tau": 0.1}),
+        example={"tau": 0.5, "ratio": 0.2},
         # N(0, 1) input: P(|x| >= tau) = ratio
         bench=Bench(lambda r: {"tau": round(NormalDist().inv_cdf(1 - r / 2), 4), "ratio": r}, 10.0),
     ),

@@ -128,7 +128,7 @@ topk = register(
         # a framework top-k (tf.math.top_k / torch.topk) per tensor: reshape, abs, top_k, gather, concat;
         # decode: split, scatter_nd into zeros, reshape (grace_dl/tensorflow/compressor/topk.py)
         cost=Cost(compress_ops=5, compress_passes=2.0, select="sort", decompress_ops=3, decompress_passes=1.0),
-        cases=({"ratio": 0.2}, {"k": 5}, {"ratio": 0.2, "positions": "golomb"}),
+        example={"ratio": 0.2},
         bench=SPARSE_BENCH,
     ),
 )

@@ -43,7 +43,7 @@ def default_rows(ratio: float = 0.01, architectures=("all-to-all",)) -> list[tup
         prefix = "" if arch == "all-to-all" else f"{arch}: "
         for name in names:
             e = C.entry(name)
-            hp = _hparams(e, e.cases[0], ratio)
+            hp = _hparams(e, e.example, ratio)
             c = e.build(**hp)
             memory = "ef" if not c.unbiased else M.NONE
             what = " ".join([name, *(f"{k}={v}" for k, v in hp.items())])

@@ -20,9 +20,9 @@ COLUMNS = ("name", "class", "ω / δ (d = 10⁶)", "bits / element", "paper", "w
 
 
 def reference_case(entry) -> tuple[tuple[int, ...], dict]:
-    """(shape, hyper-parameters) of the row: the first registered case, ratio 0.01 where the schema
+    """(shape, hyper-parameters) of the row: the entry's example, ratio 0.01 where the schema
     has a ratio, at d = 10^6 (a square matrix for compressors that need two dimensions)."""
-    hp = dict(entry.cases[0])
+    hp = dict(entry.example)
     if "ratio" in entry.schema.names:
         hp.pop("k", None)
         hp["ratio"] = 0.01
