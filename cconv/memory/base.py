@@ -86,7 +86,8 @@ def no_memory(c: Compressor | None = None, **options) -> Memory:
 
 
 def wrap(c: Compressor, memory: Memory) -> Compressor:
-    """``c`` with ``memory``: same wire format, aggregation and density; never unbiased."""
+    """``c`` with ``memory``: same wire format, aggregation, density and facts (``c.entry``, kept by
+    ``_replace``: the theory and the engine read the wrapped compressor's); never unbiased."""
     if memory.transparent:
         return c
 
