@@ -56,6 +56,22 @@ def test_every_step_lowers_for_cuda_rocm_tpu(name):
     assert all(r.collectives == 0 for r in lowered if r.combo.launcher == doctor.ONE_DEVICE)
 
 
+def test_full_settings_flip_each_switch_of_the_schema_once():
+    """``--full``'s settings come from the schema, not from test cases: the example, then each
+    "str" choice / "bool" value other than the example's, one at a time, all of which build."""
+    from cconv import compressors as C
+
+    for e in C.entries():
+        got = doctor.settings(e)
+        assert got[0] == dict(e.example) and len(got) == len({tuple(sorted(h.items())) for h in got})
+        for hp in got[1:]:
+            (changed,) = [k for k in hp if hp[k] != e.schema.validate(e.name, e.example).get(k)]
+            assert next(p for p in e.schema.params if p.name == changed).type in ("str", "bool")
+            C.get(e.name, **hp)
+    topk = doctor.settings(C.entry("topk"))
+    assert {**dict(C.entry("topk").example), "positions": "golomb"} in topk
+
+
 def test_quick_set_covers_every_compressor_memory_method_and_launcher():
     from cconv import compressors as C
     from cconv import memory as M
