@@ -105,7 +105,7 @@ class Case(NamedTuple):
     intra: str
     network: str
     device: str  # a preset name, or a label when one_gpu is given
-    metric: str  # "scaling" or "speedup"
+    metric: str  # "scaling", "speedup", or "time_ratio" (iteration time over the dense run's of the same source)
     published: float
     source: str
     one_gpu: float = 0.0  # samples/s on one GPU stated by the source (calibrates the device), 0: the preset
@@ -125,6 +125,7 @@ HVD = "Horovod README / docs/benchmarks (Sergeev & Del Balso 2018): 25 Gbit/s Ro
 SURVEY = "Shi et al., Communication-Efficient Distributed Deep Learning: Survey, Evaluation, and Challenges"
 I779 = "horovod/horovod issue #779: AWS p3.16xlarge (8 x V100-SXM2, 25 Gbps), tf_cnn_benchmarks synthetic"
 GRACE = "GRACE data release (github.com/sands-lab/grace-data, Xu et al., ICDCS 2021)"
+GQSGD = "Global-QSGD code release (github.com/sands-lab/global-qsgd @ f0396e5, Xin et al., ECAI 2025)"
 GRACE_ONE_GPU = 365.93  # the same release's 1-worker dense run (id 1ipvrhj50), total_images_per_sec
 GRACE_NOTE = (
     "ImageNet ResNet-50, tf_cnn_benchmarks, one V100 per server over TCP; batch 64 (tf_cnn_benchmarks' default, "
@@ -151,6 +152,39 @@ def _grace_case(r: dict) -> Case:
 
 def _grace_runs() -> list[dict]:
     return json.loads(Path(__file__).with_name("grace_runs.json").read_text(encoding="utf-8"))
+
+
+GQSGD_TESTBED = ("1x4", "NVLink3", "100GbIB", "a100")  # one server of 4 A100-SXM4 (the network is not crossed)
+
+
+def _gqsgd_runs() -> dict:
+    return json.loads(Path(__file__).with_name("gqsgd_runs.json").read_text(encoding="utf-8"))
+
+
+def _gqsgd_cases() -> tuple[Case, ...]:
+    """Global-QSGD's compressed runs (``gqsgd_runs.json``), each as its iteration time over the dense
+    run of the same workload in the same release (``time_ratio``): the release gives no 1-GPU run,
+    so the dense run is the reference, not a case.  Methods are cconv's registered names (the file's
+    ``aliases`` say what the release calls them); its hooks run framework ops (``per-tensor``)."""
+    data = _gqsgd_runs()
+    dense = {r["workload"]: r for r in data["runs"] if r["method"] is None}
+    cluster, intra, network, device = GQSGD_TESTBED
+    out = []
+    for r in data["runs"]:
+        if r["method"] is None:
+            continue
+        d = dense[r["workload"]]
+        prof = P.get(r["workload"])
+        out.append(
+            Case(
+                f"Global-QSGD 1x4 A100 {r['label']}", r["workload"], prof.batch, cluster, intra, network, device,
+                "time_ratio", r["ms"] / d["ms"],
+                f"{GQSGD}: {r['run']} ({r['ms']} ms) over {d['run']} ({d['ms']} ms)",
+                note=f"{data['testbed']}; {r['statistic']}; {data['dense_note']}", method=C.entry(r["method"]).name,
+                knobs=tuple(map(tuple, r["knobs"])), implementation="per-tensor",
+            )
+        )  # fmt: skip
+    return tuple(out)
 
 
 def _dle(name: str, intra: str, device: str, batch: int, img_s: float, one: float, note: str, **calibration) -> Case:
@@ -236,6 +270,8 @@ CASES: tuple[Case, ...] = (  # one case a block: the published setting in Case's
     # compressed training: the GRACE benchmark's ResNet-50 runs on 2, 4 and 8 servers of one V100 at 1 and 10
     # Gbit/s, not the 25 Gbit/s calibration subset, each with its dense twin on the same backend
     *(_grace_case(r) for r in _grace_runs() if r["gbps"] not in (GRACE_CALIBRATION_GBPS, GRACE_INCONSISTENT_GBPS)),
+    # compressed training of other sources, each over its own dense run (``time_ratio``)
+    *_gqsgd_cases(),
 )
 # fmt: on
 
@@ -268,6 +304,9 @@ def signs(rows: list[tuple[Case, float, float]]) -> list[tuple[Case, float, floa
     pred = {c.name: p for c, p, _ in rows}
     out = []
     for c, p, _ in rows:
+        if c.metric == "time_ratio":  # the dense run is the reference: faster means a ratio below 1
+            out.append((c, 1.0 / c.published - 1.0, 1.0 / p - 1.0))
+            continue
         twin = dense_twin(c, tuple(r[0] for r in rows)) if c.method != DENSE else None
         if twin is not None:
             out.append((c, c.published / twin.published - 1.0, p / pred[twin.name] - 1.0))
@@ -301,6 +340,9 @@ def predict(case: Case, implementation: IM.Implementation | None = None) -> floa
             **kw,
         )
     best = max(rows, key=lambda r: r.speedup)
+    if case.metric == "time_ratio":
+        dense = PR.predict(c, case.workload, [DENSE], schedule=case.schedule, architecture=case.architecture, **kw)[0]
+        return best.iteration_time_s / dense.iteration_time_s
     return best.scaling_factor if case.metric == "scaling" else best.speedup
 
 
@@ -346,16 +388,24 @@ def table(cases: tuple[Case, ...] = CASES) -> list[tuple[Case, float, float]]:
     return out
 
 
+def source_of(case: Case) -> str:
+    """The source a case's name starts with ("GRACE", "Global-QSGD", ...; a dense run of another
+    source: its first word)."""
+    return case.name.split()[0]
+
+
 def summary(rows: list[tuple[Case, float, float]]) -> str:
-    """Markdown: per group of cases (dense runs of the other sources, GRACE's dense runs, GRACE's
-    compressed runs, all) the count, median and largest |error|, and how many compressed cases get
-    the sign of (compressed - dense) right."""
+    """Markdown: per group of cases (dense runs of the other sources, GRACE's dense runs, each
+    source's compressed runs, all compressed runs, all) the count, median and largest |error|, and
+    how many compressed cases get the sign of (compressed - dense) right."""
     import statistics
 
+    compressed_sources = dict.fromkeys(source_of(c) for c, _, _ in rows if c.method != DENSE)
     groups = {
-        "dense, other sources": lambda c: not c.name.startswith("GRACE"),
-        "GRACE dense": lambda c: c.name.startswith("GRACE") and c.method == DENSE,
-        "GRACE compressed": lambda c: c.name.startswith("GRACE") and c.method != DENSE,
+        "dense, other sources": lambda c: source_of(c) != "GRACE" and c.method == DENSE,
+        "GRACE dense": lambda c: source_of(c) == "GRACE" and c.method == DENSE,
+        **{f"{s} compressed": (lambda c, s=s: source_of(c) == s and c.method != DENSE) for s in compressed_sources},
+        "all compressed": lambda c: c.method != DENSE,
         "all": lambda c: True,
     }
     signed = {c.name: (pub > 0) == (pred > 0) for c, pub, pred in signs(rows)}
@@ -396,6 +446,7 @@ __all__ = [
     "link_bound_gbps",
     "dense_twin",
     "signs",
+    "source_of",
     "summary",
     "predict",
     "table",
