@@ -269,6 +269,7 @@ def bert(
     vocab: int = 30522,
     positions: int = 512,
     types: int = 2,
+    whose: str = "the survey's",
 ) -> Profile:
     """Hugging Face BertModel with pooler at ``batch`` sentences of ``seq`` tokens (module doc)."""
     h, tokens = hidden, batch * seq
@@ -287,7 +288,7 @@ def bert(
         fwd,
         batch,
         f"Hugging Face BertModel (hidden {h}, {layers} layers, FFN {ffn}), {seq}-token sentences, "
-        f"local batch {batch} (the survey's)",
+        f"local batch {batch} ({whose})",
     )
 
 
@@ -315,17 +316,24 @@ def gpt2(
     return _backprop("gpt2", fwd, batch, f"GPT-2 small (124 M), {seq}-token sequences, local batch {batch}")
 
 
-def lstm(batch: int = 20, seq: int = 35, hidden: int = 1500, layers: int = 2, vocab: int = 10000) -> Profile:
+def lstm(
+    batch: int = 20, seq: int = 35, hidden: int = 1500, layers: int = 2, vocab: int = 10000, tied: bool = False
+) -> Profile:
     """The two-layer LSTM language model of the compression papers: Zaremba et al. 2014's "large"
     LSTM on Penn Treebank (2 layers of 1,500 units, 10,000-word vocabulary, 35 unrolled steps,
     batch 20, untied softmax: 66 M parameters), as trained by DGC (Lin et al. 2018) and others.
-    Per token and layer the four gates cost 2 x 4 (in + h) h FLOPs; the softmax 2 h V."""
+    Per token and layer the four gates cost 2 x 4 (in + h) h FLOPs; the softmax 2 h V.  ``tied``:
+    the decoder reuses the embedding (Press & Wolf 2017; its bias is its only parameter), so the
+    embedding's gradient is complete only when backpropagation reaches the first layer."""
     h, tokens = hidden, batch * seq
     fwd: list[tuple] = [("embedding", 0.0, 0, ((vocab, h),))]
     for i in range(layers):
         fwd.append((f"lstm.{i}", 2.0 * 4 * (h + h) * h * tokens, 0, ((h, 4 * h), (h, 4 * h), (4 * h,), (4 * h,))))
-    fwd.append(("decoder", 2.0 * h * vocab * tokens, 0, ((h, vocab), (vocab,))))
-    return _backprop("lstm", fwd, batch, f"2-layer LSTM LM ({h} units, vocabulary {vocab}), {seq} steps, batch {batch}")
+    fwd.append(("decoder", 2.0 * h * vocab * tokens, 0, ((vocab,),) if tied else ((h, vocab), (vocab,))))
+    name, what = ("lstm-wt2", "tied ") if tied else ("lstm", "")
+    return _backprop(
+        name, fwd, batch, f"2-layer {what}LSTM LM ({h} units, vocabulary {vocab}), {seq} steps, batch {batch}"
+    )
 
 
 TXL_WT103_CUTOFFS = (19997, 39997, 199997)  # NVIDIA DeepLearningExamples' train.py for WikiText-103
@@ -387,6 +395,10 @@ PRESETS: dict[str, Callable[[], Profile]] = {
     # Global-QSGD's runs (sands-lab/global-qsgd): --batch-size 64 over 4 GPUs (16 each); 256 segments over 4 (64)
     "wide-resnet101-2": lambda: resnet(101, 16, widen=2),
     "transformer-xl": lambda: transformer_xl(64),
+    # Espresso's runs (zhuangwang93/Espresso, EuroSys'23): its LSTM (WikiText-2, 33,278 words, tied, batch 80 x 70
+    # steps) and BERT-base fine-tuned on SQuAD (384-token sequences, batch 8)
+    "lstm-wt2": lambda: lstm(80, 70, 1500, 2, 33278, tied=True),
+    "bert-base-squad": lambda: bert("bert-base-squad", 768, 12, 3072, 8, seq=384, whose="Espresso's SQuAD runs"),
 }
 
 

@@ -170,6 +170,8 @@ _PROFILED = {
     # the shapes of Global-QSGD's two workloads are their layer profiles' (cconv.theory.profiles)
     "wide-resnet101-2": (None, "torchvision Wide ResNet-101-2, 224x224 images, batch 16 (Global-QSGD's runs)"),
     "transformer-xl": (None, "Transformer-XL base, WikiText-103, 192-token segments, batch 64 (Global-QSGD's runs)"),
+    "lstm-wt2": (None, "2-layer tied LSTM LM (1500 units, WikiText-2), 70 steps, batch 80 (Espresso's runs)"),
+    "bert-base-squad": (None, "BERT-Base on SQuAD v1.1, 384-token sequences, batch 8 (Espresso's runs)"),
 }
 for _name, (_shapes, _src) in _PROFILED.items():
     _prof = P.get(_name)
