@@ -111,6 +111,18 @@ def test_readme_summary_is_the_models(rows):
 
     readme = pathlib.Path(__file__).resolve().parents[1] / "README.md"
     assert V.summary(rows) in readme.read_text()
+    text = " ".join(readme.read_text().split())
+    s = V.signs(rows)
+    dense_other = [c for c, _, _ in rows if V.source_of(c) != "GRACE" and V.is_dense(c)]
+    for fact in (
+        f"On {len(rows)} published runs",
+        f"{len(dense_other)} dense runs",
+        f"the median |error| is {_pct(statistics.median(abs(e) for _, _, e in rows))}",
+        f"{len(s)} compressed cases come from three independent sources",
+        f"right in {sum((a > 0) == (b > 0) for _, a, b in s)} of them",
+        f"{len(V.KNOWN_MISSES)} named misses".replace("8", "eight"),
+    ):
+        assert fact in text, fact
 
 
 def test_grace_methods_map_to_entries_through_known_as():
