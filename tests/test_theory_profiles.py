@@ -327,3 +327,19 @@ def test_plan_cli_methods_all_and_per_layer_ratios(capsys):
     assert plan_cli.main(base + ["--per-layer-ratios", f"{_sparsifier()}=0.01", "--json"]) == 0
     (rec,) = json.loads(capsys.readouterr().out)
     assert rec["iter_s"] <= rec["best_global_iter_s"] and len(rec["values"]) == len(rec["layers"]) == 54
+
+
+def test_the_validation_sources_presets_have_their_published_sizes():
+    """Presets added for published runs reproduce what their sources state: Espresso's Tables 4-5
+    (GPT-2 475 MB in 148 tensors, the WikiText-2 LSTM 328 MB in 10; MB there are MiB) and the
+    Global-QSGD log's Transformer-XL counts (n_all_param, n_nonemb_param)."""
+
+    def mib_and_tensors(name):
+        p = P.get(name)
+        return round(p.params * 4 / 2**20), sum(len(lay.tensors) for lay in p.layers)
+
+    assert mib_and_tensors("gpt2") == (475, 148)
+    assert mib_and_tensors("lstm-wt2") == (328, 10)
+    txl = P.get("transformer-xl")
+    assert txl.params == 191_950_298
+    assert sum(lay.grad_bytes for lay in txl.layers if lay.name.startswith("layers.")) / 4 == 54_599_680

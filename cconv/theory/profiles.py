@@ -199,8 +199,10 @@ def _backprop(name: str, forward: list[tuple], batch: int, source: str) -> Profi
 RESNET_BLOCKS = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3)}  # He et al. 2016, Table 1
 
 
-def resnet(depth: int = 50, batch: int = 64, image: int = 224, num_classes: int = 1000) -> Profile:
-    """torchvision ResNet-50/101 (v1.5) at ``batch`` images of ``image`` x ``image`` x 3 (module doc)."""
+def resnet(depth: int = 50, batch: int = 64, image: int = 224, num_classes: int = 1000, widen: int = 1) -> Profile:
+    """torchvision ResNet-50/101 (v1.5) at ``batch`` images of ``image`` x ``image`` x 3 (module doc);
+    ``widen=2``: torchvision's Wide ResNet-50-2/101-2 (Zagoruyko & Komodakis 2016; ``width_per_group``
+    128: each bottleneck's inner 1x1 and 3x3 convolutions twice as wide, its output unchanged)."""
     if depth not in RESNET_BLOCKS:
         raise ValueError(f"resnet depth must be one of {', '.join(map(str, RESNET_BLOCKS))}, got {depth!r}")
     fwd: list[tuple] = []
@@ -218,19 +220,17 @@ def resnet(depth: int = 50, batch: int = 64, image: int = 224, num_classes: int 
             stride = 2 if (s > 1 and b == 0) else 1
             out = hw // stride
             pre = f"layer{s}.{b}"
-            conv(f"{pre}.conv1", 1, cin, width, hw)
-            conv(f"{pre}.conv2", 3, width, width, out)  # v1.5: the stride is on the 3x3 convolution
-            conv(f"{pre}.conv3", 1, width, 4 * width, out)
+            inner = widen * width
+            conv(f"{pre}.conv1", 1, cin, inner, hw)
+            conv(f"{pre}.conv2", 3, inner, inner, out)  # v1.5: the stride is on the 3x3 convolution
+            conv(f"{pre}.conv3", 1, inner, 4 * width, out)
             if b == 0:
                 conv(f"{pre}.downsample", 1, cin, 4 * width, out)
             cin, hw = 4 * width, out
     fwd.append(("fc", 2.0 * cin * num_classes * batch, 0, ((cin, num_classes), (num_classes,))))
-    return _backprop(
-        f"resnet{depth}",
-        fwd,
-        batch,
-        f"torchvision ResNet-{depth} v1.5, {image}x{image}x3 inputs, local batch {batch}",
-    )
+    name = f"wide-resnet{depth}-{widen}" if widen > 1 else f"resnet{depth}"
+    label = f"Wide ResNet-{depth}-{widen}" if widen > 1 else f"ResNet-{depth} v1.5"
+    return _backprop(name, fwd, batch, f"torchvision {label}, {image}x{image}x3 inputs, local batch {batch}")
 
 
 def resnet50(batch: int = 64, image: int = 224, num_classes: int = 1000) -> Profile:
@@ -269,6 +269,7 @@ def bert(
     vocab: int = 30522,
     positions: int = 512,
     types: int = 2,
+    whose: str = "the survey's",
 ) -> Profile:
     """Hugging Face BertModel with pooler at ``batch`` sentences of ``seq`` tokens (module doc)."""
     h, tokens = hidden, batch * seq
@@ -287,7 +288,7 @@ def bert(
         fwd,
         batch,
         f"Hugging Face BertModel (hidden {h}, {layers} layers, FFN {ffn}), {seq}-token sentences, "
-        f"local batch {batch} (the survey's)",
+        f"local batch {batch} ({whose})",
     )
 
 
@@ -315,17 +316,72 @@ def gpt2(
     return _backprop("gpt2", fwd, batch, f"GPT-2 small (124 M), {seq}-token sequences, local batch {batch}")
 
 
-def lstm(batch: int = 20, seq: int = 35, hidden: int = 1500, layers: int = 2, vocab: int = 10000) -> Profile:
+def lstm(
+    batch: int = 20, seq: int = 35, hidden: int = 1500, layers: int = 2, vocab: int = 10000, tied: bool = False
+) -> Profile:
     """The two-layer LSTM language model of the compression papers: Zaremba et al. 2014's "large"
     LSTM on Penn Treebank (2 layers of 1,500 units, 10,000-word vocabulary, 35 unrolled steps,
     batch 20, untied softmax: 66 M parameters), as trained by DGC (Lin et al. 2018) and others.
-    Per token and layer the four gates cost 2 x 4 (in + h) h FLOPs; the softmax 2 h V."""
+    Per token and layer the four gates cost 2 x 4 (in + h) h FLOPs; the softmax 2 h V.  ``tied``:
+    the decoder reuses the embedding (Press & Wolf 2017; its bias is its only parameter), so the
+    embedding's gradient is complete only when backpropagation reaches the first layer."""
     h, tokens = hidden, batch * seq
     fwd: list[tuple] = [("embedding", 0.0, 0, ((vocab, h),))]
     for i in range(layers):
         fwd.append((f"lstm.{i}", 2.0 * 4 * (h + h) * h * tokens, 0, ((h, 4 * h), (h, 4 * h), (4 * h,), (4 * h,))))
-    fwd.append(("decoder", 2.0 * h * vocab * tokens, 0, ((h, vocab), (vocab,))))
-    return _backprop("lstm", fwd, batch, f"2-layer LSTM LM ({h} units, vocabulary {vocab}), {seq} steps, batch {batch}")
+    fwd.append(("decoder", 2.0 * h * vocab * tokens, 0, ((vocab,),) if tied else ((h, vocab), (vocab,))))
+    name, what = ("lstm-wt2", "tied ") if tied else ("lstm", "")
+    return _backprop(
+        name, fwd, batch, f"2-layer {what}LSTM LM ({h} units, vocabulary {vocab}), {seq} steps, batch {batch}"
+    )
+
+
+TXL_WT103_CUTOFFS = (19997, 39997, 199997)  # NVIDIA DeepLearningExamples' train.py for WikiText-103
+
+
+def transformer_xl(
+    batch: int = 64,
+    tgt_len: int = 192,
+    mem_len: int = 192,
+    d_model: int = 512,
+    layers: int = 16,
+    d_inner: int = 2048,
+    vocab: int = 267735,
+) -> Profile:
+    """Transformer-XL base on WikiText-103 (Dai et al. 2019; NVIDIA DeepLearningExamples' PyTorch
+    MemTransformerLM, as released with Global-QSGD, sands-lab/global-qsgd models/TransformerXL):
+    word embedding (vocab x d) tied to an adaptive softmax (div_val 1: one bias of ``vocab``, a 3 x d
+    cluster head), the shared relative-position biases r_w, r_r (heads x d_head = d), and per layer a
+    bias-free q/k/v projection (d -> 3d), position projection r_net (d -> d) and output projection
+    (d -> d) with a LayerNorm, and a position-wise FFN (d -> d_inner -> d) with a LayerNorm:
+    191,950,298 parameters, 54,599,680 in the layers (the log's ``n_all_param`` and
+    ``n_nonemb_param``).  Per token and layer: q/k/v 2 x 3 d^2, the three attention products (AC, BD,
+    AV) 3 x 2 klen d over klen = tgt_len + mem_len keys, output 2 d^2, FFN 2 x 2 d d_inner; the
+    softmax head 2 d (shortlist + clusters).  Not counted: r_net on the klen positions (once per
+    chunk, 0.3 % of a layer) and the tail clusters (only tokens whose target falls in them)."""
+    d, tokens, klen = d_model, batch * tgt_len, tgt_len + mem_len
+    shortlist = TXL_WT103_CUTOFFS[0] + len(TXL_WT103_CUTOFFS)
+    fwd: list[tuple] = [("word_emb+r_bias", 0.0, 0, ((vocab, d), (d,), (d,)))]  # r_w_bias, r_r_bias: heads x d_head
+    for i in range(layers):
+        attn = 2.0 * (3 * d * d + 3 * klen * d + d * d) * tokens
+        fwd.append((f"layers.{i}.attn", attn, 0, ((d, 3 * d), (d, d), (d, d), (d,), (d,))))
+        fwd.append(
+            (
+                f"layers.{i}.ff",
+                2.0 * 2 * d * d_inner * tokens,
+                0,
+                ((d, d_inner), (d_inner,), (d_inner, d), (d,), (d,), (d,)),
+            )
+        )
+    head = ((len(TXL_WT103_CUTOFFS), d), (len(TXL_WT103_CUTOFFS),), (vocab,))  # cluster weight, bias; out bias
+    fwd.append(("crit", 2.0 * d * shortlist * tokens, 0, head))
+    return _backprop(
+        "transformer-xl",
+        fwd,
+        batch,
+        f"Transformer-XL base (WikiText-103, {layers} layers, d {d}), {tgt_len}-token segments, memory {mem_len}, "
+        f"local batch {batch}",
+    )
 
 
 PRESETS: dict[str, Callable[[], Profile]] = {
@@ -336,6 +392,13 @@ PRESETS: dict[str, Callable[[], Profile]] = {
     "vgg16": lambda: vgg16(64),
     "gpt2": lambda: gpt2(8),
     "lstm": lambda: lstm(20),
+    # Global-QSGD's runs (sands-lab/global-qsgd): --batch-size 64 over 4 GPUs (16 each); 256 segments over 4 (64)
+    "wide-resnet101-2": lambda: resnet(101, 16, widen=2),
+    "transformer-xl": lambda: transformer_xl(64),
+    # Espresso's runs (zhuangwang93/Espresso, EuroSys'23): its LSTM (WikiText-2, 33,278 words, tied, batch 80 x 70
+    # steps) and BERT-base fine-tuned on SQuAD (384-token sequences, batch 8)
+    "lstm-wt2": lambda: lstm(80, 70, 1500, 2, 33278, tied=True),
+    "bert-base-squad": lambda: bert("bert-base-squad", 768, 12, 3072, 8, seq=384, whose="Espresso's SQuAD runs"),
 }
 
 

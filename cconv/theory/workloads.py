@@ -167,9 +167,16 @@ _PROFILED = {
     "vgg16": (vgg16_shapes(), "VGG-16 (configuration D), 224x224 images, batch 64"),
     "gpt2": (gpt2_shapes(), "GPT-2 small (124 M), 1024-token sequences, batch 8"),
     "lstm": (lstm_shapes(), "2-layer LSTM LM (Zaremba et al. 2014 large: 1500 units, PTB), 35 steps, batch 20"),
+    # the shapes of Global-QSGD's two workloads are their layer profiles' (cconv.theory.profiles)
+    "wide-resnet101-2": (None, "torchvision Wide ResNet-101-2, 224x224 images, batch 16 (Global-QSGD's runs)"),
+    "transformer-xl": (None, "Transformer-XL base, WikiText-103, 192-token segments, batch 64 (Global-QSGD's runs)"),
+    "lstm-wt2": (None, "2-layer tied LSTM LM (1500 units, WikiText-2), 70 steps, batch 80 (Espresso's runs)"),
+    "bert-base-squad": (None, "BERT-Base on SQuAD v1.1, 384-token sequences, batch 8 (Espresso's runs)"),
 }
 for _name, (_shapes, _src) in _PROFILED.items():
     _prof = P.get(_name)
+    if _shapes is None:
+        _shapes = [sh for lay in reversed(_prof.layers) for sh in lay.shapes]
     WORKLOADS[_name] = _make(_name, _shapes, lambda d, c=_prof.flops_per_sample: c, _prof.batch, _src)
 
 
