@@ -334,6 +334,43 @@ def test_equal_time_gives_cheaper_steps_more_of_them():
     assert res.rungs[0].steps == {"slow": asked["slow"][0], "cheap": asked["cheap"][0]}
 
 
+def test_every_rung_trains_someone_further():
+    """Many arms on a small budget (the README's 18 candidates in one dense run): the first rung's
+    minimum of steps exceeds the rung's time for every arm.  No rung may prune on what the
+    previous one already showed -- each trains at least one survivor further (the old race cut 18
+    arms to 2 in five rungs that trained nothing)."""
+    from cconv.advisor import race
+
+    rng = np.random.default_rng(0)
+    names = [f"a{i}" for i in range(18)]
+    curves = {n: (lambda t, k=k: np.exp(-k * t)) for n, k in zip(names, rng.uniform(0.01, 0.03, 18))}
+    observe, asked = _synthetic_observer(curves)
+    tgt = T.Target("test_loss", math.exp(-3.0), T.KINDS["loss"])
+    step_s = {n: float(s) for n, s in zip(names, rng.uniform(2e-4, 7.5e-4, 18))}
+    res = race.race(_arms(step_s), observe, tgt, max_steps=300, budget=300)
+    for before, after in zip(res.rungs, res.rungs[1:]):
+        assert any(after.steps[n] > before.steps[n] for n in after.steps), (before, after)
+    assert res.spent <= res.budget
+
+
+def test_a_rung_compares_at_equal_time_not_at_each_arms_last_point():
+    """'fast' steps 4x cheaper and has trained 200 steps (0.2 s), 'slow' 40 steps (0.16 s).  At
+    equal time on the cluster (0.16 s: fast's step 160) slow is ahead; read at its last point, fast
+    would look ahead only because it was given more time.  The race compares at equal time."""
+    from cconv.advisor import race
+
+    curves = {"slow": lambda t: np.exp(-0.02 * t), "fast": lambda t: np.exp(-0.0045 * t)}
+    t = np.arange(1, 201, dtype=float)
+    st = [
+        race.Standing(race.Arm("slow", 4e-3), 40, X.Curve(t[:40], curves["slow"](t[:40])[None]), "running"),
+        race.Standing(race.Arm("fast", 1e-3), 200, X.Curve(t, curves["fast"](t)[None]), "running"),
+    ]
+    tgt = T.Target("test_loss", 1e-9, T.KINDS["loss"])
+    assert race.common_time(st) == pytest.approx(0.16)
+    assert [s.arm.name for s in race.order(st, tgt, race.equal_time_score(st, tgt))] == ["slow", "fast"]
+    assert [s.arm.name for s in race.order(st, tgt)] == ["fast", "slow"]  # each at its last point
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_a_race_never_exceeds_its_budget(seed):
     """Random arm counts, step times, curves and budgets (fixed keys): the steps the race trains

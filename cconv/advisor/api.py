@@ -75,6 +75,8 @@ class Advice(NamedTuple):
     verify: list
     race_wall_s: float
     wall_s: float
+    compile_s: float  # of wall_s: tracing, lowering and compiling programs (``CompileMeter``)
+    programs: int  # programs compiled
     outputs: dict
 
 
@@ -381,17 +383,19 @@ def advise(
     """Race, predict, rank (module docstring).  ``cluster``: a ``cconv.theory.cluster.Cluster`` or
     ``"NODESxGPUS"``.  Writes ``<out>/probes/``, ``advice.json`` and ``advice.png``."""
     from cconv.experiments import io
+    from cconv.experiments.compiletime import CompileMeter
 
     t0 = time.perf_counter()
-    plan = prepare(config, cluster, target=target, budget=budget, seeds=seeds, out=out, overrides=overrides)
-    byname, merged, result, seen = run_race(plan)
-    race_wall = time.perf_counter() - t0
-    rows = evaluate(plan, byname, result, seen)
-    ok, line = report.recommendation(rows, str(plan.target), plan.cluster.name, plan.base.steps)
-    outputs = {"json": os.path.join(plan.out, JSON_NAME)}
-    if figure:
-        _figure(plan, rows, outputs)
-    checks = verify(plan, byname, rows, verify_top) if verify_top else []
+    with CompileMeter() as built:
+        plan = prepare(config, cluster, target=target, budget=budget, seeds=seeds, out=out, overrides=overrides)
+        byname, merged, result, seen = run_race(plan)
+        race_wall = time.perf_counter() - t0
+        rows = evaluate(plan, byname, result, seen)
+        ok, line = report.recommendation(rows, str(plan.target), plan.cluster.name, plan.base.steps)
+        outputs = {"json": os.path.join(plan.out, JSON_NAME)}
+        if figure:
+            _figure(plan, rows, outputs)
+        checks = verify(plan, byname, rows, verify_top) if verify_top else []
     advice = Advice(
         config=plan.source,
         cluster=plan.cluster.name,
@@ -409,6 +413,8 @@ def advise(
         verify=checks,
         race_wall_s=race_wall,
         wall_s=time.perf_counter() - t0,
+        compile_s=built.seconds,
+        programs=built.programs,
         outputs=outputs,
     )
     io.atomic_write_text(outputs["json"], report.dumps(advice))

@@ -10,12 +10,16 @@ seconds per step on the cluster (``cconv.advisor.timing``).  A candidate whose s
 question.  At each rung the candidates are ordered by
 
 1. reached the target: by time to target (first crossing x step_s), fastest first;
-2. not yet: by the gap to the target's metric at the rung's end (mean of the seed-mean log gap
-   over the last two logged points), smallest first;
+2. not yet: by the gap to the target's metric at the time every one of them has trained
+   (``equal_time_score``: each curve read at that time / its own step_s, never before
+   ``MIN_STEPS``), smallest first;
 
 diverged candidates (``cconv.experiments.divergence``) drop out, and a candidate is dropped as soon
 as the time it has trained passes the best time to target already seen (it cannot win).  Survivors
-continue from their checkpoints (``observe`` trains from where a candidate stopped).  When
+continue from their checkpoints (``observe`` trains from where a candidate stopped).  A rung's time
+is at least ``eta`` times the time every survivor has already trained (the first rung's minimum of
+``MIN_STEPS`` can put it past ``T_r``), so every rung trains someone further: a rung never prunes
+on what the previous one already showed.  When
 ``finalists`` are left, they run to the target (or to ``max_steps``) in rungs that keep
 doubling, while the budget lasts.
 
@@ -99,8 +103,8 @@ def rung_counts(n: int, eta: int = ETA, finalists: int = FINALISTS) -> list[int]
     return out
 
 
-def steps_at(arm: Arm, t: float, max_steps: int, min_steps: int = MIN_STEPS) -> int:
-    return int(min(max_steps, max(min_steps, math.ceil(t / arm.step_s - 1e-9))))
+def steps_at(arm: Arm, t: float, max_steps: int, min_steps: int | None = None) -> int:
+    return int(min(max_steps, max(min_steps or MIN_STEPS, math.ceil(t / arm.step_s - 1e-9))))
 
 
 def halving_cost(arms: list[Arm], t0: float, max_steps: int, eta: int = ETA, finalists: int = FINALISTS) -> int:
@@ -134,6 +138,31 @@ def gap_score(curve: Curve, target: Target) -> float:
     m = np.nanmean(np.asarray(curve.values, np.float64).reshape(-1, len(curve.steps)), 0)
     g = np.maximum(target.gap(m[-2:]), 1e-12)
     return float(np.mean(np.log(g)))
+
+
+def gap_at(curve: Curve, step: float, target: Target) -> float:
+    """Log gap of the seed-mean curve at ``step`` (linear in log gap between logged points; a step
+    before the first logged one reads the first)."""
+    m = np.nanmean(np.asarray(curve.values, np.float64).reshape(-1, len(curve.steps)), 0)
+    g = np.log(np.maximum(target.gap(m), 1e-12))
+    return float(np.interp(step, np.asarray(curve.steps, np.float64), g))
+
+
+def common_time(standings: list[Standing]) -> float:
+    """The longest simulated time every running candidate has trained (the equal-time point at
+    which a rung compares them)."""
+    return min((s.steps * s.arm.step_s for s in standings if s.status == "running"), default=0.0)
+
+
+def equal_time_score(standings: list[Standing], target: Target):
+    """The rung's order key for not-yet-reached candidates: each one's gap at the common time
+    (``common_time``), read from its own curve at step common_time / step_s -- the comparison at
+    equal time on the target cluster that the race is about -- but never before ``MIN_STEPS``
+    (the shortest stretch of a curve that says anything; before it, start-up transients such as
+    momentum's S-shaped start decide the order).  Where the first rung's minimum of steps made a
+    fast candidate train past the common time, this reads it where the slowest one stands."""
+    t = common_time(standings)
+    return lambda s: gap_at(s.curve, max(t / s.arm.step_s, MIN_STEPS), target)
 
 
 def order(standings: list[Standing], target: Target, score=None) -> list[Standing]:
@@ -198,7 +227,8 @@ def race(
                 st[n] = st[n]._replace(status="missed")  # the whole step budget, target not reached
         running = [n for n in alive if st[n].status == "running" and st[n].steps * st[n].arm.step_s < best]
         keep_n = counts[r + 1] if r + 1 < len(counts) else finalists
-        kept = [s.arm.name for s in order([st[n] for n in running], target, score)][:keep_n]
+        live = [st[n] for n in running]
+        kept = [s.arm.name for s in order(live, target, score or equal_time_score(live, target))][:keep_n]
         for n in alive:
             if st[n].status == "running" and n not in kept:
                 st[n] = st[n]._replace(status="pruned")
@@ -206,7 +236,7 @@ def race(
         alive = kept
         if spent >= budget:
             break
-        r, t = r + 1, t * eta
+        r, t = r + 1, max(t, common_time([st[n] for n in alive])) * eta  # every rung trains someone further
     for n in alive:  # still running when the budget ran out
         st[n] = st[n]._replace(status="finalist")
     return Race(list(st.values()), rungs, spent, budget)

@@ -39,15 +39,16 @@ def table(results: dict) -> str:
     head = (
         f"| task (target) | Kendall tau (>= {g['tau']}) | regret (<= {g['regret']}) | coverage (>= "
         f"{round(100 * g['coverage'])} %) | width hi/lo (<= {g['width']:g}) | advise / dense run wall "
-        f"(<= {g['wall_ratio']}x) |"
+        f"(<= {g['wall_ratio']}x) | the same, program building left out |"
     )
-    out = [head, "|---|---|---|---|---|---|"]
+    out = [head, "|---|---|---|---|---|---|---|"]
     for t in results["tasks"]:
         b, wall = t["score"], t.get("wall") or {}
         held = " held out" if t["task"] in results.get("held_out", ()) else ""
         out.append(
             f"| {t['task']}{held} ({t['target']}) | {_f(b.get('tau'), '.2f')} | {_regret(b)} | "
-            f"{_pct(b.get('coverage'))} | {_f(b.get('width'), '.1f')} | {_f(wall.get('ratio'), '.1f')}x |"
+            f"{_pct(b.get('coverage'))} | {_f(b.get('width'), '.1f')} | {_f(wall.get('ratio'), '.1f')}x | "
+            f"{_f(wall.get('ratio_running'), '.1f')}x |"
         )
     return "\n".join(out)
 

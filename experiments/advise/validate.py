@@ -335,9 +335,22 @@ def calibrate(truths: dict, out: str):
     return best[1] if best else Settings()
 
 
+_METERED = (
+    "import json, sys\n"
+    "from cconv.experiments.compiletime import CompileMeter\n"
+    "from cconv.cli import main\n"
+    "with CompileMeter() as m:\n"
+    "    rc = main(sys.argv[2:])\n"
+    "json.dump({'compile_s': m.seconds, 'programs': m.programs}, open(sys.argv[1], 'w'))\n"
+    "sys.exit(rc)\n"
+)
+
+
 def wall_times(task: str, out: str, repeats: int = 1) -> dict:
     """``cconv advise`` (default budget) vs ``cconv run`` of the dense config (1 seed), each a fresh
-    process, alternated, compilation included; cached in ``<out>/<task>/wall.json``."""
+    process, alternated, compilation included; and of each, the seconds spent building programs
+    (``CompileMeter``), so the table can also give the ratio of the rest.  Cached in
+    ``<out>/<task>/wall.json``."""
     import yaml
 
     cache = os.path.join(out, task, "wall.json")
@@ -350,21 +363,31 @@ def wall_times(task: str, out: str, repeats: int = 1) -> dict:
     cfg_path = os.path.join(d, "config.yaml")
     with open(cfg_path, "w") as fh:
         yaml.safe_dump(dict(spec["base"], advise=dict(SPACE, target=spec["target"])), fh)
-    cconv = [sys.executable, "-m", "cconv"]
-    res: dict = {"advise_s": [], "dense_s": []}
+    res: dict = {f"{k}_{m}": [] for k in ("advise", "dense") for m in ("s", "compile_s", "programs")}
     for i in range(repeats):
         for kind in ("dense", "advise"):
             run_out = os.path.join(d, f"{kind}-{i}")
-            cmd = cconv + (
+            meter = os.path.join(d, f"{kind}-{i}.compile.json")
+            args = (
                 ["run", cfg_path, "--out", run_out]
                 if kind == "dense"
                 else ["advise", cfg_path, "--cluster", CLUSTER, "--seeds", str(SEEDS), "--out", run_out]
             )
             t = time.perf_counter()
-            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run(
+                [sys.executable, "-c", _METERED, meter, *args],
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             res[f"{kind}_s"].append(time.perf_counter() - t)
+            with open(meter) as fh:
+                m = json.load(fh)
+            res[f"{kind}_compile_s"].append(m["compile_s"])
+            res[f"{kind}_programs"].append(m["programs"])
     res = {k: float(np.median(v)) for k, v in res.items()}
     res["ratio"] = res["advise_s"] / res["dense_s"]
+    res["ratio_running"] = (res["advise_s"] - res["advise_compile_s"]) / (res["dense_s"] - res["dense_compile_s"])
     with open(cache, "w") as fh:
         json.dump(res, fh)
     return res
@@ -410,6 +433,11 @@ def markdown(results: list, settings, command: str) -> str:
     for r in results:
         b, w = r["score"], r.get("wall")
         wall = f"{w['ratio']:.1f}x ({w['advise_s']:.0f} s / {w['dense_s']:.0f} s)" if w else "-"
+        if w and "ratio_running" in w:
+            wall += (
+                f"; building programs {w['advise_compile_s']:.0f} s ({w['advise_programs']:.0f}) / "
+                f"{w['dense_compile_s']:.0f} s ({w['dense_programs']:.0f}); the rest {w['ratio_running']:.1f}x"
+            )
         lines.append(
             f"| {r['task']} | {'held out' if r['task'] in HELD_OUT else 'tuning'} | {r['target']} | {_f(b['tau'])} | "
             f"{_f(b['regret'])} ({b['pick']}) | {_f(b['coverage'], '{:.0%}')} ({b['checked']}) | {_f(b['width'])} | "

@@ -1,0 +1,28 @@
+"""``CompileMeter``: JAX's own build-time events summed over a block."""
+
+import jax
+import jax.numpy as jnp
+
+from cconv.experiments.compiletime import CompileMeter
+
+
+def test_a_new_program_is_counted_and_a_cached_one_is_not():
+    f = jax.jit(lambda x: jnp.sin(x) * 3.0 + x.sum())
+    x = jnp.arange(7.0)
+    with CompileMeter() as first:
+        f(x).block_until_ready()
+    with CompileMeter() as again:
+        f(x).block_until_ready()
+    assert first.programs == 1 and first.seconds > 0
+    assert again.programs == 0 and again.seconds == 0
+
+
+def test_meters_nest():
+    g = jax.jit(lambda x: x * 2.0)
+    h = jax.jit(lambda x: x - 1.0)
+    x = jnp.ones(3)
+    with CompileMeter() as outer:
+        g(x).block_until_ready()
+        with CompileMeter() as inner:
+            h(x).block_until_ready()
+    assert inner.programs == 1 and outer.programs == 2 and outer.seconds >= inner.seconds
