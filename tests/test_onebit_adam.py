@@ -48,6 +48,7 @@ def _run(tx, A, b, steps, record=()):
     return params, states, updates
 
 
+@pytest.mark.slow  # a traced optimizer run over the warm-up switch (~7 s)
 def test_warmup_is_adam_then_the_variance_freezes_and_one_bit_travels():
     A, b = _problem()
     tx = onebit_adam(0.01, warmup_steps=5, axis_name="data")

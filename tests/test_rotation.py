@@ -25,6 +25,7 @@ VARIANTS = [("drive", {"unbiased": u}) for u in (True, False)] + [
 ]
 
 
+@pytest.mark.slow  # ~3 s of small compiles
 def test_fwht_is_the_hadamard_matrix_and_the_rotation_is_orthonormal():
     v = np.random.default_rng(0).standard_normal(512)
     for n in (1, 2, 8, 32, 512):  # 512 = 16 * 16 * 2: a partial last stage

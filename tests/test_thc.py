@@ -25,6 +25,7 @@ def force_int8(monkeypatch):
     monkeypatch.setattr(IntSum, "sum_dtype", staticmethod(lambda workers, d, level_max, nbytes: jnp.int8))
 
 
+@pytest.mark.slow  # three architectures compiled (~9 s)
 def test_summed_levels_equal_gathered_decodings_and_the_server(force_int8):
     """int8 sums of the levels (ring all-reduce), gathered payloads decoded each, and the
     parameter server's integer sum all give the same average (same keys)."""

@@ -412,7 +412,14 @@ print({n: oct(os.stat(os.path.join(d, n)).st_mode & 0o777) for n in sorted(os.li
 
 
 @pytest.mark.slow  # a process that imports matplotlib and pandas (~3 s)
-@pytest.mark.parametrize("umask,mode", [("022", "0o644"), ("077", "0o600"), ("002", "0o664")])
+@pytest.mark.parametrize(
+    "umask,mode",
+    [
+        ("022", "0o644"),
+        pytest.param("077", "0o600", marks=pytest.mark.extended),
+        pytest.param("002", "0o664", marks=pytest.mark.extended),
+    ],
+)
 def test_files_respect_the_umask(umask, mode, tmp_path):
     """config.yaml, summary.json, report.csv, the figures (and advice.json, through the same
     helper) were 0600 whatever the umask (``tempfile.mkstemp``); metrics.jsonl 0644."""
