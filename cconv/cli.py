@@ -52,9 +52,10 @@ from cconv import doctor
 from cconv._startup import configure_devices
 from cconv._startup import quiet_libraries as _quiet_libraries
 from cconv.advisor import cli as advise_cli
+from cconv.advisor import plan_measure
 from cconv.cli_schema import Command, Option
 from cconv.experiments.plotting import BANDS, LEGEND, X_AXES
-from cconv.theory import calibrate_cli, plan_cli
+from cconv.theory import calibrate_cli
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
@@ -372,7 +373,7 @@ REPORT = Command(
 
 COMMANDS: dict[str, Command] = {
     c.name: c
-    for c in (RUN, SWEEP, PLOT, REPORT, doctor.COMMAND, advise_cli.COMMAND, plan_cli.COMMAND, calibrate_cli.COMMAND)
+    for c in (RUN, SWEEP, PLOT, REPORT, doctor.COMMAND, advise_cli.COMMAND, plan_measure.COMMAND, calibrate_cli.COMMAND)
 }
 """Every ``cconv`` command, in the order of ``cconv --help``; each table lives beside its handler."""
 
