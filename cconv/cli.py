@@ -9,7 +9,7 @@
     cconv doctor [--platform cuda|rocm|tpu|all] [--full] [--json FILE]
     cconv advise CONFIG --cluster NODESxGPUS [--intra LINK] [--network NET] [--device GPU]
                  [--target METRIC=VALUE] [--budget B] [--seeds N] [--verify N] [--json] [--out DIR]
-                 [--set KEY=VALUE ...]
+                 [--set KEY=VALUE ...] [--timing modelled|measured [--measure-steps N]]
     cconv plan (--workload NAME | --params D --flops-per-sample C --batch M) --workers P --network NET[,NET...]
                [--alpha SECONDS --beta SECONDS_PER_BYTE] [--device-flops F] [--methods M1,M2 | --methods survey]
                [--sweep KNOB=v1,v2 ...] [--ratios R1,R2] [--ranks R1,R2] [--levels S1,S2] [--hparam NAME=VALUE ...]
@@ -19,6 +19,7 @@
     cconv plan --workload NAME --cluster NODESxGPUS [--intra LINK] [--network NET] [--device GPU]
                [--schedule NAME] [--architecture hierarchical|ring|tree]
                [--implementation fused|per-tensor|mpi] [--device-profile FILE] [--interference KAPPA] [--json]
+    cconv plan --cluster NODESxGPUS --measure CONFIG [--measure-steps N] [--methods M1,M2] [--ratios R1,R2] [--json]
     cconv calibrate --out FILE [--methods M1,M2] [--sizes N1,N2] [--repeats N]
 
 Every command also takes ``--debug`` (before or after the command).  The options are declared as

@@ -396,23 +396,13 @@ def advise(
     repeats: int | None = None,
 ) -> Advice:
     """Race, predict, rank (module docstring).  ``cluster``: a ``cconv.theory.cluster.Cluster`` or
-    ``"NODESxGPUS"``; ``timing``: "modelled" (on the cluster) or "measured" (the real step on this
-    machine, ``repeats`` timed steps per phase: ``cconv.advisor.timing``).  Writes
-    ``<out>/probes/``, ``advice.json`` and ``advice.png``."""
+    ``"NODESxGPUS"``; ``timing``: modelled on the cluster or measured here (``repeats`` steps per
+    phase; ``cconv.advisor.timing``).  Writes ``<out>/probes/``, ``advice.json`` and ``advice.png``."""
     from cconv.experiments import io
 
     t0 = time.perf_counter()
-    plan = prepare(
-        config,
-        cluster,
-        target=target,
-        budget=budget,
-        seeds=seeds,
-        out=out,
-        overrides=overrides,
-        timing=timing,
-        repeats=repeats,
-    )
+    kw = dict(target=target, budget=budget, seeds=seeds, out=out, overrides=overrides, timing=timing)
+    plan = prepare(config, cluster, repeats=repeats, **kw)
     byname, merged, result, seen = run_race(plan)
     race_wall = time.perf_counter() - t0
     rows = evaluate(plan, byname, result, seen)
