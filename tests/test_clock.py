@@ -253,15 +253,15 @@ def test_advise_timing_measured_end_to_end_on_simulated_devices(tmp_path):
 @pytest.mark.slow
 def test_plan_measure_end_to_end_on_simulated_devices(tmp_path):
     """``cconv plan --cluster 1x4 --measure CONFIG``: every row has the model's iteration time and
-    the measured step (the parameter-server row included); the table says where it was measured."""
+    the measured step (the parameter-server row and gTop-k's recursive doubling included)."""
     from runs_helpers import run_cconv as cconv
 
     cfg = _config(tmp_path, {k: v for k, v in TINY.items() if k != "advise"})
-    base = ["plan", "--cluster", "1x4", "--measure", cfg, "--methods", "none,topk,none-ps", "--ratios", "0.1"]
+    base = ["plan", "--cluster", "1x4", "--measure", cfg, "--methods", "none,topk,none-ps,gtopk", "--ratios", "0.1"]
     r = cconv(*base, "--measure-steps", "3", "--json")
     assert r.returncode == 0, r.stderr
     recs = json.loads(r.stdout)
-    assert [x["method"] for x in recs] == ["none", "topk", "none-ps"]
+    assert [x["method"] for x in recs] == ["none", "topk", "none-ps", "gtopk"]
     for x in recs:
         assert x["modelled_s"] == x["iteration_time_s"] > 0 and x["measured_s"] > 0
         assert x["measured_on"] == "4 x cpu" and x["measure_steps"] == 3

@@ -68,24 +68,46 @@ def _config(path: str, workers: int):
     return cfg
 
 
-def _candidate(cfg, method, knobs: dict):
-    """The run config of one planned row, or None when the row's collective has no config key."""
-    from cconv.experiments.build import check_names
+def _built(raw: dict, source: str):
+    """(RunConfig, built Problem) of ``raw``, or the line of the loader or engine that refuses it
+    (the config's warnings, e.g. on the learning rate, were given when the config was planned)."""
+    from cconv.experiments import build as B
     from cconv.experiments.config import from_dict
 
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cfg = from_dict(raw, source=source)
+            B.check_names(cfg)
+            return cfg, B.problem(cfg)
+    except ValueError as e:
+        return str(e).splitlines()[0][:160]
+
+
+def _candidate(cfg, method, knobs: dict):
+    """(RunConfig, Problem) of one planned row, or why not (a refusal; no run config performs its
+    collective).  A parameter-server method runs with ``architecture: parameter-server``; a method
+    that names a collective kind (gTop-k's ``recursive_doubling``) with the run-config
+    ``collective`` whose step performs that kind (``Trainer.step_work``), found by trying each."""
+    from cconv.engine.config import COLLECTIVES
+
     raw = {**cfg.to_dict(), "compressor": {"name": method.compressor, **knobs}, "memory": "none"}
+    src = f"{method.name} {knobs}"
+    if method.collective is None:
+        return _built(raw, src)
     if method.collective == PL.PS:
-        raw["architecture"] = "parameter-server"
-    elif method.collective is not None:
-        return None
-    out = from_dict(raw, source=f"{method.name} {knobs}")
-    check_names(out)
-    return out
+        return _built({**raw, "architecture": "parameter-server"}, src)
+    for c in COLLECTIVES:
+        got = _built({**raw, "collective": c}, src)
+        if not isinstance(got, str) and any(
+            k.kind == method.collective for k in got[1].trainer.step_work(0).collectives
+        ):
+            return got
+    return f"no run config performs its {method.collective} collective"
 
 
 def _measure_rows(cfg, rows: list, repeats: int, notes: list) -> dict:
     """Measured seconds per step by (method, setting) (NaN: not measurable here, with a note)."""
-    from cconv.experiments import build as B
     from cconv.experiments import clock
 
     table, out = PL.all_methods(), {}
@@ -93,16 +115,12 @@ def _measure_rows(cfg, rows: list, repeats: int, notes: list) -> dict:
         key = (r.method, r.setting)
         if key in out:
             continue
-        cand = _candidate(cfg, table[r.method], dict(r.knobs))
-        if cand is None:
-            why = f"its collective ({table[r.method].collective}) has no run-config key"
-            notes.append(f"{r.method} not measured: {why}")
+        got = _candidate(cfg, table[r.method], dict(r.knobs))
+        if isinstance(got, str):
+            notes.append(f"{r.method} ({r.setting}) not measured: {got}")
             out[key] = math.nan
             continue
-        with warnings.catch_warnings():  # the config's advice (lr, EF) was given when it was planned
-            warnings.simplefilter("ignore")
-            problem = B.problem(cand)
-        out[key] = clock.measure_step(problem, repeats, steps=min(64, cand.steps))
+        out[key] = clock.measure_step(got[1], repeats, steps=min(64, got[0].steps))
     return out
 
 

@@ -53,7 +53,7 @@ def main() -> None:
         with open(os.path.join(HERE, "measured_advise.md"), "w") as f:
             f.write(text)
         _run(["calibrate", "--out", "cpu.json", "--methods", "topk,signsgd,qsgd", "--sizes", "10000,100000"], tmp)
-        plan = ["plan", "--cluster", "1x4", "--measure", CONFIG, "--methods", "none,topk,signsgd,qsgd,none-ps"]
+        plan = ["plan", "--cluster", "1x4", "--measure", CONFIG, "--methods", "none,topk,gtopk,signsgd,qsgd,none-ps"]
         plan += ["--ratios", "0.1", "--schedule", "bsp", "--measure-steps", "20"]
         text = _block(plan, tmp) + "\n" + _block([*plan, "--device-profile", "cpu.json"], tmp)
         with open(os.path.join(HERE, "measured_plan.md"), "w") as f:
