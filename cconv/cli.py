@@ -9,7 +9,7 @@
     cconv doctor [--platform cuda|rocm|tpu|all] [--full] [--json FILE]
     cconv advise CONFIG --cluster NODESxGPUS [--intra LINK] [--network NET] [--device GPU]
                  [--target METRIC=VALUE] [--budget B] [--seeds N] [--verify N] [--json] [--out DIR]
-                 [--set KEY=VALUE ...]
+                 [--set KEY=VALUE ...] [--timing modelled|measured [--measure-steps N]]
     cconv plan (--workload NAME | --params D --flops-per-sample C --batch M) --workers P --network NET[,NET...]
                [--alpha SECONDS --beta SECONDS_PER_BYTE] [--device-flops F] [--methods M1,M2 | --methods survey]
                [--sweep KNOB=v1,v2 ...] [--ratios R1,R2] [--ranks R1,R2] [--levels S1,S2] [--hparam NAME=VALUE ...]
@@ -19,6 +19,7 @@
     cconv plan --workload NAME --cluster NODESxGPUS [--intra LINK] [--network NET] [--device GPU]
                [--schedule NAME] [--architecture hierarchical|ring|tree]
                [--implementation fused|per-tensor|mpi] [--device-profile FILE] [--interference KAPPA] [--json]
+    cconv plan --cluster NODESxGPUS --measure CONFIG [--measure-steps N] [--methods M1,M2] [--ratios R1,R2] [--json]
     cconv calibrate --out FILE [--methods M1,M2] [--sizes N1,N2] [--repeats N]
 
 Every command also takes ``--debug`` (before or after the command).  The options are declared as
@@ -52,9 +53,10 @@ from cconv import doctor
 from cconv._startup import configure_devices
 from cconv._startup import quiet_libraries as _quiet_libraries
 from cconv.advisor import cli as advise_cli
+from cconv.advisor import plan_measure
 from cconv.cli_schema import Command, Option
 from cconv.experiments.plotting import BANDS, LEGEND, X_AXES
-from cconv.theory import calibrate_cli, plan_cli
+from cconv.theory import calibrate_cli
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
@@ -372,7 +374,7 @@ REPORT = Command(
 
 COMMANDS: dict[str, Command] = {
     c.name: c
-    for c in (RUN, SWEEP, PLOT, REPORT, doctor.COMMAND, advise_cli.COMMAND, plan_cli.COMMAND, calibrate_cli.COMMAND)
+    for c in (RUN, SWEEP, PLOT, REPORT, doctor.COMMAND, advise_cli.COMMAND, plan_measure.COMMAND, calibrate_cli.COMMAND)
 }
 """Every ``cconv`` command, in the order of ``cconv --help``; each table lives beside its handler."""
 

@@ -44,6 +44,8 @@ class Plan(NamedTuple):
     skipped: list  # (candidate name, reason)
     out: str
     first: Any  # the first (dense) candidate's built Problem: read for the target's metrics, then raced
+    timing: str = "modelled"  # how a step is timed (``timing.TIMINGS``)
+    repeats: int = 0  # measured: timed real steps per phase
 
 
 class VerifyRow(NamedTuple):
@@ -78,6 +80,7 @@ class Advice(NamedTuple):
     compile_s: float  # of wall_s: tracing, lowering and compiling programs (``CompileMeter``)
     programs: int  # programs compiled
     outputs: dict
+    timing: str = "modelled"  # modelled | measured (``cconv.advisor.timing``)
 
 
 def load_config(config: Any, overrides: list | None = None) -> tuple[RunConfig, str, tuple]:
@@ -130,14 +133,18 @@ def _options(sp: Space, budget: Any, seeds: Any) -> tuple[float, int]:
     return float(b), n
 
 
-def prepare(config, cluster, *, target=None, budget=None, seeds=None, out=None, overrides=None) -> Plan:
+def prepare(
+    config, cluster, *, target=None, budget=None, seeds=None, out=None, overrides=None, timing="modelled", repeats=None
+) -> Plan:
     """Validate everything (one-line ValueError) and each candidate's config; writes nothing."""
+    from cconv.advisor import timing as TM
     from cconv.experiments import io
     from cconv.theory import cluster as CL
 
     cfg, src, rules = load_config(config, overrides)
     cl = CL.parse(cluster) if isinstance(cluster, str) else cluster
     sp = space.parse(cfg.advise, cfg)
+    repeats = TM.check_timing(timing, repeats, sp.schedules, cl.workers)
     b, n_seeds = _options(sp, budget, seeds)
     if cfg.batch_size % cl.workers:
         raise ValueError(
@@ -170,7 +177,7 @@ def prepare(config, cluster, *, target=None, budget=None, seeds=None, out=None, 
     out = out or os.path.join("results", "advise", name)
     io.check_creatable(out)
     check_out(out)
-    return Plan(cfg, src, rules, cl, sp, tgt, b, n_seeds, cands, skipped, out, first)
+    return Plan(cfg, src, rules, cl, sp, tgt, b, n_seeds, cands, skipped, out, first, timing, repeats)
 
 
 def _parse_target(text: str, problem: Any) -> Target:
@@ -243,7 +250,10 @@ def _entrants(plan: Plan) -> tuple[list, list]:
         elif colls == dense_colls and c.overrides["compressor"]["name"] != space.DENSE and _plain_sync(c, plan):
             merged.append((c.name, "the same traffic as dense on this model (it compresses none of its tensors)"))
             continue
-        entrants.append(Entrant(pr, timing.step_times(pr.problem, plan.cluster, plan.space.schedules, profile)))
+        times = timing.step_times(pr.problem, plan.cluster, plan.space.schedules, profile)
+        if plan.timing == "measured":  # the real step on this machine, the model beside it
+            times = timing.measured(times, timing.measure(cfg, plan.base.launcher, plan.repeats))
+        entrants.append(Entrant(pr, times))
     return entrants, merged
 
 
@@ -368,6 +378,11 @@ def _figure(plan: Plan, rows: list, outputs: dict) -> None:
         os.unlink(path)
 
 
+def _where(plan: Plan) -> str:
+    """The cluster, and for measured timing the machine the steps ran on."""
+    return plan.cluster.name + (f" ({timing.measured_on()})" if plan.timing == "measured" else "")
+
+
 def advise(
     config: Any,
     cluster: Any,
@@ -379,26 +394,31 @@ def advise(
     out: str | None = None,
     overrides: list | None = None,
     figure: bool = True,
+    timing: str = "modelled",
+    repeats: int | None = None,
 ) -> Advice:
     """Race, predict, rank (module docstring).  ``cluster``: a ``cconv.theory.cluster.Cluster`` or
-    ``"NODESxGPUS"``.  Writes ``<out>/probes/``, ``advice.json`` and ``advice.png``."""
+    ``"NODESxGPUS"``; ``timing``: modelled on the cluster or measured here (``repeats`` steps per
+    phase; ``cconv.advisor.timing``).  Writes ``<out>/probes/``, ``advice.json`` and ``advice.png``."""
     from cconv.experiments import io
     from cconv.experiments.compiletime import CompileMeter
 
     t0 = time.perf_counter()
+    kw = dict(target=target, budget=budget, seeds=seeds, out=out, overrides=overrides, timing=timing)
     with CompileMeter() as built:
-        plan = prepare(config, cluster, target=target, budget=budget, seeds=seeds, out=out, overrides=overrides)
+        plan = prepare(config, cluster, repeats=repeats, **kw)
         byname, merged, result, seen = run_race(plan)
         race_wall = time.perf_counter() - t0
         rows = evaluate(plan, byname, result, seen)
-        ok, line = report.recommendation(rows, str(plan.target), plan.cluster.name, plan.base.steps)
+        where = _where(plan)
+        ok, line = report.recommendation(rows, str(plan.target), where, plan.base.steps)
         outputs = {"json": os.path.join(plan.out, JSON_NAME)}
         if figure:
             _figure(plan, rows, outputs)
         checks = verify(plan, byname, rows, verify_top) if verify_top else []
     advice = Advice(
         config=plan.source,
-        cluster=plan.cluster.name,
+        cluster=where,
         target=str(plan.target),
         workers=plan.cluster.workers,
         steps=plan.base.steps,
@@ -416,6 +436,7 @@ def advise(
         compile_s=built.seconds,
         programs=built.programs,
         outputs=outputs,
+        timing=plan.timing,
     )
     io.atomic_write_text(outputs["json"], report.dumps(advice))
     return advice

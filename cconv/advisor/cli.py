@@ -7,6 +7,7 @@ import math
 import sys
 
 from cconv.advisor import report as R
+from cconv.advisor.timing import TIMINGS
 from cconv.cli_schema import Command, Option
 from cconv.theory import cluster as CL
 
@@ -42,11 +43,13 @@ def _verify_table(rows) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cconv._startup import quiet_libraries
+    from cconv._startup import configure_devices, quiet_libraries
 
     if not 0 <= args.verify <= 64:
         raise ValueError(f"--verify must be an integer in [0, 64], got {args.verify}")
     cluster = CL.from_args(args)
+    if args.timing == "measured":  # one simulated CPU device per worker, before jax starts
+        configure_devices(cluster.workers)
     quiet_libraries()
     from cconv.advisor.api import advise
 
@@ -59,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
         verify_top=args.verify,
         out=args.out,
         overrides=args.set,
+        timing=args.timing,
+        repeats=args.measure_steps,
     )
     if args.json:
         sys.stdout.write(R.dumps(adv) + "\n")
@@ -89,6 +94,19 @@ COMMAND = Command(
         ),
         Option("--seeds", type=int, help="seeds per candidate, run as one program (default 3, at most 16)"),
         Option("--verify", type=int, default=0, metavar="N", help="continue the top N to the full budget and compare"),
+        Option(
+            "--timing",
+            choices=TIMINGS,
+            default="modelled",
+            help="how a step is timed: modelled on the cluster (default), or measured: each candidate's real step "
+            "on this machine (one device per worker; simulated CPU devices on CPU), the model beside it",
+        ),
+        Option(
+            "--measure-steps",
+            type=int,
+            metavar="N",
+            help="with --timing measured: timed steps per phase after compilation, median taken (default 10)",
+        ),
         Option("--json", action="store_true", help="print the advice as JSON instead of the table"),
         Option("--out", help="output directory (default results/advise/<config name>)"),
         Option("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key; repeatable"),

@@ -128,7 +128,9 @@ def _unranked(r: Row, budget: int) -> str:
 def table(rows: list[Row], multi_schedule: bool, budget: int) -> str:
     """The ranked table (plain text, one row per line)."""
     head = ["#", "candidate"] + (["schedule"] if multi_schedule else [])
-    head += ["steps to target", "s/step", "time to target", "speedup", "bytes/step", "why", "flags"]
+    measured = any(math.isfinite(r.step.measured_s) for r in rows)  # then the model beside it
+    per_step = ["measured s/step", "modelled s/step"] if measured else ["s/step"]
+    head += ["steps to target", *per_step, "time to target", "speedup", "bytes/step", "why", "flags"]
     body = []
     for r in rows:
         p = r.prediction
@@ -140,7 +142,8 @@ def table(rows: list[Row], multi_schedule: bool, budget: int) -> str:
         else:
             steps, tt, sp, flags = "-", "-", "-", _unranked(r, budget)
         cells = [str(r.rank) if r.rank else "-", r.candidate] + ([r.schedule] if multi_schedule else [])
-        cells += [steps, _fmt_t(r.step.step_s), tt, sp, _fmt_b(r.bytes_per_step), r.why, flags]
+        cells += [steps, _fmt_t(r.step.step_s), *([_fmt_t(r.step.modelled_s)] if measured else [])]
+        cells += [tt, sp, _fmt_b(r.bytes_per_step), r.why, flags]
         body.append(cells)
     widths = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head) - 1)]
     lines = []

@@ -1,130 +1,124 @@
 """Seconds per training step of a probed candidate on the target cluster (the systems simulator).
 
-For a probe (its trainer, built with the cluster's P workers) and a cluster
-(``cconv.theory.cluster.Cluster``: device, intra-node link, inter-node network):
+The one clock (``cconv.experiments.clock``) times a step from what the trainer states it does
+(``Trainer.step_work``), with one worker's costs either
 
-* compute: the model's forward + backward FLOPs on the local batch (``cconv.theory.profiles
-  .from_spec``, read from the model's jaxpr) / the device's sustained FLOP/s (``Device.flops``),
-  times the synchronization mode's span of the step (``SyncMode.span``: 1 without a worker
-  timing model), plus ``3 x layers x Device.launch_s`` (a forward and two backward kernels per
-  layer, each paying the device's launch cost: small models are launch bound);
-* communication: the step's own collectives (``trainer.collectives(step)``: kind, bytes and count
-  as the engine performs them, the same list that the byte ledger records), on the cluster's
-  two-level network (``Cluster.network()``), through a parameter server when the candidate's
-  transport goes through one (``Transport.via_server``);
-* compression and decompression: cconv's fused program's cost model, the planner's
-  (``cconv.theory.schedule.compress``): per compressed tensor of n elements (the run's own
-  ``build.compressed_shapes``), compress = x_c(n) F(n) + launch and decompress =
-  m x_d(n) F(n) + launch, with F(n) = 4 n / B_device the device's read floor, x_c and x_d cconv's
-  benchmarked multiples of it for this compressor (``experiments/benchmarks/results``), m the
-  payloads a worker decodes (P after an all-gather); error feedback or another memory adds two
-  passes (read x + e, write e).  A model, not a measurement on this machine: the advice is the same
-  on every machine and every run (measured compression on the host, scaled by memory bandwidth,
-  varied by the host's load from one run to the next);
-* overlap and fusion: one iteration of the event simulator (``cconv.theory.schedule.runs
-  .step_time``) under the schedule (``wfbp``, ``mg-wfbp``, ``bytescheduler``, ``bsp``, ...).
+* **modelled** (default) on the cluster's device (``clock.Modelled``): compute = the model's
+  forward + backward FLOPs on the local batch (``cconv.theory.profiles.from_spec``) / the
+  device's sustained FLOP/s, times the synchronization mode's span of the step, plus
+  ``3 x layers x Device.launch_s``; compression and decompression = cconv's fused program's cost
+  model per compressed tensor (x_c(n) F(n) + memory passes + m x_d(n) F(n) + launches, m the
+  payloads a worker decodes: P after an all-gather).  A model, not a measurement on this machine:
+  the advice is the same on every machine and every run;
 
-The step time is averaged over the first ``STEPS`` steps (local SGD and AdaComm alternate steps
-with and without communication).
+and the communication = the step's own collectives (kind, bytes and count as the engine performs
+them, the list the byte ledger records) on the cluster's two-level network
+(``Cluster.network()``), through a parameter server when the candidate's transport goes through
+one; overlap and fusion = one iteration of the event simulator
+(``cconv.theory.schedule.runs.step_time``) under the schedule (``wfbp``, ``mg-wfbp``,
+``bytescheduler``, ``bsp``, ...).  The step time is averaged over the first ``STEPS`` steps
+(local SGD and AdaComm alternate steps with and without communication).
+
+* **measured** (``timing="measured"``): the candidate's real training step on this machine
+  (``clock.measure_step``: its own launcher, one device per worker, the median of ``repeats``
+  timed steps per phase after compilation), shown beside the modelled time of the same step
+  (``StepTime.modelled_s``); the race then runs on the measured seconds.  A measured step is of
+  the machine it ran on, not of the cluster named.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
-import numpy as np
-
 STEPS = 64  # steps averaged (covers the usual local-SGD periods)
-KERNELS_PER_LAYER = 3  # forward, backward to the input, backward to the weights
+TIMINGS = ("modelled", "measured")
+MEASURE_REPEATS, MAX_REPEATS = 10, 1000  # timed real steps per phase (--measure-steps)
 
 
 class StepTime(NamedTuple):
-    """Mean seconds per step on the cluster, and its parts (no overlap in the parts)."""
+    """Mean seconds per step on the cluster, and its parts (no overlap in the parts; modelled)."""
 
     schedule: str
-    step_s: float
+    step_s: float  # the step time the race uses: modelled_s, or measured_s when measured
     compute_s: float
     comm_s: float  # the collectives' time alone (no overlap)
     compress_s: float  # compression + decompression on the device
+    modelled_s: float = math.nan  # the clock's model of the step on the cluster
+    measured_s: float = math.nan  # the real step on this machine (``timing="measured"``)
 
 
 def profile_of(problem: Any):
-    """The run's model as layers on its local batch (as ``runner.SimClock.profile``)."""
-    import jax
+    """The run's model as layers on its local batch (``cconv.experiments.clock.profile_of``)."""
+    from cconv.experiments import clock
 
-    from cconv.theory import profiles
-
-    cfg = problem.cfg
-    x = np.asarray(problem.ds.train["x"][:1])
-    b = jax.ShapeDtypeStruct((cfg.batch_size // cfg.workers, *x.shape[1:]), x.dtype)
-    return profiles.from_spec(cfg.model["name"], problem.specs[0], b)
-
-
-MEMORY_PASSES = 2.0  # error feedback (and DGC's memory): read x + e, write the new e
-
-
-def exchange_seconds(problem: Any, device: Any, workers: int) -> float:
-    """One worker's compression + decompression per communicating step on ``device`` (module
-    docstring): 0 for the dense baseline."""
-    import warnings
-
-    import jax
-
-    from cconv.experiments import build
-    from cconv.theory import implementation as IM
-    from cconv.theory import planner as PL
-    from cconv.theory.schedule import compress as CP
-
-    cfg = problem.cfg
-    c = build.make_compressor(cfg.compressor)
-    name = cfg.compressor["name"]
-    if name == PL.identity_name():
-        return 0.0
-    m = IM.decodes(c.aggregation if isinstance(c.aggregation, str) else "allreduce", workers)
-    bench = CP.load_bench()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CP.EstimatedCostWarning)
-        rows = bench.get(name) or CP.estimated_rows(name, bench)
-    shapes = [x.shape for x in jax.tree.leaves(problem.specs[0].params)]
-    extra = MEMORY_PASSES if cfg.memory not in (None, "none") else 0.0
-    total = 0.0
-    for shape in build.compressed_shapes(cfg, shapes):
-        n = float(np.prod(shape))
-        cx, dx = CP.ratio_at(rows, n)
-        floor = device.read_floor(n)
-        total += (cx + extra) * floor + m * dx * floor + 2 * device.launch_s
-    return total
+    return clock.profile_of(problem)
 
 
 def step_times(problem: Any, cluster: Any, schedules: tuple, profile: Any = None) -> list[StepTime]:
-    """``StepTime`` of the probe's ``problem`` on ``cluster`` under each schedule (module docstring)."""
-    from cconv.comm.aggregation import TRANSPORTS
-    from cconv.theory import network as N
-    from cconv.theory.schedule import runs
+    """Modelled ``StepTime`` of the probe's ``problem`` on ``cluster`` under each schedule."""
+    from cconv.experiments import clock
 
-    profile = profile if profile is not None else profile_of(problem)
-    trainer, dev, net, P = problem.trainer, cluster.device, cluster.network(), cluster.workers
-    layers = len(profile.layers)
-    compute = (profile.fwd_flops + profile.bwd_flops) / dev.flops + KERNELS_PER_LAYER * layers * dev.launch_s
-    ex_s = exchange_seconds(problem, dev, P)
-    sync, ps = trainer.sync, TRANSPORTS[trainer.cfg.architecture].via_server
+    costs = clock.Modelled(problem, cluster.device, cluster.workers, profile)
+    net = cluster.network()
+    ck = clock.Clock(problem.trainer, costs, [net], cluster.workers, profile=costs.profile)
     steps = range(min(STEPS, problem.cfg.steps))
-    per_phase: dict = {}
-    for s in steps:
-        ph = trainer.phase(s)
-        if ph not in per_phase:
-            colls = [c for c in trainer.collectives(s) if not getattr(c, "control", False)]
-            talks = sync.communicates(ph) and colls
-            ex = ex_s if talks else 0.0
-            per_phase[ph] = (colls, ex, N.step_comm_time(colls, P, net) if colls else 0.0)
     out = []
     for sched in schedules:
-        tot = np.zeros(4)
-        for s in steps:
-            colls, ex, comm = per_phase[trainer.phase(s)]
-            c = compute * sync.span(trainer.cfg, s)
-            t = runs.step_time(profile, colls, P, net, sched, c, ex, ps=ps) if colls else c
-            tot += (t, c, comm, ex)
-        tot /= len(steps)
-        out.append(StepTime(sched, *map(float, tot)))
+        c = ck.mean(steps, net, sched)
+        out.append(StepTime(sched, c.step_s, c.compute_s, c.comm_s, c.compress_s, c.step_s))
     return out
+
+
+def measured(times: list[StepTime], seconds: float) -> list[StepTime]:
+    """``times`` with the race's step time the measured ``seconds`` (the model kept beside it)."""
+    return [t._replace(step_s=seconds, measured_s=seconds) for t in times]
+
+
+def check_timing(timing: str, repeats: Any, schedules: tuple, workers: int) -> int:
+    """Validate the timing options (one-line ValueError, nothing measured yet); the repeats."""
+    if timing not in TIMINGS:
+        raise ValueError(f"--timing must be one of {', '.join(TIMINGS)}, got {str(timing)[:40]!r}")
+    n = MEASURE_REPEATS if repeats is None else repeats
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_REPEATS:
+        raise ValueError(f"--measure-steps must be an integer in [1, {MAX_REPEATS}], got {n!r}")
+    if timing != "measured":
+        if repeats is not None:
+            raise ValueError("--measure-steps needs --timing measured")
+        return n
+    if len(schedules) > 1:
+        raise ValueError(
+            f"--timing measured times the real step (its own overlap), beside one schedule's model: give one "
+            f"of advise.schedules ({', '.join(schedules)}), or --timing modelled"
+        )
+    import jax
+
+    if jax.device_count() < workers:
+        raise ValueError(
+            f"--timing measured runs each candidate's step with one device per worker: the cluster has {workers} "
+            f"workers, this machine {jax.device_count()} {jax.default_backend()} device(s)"
+        )
+    return n
+
+
+def measure(cfg: Any, launcher: str, repeats: int) -> float:
+    """Seconds of the real step of the candidate whose probe config is ``cfg``: one seed, the
+    user's launcher ``launcher`` (one device per worker), ``clock.measure_step``."""
+    import warnings
+
+    from cconv.experiments import build as B
+    from cconv.experiments import clock
+    from cconv.experiments.config import from_dict
+
+    raw = {**cfg.to_dict(), "launcher": launcher, "seed": cfg.seeds()[0]}
+    with warnings.catch_warnings():  # the probe's build gave the config's warnings already
+        warnings.simplefilter("ignore")
+        problem = B.problem(from_dict(raw, source="measured candidate"))
+    return clock.measure_step(problem, repeats, steps=min(STEPS, cfg.steps))
+
+
+def measured_on() -> str:
+    """What a measured step ran on, for the cluster line: ``measured on 8 x cpu``."""
+    from cconv.experiments import clock
+
+    return f"measured on {clock.device_label()}"

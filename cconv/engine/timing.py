@@ -1,7 +1,7 @@
 """Worker timing model and the event schedules of SSP and ASP (pure numpy, deterministic).
 
 Worker i's compute time at its k-th step, in units of the measured compute time of one step
-(``cconv.experiments.runner.Calibration``)::
+(``cconv.experiments.clock.Measured``)::
 
     d[i, k] = speed_i * slowdown_i * exp(jitter * z[i, k]),   z[i, k] ~ N(0, 1)
 

@@ -15,7 +15,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import optax
@@ -24,7 +24,7 @@ from cconv import memory as M
 from cconv.comm.accounting import Collective, merge, total_traffic
 from cconv.comm.aggregation import TRANSPORTS
 from cconv.comm.backend import DryComm
-from cconv.engine.config import EngineConfig, Phase, compressor_at
+from cconv.engine.config import IDENTITY, EngineConfig, Phase, compressor_at
 from cconv.engine.dropin import Exchange
 from cconv.engine.launchers import LAUNCHERS, Launcher
 from cconv.engine.step import StepContext, WorkerState, worker_step
@@ -55,6 +55,21 @@ class EngineState:
         return dataclasses.replace(self, **kw)
 
 
+class StepWork(NamedTuple):
+    """What a training step does besides one worker's compute, as ``Trainer.step_work`` states it
+    (what a clock charges: ``cconv.experiments.clock``)."""
+
+    phase: Phase
+    span: float  # the step's compute, in units of one worker's step (``SyncMode.span``: stragglers)
+    communicates: bool  # False: a local step (local SGD), no exchange
+    collectives: tuple  # ``Collective(kind, bytes, count)`` per worker, control traffic left out
+    via_server: bool  # the collectives go through a parameter server (``Transport.via_server``)
+    compressor: Any  # the phase's (unwrapped) ``Compressor``; None: nothing is compressed (or the identity)
+    memory: str  # the memory around it (``cconv.memory.MEMORIES``; "none")
+    units: tuple  # shapes of the compressed tensors (one flat buffer when fused)
+    program: Callable  # grads -> (jitted fn, args): the exchange's compute on a shape-only comm
+
+
 class Trainer:
     """Returned by ``build``; see docs/engine.md ("Python API")."""
 
@@ -82,6 +97,7 @@ class Trainer:
         self._shapes = [tuple(x.shape) for x in jax.tree.leaves(params)]
         self._exchanges: dict[Phase, Exchange] = {}
         self._fns: dict[Phase, Callable] = {}
+        self._work: dict[Phase, StepWork] = {}
         self._metric_bytes: float | None = None
         self.launcher: Launcher = launcher(cfg, devices=devices, mpi_comm=mpi_comm, seeds=seeds)
         self.sync: SyncMode = sync_mode(cfg)
@@ -258,6 +274,31 @@ class Trainer:
                 raise ValueError("collectives(control=True) needs one traced step first (metric sizes)")
             out.append(Collective("allreduce", self._metric_bytes, 1, True))
         return merge(out)
+
+    def step_work(self, step: int) -> StepWork:
+        """What step ``step`` does besides one worker's compute (``StepWork``): its collectives and
+        bytes, the compression it runs (compressor, memory, compressed tensors' shapes) and, as a
+        program, the exchange's compute (``SyncMode.exchange_work``: memory, compression, decoding
+        of what a worker receives; the collectives on a shape-only ``DryComm``).  Traced once per
+        phase; the span is the step's own."""
+        phase, cfg = self.phase(step), self.cfg
+        if phase not in self._work:
+            colls = tuple(c for c in self.collectives(step) if not c.control)
+            plan, ex = self.plan(phase), self.exchange(phase)
+            shapes = [s for s, c in zip(self._shapes, plan.compressed) if c]
+            units = ((sum(math.prod(s) for s in shapes),),) if plan.fused and shapes else tuple(shapes)
+            self._work[phase] = StepWork(
+                phase=phase,
+                span=1.0,
+                communicates=bool(self.sync.communicates(phase)),
+                collectives=colls,
+                via_server=TRANSPORTS[cfg.architecture].via_server,
+                compressor=None if plan.comp is None or ex.compressor.name == IDENTITY else ex.compressor,
+                memory=ex.memory,
+                units=units,
+                program=lambda grads: self.sync.exchange_work(cfg, plan, grads),
+            )
+        return self._work[phase]._replace(span=float(self.sync.span(cfg, step)))
 
     def traffic(self, step: int, control: bool = False):
         """(sent, received) bytes per rank at ``step`` (numpy arrays of length P)."""

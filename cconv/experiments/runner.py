@@ -45,8 +45,9 @@ Simulated time (issue 5 §4): ``sim_step_time = t_compute + t_compress + t_comm(
 ``t_compress`` (compression with the run's memory, plus decompression of every payload a worker
 must decode: P of them for all-gather compressors, one otherwise) are measured once before
 training (fastest of 10 timed calls after compilation), and ``t_comm(step)`` is the
-alpha-beta model of ``cconv.theory.network`` applied to ``trainer.collectives(step)``, the
-static list of collectives the step performs.  Steps without communication (local SGD) cost
+alpha-beta model of ``cconv.theory.network`` applied to the collectives the step performs, as
+``trainer.step_work(step)`` states them.  The clock is ``cconv.experiments.clock`` (the one the
+advisor uses too, with modelled instead of measured costs).  Steps without communication (local SGD) cost
 ``t_compute`` only.  With a worker timing model (``stragglers``, ``jitter``, ``worker_speeds``;
 ``cconv.engine.timing``) ``t_compute`` is multiplied by the synchronization mode's span of the
 step (``SyncMode.span``): BSP and local SGD wait for the slowest worker every step, SSP and ASP
@@ -63,8 +64,6 @@ is instead one iteration of the event simulator over the run's own model profile
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 import math
 import os
 import time
@@ -76,8 +75,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cconv.comm.aggregation import TRANSPORTS
 from cconv.experiments import build, divergence, io, signals, writers
+from cconv.experiments import clock as CK
 from cconv.experiments.build import Problem, network_label, resolve_network, seed_keys
 from cconv.experiments.checkpoint import Checkpointer, CheckpointError, decode_host_state, encode_host_state
 from cconv.experiments.config import ConfigError, RunConfig, read_stored, to_yaml
@@ -91,155 +90,17 @@ TENSORBOARD = io.TENSORBOARD  # event files of a run with tensorboard: true (one
 
 # --------------------------------------------------------------------------- simulated time
 
-
-def _min_time(fn, *args, repeats: int = 10) -> float:
-    """Fastest of ``repeats`` timed calls after one warm-up call (which compiles).  The minimum,
-    not the mean or median, is the estimate least disturbed by other processes sharing the
-    machine (interference only ever adds time)."""
-    jax.block_until_ready(fn(*args))
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        ts.append(time.perf_counter() - t)
-    return float(min(ts))
+Calibration = CK.Measured  # one worker's measured costs (``cconv.experiments.clock``)
 
 
-class Calibration:
-    """Measured per-step costs of one worker on one device (module docstring, "Simulated time").
+class SimClock(CK.Clock):
+    """Per-step simulated time on each configured network (module docstring): the one clock
+    (``cconv.experiments.clock``) with the run's measured costs, networks, schedule and servers."""
 
-    ``compute_time``: forward, backward and optimizer update on the local batch (b = B / P rows);
-    measured once per process for a given model, data, local batch and optimizer (sweeps share it).
-    ``exchange_time(phase)``: the engine's own ``exchange`` for that phase (memory, compression,
-    aggregation, decompression of every received payload), run with the shape-only ``DryComm``
-    that stands in for the collectives (every worker "holds" this worker's payload), so only the
-    communication itself is left out; it is modelled by ``cconv.theory.network``.
-    """
-
-    _compute_cache: dict = {}  # compute time per (model, data, local batch, optimizer), per process
-
-    def __init__(self, problem: Problem, saved: dict | None = None):
-        self.problem = problem
-        self.data = saved if saved is not None else {"compute_time": None, "exchange_time": {}}
-        self._ready = False
-        c = problem.cfg
-        self._compute_key = json.dumps(
-            [c.model, c.data, c.batch_size // c.workers, c.optimizer, c.lr_schedule, c.seeds()[0]],
-            sort_keys=True,
-            default=str,
-        )
-
-    def _setup(self):
-        if self._ready:
-            return
-        p = self.problem
-        cfg, spec = p.cfg, p.specs[0]
-        b = cfg.batch_size // cfg.workers
-        dev = jax.devices()[0]
-        self._batch = jax.device_put({k: np.asarray(v[:b]) for k, v in p.ds.train.items()}, dev)
-        self._params = jax.device_put(spec.params, dev)
-        self._mstate = jax.device_put(spec.model_state, dev)
-        self._key = jax.random.key(0)
-        opt = p.optimizer
-        self._opt_state = jax.device_put(opt.init(spec.params), dev)
-
-        def compute(params, mstate, opt_state, batch, key):
-            import optax
-
-            (loss, _), g = jax.value_and_grad(p.loss_fn, has_aux=True)(params, mstate, batch, key)
-            upd, _ = opt.update(g, opt_state, params)
-            return optax.apply_updates(params, upd), g
-
-        self._compute = jax.jit(compute)
-        self._grads = self._compute(self._params, self._mstate, self._opt_state, self._batch, self._key)[1]
-        self._ready = True
-
-    @property
-    def compute_time(self) -> float:
-        if self.data["compute_time"] is None:
-            cached = Calibration._compute_cache.get(self._compute_key)
-            if cached is None:
-                self._setup()
-                cached = _min_time(self._compute, self._params, self._mstate, self._opt_state, self._batch, self._key)
-                Calibration._compute_cache[self._compute_key] = cached
-            self.data["compute_time"] = cached
-        return self.data["compute_time"]
-
-    def exchange_time(self, phase) -> float:
-        name = repr(tuple(phase))
-        if name not in self.data["exchange_time"]:
-            self._setup()
-            trainer = self.problem.trainer
-            fn, args = trainer.sync.exchange_work(trainer.cfg, trainer.plan(phase), self._grads)
-            self.data["exchange_time"][name] = _min_time(fn, *args, self._key)
-        return self.data["exchange_time"][name]
-
-
-class SimClock:
-    """Per-step simulated time on each configured network (see module docstring)."""
-
-    def __init__(self, cfg: RunConfig, trainer: Any, calib: Calibration):
-        from cconv.theory import network
-
-        self._network = network
+    def __init__(self, cfg: RunConfig, trainer: Any, calib: Any):
         self.labels = [network_label(n) for n in cfg.networks()]
-        self.nets = [resolve_network(n) for n in cfg.networks()]
-        self.workers = cfg.workers
-        self.trainer = trainer
-        self.calib = calib
-        self.cfg = cfg
-        self._cache: dict = {}
-
-    def step_times(self, step: int) -> list[float]:
-        """[sim_step_time on each network] for training step ``step`` (0-based).  The compute
-        part is the measured compute time x the synchronization mode's span of the step in the
-        worker timing model (``SyncMode.span``: BSP waits for the slowest worker, SSP/ASP follow
-        their event schedules; 1 without stragglers, jitter or worker_speeds)."""
-        phase, sync = self.trainer.phase(step), self.trainer.sync
-        if phase not in self._cache:
-            colls = [c for c in self.trainer.collectives(step) if not getattr(c, "control", False)]
-            ex = self.calib.exchange_time(phase) if sync.communicates(phase) else 0.0
-            self._cache[phase] = (colls, ex, {})
-        colls, ex, memo = self._cache[phase]
-        span = sync.span(self.trainer.cfg, step)
-        if span not in memo:  # one entry per phase without a timing model
-            compute = self.calib.compute_time * span
-            memo[span] = [self.step_time(colls, ex, net, compute) for net in self.nets]
-        return memo[span]
-
-    def step_time(self, colls: list, exchange: float, net: Any, compute: float | None = None) -> float:
-        """One step's simulated seconds on ``net``: compute (default: the measured compute time) +
-        exchange + the collectives' times, or,
-        with ``schedule:``, one iteration of the event simulator over the model's layers
-        (``cconv.theory.schedule.runs``)."""
-        cfg = self.cfg
-        compute = self.calib.compute_time if compute is None else compute
-        if cfg.schedule is None or not colls:
-            return compute + exchange + self._network.step_comm_time(colls, self.workers, net)
-        from cconv.theory.schedule import runs
-
-        ps = TRANSPORTS[self.trainer.cfg.architecture].via_server
-        return runs.step_time(
-            self.profile,
-            colls,
-            self.workers,
-            net,
-            cfg.schedule,
-            compute,
-            exchange,
-            servers=cfg.servers,
-            ps=ps,
-        )
-
-    @functools.cached_property
-    def profile(self):
-        """The run's model as layers (``cconv.theory.profiles.from_spec`` on the local batch)."""
-        from cconv.theory import profiles
-
-        p, cfg = self.calib.problem, self.cfg
-        x = np.asarray(p.ds.train["x"][:1])
-        b = jax.ShapeDtypeStruct((cfg.batch_size // cfg.workers, *x.shape[1:]), x.dtype)
-        return profiles.from_spec(cfg.model["name"], p.specs[0], b)
+        nets = [resolve_network(n) for n in cfg.networks()]
+        super().__init__(trainer, calib, nets, cfg.workers, cfg.schedule, getattr(cfg, "servers", None))
 
 
 # --------------------------------------------------------------------------- the loop

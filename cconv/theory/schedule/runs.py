@@ -1,5 +1,5 @@
 """A training run's simulated step time under a communication schedule (``schedule:`` in a run
-config; ``cconv.experiments.runner.SimClock``).
+config; ``cconv.experiments.clock``).
 
 Today's formula (no ``schedule``) is ``t_compute + t_exchange + sum of the step's collective
 times``.  With a schedule, the step is one iteration of the event simulator
