@@ -295,7 +295,8 @@ OPTIONS: tuple[Option, ...] = (
         "--implementation",
         choices=IM.names(),
         help="with --cluster: how compression runs (default fused: cconv's jitted program; per-tensor: framework "
-        "ops per tensor, as GRACE/Horovod; mpi: per-tensor with payloads staged through host memory)",
+        "ops per tensor, as GRACE/Horovod; mpi: per-tensor with payloads staged through host memory; ddp-hook: "
+        "framework ops per PyTorch DDP bucket, as DDP communication hooks)",
     ),
     # which methods are planned and their knob values
     Option(

@@ -141,7 +141,7 @@ def predict(
     implementation: str | IM.Implementation = IM.DEFAULT,
 ) -> list[Row]:
     """One ``Row`` per (method, knob value) on ``cluster``; ``notes`` collects what was left out;
-    ``implementation``: how compression runs (``cconv.theory.implementation``: fused, per-tensor, mpi)."""
+    ``implementation``: how compression runs (``cconv.theory.implementation``: fused, per-tensor, mpi, ddp-hook)."""
     implementation = IM.get(implementation)
     if architecture not in A2A:
         raise ValueError(f"architecture must be one of {', '.join(A2A)} (PS is the <identity>-ps method)")

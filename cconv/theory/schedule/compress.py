@@ -247,10 +247,14 @@ def layer_costs(
     if per_layer and len(hparams) != len(profile.layers):
         raise ValueError(f"{len(hparams)} hyper-parameter sets for {len(profile.layers)} layers")
     bench = load_bench() if bench is None and method.compressor != PL.identity_name() else (bench or {})
+    hps = [dict(hparams[i] if per_layer else (hparams or {})) for i in range(len(profile.layers))]
+    impl = IM.get(implementation)
+    if impl.bucket_limits:
+        return _bucket_costs(profile, method, workers, device, hps, bench, impl)
     built: dict[tuple, Compressor] = {}
     out = []
     for i, lay in enumerate(profile.layers):
-        hp = dict(hparams[i] if per_layer else (hparams or {}))
+        hp = hps[i]
         key = tuple(sorted(hp.items()))
         if key not in built:
             built[key] = C.get(method.compressor, **hp)
@@ -267,9 +271,69 @@ def layer_costs(
                 device,
                 bench,
                 lay.shapes,
-                implementation,
+                impl,
             )
         )
+    return out
+
+
+def _tensors(profile: Profile) -> list[tuple[int, tuple[int, ...]]]:
+    """(layer index, shape) of every gradient tensor in DDP's order: the layers in backprop order,
+    each layer's tensors in reverse registration order (a layer without shapes: one flat tensor)."""
+    return [(i, tuple(s)) for i, lay in enumerate(profile.layers) if lay.grad_bytes > 0 for s in reversed(lay.tensors)]
+
+
+class Bucket(NamedTuple):
+    """One DDP bucket: ``layers`` whose backward it waits for, its tensors' ``shapes`` and the layer
+    each tensor belongs to (``owners``)."""
+
+    layers: tuple[int, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    owners: tuple[int, ...]
+
+
+def bucket_layers(profile: Profile, limits: Sequence[float]) -> list[Bucket]:
+    """DDP's buckets of ``profile`` (``implementation.buckets`` with byte ``limits``).  A bucket is
+    ready when its last tensor's gradient is: a layer's backward belongs to the bucket of its first
+    tensor (its other tensors, produced by the same backward, may open the next bucket), a layer
+    without parameters to the bucket filled next (the last bucket after the last tensor)."""
+    tensors = _tensors(profile)
+    groups = IM.buckets([FLOAT_BYTES * math.prod(s) for _, s in tensors], limits) if tensors else [()]
+    first: dict[int, int] = {}
+    for b, idx in enumerate(groups):
+        for t in idx:
+            first.setdefault(tensors[t][0], b)
+    owner, nxt = [0] * len(profile.layers), len(groups) - 1
+    for i in reversed(range(len(profile.layers))):  # a layer without tensors: the next layer's bucket
+        nxt = first.get(i, nxt)
+        owner[i] = nxt
+    return [
+        Bucket(
+            tuple(i for i in range(len(owner)) if owner[i] == b),
+            tuple(tensors[t][1] for t in idx),
+            tuple(tensors[t][0] for t in idx),
+        )
+        for b, idx in enumerate(groups)
+    ]
+
+
+def _bucket_costs(profile, method, workers, device, hps, bench, impl) -> list[LayerCost]:
+    """One ``LayerCost`` per DDP bucket (``cconv.theory.implementation``, ``ddp-hook``): the backward
+    and forward of its layers, its message and its compress/decompress as ``layer_cost`` gives them
+    for one flat tensor of the bucket's elements, or for its tensors where the aggregation works per
+    tensor (PowerSGD's hook loops over the bucket's matrices)."""
+    out = []
+    for b, (layers, shapes, owners) in enumerate(bucket_layers(profile, impl.bucket_limits)):
+        hp = {tuple(sorted(hps[i].items())) for i in owners} or {tuple(sorted(hps[0].items()))}
+        if len(hp) > 1:
+            raise ValueError(f"{impl.name}: bucket {b} holds layers with different hyper-parameters (one flat tensor)")
+        c = C.get(method.compressor, **dict(next(iter(hp), ())))
+        d = sum(math.prod(s) for s in shapes)
+        units = shapes if PL.per_tensor(PL.kind_of(method, c)) else ((d,),)
+        lays = [profile.layers[i] for i in layers]
+        name = f"bucket{b}:" + (f"{lays[0].name}..{lays[-1].name}" if lays else "-")
+        fwd, bwd = (sum(getattr(x, k) for x in lays) / device.flops for k in ("fwd_flops", "bwd_flops"))
+        out.append(layer_cost(name, fwd, bwd, d, method, c, workers, device, bench, units, impl))
     return out
 
 
@@ -281,6 +345,8 @@ __all__ = [
     "ratio_at",
     "layer_cost",
     "layer_costs",
+    "bucket_layers",
+    "Bucket",
     "DECODES",
     "DEFAULT_BENCH",
 ]
