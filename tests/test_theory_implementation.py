@@ -285,3 +285,62 @@ def test_plan_cli_ddp_hook(capsys):
     for m in ("topk", "signsgd"):
         assert rows["ddp-hook"][m]["compress_s"] < rows["per-tensor"][m]["compress_s"] / 4
     assert rows["ddp-hook"]["powersgd"]["compress_s"] == pytest.approx(rows["per-tensor"]["powersgd"]["compress_s"])
+
+
+# ---------------------------------------------------------------- two-level compressed collective
+
+
+def _two_level_net():
+    """2 nodes x 4 GPUs: intra alpha 1 us, 1 ns/B; inter alpha 100 us, 10 ns/B."""
+    from cconv.theory import network as N
+
+    return N.Hierarchical("toy", N.Network("i", 1e-6, 1e-9), N.Network("e", 1e-4, 1e-8), 4)
+
+
+def test_two_level_stages_by_hand():
+    """Dense reduce-scatter in the node (3 x (1 us + d/4 ns)), the compressed 1/4 shares across the
+    2 nodes with the NIC shared by 4 (all-gather: 1 x (100 us + n x 10 ns)), all-gather in the node."""
+    from cconv.theory.schedule import arch as A
+
+    arch = A.get("two-level", _two_level_net(), 8)
+    assert arch.compression_scope == (0.25, 2)
+    d, n = 8e6, 1e5
+    intra = 3 * (1e-6 + d / 4 * 1e-9)
+    stages = arch.stages("allgather", n, d)
+    assert [t for _, t in stages] == pytest.approx([intra, 1e-4 + n * 1e-8, intra])
+    ring = 2 * 1 * 1e-4 + 2 * 1 / 2 * n * 1e-8  # summable payloads: a ring all-reduce of the shares
+    assert A.cost(arch, "allreduce", n, d) == pytest.approx(2 * intra + ring)
+    dense = A.get("hierarchical", _two_level_net(), 8)  # a dense message is the hierarchical all-reduce
+    assert A.cost(arch, "allreduce", d) == pytest.approx(A.cost(dense, "allreduce", d))
+
+
+def test_two_level_compresses_a_share_and_decodes_the_nodes_payloads():
+    """Each GPU runs the fused program on d/g elements and decodes N payloads (not P); framework
+    ops: a 1/g share of the tensors' operations, N decodes each."""
+    table = PL.all_methods()
+    c = C.get("topk", ratio=0.01)
+    bench = {"topk": (CC.Ratio(1.0, 3.0, 2.0),)}  # 3 and 2 read floors at every size
+    full = CC.layer_cost("l", 0.0, 0.0, 8000, table["topk"], c, 8, DEV, bench)
+    part = CC.layer_cost("l", 0.0, 0.0, 8000, table["topk"], c, 2, DEV, bench, share=0.25)
+    floor = lambda n: 4 * n / 1e9  # noqa: E731
+    assert (full.compress_s, full.decompress_s) == pytest.approx((3 * floor(8000) + 5e-6, 8 * 2 * floor(8000) + 5e-6))
+    assert (part.compress_s, part.decompress_s) == pytest.approx((3 * floor(2000) + 5e-6, 2 * 2 * floor(2000) + 5e-6))
+    assert part.nbytes == full.nbytes  # the node's shares together: the layer's compressed bytes
+    pt = CC.layer_cost("l", 0.0, 0.0, 1000, table["topk"], c, 2, DEV, {}, ((1000,),), IMPL._replace(host_bw=0), 0.25)
+    assert pt.compress_s == pytest.approx(0.25 * (5e-5 + 12 * floor(1000)))
+    assert pt.decompress_s == pytest.approx(0.25 * 2 * (3e-5 + floor(1000)))
+    with pytest.raises(ValueError, match="share must be in"):
+        CC.layer_cost("l", 0.0, 0.0, 1000, table["topk"], c, 2, DEV, bench, share=0.0)
+
+
+def test_predict_two_level_plans_the_compressed_exchange_across_nodes_only():
+    c = CL.parse("2x4", "NVLink", "10GbE", "v100")
+    flat, two = (
+        PR.predict(
+            c, "resnet50", ["none", "topk"], sweep={"ratio": [0.01]}, architecture=a, implementation="per-tensor"
+        )
+        for a in ("hierarchical", "two-level")
+    )
+    assert two[0].iteration_time_s == pytest.approx(flat[0].iteration_time_s)  # dense: the same all-reduce
+    assert two[1].compress_s < flat[1].compress_s / 4  # 1/4 of the tensors' ops, 2 payloads decoded instead of 8
+    assert two[1].iteration_time_s < flat[1].iteration_time_s

@@ -283,7 +283,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--architecture",
         choices=PR.A2A,
-        help="with --cluster: the all-reduce algorithm (default hierarchical, as NCCL/Horovod on multi-GPU nodes)",
+        help="with --cluster: the all-reduce algorithm (default hierarchical, as NCCL/Horovod on multi-GPU nodes; "
+        "two-level: a dense reduce inside each node, compression only across nodes, as Espresso/BytePS)",
     ),
     Option(
         "--device-profile",

@@ -48,7 +48,7 @@ from cconv.theory.schedule import compress as CC
 from cconv.theory.schedule import schedules as S
 from cconv.theory.schedule.compressed import GATHERABLE, _compresses
 
-A2A = ("hierarchical", "ring", "tree")  # all-reduce algorithms of the all-to-all methods
+A2A = ("hierarchical", "ring", "tree", "two-level")  # collectives of the all-to-all methods
 MAX_BATCH = 1 << 24
 
 
@@ -87,15 +87,16 @@ def profile_at(workload: str | P.Profile, batch: int | None = None) -> P.Profile
     return prof._replace(layers=layers, batch=batch)
 
 
-def _layer_costs(prof, method, hp, cluster, bench, notes, implementation) -> list[S.LayerCost] | None:
+def _layer_costs(prof, method, hp, cluster, bench, notes, implementation, scope) -> list[S.LayerCost] | None:
     c = C.get(method.compressor, **hp)
     shaped = any(lay.shapes for lay in prof.layers)
     if not shaped and not _compresses(c, PL.kind_of(method, c)):
         notes.append(f"{method.name} omitted: a flat layer vector is not compressed (it needs matrix shapes)")
         return None
     try:
+        share, peers = scope  # the architecture's: each GPU compresses a share, combined among peers
         return CC.layer_costs(
-            prof, method, cluster.workers, cluster.device, hparams=hp, bench=bench, implementation=implementation
+            prof, method, peers, cluster.device, hparams=hp, bench=bench, implementation=implementation, share=share
         )
     except ValueError as e:
         notes.append(f"{method.name} omitted: {' '.join(str(e).split())}")
@@ -154,8 +155,9 @@ def predict(
     for method, sets in _planned(methods, sweep, fixed, notes):
         ps = method.collective == PL.PS
         arch = A.get("byteps" if ps else architecture, net, p, servers if ps else None, topology)
+        scope = getattr(arch, "compression_scope", (1.0, p))  # two-level: a 1/g share, among the N nodes
         for hp in sets:
-            lcs = _layer_costs(prof, method, hp, cluster, bench, notes, implementation)
+            lcs = _layer_costs(prof, method, hp, cluster, bench, notes, implementation, scope)
             if lcs is None:
                 break
             if ps and any((lc.kind or "allreduce") not in GATHERABLE for lc in lcs):

@@ -199,9 +199,14 @@ def layer_cost(
     bench: Mapping[str, Sequence[Ratio]],
     shapes: Sequence[tuple[int, ...]] = (),
     implementation: str | IM.Implementation = IM.DEFAULT,
+    share: float = 1.0,
 ) -> LayerCost:
     """The ``LayerCost`` of one layer of ``d`` elements (tensors ``shapes``; () = one flat vector)
-    under ``method`` with compressor ``c``, run by ``implementation`` (``cconv.theory.implementation``)."""
+    under ``method`` with compressor ``c``, run by ``implementation`` (``cconv.theory.implementation``);
+    ``share``: the fraction of the layer each worker compresses and decodes (a two-level collective's
+    1/g: the fused program runs on share x d elements, framework ops on a share of the tensors)."""
+    if not 0 < share <= 1:
+        raise ValueError(f"share must be in (0, 1], got {share!r}")
     if d <= 0:
         return LayerCost(name, fwd_s, bwd_s, 0.0)
     impl = IM.get(implementation)
@@ -211,15 +216,15 @@ def layer_cost(
         kind = "allreduce"  # the architecture decides push/pull
     if C.registered_name(c) == PL.identity_name():  # no compression; over MPI the gradient is staged through the host
         out, back = IM.staging_s(impl, "allreduce", FLOAT_BYTES * float(d), workers)
-        return LayerCost(name, fwd_s, bwd_s, FLOAT_BYTES * float(d), out, back, kind)
+        return LayerCost(name, fwd_s, bwd_s, FLOAT_BYTES * float(d), share * out, share * back, kind)
     sizes = [_message(c, kind, (s,), int(math.prod(s)), impl) for s in shapes]
     nbytes = _message(c, kind, shapes, d, impl)
     if PL.per_tensor(kind):  # not one network collective: all-reduce of the summed payload leaves
         kind = "allreduce"
     if impl.per_tensor:
-        comp, dec = _per_tensor_ops(c, shapes, kind, workers, device, impl, sizes)
+        comp, dec = (share * t for t in _per_tensor_ops(c, shapes, kind, workers, device, impl, sizes))
     else:
-        comp, dec = _fused_ops(c, method, d, kind, workers, device, bench)
+        comp, dec = _fused_ops(c, method, max(1, round(share * d)), kind, workers, device, bench)
     return LayerCost(name, fwd_s, bwd_s, nbytes, comp, dec, kind, FLOAT_BYTES * float(d))
 
 
@@ -232,12 +237,14 @@ def layer_costs(
     hparams: Mapping | Sequence[Mapping] | None = None,
     bench: Mapping[str, Sequence[Ratio]] | None = None,
     implementation: str | IM.Implementation = IM.DEFAULT,
+    share: float = 1.0,
 ) -> list[LayerCost]:
     """``LayerCost``s of ``profile`` (backprop order) under ``method`` (a planner method or its
     name): FLOPs / ``device.flops`` for forward and backward, and per layer the message and the
     compress/decompress operations of the module docstring.  ``hparams``: the compressor's
     hyper-parameters, one mapping for every layer or one per layer (backprop order);
-    ``implementation``: how compress/decompress run (``cconv.theory.implementation``)."""
+    ``implementation``: how compress/decompress run (``cconv.theory.implementation``); ``share``: the
+    fraction of each layer a worker compresses (``layer_cost``; ``workers``: those it combines with)."""
     table = PL.all_methods()
     if isinstance(method, str):
         if method not in table:
@@ -250,7 +257,7 @@ def layer_costs(
     hps = [dict(hparams[i] if per_layer else (hparams or {})) for i in range(len(profile.layers))]
     impl = IM.get(implementation)
     if impl.bucket_limits:
-        return _bucket_costs(profile, method, workers, device, hps, bench, impl)
+        return _bucket_costs(profile, method, workers, device, hps, bench, impl, share)
     built: dict[tuple, Compressor] = {}
     out = []
     for i, lay in enumerate(profile.layers):
@@ -272,6 +279,7 @@ def layer_costs(
                 bench,
                 lay.shapes,
                 impl,
+                share,
             )
         )
     return out
@@ -317,7 +325,7 @@ def bucket_layers(profile: Profile, limits: Sequence[float]) -> list[Bucket]:
     ]
 
 
-def _bucket_costs(profile, method, workers, device, hps, bench, impl) -> list[LayerCost]:
+def _bucket_costs(profile, method, workers, device, hps, bench, impl, share=1.0) -> list[LayerCost]:
     """One ``LayerCost`` per DDP bucket (``cconv.theory.implementation``, ``ddp-hook``): the backward
     and forward of its layers, its message and its compress/decompress as ``layer_cost`` gives them
     for one flat tensor of the bucket's elements, or for its tensors where the aggregation works per
@@ -333,7 +341,7 @@ def _bucket_costs(profile, method, workers, device, hps, bench, impl) -> list[La
         lays = [profile.layers[i] for i in layers]
         name = f"bucket{b}:" + (f"{lays[0].name}..{lays[-1].name}" if lays else "-")
         fwd, bwd = (sum(getattr(x, k) for x in lays) / device.flops for k in ("fwd_flops", "bwd_flops"))
-        out.append(layer_cost(name, fwd, bwd, d, method, c, workers, device, bench, units, impl))
+        out.append(layer_cost(name, fwd, bwd, d, method, c, workers, device, bench, units, impl, share))
     return out
 
 
