@@ -9,14 +9,18 @@ and gradient bytes, at local batch M) on a cluster of P = N x G devices (``cconv
   program, multiples of the device's memory read floor measured by cconv's benchmark
   (``cconv.theory.schedule.compress``); ``per-tensor``, framework ops on each tensor (launches,
   memory passes, a framework top-k's sort, one decode per gathered payload); ``mpi``, per-tensor
-  ops with every payload staged through host memory.  The dense baseline adds none (over MPI:
-  the staging of its gradient);
+  ops with every payload staged through host memory; ``ddp-hook``, framework ops per PyTorch DDP
+  bucket (one step of the schedule per bucket).  The dense baseline adds none (over MPI: the
+  staging of its gradient);
 * communication: each message's collective on the cluster's two-level network
   (``Cluster.network()``: hierarchical all-reduce, NCCL/Horovod style), issued as the
   ``schedule`` says (default ``fusion``: Horovod's tensor fusion, wait-free backpropagation
   with a 64 MiB buffer and a 5 ms cycle; also ``bsp``, ``wfbp``, ``mg-wfbp``, ``bytescheduler``),
   simulated by ``cconv.theory.schedule.schedules.run``.  The parameter-server method
-  (``<identity>-ps``) runs on BytePS's architecture with one server per node.
+  (``<identity>-ps``) runs on BytePS's architecture with one server per node.  ``architecture=
+  "two-level"`` (``schedule.arch.TwoLevel``): a dense reduce inside each node and the compressed
+  exchange across nodes only; the architecture's ``compression_scope`` then has each device
+  compress a 1/G share of every layer and decode the N nodes' payloads.
 
 Per row: ``iteration_time_s`` = ``compute_s`` + ``compress_s`` + ``comm_s`` where ``comm_s`` is the
 communication left exposed (not hidden behind backpropagation); ``speedup`` = P t_1 / t_iter with

@@ -22,6 +22,11 @@ hyper-parameters), ``layer_costs`` gives the ``schedules.LayerCost`` the simulat
   for recursive doubling (gTop-k merges one payload per round), else 1;
 * the identity compressor (the dense baseline) adds no operation.
 
+A framework implementation (``cconv.theory.implementation``) charges each tensor's operations
+instead (``_per_tensor_ops``); one with DDP buckets (``ddp-hook``) gives one ``LayerCost`` per
+bucket (``bucket_layers``: the backward of its layers, then one flat tensor's compress, message
+and decompress).  ``share`` < 1 (a two-level collective): each worker compresses that share.
+
 Assumptions, stated: the ratio x is scale-free (a GPU kernel is as far from its read floor as
 cconv's CPU kernel is from the CPU's), sparsifiers' x was measured at ratio 0.01 and is used for
 every ratio (selection cost depends little on k), and the benchmark's ``--tuned-malloc`` table
