@@ -17,8 +17,8 @@
                [--interference KAPPA] [--topology NAME] [--per-layer-ratios METHOD=VALUE [--ratio-method NAME]]
                [--json]
     cconv plan --workload NAME --cluster NODESxGPUS [--intra LINK] [--network NET] [--device GPU]
-               [--schedule NAME] [--architecture hierarchical|ring|tree]
-               [--implementation fused|per-tensor|mpi] [--device-profile FILE] [--interference KAPPA] [--json]
+               [--schedule NAME] [--architecture hierarchical|ring|tree|two-level]
+               [--implementation fused|per-tensor|mpi|ddp-hook] [--device-profile FILE] [--interference KAPPA] [--json]
     cconv plan --cluster NODESxGPUS --measure CONFIG [--measure-steps N] [--methods M1,M2] [--ratios R1,R2] [--json]
     cconv calibrate --out FILE [--methods M1,M2] [--sizes N1,N2] [--repeats N]
 

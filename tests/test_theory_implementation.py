@@ -97,7 +97,7 @@ def test_layer_cost_sums_its_tensors_and_stages_the_dense_gradient():
 
 
 def test_unknown_implementation_is_one_line():
-    with pytest.raises(ValueError, match="unknown implementation 'gpu'; valid: fused, per-tensor, mpi"):
+    with pytest.raises(ValueError, match="unknown implementation 'gpu'; valid: fused, per-tensor, mpi, ddp-hook$"):
         IM.get("gpu")
 
 
@@ -177,3 +177,170 @@ def test_docs_example_and_constants_are_the_models(capsys):
     scal = {r.method: round(r.scaling_factor, 2) for r in fused}
     lo, hi = min(v for k, v in scal.items() if k != "none"), max(v for k, v in scal.items() if k != "none")
     assert f"scaling {lo:.2f}-{hi:.2f} against {scal['none']:.2f}" in " ".join(doc.split())
+
+
+# ---------------------------------------------------------------- ddp-hook: framework ops per DDP bucket
+
+MIB = 1024 * 1024
+DDP = IMPL._replace(name="toy-ddp", host_bw=0.0, bucket_limits=(400.0, 900.0))  # bytes: first bucket, then the rest
+
+
+def test_ddp_bucket_assignment_by_hand():
+    """PyTorch's compute_bucket_assignment_by_size: add the tensor, close the bucket once it holds
+    >= its limit (1 MiB for the first, 25 MiB after), the remainder is the last bucket."""
+    sizes = [x * MIB for x in (0.5, 0.6, 10, 20, 1, 30, 2)]
+    assert IM.buckets(sizes) == [(0, 1), (2, 3), (4, 5), (6,)]
+    assert IM.buckets([MIB, 25 * MIB, 24 * MIB, MIB]) == [(0,), (1,), (2, 3)]  # exactly the limit closes it
+    assert IM.buckets([100 * MIB, 0.5 * MIB]) == [(0,), (1,)]  # a tensor over the limit is its own bucket
+    assert IM.DDP_BUCKET_LIMITS == (1048576, 26214400)  # PyTorch's kDefaultFirstBucketBytes, kDefaultBucketBytesCap
+    assert IM.get("ddp-hook").bucket_limits == IM.DDP_BUCKET_LIMITS
+    assert IM.get("ddp-hook").op_s == IM.OP_S and IM.get("ddp-hook").host_bw == 0.0  # no new constant
+    with pytest.raises(ValueError, match="bucket limits must be positive"):
+        IM.buckets([1.0], (0.0,))
+
+
+def _toy_profile():
+    """Backprop order; tensors in reverse registration order: head's bias (80 B) then kernel (800 B),
+    pool none, mid's kernel (800 B), stem's second (120 B) then first (400 B) tensor."""
+    layers = [
+        ("head", 1e9, 2e9, 4 * 220, ((10, 20), (20,))),
+        ("pool", 3e9, 3e9, 0.0, ()),
+        ("mid", 4e9, 8e9, 4 * 200, ((50, 4),)),
+        ("stem", 5e9, 5e9, 4 * 130, ((100,), (30,))),
+    ]
+    return P.make("toy", layers, 8)
+
+
+def test_bucket_layers_by_hand():
+    """Limits 400 B then 900 B: {head's 80 + 800} closes at 880 >= 400; {mid's 800 + stem's 120}
+    at 920 >= 900; stem's 400 B remain.  A layer's backward belongs to the bucket of its first
+    tensor (stem's to bucket 1, which it closes), the parameterless pool to the next bucket filled."""
+    got = CC.bucket_layers(_toy_profile(), DDP.bucket_limits)
+    assert [(b.layers, b.shapes) for b in got] == [
+        ((0,), ((20,), (10, 20))),
+        ((1, 2, 3), ((50, 4), (30,))),
+        ((), ((100,),)),
+    ]
+    assert [b.owners for b in got] == [(0, 0), (2, 3), (3,)]
+
+
+def test_ddp_hook_charges_ops_once_per_bucket_by_hand():
+    """top-k on 4 workers (all-gather: 4 decodes) per bucket of n elements: 5 t_op + 2 F(n) + a
+    sort of 10 F(n); decode 4 x (3 t_op + F(n)); one message of the flat bucket; compute of the
+    bucket's layers.  Per tensor the same gradient pays 5 operations for each of its 5 tensors."""
+    prof = _toy_profile()
+    c = C.get("topk", ratio=0.1)
+    lcs = CC.layer_costs(prof, "topk", 4, DEV, hparams={"ratio": 0.1}, bench={}, implementation=DDP)
+    floor = lambda n: 4 * n / 1e9  # noqa: E731
+    assert [lc.name for lc in lcs] == ["bucket0:head..head", "bucket1:pool..stem", "bucket2:-"]
+    for lc, n in zip(lcs, (220, 230, 100)):
+        assert lc.compress_s == pytest.approx(5 * 1e-5 + 12 * floor(n))
+        assert lc.decompress_s == pytest.approx(4 * (3 * 1e-5 + floor(n)))
+        assert (lc.kind, lc.nbytes) == ("allgather", float(c.wire_bytes((n,), "float32")))
+    compute = [t for lc in lcs for t in (lc.fwd_s, lc.bwd_s)]
+    assert compute == pytest.approx([1e-3, 2e-3, 12e-3, 16e-3, 0.0, 0.0])  # pool, mid and stem in bucket 1
+    per = CC.layer_costs(
+        prof, "topk", 4, DEV, hparams={"ratio": 0.1}, bench={}, implementation=IMPL._replace(host_bw=0)
+    )
+    ops = lambda ls: sum(lc.compress_s for lc in ls) - sum(12 * floor(n) for n in (220, 230, 100))  # noqa: E731
+    assert (ops(lcs), ops(per)) == pytest.approx((3 * 5 * 1e-5, 5 * 5 * 1e-5))  # launches: 3 buckets vs 5 tensors
+
+
+def test_ddp_hook_dense_and_per_tensor_aggregations_by_hand():
+    """The dense baseline sends each bucket (4 n bytes), no compression; PowerSGD's hook loops over
+    the bucket's tensors (matmuls per matrix), its factors travel in the bucket's message."""
+    prof = _toy_profile()
+    dense = CC.layer_costs(prof, PL.identity_name(), 4, DEV, implementation=DDP)
+    assert [(lc.nbytes, lc.compress_s, lc.decompress_s) for lc in dense] == [(880, 0, 0), (920, 0, 0), (400, 0, 0)]
+    c = C.get("powersgd", rank=2)
+    ps = CC.layer_costs(prof, "powersgd", 4, DEV, hparams={"rank": 2}, bench={}, implementation=DDP)
+    bucket1 = ((50, 4), (30,))
+    assert ps[1].compress_s == pytest.approx(sum(IM.compress_s(c, s, DDP, DEV) for s in bucket1))
+    assert ps[1].decompress_s == pytest.approx(sum(IM.decompress_s(c, s, DDP, DEV, 1) for s in bucket1))
+    assert ps[1].nbytes == pytest.approx(sum(sum(PL.payload_leaf_bytes(c, s)) for s in bucket1))
+
+
+def test_ddp_hook_refuses_different_hyper_parameters_in_one_bucket():
+    hp = [{"ratio": 0.1}, {"ratio": 0.1}, {"ratio": 0.01}, {"ratio": 0.1}]  # mid and stem share bucket 1
+    with pytest.raises(ValueError, match="bucket 1 holds layers with different hyper-parameters"):
+        CC.layer_costs(_toy_profile(), "topk", 4, DEV, hparams=hp, bench={}, implementation=DDP)
+
+
+@pytest.mark.slow
+def test_plan_cli_ddp_hook(capsys):
+    """``cconv plan --implementation ddp-hook``: every row, bucketed elementwise codecs far cheaper
+    than per tensor, PowerSGD (per matrix either way) unchanged in its compression cost."""
+    import json
+
+    from cconv.theory import plan_cli
+
+    rows = {}
+    for impl in ("per-tensor", "ddp-hook"):
+        argv = "--workload resnet50 --cluster 8x1 --network 10GbE --device v100 --implementation " + impl
+        assert (
+            plan_cli.main((argv + " --methods none,topk,signsgd,powersgd --ratios 0.01 --ranks 1 --json").split()) == 0
+        )
+        rows[impl] = {r["method"]: r for r in json.loads(capsys.readouterr().out)}
+    assert {r["implementation"] for r in rows["ddp-hook"].values()} == {"ddp-hook"}
+    for m in ("topk", "signsgd"):
+        assert rows["ddp-hook"][m]["compress_s"] < rows["per-tensor"][m]["compress_s"] / 4
+    assert rows["ddp-hook"]["powersgd"]["compress_s"] == pytest.approx(rows["per-tensor"]["powersgd"]["compress_s"])
+
+
+# ---------------------------------------------------------------- two-level compressed collective
+
+
+def _two_level_net():
+    """2 nodes x 4 GPUs: intra alpha 1 us, 1 ns/B; inter alpha 100 us, 10 ns/B."""
+    from cconv.theory import network as N
+
+    return N.Hierarchical("toy", N.Network("i", 1e-6, 1e-9), N.Network("e", 1e-4, 1e-8), 4)
+
+
+def test_two_level_stages_by_hand():
+    """Dense reduce-scatter in the node (3 x (1 us + d/4 ns)), the compressed 1/4 shares across the
+    2 nodes with the NIC shared by 4 (all-gather: 1 x (100 us + n x 10 ns)), all-gather in the node."""
+    from cconv.theory.schedule import arch as A
+
+    arch = A.get("two-level", _two_level_net(), 8)
+    assert arch.compression_scope == (0.25, 2)
+    d, n = 8e6, 1e5
+    intra = 3 * (1e-6 + d / 4 * 1e-9)
+    stages = arch.stages("allgather", n, d)
+    assert [t for _, t in stages] == pytest.approx([intra, 1e-4 + n * 1e-8, intra])
+    ring = 2 * 1 * 1e-4 + 2 * 1 / 2 * n * 1e-8  # summable payloads: a ring all-reduce of the shares
+    assert A.cost(arch, "allreduce", n, d) == pytest.approx(2 * intra + ring)
+    dense = A.get("hierarchical", _two_level_net(), 8)  # a dense message is the hierarchical all-reduce
+    assert A.cost(arch, "allreduce", d) == pytest.approx(A.cost(dense, "allreduce", d))
+
+
+def test_two_level_compresses_a_share_and_decodes_the_nodes_payloads():
+    """Each GPU runs the fused program on d/g elements and decodes N payloads (not P); framework
+    ops: a 1/g share of the tensors' operations, N decodes each."""
+    table = PL.all_methods()
+    c = C.get("topk", ratio=0.01)
+    bench = {"topk": (CC.Ratio(1.0, 3.0, 2.0),)}  # 3 and 2 read floors at every size
+    full = CC.layer_cost("l", 0.0, 0.0, 8000, table["topk"], c, 8, DEV, bench)
+    part = CC.layer_cost("l", 0.0, 0.0, 8000, table["topk"], c, 2, DEV, bench, share=0.25)
+    floor = lambda n: 4 * n / 1e9  # noqa: E731
+    assert (full.compress_s, full.decompress_s) == pytest.approx((3 * floor(8000) + 5e-6, 8 * 2 * floor(8000) + 5e-6))
+    assert (part.compress_s, part.decompress_s) == pytest.approx((3 * floor(2000) + 5e-6, 2 * 2 * floor(2000) + 5e-6))
+    assert part.nbytes == full.nbytes  # the node's shares together: the layer's compressed bytes
+    pt = CC.layer_cost("l", 0.0, 0.0, 1000, table["topk"], c, 2, DEV, {}, ((1000,),), IMPL._replace(host_bw=0), 0.25)
+    assert pt.compress_s == pytest.approx(0.25 * (5e-5 + 12 * floor(1000)))
+    assert pt.decompress_s == pytest.approx(0.25 * 2 * (3e-5 + floor(1000)))
+    with pytest.raises(ValueError, match="share must be in"):
+        CC.layer_cost("l", 0.0, 0.0, 1000, table["topk"], c, 2, DEV, bench, share=0.0)
+
+
+def test_predict_two_level_plans_the_compressed_exchange_across_nodes_only():
+    c = CL.parse("2x4", "NVLink", "10GbE", "v100")
+    flat, two = (
+        PR.predict(
+            c, "resnet50", ["none", "topk"], sweep={"ratio": [0.01]}, architecture=a, implementation="per-tensor"
+        )
+        for a in ("hierarchical", "two-level")
+    )
+    assert two[0].iteration_time_s == pytest.approx(flat[0].iteration_time_s)  # dense: the same all-reduce
+    assert two[1].compress_s < flat[1].compress_s / 4  # 1/4 of the tensors' ops, 2 payloads decoded instead of 8
+    assert two[1].iteration_time_s < flat[1].iteration_time_s

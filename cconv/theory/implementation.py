@@ -1,5 +1,5 @@
 """What compression costs on a GPU, by *implementation*: cconv's fused program, framework ops per
-tensor, or per-tensor ops with host-staged MPI.
+tensor, per-tensor ops with host-staged MPI, or framework ops per PyTorch DDP bucket.
 
 The same compressor costs very different times depending on how it is run (GRACE, Xu et al.,
 ICDCS 2021; Agarwal et al., "On the utility of gradient compression", MLSys 2022): a jitted program
@@ -13,7 +13,25 @@ over MPI, copies through host memory.  ``IMPLEMENTATIONS`` (``cconv plan --imple
   compressors and Horovod's per-tensor hooks run them, on the GPU (NCCL);
 * ``mpi``: ``per-tensor`` plus host staging, as Horovod over MPI without CUDA-aware transport
   (GRACE's allgather runs): every payload is copied device -> host before the collective and the
-  received payloads host -> device after it.
+  received payloads host -> device after it;
+* ``ddp-hook``: framework operations per PyTorch DDP *bucket*, as DDP communication hooks run them
+  (``register_comm_hook``: PyTorch's PowerSGD hook, Global-QSGD's hooks): the gradients are grouped
+  into buckets (``buckets``) and the hook sees each bucket as one flat tensor, so an elementwise
+  compressor pays its operations once per bucket over the bucket's n elements, not once per
+  tensor; a compressor that needs each tensor's matrix shape (an aggregation that is not one
+  network collective, ``planner.per_tensor``: PowerSGD) still loops over the bucket's tensors, as
+  PyTorch's ``powerSGD_hook`` does (``for tensor in bucket.gradients()``), with one message per
+  bucket.  On the GPU (NCCL), no host staging.
+
+DDP's buckets (``buckets``, ``DDP_BUCKET_LIMITS``): the parameters in reverse registration order
+(the order backpropagation produces their gradients; DDP rebuilds its buckets in the measured
+gradient-ready order after the first iteration) are added one by one to the open bucket, which
+closes as soon as it holds at least its byte limit; the first bucket's limit is 1 MiB, every later
+one's ``bucket_cap_mb`` = 25 MiB (PyTorch's defaults: ``kDefaultFirstBucketBytes = 1024 * 1024``
+and ``kDefaultBucketBytesCap = 25 * 1024 * 1024`` in torch/csrc/distributed/c10d/reducer.hpp;
+``compute_bucket_assignment_by_size`` and ``Reducer::rebuild_buckets`` in reducer.cpp; the
+``bucket_cap_mb`` argument of ``torch.nn.parallel.DistributedDataParallel``, documented "default
+25 MiB").  A bucket is ready, and its hook runs, when the last of its gradients is produced.
 
 For a tensor of n elements with the entry's facts (``cconv.compressors.Cost``: ``ops_c``,
 ``passes_c``, ``select``, ``ops_d``, ``passes_d``, ``flops``), on a device with memory bandwidth B,
@@ -32,6 +50,8 @@ and ``mpi`` adds the staging of each call, with b the call's payload bytes per w
                                                 b after an all-reduce)
 
 The dense baseline has no compress/decompress; over MPI it pays the staging of its gradient.
+Under ``ddp-hook`` the same formulas apply to one bucket of n elements (the flat tensor), or, for a
+per-tensor aggregation, to each of its tensors.
 
 Constants (``Implementation`` fields): ``t_op`` (``OP_S``), ``SORT_PASSES`` and ``HOST_BW`` were
 fitted together on a declared calibration subset of the GRACE data release (ResNet-50 on 8 V100
@@ -45,11 +65,15 @@ own buffer copies over TCP.
 ``RADIX_PASSES`` is the structure of a radix select of 32-bit keys with 8-bit digits: four
 histogram passes and one selection pass (Alabi et al., "Fast k-selection algorithms for graphics
 processing units", JEA 2012; PyTorch's ``torch.topk`` uses it).
+``ddp-hook`` adds no constant: it reuses ``OP_S`` and ``SORT_PASSES`` as fitted (a structure, not a
+fit; it was added after the Global-QSGD validation cases had been seen to miss under ``per-tensor``,
+docs/clusters.md), and DDP's bucket limits are PyTorch's defaults.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from cconv import compressors as C
@@ -64,6 +88,15 @@ OP_S = 10e-6 * 1.25**7  # 47.7 us per framework operation on one tensor (op disp
 SORT_PASSES = 400.0  # a framework top-k costs 400 read floors of the tensor (a sort, not a pass)
 HOST_BW = 0.5e9 * 1.25**7  # 2.38 GB/s of device <-> host staging on the MPI path (D2H, H2D, MPI's copies)
 RADIX_PASSES = 5.0  # radix select of 32-bit keys, 8-bit digits: 4 histogram passes + 1 selection pass
+# PyTorch DDP's bucket byte limits (torch/csrc/distributed/c10d/reducer.hpp): the first bucket
+# kDefaultFirstBucketBytes = 1 MiB, every later one kDefaultBucketBytesCap = bucket_cap_mb = 25 MiB
+DDP_FIRST_BUCKET_BYTES = 1024 * 1024
+DDP_BUCKET_BYTES = 25 * 1024 * 1024
+DDP_BUCKET_LIMITS = (DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_BYTES)
+DDP_SOURCE = (
+    "PyTorch DDP communication hooks: framework ops per bucket (torch/csrc/distributed/c10d/reducer.hpp's "
+    "default bucket limits, 1 MiB then 25 MiB); t_op and SORT_PASSES as fitted on GRACE (not refitted)"
+)
 FIT_SOURCE = (
     "fitted on the GRACE data release's ResNet-50 runs on 8 V100 servers at 25 Gbit/s "
     "(cconv.theory.validation.CALIBRATION)"
@@ -71,9 +104,11 @@ FIT_SOURCE = (
 
 
 class Implementation(NamedTuple):
-    """How compress/decompress run: ``per_tensor`` (framework ops on each tensor, else cconv's fused
-    program), ``op_s`` seconds per op, ``sort_passes`` the cost of a framework top-k in read floors,
-    ``host_bw`` bytes/s of host staging (0: payloads stay on the GPU)."""
+    """How compress/decompress run: ``per_tensor`` (framework ops, on each tensor or, with
+    ``bucket_limits``, on each DDP bucket; else cconv's fused program), ``op_s`` seconds per op,
+    ``sort_passes`` the cost of a framework top-k in read floors, ``host_bw`` bytes/s of host
+    staging (0: payloads stay on the GPU), ``bucket_limits`` the byte limits of DDP's buckets, the
+    last repeated (``buckets``; (): no buckets, a compressor sees each tensor)."""
 
     name: str
     per_tensor: bool
@@ -81,6 +116,7 @@ class Implementation(NamedTuple):
     sort_passes: float = 0.0
     host_bw: float = 0.0
     source: str = ""
+    bucket_limits: tuple[float, ...] = ()
 
     @property
     def packs_bits(self) -> bool:
@@ -93,6 +129,7 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
     "fused": Implementation("fused", False, source="cconv's jitted program: its benchmarked cost (schedule.compress)"),
     "per-tensor": Implementation("per-tensor", True, OP_S, SORT_PASSES, 0.0, FIT_SOURCE),
     "mpi": Implementation("mpi", True, OP_S, SORT_PASSES, HOST_BW, FIT_SOURCE),
+    "ddp-hook": Implementation("ddp-hook", True, OP_S, SORT_PASSES, 0.0, DDP_SOURCE, DDP_BUCKET_LIMITS),
 }
 DEFAULT = "fused"
 
@@ -120,6 +157,27 @@ def decodes(kind: str, workers: int) -> int:
     if kind == "recursive_doubling":
         return max(1, math.ceil(math.log2(workers))) if workers > 1 else 1
     return 1
+
+
+def buckets(nbytes: Sequence[float], limits: Sequence[float] = DDP_BUCKET_LIMITS) -> list[tuple[int, ...]]:
+    """DDP's bucket assignment (PyTorch's ``compute_bucket_assignment_by_size`` for tensors of one
+    dtype and device): the tensors of ``nbytes`` bytes, in the order given (gradient-ready order),
+    each added to the open bucket, which closes once it holds >= its limit (``limits[i]`` for the
+    i-th bucket, the last limit repeated); what remains is the last bucket.  Indices per bucket."""
+    if not limits or any(not (lim > 0) for lim in limits):
+        raise ValueError(f"bucket limits must be positive bytes, got {tuple(limits)!r}")
+    out: list[tuple[int, ...]] = []
+    cur: list[int] = []
+    size = 0.0
+    for i, b in enumerate(nbytes):
+        cur.append(i)
+        size += float(b)
+        if size >= limits[min(len(out), len(limits) - 1)]:
+            out.append(tuple(cur))
+            cur, size = [], 0.0
+    if cur:
+        out.append(tuple(cur))
+    return out
 
 
 def select_s(select: str | None, n: float, impl: Implementation, device: Device) -> float:
@@ -174,6 +232,7 @@ __all__ = [
     "names",
     "get",
     "decodes",
+    "buckets",
     "select_s",
     "compress_s",
     "decompress_s",
@@ -183,4 +242,7 @@ __all__ = [
     "SORT_PASSES",
     "HOST_BW",
     "RADIX_PASSES",
+    "DDP_FIRST_BUCKET_BYTES",
+    "DDP_BUCKET_BYTES",
+    "DDP_BUCKET_LIMITS",
 ]

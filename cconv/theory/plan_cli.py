@@ -283,7 +283,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--architecture",
         choices=PR.A2A,
-        help="with --cluster: the all-reduce algorithm (default hierarchical, as NCCL/Horovod on multi-GPU nodes)",
+        help="with --cluster: the all-reduce algorithm (default hierarchical, as NCCL/Horovod on multi-GPU nodes; "
+        "two-level: a dense reduce inside each node, compression only across nodes, as Espresso/BytePS)",
     ),
     Option(
         "--device-profile",
@@ -295,7 +296,8 @@ OPTIONS: tuple[Option, ...] = (
         "--implementation",
         choices=IM.names(),
         help="with --cluster: how compression runs (default fused: cconv's jitted program; per-tensor: framework "
-        "ops per tensor, as GRACE/Horovod; mpi: per-tensor with payloads staged through host memory)",
+        "ops per tensor, as GRACE/Horovod; mpi: per-tensor with payloads staged through host memory; ddp-hook: "
+        "framework ops per PyTorch DDP bucket, as DDP communication hooks)",
     ),
     # which methods are planned and their knob values
     Option(

@@ -9,14 +9,18 @@ and gradient bytes, at local batch M) on a cluster of P = N x G devices (``cconv
   program, multiples of the device's memory read floor measured by cconv's benchmark
   (``cconv.theory.schedule.compress``); ``per-tensor``, framework ops on each tensor (launches,
   memory passes, a framework top-k's sort, one decode per gathered payload); ``mpi``, per-tensor
-  ops with every payload staged through host memory.  The dense baseline adds none (over MPI:
-  the staging of its gradient);
+  ops with every payload staged through host memory; ``ddp-hook``, framework ops per PyTorch DDP
+  bucket (one step of the schedule per bucket).  The dense baseline adds none (over MPI: the
+  staging of its gradient);
 * communication: each message's collective on the cluster's two-level network
   (``Cluster.network()``: hierarchical all-reduce, NCCL/Horovod style), issued as the
   ``schedule`` says (default ``fusion``: Horovod's tensor fusion, wait-free backpropagation
   with a 64 MiB buffer and a 5 ms cycle; also ``bsp``, ``wfbp``, ``mg-wfbp``, ``bytescheduler``),
   simulated by ``cconv.theory.schedule.schedules.run``.  The parameter-server method
-  (``<identity>-ps``) runs on BytePS's architecture with one server per node.
+  (``<identity>-ps``) runs on BytePS's architecture with one server per node.  ``architecture=
+  "two-level"`` (``schedule.arch.TwoLevel``): a dense reduce inside each node and the compressed
+  exchange across nodes only; the architecture's ``compression_scope`` then has each device
+  compress a 1/G share of every layer and decode the N nodes' payloads.
 
 Per row: ``iteration_time_s`` = ``compute_s`` + ``compress_s`` + ``comm_s`` where ``comm_s`` is the
 communication left exposed (not hidden behind backpropagation); ``speedup`` = P t_1 / t_iter with
@@ -48,7 +52,7 @@ from cconv.theory.schedule import compress as CC
 from cconv.theory.schedule import schedules as S
 from cconv.theory.schedule.compressed import GATHERABLE, _compresses
 
-A2A = ("hierarchical", "ring", "tree")  # all-reduce algorithms of the all-to-all methods
+A2A = ("hierarchical", "ring", "tree", "two-level")  # collectives of the all-to-all methods
 MAX_BATCH = 1 << 24
 
 
@@ -87,15 +91,16 @@ def profile_at(workload: str | P.Profile, batch: int | None = None) -> P.Profile
     return prof._replace(layers=layers, batch=batch)
 
 
-def _layer_costs(prof, method, hp, cluster, bench, notes, implementation) -> list[S.LayerCost] | None:
+def _layer_costs(prof, method, hp, cluster, bench, notes, implementation, scope) -> list[S.LayerCost] | None:
     c = C.get(method.compressor, **hp)
     shaped = any(lay.shapes for lay in prof.layers)
     if not shaped and not _compresses(c, PL.kind_of(method, c)):
         notes.append(f"{method.name} omitted: a flat layer vector is not compressed (it needs matrix shapes)")
         return None
     try:
+        share, peers = scope  # the architecture's: each GPU compresses a share, combined among peers
         return CC.layer_costs(
-            prof, method, cluster.workers, cluster.device, hparams=hp, bench=bench, implementation=implementation
+            prof, method, peers, cluster.device, hparams=hp, bench=bench, implementation=implementation, share=share
         )
     except ValueError as e:
         notes.append(f"{method.name} omitted: {' '.join(str(e).split())}")
@@ -141,7 +146,7 @@ def predict(
     implementation: str | IM.Implementation = IM.DEFAULT,
 ) -> list[Row]:
     """One ``Row`` per (method, knob value) on ``cluster``; ``notes`` collects what was left out;
-    ``implementation``: how compression runs (``cconv.theory.implementation``: fused, per-tensor, mpi)."""
+    ``implementation``: how compression runs (``cconv.theory.implementation``: fused, per-tensor, mpi, ddp-hook)."""
     implementation = IM.get(implementation)
     if architecture not in A2A:
         raise ValueError(f"architecture must be one of {', '.join(A2A)} (PS is the <identity>-ps method)")
@@ -154,8 +159,9 @@ def predict(
     for method, sets in _planned(methods, sweep, fixed, notes):
         ps = method.collective == PL.PS
         arch = A.get("byteps" if ps else architecture, net, p, servers if ps else None, topology)
+        scope = getattr(arch, "compression_scope", (1.0, p))  # two-level: a 1/g share, among the N nodes
         for hp in sets:
-            lcs = _layer_costs(prof, method, hp, cluster, bench, notes, implementation)
+            lcs = _layer_costs(prof, method, hp, cluster, bench, notes, implementation, scope)
             if lcs is None:
                 break
             if ps and any((lc.kind or "allreduce") not in GATHERABLE for lc in lcs):

@@ -149,6 +149,43 @@ class AllToAll(NamedTuple):
         return (("comm", t),)
 
 
+class TwoLevel(NamedTuple):
+    """A two-level compressed collective: the dense gradient is reduced inside each node, only the
+    exchange between nodes is compressed, and the result spread inside the node again (Espresso,
+    Wang et al., EuroSys 2023, built on BytePS: its communication types "intra-node FP16 +
+    inter-node compression + allgather" / "+ alltoall + allgather", github.com/zhuangwang93/Espresso;
+    Table 1's "hierarchical communication").  With g GPUs a node, N nodes, d the layer's dense bytes
+    and n its compressed bytes: the g GPUs reduce-scatter the dense gradient over the intra link,
+    each compresses its 1/g share of the node's sum, the g shares cross the nodes in g concurrent
+    collectives of the compressor's kind among the N nodes (sharing the node's NIC), each GPU
+    decodes its N peers' payloads, and an intra-node all-gather spreads the decoded shares:
+
+        intra (twice) = (g-1)(alpha_i + d/g beta_i)
+        inter         = T_kind(n/g, N, alpha_e, g beta_e)     e.g. all-gather (N-1)(alpha_e + n beta_e)
+
+    A dense message (n = d) costs the hierarchical all-reduce.  ``compression_scope``: the share of
+    each layer a GPU compresses (1/g) and the workers whose payloads its collective combines (N)."""
+
+    name: str
+    net: N.Network | N.Hierarchical
+    workers: int
+
+    gpu_resources: tuple[str, ...] = ("comm",)  # NCCL kernels
+
+    @property
+    def compression_scope(self) -> tuple[float, int]:
+        g, nodes, _, _ = _levels(self.net, self.workers)
+        return 1.0 / g, nodes
+
+    def stages(self, kind: str, nbytes: float, reply: float | None = None) -> tuple[tuple[str, float], ...]:
+        n = float(nbytes)
+        d = n if reply is None else float(reply)
+        g, nodes, i, e = _levels(self.net, self.workers)
+        intra = (g - 1) * (i.alpha + d / g * i.beta) if g > 1 and d > 0 else 0.0
+        inter = N.collective_time(kind, n / g, nodes, e._replace(beta=g * e.beta)) if nodes > 1 and n > 0 else 0.0
+        return (("comm", intra), ("comm", inter), ("comm", intra))
+
+
 class ParameterServer(NamedTuple):
     """Push/pull through ``servers`` servers: co-located (``ps``) or dedicated (``byteps``)."""
 
@@ -257,6 +294,7 @@ ARCHITECTURES = {
     "ring": _a2a("ring"),
     "tree": _a2a("tree"),
     "hierarchical": _a2a("hierarchical"),
+    "two-level": lambda net, workers, servers=None: TwoLevel("two-level", net, workers),
     "ps": _ps(False),
     "byteps": _ps(True),
 }
@@ -291,6 +329,7 @@ __all__ = [
     "Architecture",
     "AllToAll",
     "ParameterServer",
+    "TwoLevel",
     "Topology",
     "TOPOLOGIES",
     "ARCHITECTURES",

@@ -22,6 +22,11 @@ hyper-parameters), ``layer_costs`` gives the ``schedules.LayerCost`` the simulat
   for recursive doubling (gTop-k merges one payload per round), else 1;
 * the identity compressor (the dense baseline) adds no operation.
 
+A framework implementation (``cconv.theory.implementation``) charges each tensor's operations
+instead (``_per_tensor_ops``); one with DDP buckets (``ddp-hook``) gives one ``LayerCost`` per
+bucket (``bucket_layers``: the backward of its layers, then one flat tensor's compress, message
+and decompress).  ``share`` < 1 (a two-level collective): each worker compresses that share.
+
 Assumptions, stated: the ratio x is scale-free (a GPU kernel is as far from its read floor as
 cconv's CPU kernel is from the CPU's), sparsifiers' x was measured at ratio 0.01 and is used for
 every ratio (selection cost depends little on k), and the benchmark's ``--tuned-malloc`` table
@@ -199,9 +204,14 @@ def layer_cost(
     bench: Mapping[str, Sequence[Ratio]],
     shapes: Sequence[tuple[int, ...]] = (),
     implementation: str | IM.Implementation = IM.DEFAULT,
+    share: float = 1.0,
 ) -> LayerCost:
     """The ``LayerCost`` of one layer of ``d`` elements (tensors ``shapes``; () = one flat vector)
-    under ``method`` with compressor ``c``, run by ``implementation`` (``cconv.theory.implementation``)."""
+    under ``method`` with compressor ``c``, run by ``implementation`` (``cconv.theory.implementation``);
+    ``share``: the fraction of the layer each worker compresses and decodes (a two-level collective's
+    1/g: the fused program runs on share x d elements, framework ops on a share of the tensors)."""
+    if not 0 < share <= 1:
+        raise ValueError(f"share must be in (0, 1], got {share!r}")
     if d <= 0:
         return LayerCost(name, fwd_s, bwd_s, 0.0)
     impl = IM.get(implementation)
@@ -211,15 +221,15 @@ def layer_cost(
         kind = "allreduce"  # the architecture decides push/pull
     if C.registered_name(c) == PL.identity_name():  # no compression; over MPI the gradient is staged through the host
         out, back = IM.staging_s(impl, "allreduce", FLOAT_BYTES * float(d), workers)
-        return LayerCost(name, fwd_s, bwd_s, FLOAT_BYTES * float(d), out, back, kind)
+        return LayerCost(name, fwd_s, bwd_s, FLOAT_BYTES * float(d), share * out, share * back, kind)
     sizes = [_message(c, kind, (s,), int(math.prod(s)), impl) for s in shapes]
     nbytes = _message(c, kind, shapes, d, impl)
     if PL.per_tensor(kind):  # not one network collective: all-reduce of the summed payload leaves
         kind = "allreduce"
     if impl.per_tensor:
-        comp, dec = _per_tensor_ops(c, shapes, kind, workers, device, impl, sizes)
+        comp, dec = (share * t for t in _per_tensor_ops(c, shapes, kind, workers, device, impl, sizes))
     else:
-        comp, dec = _fused_ops(c, method, d, kind, workers, device, bench)
+        comp, dec = _fused_ops(c, method, max(1, round(share * d)), kind, workers, device, bench)
     return LayerCost(name, fwd_s, bwd_s, nbytes, comp, dec, kind, FLOAT_BYTES * float(d))
 
 
@@ -232,12 +242,14 @@ def layer_costs(
     hparams: Mapping | Sequence[Mapping] | None = None,
     bench: Mapping[str, Sequence[Ratio]] | None = None,
     implementation: str | IM.Implementation = IM.DEFAULT,
+    share: float = 1.0,
 ) -> list[LayerCost]:
     """``LayerCost``s of ``profile`` (backprop order) under ``method`` (a planner method or its
     name): FLOPs / ``device.flops`` for forward and backward, and per layer the message and the
     compress/decompress operations of the module docstring.  ``hparams``: the compressor's
     hyper-parameters, one mapping for every layer or one per layer (backprop order);
-    ``implementation``: how compress/decompress run (``cconv.theory.implementation``)."""
+    ``implementation``: how compress/decompress run (``cconv.theory.implementation``); ``share``: the
+    fraction of each layer a worker compresses (``layer_cost``; ``workers``: those it combines with)."""
     table = PL.all_methods()
     if isinstance(method, str):
         if method not in table:
@@ -247,10 +259,14 @@ def layer_costs(
     if per_layer and len(hparams) != len(profile.layers):
         raise ValueError(f"{len(hparams)} hyper-parameter sets for {len(profile.layers)} layers")
     bench = load_bench() if bench is None and method.compressor != PL.identity_name() else (bench or {})
+    hps = [dict(hparams[i] if per_layer else (hparams or {})) for i in range(len(profile.layers))]
+    impl = IM.get(implementation)
+    if impl.bucket_limits:
+        return _bucket_costs(profile, method, workers, device, hps, bench, impl, share)
     built: dict[tuple, Compressor] = {}
     out = []
     for i, lay in enumerate(profile.layers):
-        hp = dict(hparams[i] if per_layer else (hparams or {}))
+        hp = hps[i]
         key = tuple(sorted(hp.items()))
         if key not in built:
             built[key] = C.get(method.compressor, **hp)
@@ -267,9 +283,70 @@ def layer_costs(
                 device,
                 bench,
                 lay.shapes,
-                implementation,
+                impl,
+                share,
             )
         )
+    return out
+
+
+def _tensors(profile: Profile) -> list[tuple[int, tuple[int, ...]]]:
+    """(layer index, shape) of every gradient tensor in DDP's order: the layers in backprop order,
+    each layer's tensors in reverse registration order (a layer without shapes: one flat tensor)."""
+    return [(i, tuple(s)) for i, lay in enumerate(profile.layers) if lay.grad_bytes > 0 for s in reversed(lay.tensors)]
+
+
+class Bucket(NamedTuple):
+    """One DDP bucket: ``layers`` whose backward it waits for, its tensors' ``shapes`` and the layer
+    each tensor belongs to (``owners``)."""
+
+    layers: tuple[int, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    owners: tuple[int, ...]
+
+
+def bucket_layers(profile: Profile, limits: Sequence[float]) -> list[Bucket]:
+    """DDP's buckets of ``profile`` (``implementation.buckets`` with byte ``limits``).  A bucket is
+    ready when its last tensor's gradient is: a layer's backward belongs to the bucket of its first
+    tensor (its other tensors, produced by the same backward, may open the next bucket), a layer
+    without parameters to the bucket filled next (the last bucket after the last tensor)."""
+    tensors = _tensors(profile)
+    groups = IM.buckets([FLOAT_BYTES * math.prod(s) for _, s in tensors], limits) if tensors else [()]
+    first: dict[int, int] = {}
+    for b, idx in enumerate(groups):
+        for t in idx:
+            first.setdefault(tensors[t][0], b)
+    owner, nxt = [0] * len(profile.layers), len(groups) - 1
+    for i in reversed(range(len(profile.layers))):  # a layer without tensors: the next layer's bucket
+        nxt = first.get(i, nxt)
+        owner[i] = nxt
+    return [
+        Bucket(
+            tuple(i for i in range(len(owner)) if owner[i] == b),
+            tuple(tensors[t][1] for t in idx),
+            tuple(tensors[t][0] for t in idx),
+        )
+        for b, idx in enumerate(groups)
+    ]
+
+
+def _bucket_costs(profile, method, workers, device, hps, bench, impl, share=1.0) -> list[LayerCost]:
+    """One ``LayerCost`` per DDP bucket (``cconv.theory.implementation``, ``ddp-hook``): the backward
+    and forward of its layers, its message and its compress/decompress as ``layer_cost`` gives them
+    for one flat tensor of the bucket's elements, or for its tensors where the aggregation works per
+    tensor (PowerSGD's hook loops over the bucket's matrices)."""
+    out = []
+    for b, (layers, shapes, owners) in enumerate(bucket_layers(profile, impl.bucket_limits)):
+        hp = {tuple(sorted(hps[i].items())) for i in owners} or {tuple(sorted(hps[0].items()))}
+        if len(hp) > 1:
+            raise ValueError(f"{impl.name}: bucket {b} holds layers with different hyper-parameters (one flat tensor)")
+        c = C.get(method.compressor, **dict(next(iter(hp), ())))
+        d = sum(math.prod(s) for s in shapes)
+        units = shapes if PL.per_tensor(PL.kind_of(method, c)) else ((d,),)
+        lays = [profile.layers[i] for i in layers]
+        name = f"bucket{b}:" + (f"{lays[0].name}..{lays[-1].name}" if lays else "-")
+        fwd, bwd = (sum(getattr(x, k) for x in lays) / device.flops for k in ("fwd_flops", "bwd_flops"))
+        out.append(layer_cost(name, fwd, bwd, d, method, c, workers, device, bench, units, impl, share))
     return out
 
 
@@ -281,6 +358,8 @@ __all__ = [
     "ratio_at",
     "layer_cost",
     "layer_costs",
+    "bucket_layers",
+    "Bucket",
     "DECODES",
     "DEFAULT_BENCH",
 ]
