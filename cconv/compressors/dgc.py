@@ -324,7 +324,7 @@ dgc = register(
         knob=Knob("ratio", SPARSE_RATIOS),
         at_density=with_ratio,  # warm-up: ratio = the density
         label="DGC",
-        known_as=("grace:DgcCompressor",),  # GRACE (Xu et al. 2021), its data release
+        known_as=("grace:DgcCompressor", "espresso:DGC"),  # GRACE (Xu et al. 2021), Espresso (EuroSys 2023)
         # sample, top-k of the sample, threshold, mask, count (and re-threshold), compact (Lin et al. 2018;
         # grace_dl/tensorflow/compressor/dgc.py: ~12 ops, 3 passes); decode as top-k
         cost=Cost(compress_ops=12, compress_passes=3.0, select="sample", decompress_ops=3, decompress_passes=1.0),

@@ -233,7 +233,7 @@ powersgd = register(
         theory=THEORY,
         knob=Knob("rank", (1, 4)),
         label="PowerSGD",
-        known_as=("grace:PowerSGDCompressor",),  # GRACE (Xu et al. 2021), its data release
+        known_as=("grace:PowerSGDCompressor", "gqsgd:powerSGD_hook"),  # GRACE (Xu et al. 2021); Global-QSGD release
         # per matrix: reshape, P = M Q, orthogonalise P, Q = M^T P (two all-reduces between), and P Q^T to
         # decode (Vogels et al. 2019, Algorithm 1; grace_dl/tensorflow/compressor/powersgd.py)
         cost=Cost(

@@ -294,7 +294,7 @@ qsgd = register(
         theory=THEORY,
         knob=Knob("levels", (4, 16)),
         label="QSGD",
-        known_as=("grace:QSGDCompressor",),  # GRACE (Xu et al. 2021), its data release
+        known_as=("grace:QSGDCompressor", "gqsgd:qsgd_hook"),  # GRACE (Xu et al. 2021); Global-QSGD release
         # norm, scale, floor, uniform draws, compare, add, sign, cast (Alistarh et al. 2017; GRACE's qsgd.py)
         cost=Cost(
             compress_ops=10, compress_passes=6.0, decompress_ops=4, decompress_passes=2.5, code_bytes=1.0

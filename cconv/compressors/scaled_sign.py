@@ -74,5 +74,12 @@ THEORY = Theory(
 )
 
 scaled_sign = register(
-    "scaled_sign", Entry(_scaled_sign, theory=THEORY, label="scaled sign (EF-signSGD)", bench=Bench(target_x=4.0))
+    "scaled_sign",
+    Entry(
+        _scaled_sign,
+        theory=THEORY,
+        label="scaled sign (EF-signSGD)",
+        bench=Bench(target_x=4.0),
+        known_as=("espresso:EFSignSGD",),  # Espresso (EuroSys 2023), Table 1
+    ),
 )

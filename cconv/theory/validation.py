@@ -25,7 +25,8 @@ each beside its dense twin on the same backend; Espresso's Table 1 (EuroSys 2023
 V100, dense BytePS beside GPU-compressed runs, ``espresso_runs.json``); and the training logs of the
 Global-QSGD release (one server of 4 A100, PyTorch DDP hooks, ``gqsgd_runs.json``), each compressed
 run as its iteration time over the same release's dense run (``time_ratio``).  Methods in the data
-files are cconv's registered names; each file's ``aliases`` say what its source calls them.
+files are their sources' own names (``espresso:DGC``), mapped by the compressor entry that declares
+them (``Entry.known_as``), as GRACE's are.
 
 Settings taken from the sources; where a source does not state one, the assumption is written in
 the case's ``note``.  The collective algorithm follows the software of the time: NCCL 2's flat
@@ -197,8 +198,9 @@ def _gqsgd_runs() -> dict:
 def _gqsgd_cases() -> tuple[Case, ...]:
     """Global-QSGD's compressed runs (``gqsgd_runs.json``), each as its iteration time over the dense
     run of the same workload in the same release (``time_ratio``): the release gives no 1-GPU run,
-    so the dense run is the reference, not a case.  Methods are cconv's registered names (the file's
-    ``aliases`` say what the release calls them).  How the release runs them, from its code: PyTorch
+    so the dense run is the reference, not a case.  Methods are the release's names
+    (``gqsgd:qsgd_hook``), mapped by the entry that declares them (``cconv.compressors.known_as``).
+    How the release runs them, from its code: PyTorch
     DDP communication hooks (``register_comm_hook``), framework ops on each DDP bucket at DDP's
     default bucket sizes (``ddp-hook``), each bucket's hook and collective issued as soon as the
     bucket is ready (DDP's reducer: ``wfbp`` over the buckets).  ``ddp-hook`` was added after these
@@ -218,7 +220,7 @@ def _gqsgd_cases() -> tuple[Case, ...]:
                 f"Global-QSGD 1x4 A100 {r['label']}", r["workload"], prof.batch, cluster, intra, network, device,
                 "time_ratio", r["ms"] / d["ms"],
                 f"{GQSGD}: {r['run']} ({r['ms']} ms) over {d['run']} ({d['ms']} ms)",
-                note=f"{data['testbed']}; {r['statistic']}; {data['dense_note']}", method=C.entry(r["method"]).name,
+                note=f"{data['testbed']}; {r['statistic']}; {data['dense_note']}", method=C.known_as(r["method"]),
                 knobs=tuple(map(tuple, r["knobs"])), implementation=GQSGD_IMPLEMENTATION,
                 schedule=GQSGD_SCHEDULE,
             )
@@ -248,7 +250,7 @@ def _espresso_cases() -> tuple[Case, ...]:
             Case(
                 f"Espresso 8x8 V100 {r['label']}", r["workload"], r["batch"], ESPRESSO_CLUSTER, r["intra"],
                 r["network"], ESPRESSO_DEVICE, "scaling", r["scaling"], f"{ESPRESSO} ({r['scaling']})",
-                note=f"{data['testbed']}; {data['batches']}", method=DENSE_PS if dense else C.entry(r["method"]).name,
+                note=f"{data['testbed']}; {data['batches']}", method=DENSE_PS if dense else C.known_as(r["method"]),
                 knobs=tuple(map(tuple, r["knobs"])), implementation="fused",
                 architecture="hierarchical" if dense else ESPRESSO_ARCHITECTURE,
             )
