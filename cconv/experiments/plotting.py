@@ -767,7 +767,7 @@ def panels_for(df, panels: str = "auto") -> str:
         raise ValueError(f"unknown panels {panels!r}; valid: {', '.join(PANELS)}")
     if panels != "auto":
         return panels
-    fams = set(df["compressor"]) - {identity_name()} if "compressor" in df.columns else set()
+    fams = set(df["compressor"].dropna()) - {identity_name()} if "compressor" in df.columns else set()
     return "family" if len(fams) >= 2 else "single"
 
 
