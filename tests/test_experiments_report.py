@@ -244,19 +244,21 @@ def test_real_sweep_through_the_cli(tmp_path, capsys):
 
 def _diverging_sweep(root):
     """A sweep directory in its file's order (top-k, then signSGD, then the baseline): signSGD without
-    EF diverged at step 20 by its summary, top-k 0.1 without EF leaves the axes without diverging."""
+    EF went above the axes at step 20, came back, and diverged at step 40 by its summary; top-k 0.1
+    without EF leaves the axes at step 30 without diverging (the cap is 1.5 x the first loss, 3)."""
     base = {"workers": 2, "batch_size": 8}
     runs = {}
     for r in (0.01, 0.1):
         for mem in ("none", "ef"):
             cfg = {**base, "compressor": {"name": "topk", "ratio": r}, "memory": mem}
             up = r == 0.1 and mem == "none"
-            runs[f"topk{r}{mem}"] = make_run(root, f"topk{r}{mem}", cfg, [2.0, 4.0 if up else 1.2, 0.6], 100.0)
+            runs[f"topk{r}{mem}"] = make_run(root, f"topk{r}{mem}", cfg, [2.0, 1.2, 4.0 if up else 0.6], 100.0)
     for mem in ("none", "ef"):
         cfg = {**base, "compressor": "signsgd", "memory": mem}
-        runs[f"sign{mem}"] = make_run(root, f"sign{mem}", cfg, [2.0, 30.0] if mem == "none" else [2.0, 1.0, 0.5], 9.0)
+        losses = [2.0, 4.0, 1.0, 30.0] if mem == "none" else [2.0, 1.0, 0.5]
+        runs[f"sign{mem}"] = make_run(root, f"sign{mem}", cfg, losses, 9.0)
     runs["dense"] = make_run(root, "dense", base, [2.0, 1.0, 0.4], 1000.0)
-    per_seed = {"0": {"status": "diverged", "diverged_at_step": 20, "diverged_why": "loss 30 at step 20 > 10 x 2"}}
+    per_seed = {"0": {"status": "diverged", "diverged_at_step": 40, "diverged_why": "loss 30 at step 40 > 10 x 2"}}
     summary = {"status": "diverged", "error": "x", "per_seed": per_seed}
     io.write_json(os.path.join(runs["signnone"], io.SUMMARY), summary)
     io.write_json(os.path.join(root, io.SWEEP_INDEX), {"name": "s", "runs": {r: {} for r in runs}, "configs": {}})
@@ -272,15 +274,18 @@ def test_a_diverged_run_is_named_in_every_legend(tmp_path, monkeypatch):
     root = _diverging_sweep(str(tmp_path / "s"))
     figs = _capture(monkeypatch)
     df = report.load_metrics([root])
-    assert df.groupby("run")["diverged_at_step"].max().dropna().to_dict() == {"signnone": 20.0}
+    assert df.groupby("run")["diverged_at_step"].max().dropna().to_dict() == {"signnone": 40.0}
     plotting.family_grid(df, out=str(tmp_path / "g.png"))
     texts = _texts(figs[-1])
-    assert "no EF: diverged at step 20" in texts["signSGD"]
-    assert "ratio = 0.1, no EF: above the axis from step 20" in texts["top-k"]  # left the axes, did not diverge
+    assert "no EF: diverged at step 40" in texts["signSGD"]
+    assert "ratio = 0.1, no EF: above the axis from step 30" in texts["top-k"]  # left the axes, did not diverge
+    sign = next(ax for ax in figs[-1].axes if ax.get_title() == "signSGD")
+    (curve,) = [ln for ln in sign.get_lines() if ln.get_color() == "tab:orange" and ln.get_marker() != "x"]
+    assert list(curve.get_ydata()) == [2.0, 3.0, 1.0, 3.0]  # the excursion runs along the top; cut at step 40
     plotting.curves(df, out=str(tmp_path / "c.png"))
     (single,) = _texts(figs[-1]).values()
-    assert "signSGD, no EF: diverged at step 20" in single
-    assert "top-k (ratio=0.1), no EF: above the axis from step 20" in single
+    assert "signSGD, no EF: diverged at step 40" in single
+    assert "top-k (ratio=0.1), no EF: above the axis from step 30" in single
     assert sum("step" in t for t in single) == 2  # the others are not annotated
 
 

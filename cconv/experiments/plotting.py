@@ -260,7 +260,8 @@ class Drawn(NamedTuple):
 
 def _draw(ax, g, line: Line, **kw) -> Drawn:
     """One run's seed-mean curve (``ax.plot`` with ``kw``) and its band; a run that diverges (non-finite,
-    or above ``line.top``) is cut where it leaves through the top edge and marked with an x there."""
+    or above ``line.top`` to its end) is cut where it leaves through the top edge for good and marked
+    with an x there; an excursion above ``line.top`` that comes back runs along the top edge."""
     xv, yv, lo, hi, n = mean_curve(g, line.xcol, line.ycol, line.band)
     steps = np.sort(g["step"].dropna().unique())  # mean_curve's index
     ok = np.isfinite(xv)
@@ -269,12 +270,14 @@ def _draw(ax, g, line: Line, **kw) -> Drawn:
     xv, yv, lo, hi, steps = xv[ok], yv[ok], lo[ok], hi[ok], steps[ok]
     top, left = line.top, None
     blew_up = (~np.isfinite(yv)).any() or (top is not None and (yv[np.isfinite(yv)] > top).any())
-    if top is not None:  # a diverging run leaves through the top edge
+    if top is not None:  # a diverging run leaves through the top edge (for good: cut there)
         yv = np.where(np.isfinite(yv), np.minimum(yv, top), top)
         lo, hi = np.minimum(lo, top), np.minimum(hi, top)
-        if blew_up:
-            cut = int(np.argmax(yv >= top)) + 1
+        below = np.flatnonzero(yv < top)
+        if len(yv) and yv[-1] >= top:  # from its last point on the axes it never comes back
+            cut = int(below[-1]) + 2 if len(below) else 1
             xv, yv, lo, hi, left = xv[:cut], yv[:cut], lo[:cut], hi[:cut], int(steps[cut - 1])
+        blew_up = left is not None
     fin = np.isfinite(yv)
     (drawn,) = ax.plot(xv[fin], yv[fin], **kw)
     if n > 1 and np.isfinite(lo[fin]).any():
