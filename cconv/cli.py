@@ -3,7 +3,7 @@
     cconv run CONFIG [--set KEY=VALUE ...] [--out DIR]
     cconv sweep SWEEP [--out DIR] [--no-figure]
     cconv plot RESULTS... [--kind curves|ratio-summary] [--x bytes|bytes_encoded|steps|time] [--y METRIC]
-               [--network NAME] [--panels single|family] [--band minmax|std|sem|ci95|none]
+               [--network NAME] [--panels auto|family|single] [--band minmax|std|sem|ci95|none]
                [--legend auto|outside|inside|none] [--target VALUE] [--metric METRIC] [--title TEXT] [--out FILE]
     cconv report RESULTS... [--target VALUE] [--metric METRIC] [--aggregate] [--csv FILE]
     cconv doctor [--platform cuda|rocm|tpu|all] [--full] [--json FILE]
@@ -55,7 +55,7 @@ from cconv._startup import quiet_libraries as _quiet_libraries
 from cconv.advisor import cli as advise_cli
 from cconv.advisor import plan_measure
 from cconv.cli_schema import Command, Option
-from cconv.experiments.plotting import BANDS, LEGEND, X_AXES
+from cconv.experiments.plotting import BANDS, LEGEND, PANELS, X_AXES
 from cconv.theory import calibrate_cli
 
 EXIT_BAD_INPUT = 2
@@ -225,7 +225,7 @@ def cmd_plot(args) -> int:
 
     summary = args.kind == "ratio-summary"
     report.check_target(args.target, args.metric)
-    if summary and args.panels != "single":
+    if summary and args.panels != "auto":
         raise ValueError("--panels applies to --kind curves, not to the ratio summary")
     if summary and args.network:
         raise ValueError("--network applies to --kind curves (the ratio summary's time is the first network's)")
@@ -247,8 +247,9 @@ def cmd_plot(args) -> int:
         outs = plotting.ratio_summary(runs, x=args.x, **opts)
     else:
         df = report.load_metrics(args.results)
-        if args.panels == "family":
-            outs = plotting.family_grid(df, x=args.x, y=args.y, network=args.network, **opts)
+        if plotting.panels_for(df, args.panels) == "family":
+            order = report.sweep_order(args.results)
+            outs = plotting.family_grid(df, x=args.x, y=args.y, network=args.network, order=order, **opts)
         else:
             tgt = args.target if args.metric == args.y else None
             outs = plotting.curves(df, x=args.x, y=args.y, network=args.network, target=tgt, **opts)
@@ -284,9 +285,11 @@ PLOT = Command(
         Option("--network", help="network whose simulated time to use with --x time (e.g. 10GbE)"),
         Option(
             "--panels",
-            choices=("single", "family"),
-            default="single",
-            help="one panel, or one panel per compressor family (default: single)",
+            choices=PANELS,
+            default="auto",
+            help="family: one panel per compressor family (the sweep file's order), the dense baseline on "
+            "each; single: every run in one panel; auto (default): family when the runs hold two or more "
+            "compressed families (a sweep), else single",
         ),
         Option(
             "--band",

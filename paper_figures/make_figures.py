@@ -4,7 +4,8 @@
     .venv/bin/python paper_figures/make_figures.py results/paper_digits --out paper_figures
 
 Writes (PNG and PDF each), one panel per compressor family, colour = compression ratio, solid =
-error feedback, dashed = none, black = the uncompressed baseline, seeds averaged with a min-max band:
+error feedback, dashed = none, dashed black = the uncompressed baseline, seeds averaged with a
+min-max band; panels in the sweep file's order; a run that diverged is named in its panel's legend:
 
     loss_vs_bytes, accuracy_vs_bytes          against cumulative traffic per worker (log x)
     loss_vs_steps, accuracy_vs_steps          against training steps
@@ -35,6 +36,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     df = report.load_metrics([args.results])
+    order = report.sweep_order([args.results])  # panels in the sweep file's order
     name = os.path.basename(os.path.normpath(args.results))
     task = f"{df['model'].iloc[0].upper()} on {df['data'].iloc[0]}, {int(df['workers'].iloc[0])} workers"
     written = []
@@ -44,6 +46,7 @@ def main(argv=None) -> int:
             df,
             x="bytes",
             y=y,
+            order=order,
             out=os.path.join(args.out, f"{short}_vs_bytes.png"),
             title=f"{what} against traffic ({task})",
         )
@@ -51,6 +54,7 @@ def main(argv=None) -> int:
             df,
             x="steps",
             y=y,
+            order=order,
             out=os.path.join(args.out, f"{short}_vs_steps.png"),
             title=f"{what} against steps ({task})",
         )
@@ -60,6 +64,7 @@ def main(argv=None) -> int:
                 x="time",
                 y=y,
                 network=net,
+                order=order,
                 out=os.path.join(args.out, f"{short}_vs_time_{net}.png"),
                 title=f"{what} against simulated time on {net} ({task})",
             )

@@ -240,3 +240,94 @@ def test_real_sweep_through_the_cli(tmp_path, capsys):
     capsys.readouterr()
     assert cli.main(["plot", str(out), "--kind", "ratio-summary", "--panels", "family"]) == 2
     assert "--panels applies to --kind curves" in capsys.readouterr().err
+
+
+def _diverging_sweep(root):
+    """A sweep directory in its file's order (top-k, then signSGD, then the baseline): signSGD without
+    EF went above the axes at step 20, came back, and diverged at step 40 by its summary; top-k 0.1
+    without EF leaves the axes at step 30 without diverging (the cap is 1.5 x the first loss, 3)."""
+    base = {"workers": 2, "batch_size": 8}
+    runs = {}
+    for r in (0.01, 0.1):
+        for mem in ("none", "ef"):
+            cfg = {**base, "compressor": {"name": "topk", "ratio": r}, "memory": mem}
+            up = r == 0.1 and mem == "none"
+            runs[f"topk{r}{mem}"] = make_run(root, f"topk{r}{mem}", cfg, [2.0, 1.2, 4.0 if up else 0.6], 100.0)
+    for mem in ("none", "ef"):
+        cfg = {**base, "compressor": "signsgd", "memory": mem}
+        losses = [2.0, 4.0, 1.0, 30.0] if mem == "none" else [2.0, 1.0, 0.5]
+        runs[f"sign{mem}"] = make_run(root, f"sign{mem}", cfg, losses, 9.0)
+    runs["dense"] = make_run(root, "dense", base, [2.0, 1.0, 0.4], 1000.0)
+    per_seed = {"0": {"status": "diverged", "diverged_at_step": 40, "diverged_why": "loss 30 at step 40 > 10 x 2"}}
+    summary = {"status": "diverged", "error": "x", "per_seed": per_seed}
+    io.write_json(os.path.join(runs["signnone"], io.SUMMARY), summary)
+    io.write_json(os.path.join(root, io.SWEEP_INDEX), {"name": "s", "runs": {r: {} for r in runs}, "configs": {}})
+    return root
+
+
+def _texts(fig):
+    return {ax.get_title(): _legend(ax)[0] for ax in fig.axes if ax.get_visible() and ax.get_legend()}
+
+
+def test_a_diverged_run_is_named_in_every_legend(tmp_path, monkeypatch):
+    """Issue 35: signSGD without EF left the quickstart figure as an unexplained x."""
+    root = _diverging_sweep(str(tmp_path / "s"))
+    figs = _capture(monkeypatch)
+    df = report.load_metrics([root])
+    assert df.groupby("run")["diverged_at_step"].max().dropna().to_dict() == {"signnone": 40.0}
+    plotting.family_grid(df, out=str(tmp_path / "g.png"))
+    texts = _texts(figs[-1])
+    assert "no EF: diverged at step 40" in texts["signSGD"]
+    assert "ratio = 0.1, no EF: above the axis from step 30" in texts["top-k"]  # left the axes, did not diverge
+    sign = next(ax for ax in figs[-1].axes if ax.get_title() == "signSGD")
+    (curve,) = [ln for ln in sign.get_lines() if ln.get_color() == "tab:orange" and ln.get_marker() != "x"]
+    assert list(curve.get_ydata()) == [2.0, 3.0, 1.0, 3.0]  # the excursion runs along the top; cut at step 40
+    plotting.curves(df, out=str(tmp_path / "c.png"))
+    (single,) = _texts(figs[-1]).values()
+    assert "signSGD, no EF: diverged at step 40" in single
+    assert "top-k (ratio=0.1), no EF: above the axis from step 30" in single
+    assert sum("step" in t for t in single) == 2  # the others are not annotated
+
+
+def test_family_panels_in_sweep_order_baseline_dashed_memories_distinct(tmp_path, monkeypatch):
+    """Issue 35: panels were alphabetical, the baseline solid where the guide says dashed, and a
+    family without ratios (TernGrad, signSGD) drew EF and no EF in one colour."""
+    root = _diverging_sweep(str(tmp_path / "s"))
+    figs = _capture(monkeypatch)
+    df = report.load_metrics([root])
+    assert report.sweep_order([root])[:2] == ["topk0.01none", "topk0.01ef"]
+    plotting.family_grid(df, out=str(tmp_path / "g.png"), order=report.sweep_order([root]))
+    axes = [ax for ax in figs[-1].axes if ax.get_visible()]
+    assert [ax.get_title() for ax in axes] == ["top-k", "signSGD"]  # the sweep file's order
+    plotting.family_grid(df, out=str(tmp_path / "g.png"))  # without an order: registry (name) order
+    assert [ax.get_title() for ax in figs[-1].axes if ax.get_visible()] == ["signSGD", "top-k"]
+    for ax in axes:
+        black = [ln for ln in ax.get_lines() if ln.get_color() == "black"]
+        assert black and all(ln.get_linestyle() == "--" for ln in black)
+        _, _, leg = _legend(ax)
+        (handle,) = [h for h in leg.legend_handles if h.get_label() == "dense baseline"]
+        assert handle.get_linestyle() == "--"
+    sign = axes[1]
+    curves = [ln for ln in sign.get_lines() if ln.get_color() != "black" and ln.get_marker() != "x"]
+    colours = {ln.get_linestyle(): ln.get_color() for ln in curves}
+    assert colours["-"] != colours["--"]  # EF solid, no EF dashed, and in two colours
+    _, _, leg = _legend(sign)
+    named = {h.get_label(): h.get_color() for h in leg.legend_handles}
+    assert named["EF"] == colours["-"] and named["no EF"] == colours["--"]  # the legend says which
+
+
+def test_plot_groups_a_sweep_by_family_by_default(tmp_path, monkeypatch, capsys):
+    """Issue 35: ``cconv plot`` on a sweep drew every run in one panel (29 lines for the quickstart)."""
+    from cconv import cli
+
+    root = _diverging_sweep(str(tmp_path / "s"))
+    figs = _capture(monkeypatch)
+    assert cli.main(["plot", root, "--out", str(tmp_path / "p.png")]) == 0
+    assert [ax.get_title() for ax in figs[-1].axes if ax.get_visible()] == ["top-k", "signSGD"]
+    assert cli.main(["plot", root, "--panels", "single", "--out", str(tmp_path / "p.png")]) == 0
+    assert len(figs[-1].axes) == 1 and len(_legend(figs[-1].axes[0])[0]) == 7
+    one = os.path.join(root, "topk0.01ef")  # one family (and the baseline): one panel
+    assert cli.main(["plot", one, os.path.join(root, "dense"), "--out", str(tmp_path / "p.png")]) == 0
+    assert len(figs[-1].axes) == 1
+    assert plotting.panels_for(report.load_metrics([one]), "family") == "family"
+    capsys.readouterr()

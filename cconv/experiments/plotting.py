@@ -2,10 +2,13 @@
 
 * ``curves``: one panel, one line per run (seeds averaged, a band over the seeds when several),
   labelled by the settings that vary between the runs (``run_labels``).
-* ``family_grid``: one panel per compressor family; within a panel, colour = the family's swept
-  hyper-parameter (ratio, levels, rank, ...), line style = memory (solid EF, dashed none, dotted
-  DGC), marker = any other setting that varies within the family (e.g. ``positions``); the
-  uncompressed baseline (the identity compressor) is drawn in black in every panel.
+* ``family_grid``: one panel per compressor family (in a sweep's file order, ``families_in``);
+  within a panel, colour = the family's swept hyper-parameter (ratio, levels, rank, ...), line
+  style = memory (solid EF, dashed none, dotted DGC), marker = any other setting that varies within
+  the family (e.g. ``positions``); a family without levels to colour (signSGD, TernGrad) is
+  coloured by memory too (``MEMORY_COLOR``), so that its EF and no-EF curves differ where they
+  overlap; the uncompressed baseline (the identity compressor) is a dashed black line in every
+  panel (``BASELINE_STYLE``, also in ``curves`` and ``ratio_summary``).
   Labels and knobs come from the compressor registry (``Entry.label``, ``Entry.knob``).
 * ``ratio_summary``: bytes to reach a target loss against the compression ratio, with and without
   error feedback, one line per sparsifier family; methods without a ratio (signSGD, TernGrad, ...)
@@ -21,7 +24,10 @@ the collectives moved), ``bytes_encoded`` = ``cum_bytes_encoded`` (the same for 
 messages: smaller for entropy-coded payloads, whose buffers have a fixed capacity), ``steps``,
 ``time`` = simulated time on a network (``sim_time@<net>``; ``sim_time`` for the run's
 first network; wall-clock time when no network was simulated).  Loss axes are shared and capped at
-1.5 x the median initial value: a diverging run leaves through the top edge, marked with an x.
+1.5 x the median initial value: a diverging run leaves through the top edge, marked with an x, and
+the legend names it: ``diverged at step N`` when its ``summary.json`` says so (the rule of
+``cconv.experiments.divergence``: a non-finite loss or 10x the first step's), else ``above the
+axis from step N`` (``divergence_notes``, ``note_of``).
 """
 
 from __future__ import annotations
@@ -244,28 +250,67 @@ def _scales(ax, x: str, limits=None) -> None:
     ax.grid(True, which="major", alpha=0.3)
 
 
-def _draw(ax, g, line: Line, **kw) -> None:
+class Drawn(NamedTuple):
+    """A drawn curve (``_draw``): its line, and the step at which it left through the top edge (None:
+    it stayed on the axes)."""
+
+    artist: object
+    left: int | None
+
+
+def _draw(ax, g, line: Line, **kw) -> Drawn:
     """One run's seed-mean curve (``ax.plot`` with ``kw``) and its band; a run that diverges (non-finite,
-    or above ``line.top``) is cut where it leaves through the top edge and marked with an x there."""
+    or above ``line.top`` to its end) is cut where it leaves through the top edge for good and marked
+    with an x there; an excursion above ``line.top`` that comes back runs along the top edge."""
     xv, yv, lo, hi, n = mean_curve(g, line.xcol, line.ycol, line.band)
+    steps = np.sort(g["step"].dropna().unique())  # mean_curve's index
     ok = np.isfinite(xv)
     if x_is_log(ax):
         ok &= xv > 0
-    xv, yv, lo, hi = xv[ok], yv[ok], lo[ok], hi[ok]
-    top = line.top
+    xv, yv, lo, hi, steps = xv[ok], yv[ok], lo[ok], hi[ok], steps[ok]
+    top, left = line.top, None
     blew_up = (~np.isfinite(yv)).any() or (top is not None and (yv[np.isfinite(yv)] > top).any())
-    if top is not None:  # a diverging run leaves through the top edge
+    if top is not None:  # a diverging run leaves through the top edge (for good: cut there)
         yv = np.where(np.isfinite(yv), np.minimum(yv, top), top)
         lo, hi = np.minimum(lo, top), np.minimum(hi, top)
-        if blew_up:
-            cut = int(np.argmax(yv >= top)) + 1
-            xv, yv, lo, hi = xv[:cut], yv[:cut], lo[:cut], hi[:cut]
+        below = np.flatnonzero(yv < top)
+        if len(yv) and yv[-1] >= top:  # from its last point on the axes it never comes back
+            cut = int(below[-1]) + 2 if len(below) else 1
+            xv, yv, lo, hi, left = xv[:cut], yv[:cut], lo[:cut], hi[:cut], int(steps[cut - 1])
+        blew_up = left is not None
     fin = np.isfinite(yv)
     (drawn,) = ax.plot(xv[fin], yv[fin], **kw)
     if n > 1 and np.isfinite(lo[fin]).any():
         ax.fill_between(xv[fin], lo[fin], hi[fin], color=drawn.get_color(), alpha=0.15, linewidth=0)
     if blew_up and fin.any():
         ax.plot(xv[fin][-1:], yv[fin][-1:], marker="x", color=drawn.get_color(), markersize=7, clip_on=False)
+    return Drawn(drawn, left)
+
+
+def divergence_notes(df) -> dict[str, str]:
+    """What a legend says of each run with a diverged seed, from its ``summary.json``
+    (``report.load_metrics``'s ``diverged_at_step``: the rule of ``cconv.experiments.divergence``):
+    ``diverged at step N``; with several seeds ``k of n seeds diverged, the first at step N``."""
+    if df.empty or "diverged_at_step" not in df.columns:
+        return {}
+    notes = {}
+    for run, g in df.groupby("run", sort=False):
+        per_seed = g.groupby("seed")["diverged_at_step"].first() if "seed" in g.columns else g["diverged_at_step"][:1]
+        div = per_seed.dropna()
+        if div.empty:
+            continue
+        first = int(div.min())
+        many = len(per_seed) > 1
+        notes[run] = f"{len(div)} of {len(per_seed)} seeds diverged, the first at step {first}" if many else ""
+        notes[run] = notes[run] or f"diverged at step {first}"
+    return notes
+
+
+def note_of(run: str, notes: dict[str, str], drawn: Drawn) -> str | None:
+    """A run's legend note: its divergence (``divergence_notes``), else where its curve left the axes."""
+    if run in notes:
+        return notes[run]
+    return None if drawn.left is None else f"above the axis from step {drawn.left}"
 
 
 def x_is_log(ax) -> bool:
@@ -484,15 +529,31 @@ def _handle(**kw):
     return Line2D([], [], **kw)
 
 
+# the uncompressed baseline (the identity compressor) in every figure: black, dashed (docs/getting_started.md)
+BASELINE_STYLE = {"color": "black", "linestyle": "--"}
+# colour of a memory where it tells a family's runs apart (a family without knob levels)
+MEMORY_COLOR = {
+    "ef": "tab:blue",
+    "none": "tab:orange",
+    "dgc": "tab:green",
+    "ef21": "tab:red",
+    "ef21_sgdm": "tab:purple",
+}
+
+
 def _baseline_handle():
-    return _handle(color="black", label="dense baseline")
+    return _handle(label="dense baseline", **BASELINE_STYLE)
 
 
-def _memory_handles(memories: Iterable[str]) -> list:
-    """One legend entry per memory among ``memories`` (line style: ``MEMORY_STYLE``), in EF, none, DGC order."""
+def _memory_handles(memories: Iterable[str], coloured: bool = False) -> list:
+    """One legend entry per memory among ``memories`` (line style: ``MEMORY_STYLE``), in EF, none, DGC
+    order; grey, or (``coloured``: a panel whose colour tells the memories apart) ``MEMORY_COLOR``."""
     present = set(memories)
-    styles = [(m, style) for m, style in MEMORY_STYLE.items() if m in present]
-    return [_handle(color="grey", linestyle=style, label=MEMORY_LABEL[m]) for m, style in styles]
+    return [
+        _handle(color=MEMORY_COLOR.get(m, "grey") if coloured else "grey", linestyle=style, label=MEMORY_LABEL[m])
+        for m, style in MEMORY_STYLE.items()
+        if m in present
+    ]
 
 
 def _label_axes(ax, xlabel: str | None = None, ylabel: str | None = None, title: str | None = None) -> None:
@@ -565,9 +626,10 @@ def curves(
     legend: str = "auto",
     target: float | None = None,
 ) -> list[str]:
-    """All runs in one panel (``cconv plot``): one line per run, seeds averaged with a ``band``
-    (module doc), labelled by ``run_labels``, in ``run_order``; the legend goes outside the axes
-    for more than five runs (``legend``).  ``target``: a dotted horizontal line at that value."""
+    """All runs in one panel (``cconv plot --panels single``): one line per run, seeds averaged with
+    a ``band`` (module doc), labelled by ``run_labels`` (and ``note_of``: a run that diverged or left
+    the axes says so), in ``run_order``, the dense baseline dashed black; the legend goes outside
+    the axes for more than five runs (``legend``).  ``target``: a dotted horizontal line at that value."""
     check_band(band)
     _check_metrics(df, y)
     xcol, xlabel = x_column(df, x, network)
@@ -576,10 +638,15 @@ def curves(
     fig, ax = _one_panel(log_x=x in BYTE_AXES)
     limits = y_range(df, y)
     line = Line(xcol, y, limits[1] if limits else None, band)
-    colors = _plt().get_cmap("tab10")
+    colors, notes, ident = _plt().get_cmap("tab10"), divergence_notes(df), identity_name()
     for i, run in enumerate(order):
-        style = LINESTYLES[(i // 10) % len(LINESTYLES)]
-        _draw(ax, df[df["run"] == run], line, label=labels[run], linewidth=1.4, color=colors(i % 10), linestyle=style)
+        g = df[df["run"] == run]
+        kw = {"color": colors(i % 10), "linestyle": LINESTYLES[(i // 10) % len(LINESTYLES)]}
+        if (g["compressor"] == ident).all():
+            kw = BASELINE_STYLE
+        drawn = _draw(ax, g, line, linewidth=1.4, **kw)
+        note = note_of(run, notes, drawn)
+        drawn.artist.set_label(labels[run] + (f": {note}" if note else ""))
     if target is not None:
         ax.axhline(target, color="grey", linestyle=":", linewidth=1.0, label=f"target {y_label(y)} {target:g}")
     _scales(ax, x, limits)
@@ -616,47 +683,95 @@ def _markers(variant: dict[str, str]) -> dict[str, str | None]:
     return {kind: (MARKERS[i % len(MARKERS)] if len(kinds) > 1 else None) for i, kind in enumerate(kinds)}
 
 
-def _level_curves(ax, sub, line: Line, color, marker_of: dict[str, str | None]) -> None:
-    """The runs of one knob level in one colour: line style by memory, marker by variant."""
+class Curve(NamedTuple):
+    """How one run of a family panel was drawn (``_level_curves``): its colour, line style, memory,
+    knob level and ``Drawn``."""
+
+    color: object
+    style: object
+    memory: str
+    level: object
+    drawn: Drawn
+
+
+def _level_curves(ax, sub, line: Line, color_of, marker_of: dict[str, str | None], level=None) -> dict[str, Curve]:
+    """The runs of one knob level, coloured ``color_of(memory)``: line style by memory, marker by variant."""
+    curves = {}
     for mem, gm in sub.groupby("memory", sort=True):
+        style = MEMORY_STYLE.get(mem, "-.")
         for run, gr in gm.groupby("run"):
-            _draw(
-                ax,
-                gr,
-                line,
-                color=color,
-                linestyle=MEMORY_STYLE.get(mem, "-."),
-                linewidth=1.4,
-                marker=marker_of[run],
-                markersize=3.5,
-                markevery=max(1, gr["step"].nunique() // 8),
-            )
+            kw = {"marker": marker_of[run], "markersize": 3.5, "markevery": max(1, gr["step"].nunique() // 8)}
+            drawn = _draw(ax, gr, line, color=color_of(mem), linestyle=style, linewidth=1.4, **kw)
+            curves[run] = Curve(color_of(mem), style, mem, level, drawn)
+    return curves
 
 
-def _family_curves(ax, g, family: str, line: Line) -> list:
-    """One family's runs in its panel, coloured by its knob's level (``_knob``); their legend entries."""
+def _note_handles(curves: dict[str, Curve], notes: dict[str, str], knob: str | None, variant: dict[str, str]) -> list:
+    """A legend entry (an x on the run's line) per run that diverged or left the axes, naming it."""
+    handles = []
+    for run, c in curves.items():
+        note = note_of(run, notes, c.drawn)
+        if note is None:
+            continue
+        parts = [f"{knob} = {float(c.level):g}"] if c.level is not None else []
+        parts += [MEMORY_LABEL.get(c.memory, f"memory={c.memory}")] + ([variant[run]] if variant.get(run) else [])
+        handles.append(_handle(color=c.color, linestyle=c.style, marker="x", label=f"{', '.join(parts)}: {note}"))
+    return handles
+
+
+def _family_curves(ax, g, family: str, line: Line, notes: dict[str, str]) -> tuple[list, list]:
+    """One family's runs in its panel, coloured by its knob's level (``_knob``), or by memory when it
+    has no levels to colour (``MEMORY_COLOR``: EF and no EF then differ in colour and line style);
+    their legend entries (one naming each run that diverged) and those of the memories."""
     knob = _knob(g, family)
     levels = sorted(g[knob].dropna().unique(), key=float) if knob else [None]
     name = knob.split(".")[-1] if knob else None
     variant = _variants(settings_of(g), ("compressor", "memory", f"compressor.{name}" if knob else None))
     marker = _markers(variant)
+    by_memory = len(levels) == 1 and g["memory"].nunique() > 1
     cmap = _plt().get_cmap("viridis")
-    handles = []
+    handles, curves = [], {}
     for li, lev in enumerate(levels):
         color = cmap(0.85 * li / max(len(levels) - 1, 1)) if len(levels) > 1 else cmap(0.35)
         sub = g if lev is None else g[g[knob] == lev]
-        _level_curves(ax, sub, line, color, {run: marker[variant[run]] for run in set(sub["run"])})
-        if lev is not None:
+        color_of = (lambda m: MEMORY_COLOR.get(m, "grey")) if by_memory else (lambda m, c=color: c)
+        curves.update(_level_curves(ax, sub, line, color_of, {r: marker[variant[r]] for r in set(sub["run"])}, lev))
+        if lev is not None and not by_memory:
             handles.append(_handle(color=color, label=f"{name} = {float(lev):g}"))
-    return handles + [
-        _handle(color="grey", marker=m, linestyle="none", label=kind) for kind, m in marker.items() if m is not None
-    ]
+    handles += [_handle(color="grey", marker=m, linestyle="none", label=k) for k, m in marker.items() if m is not None]
+    return handles + _note_handles(curves, notes, name, variant), _memory_handles(g["memory"], coloured=by_memory)
 
 
 def _baseline_curves(ax, base, line: Line) -> None:
-    """The dense baseline's runs in black."""
+    """The dense baseline's runs: black, dashed (``BASELINE_STYLE``)."""
     for _, gb in base.groupby("run"):
-        _draw(ax, gb, line, color="black", linewidth=1.0, alpha=0.8)
+        _draw(ax, gb, line, linewidth=1.2, alpha=0.8, **BASELINE_STYLE)
+
+
+def families_in(df, order: Iterable[str] | None = None) -> list[str]:
+    """The compressor families of ``df``'s runs but the dense baseline (itself when it is alone):
+    in the order their first run has in ``order`` (run names: a sweep's file order,
+    ``report.sweep_order``), then the others in ``family_order``."""
+    ident = identity_name()
+    fam_of = dict(zip(df["run"], df["compressor"]))
+    first = [fam_of[r] for r in (order or ()) if r in fam_of]
+    rest = family_order(f for f in dict.fromkeys(df["compressor"]) if f not in first)
+    return [f for f in dict.fromkeys([*first, *rest]) if f != ident] or [ident]
+
+
+PANELS = ("auto", "family", "single")
+
+
+def panels_for(df, panels: str = "auto") -> str:
+    """``family`` or ``single`` for a ``cconv plot --panels`` choice: ``auto`` is ``family`` when the
+    runs hold two or more compressor families besides the dense baseline (a sweep: one panel each,
+    instead of dozens of lines in one), else ``single``."""
+    if panels not in PANELS:
+        raise ValueError(f"unknown panels {panels!r}; valid: {', '.join(PANELS)}")
+    if panels != "auto":
+        return panels
+    fams = set(df["compressor"].dropna()) - {identity_name()} if "compressor" in df.columns else set()
+    return "family" if len(fams) >= 2 else "single"
 
 
 def family_grid(
@@ -670,11 +785,14 @@ def family_grid(
     ncols: int = 3,
     band: str = "minmax",
     legend: str = "auto",
+    order: list[str] | None = None,
 ) -> list[str]:
     """One panel per compressor family across its swept hyper-parameter (colour), memory as line
     style, any other setting that varies within the family as marker; seeds averaged with a
-    ``band`` (module doc).  ``legend``: ``auto``/``inside`` (best spot in each panel), ``outside``
-    (right of each panel), ``none``."""
+    ``band`` (module doc); the dense baseline dashed black on every panel; a run that diverged or
+    left the axes named in its panel's legend.  Panels: ``families``, else ``families_in(df,
+    order)`` (``order``: run names, a sweep's file order).  ``legend``: ``auto``/``inside`` (best
+    spot in each panel), ``outside`` (right of each panel), ``none``."""
     check_band(band)
     check_legend(legend)
     _check_metrics(df)
@@ -683,19 +801,19 @@ def family_grid(
     base = df[df["compressor"] == ident]
     limits = y_range(df, y)
     line = Line(xcol, y, limits[1] if limits else None, band)
-    fams = families or family_order(f for f in dict.fromkeys(df["compressor"]) if f != ident) or [ident]
+    fams = families or families_in(df, order)
     fig, axes, ncols, nrows = _grid(len(fams), ncols, legend)
-    note = _seeds_note(df, band)
+    note, notes = _seeds_note(df, band), divergence_notes(df)
     for idx, fam in enumerate(fams):
         ax = axes[idx // ncols][idx % ncols]
         if x in BYTE_AXES:
             ax.set_xscale("log")
         g = df[df["compressor"] == fam]
-        handles = _family_curves(ax, g, fam, line)
+        handles, memories = _family_curves(ax, g, fam, line, notes)
         if not base.empty and fam != ident:
             _baseline_curves(ax, base, line)
             handles.append(_baseline_handle())
-        handles += _memory_handles(g["memory"])
+        handles += memories
         _scales(ax, x, limits)
         where = "inside" if legend == "auto" else legend
         _legend(ax, handles, title=note if idx == 0 else None, where=where, entries=len(handles))
@@ -835,7 +953,7 @@ def ratio_summary(
         handles += _ratio_family(ax, runs[runs["compressor"] == fam], fam, fam in ratio_fams, col, band, palette)
     base = runs[runs["compressor"] == ident][col]
     if len(base) and base.notna().all():
-        ax.axhline(base.mean(), color="black", linewidth=1.0)
+        ax.axhline(base.mean(), linewidth=1.0, **BASELINE_STYLE)
         handles.append(_baseline_handle())
     handles += _memory_handles(runs.loc[runs["compressor"] != ident, "memory"])
     ax.grid(True, which="major", alpha=0.3)

@@ -182,7 +182,9 @@ def _num(v):
 
 
 def load_metrics(paths: Iterable[str]) -> pd.DataFrame:
-    """All metric lines of all runs under ``paths`` as one long DataFrame."""
+    """All metric lines of all runs under ``paths`` as one long DataFrame; ``diverged_at_step`` is
+    the step at which the line's seed diverged (its run's ``summary.json``, the rule of
+    ``cconv.experiments.divergence``), NaN when it did not."""
     import pandas as pd
 
     rows = []
@@ -190,8 +192,36 @@ def load_metrics(paths: Iterable[str]) -> pd.DataFrame:
         rd = run.run_dir
         cols = {"run": _run_name(rd), "run_dir": rd, **config_columns(run.config)}
         for line in run.lines:
-            rows.append({**cols, **{k: (_num(v) if k not in ("step", "seed") else v) for k, v in line.items()}})
+            row = {**cols, **{k: (_num(v) if k not in ("step", "seed") else v) for k, v in line.items()}}
+            rows.append({**row, "diverged_at_step": diverged_at(run.summary, line.get("seed"))})
     return pd.DataFrame(rows)
+
+
+def diverged_at(summary: dict, seed) -> float:
+    """The step at which ``seed`` diverged by its run's summary (``per_seed``; a one-seed run's
+    ``diverged`` status without it: the summary's step), NaN when it did not or nobody knows."""
+    rec = (summary.get("per_seed") or {}).get(str(seed))
+    if isinstance(rec, dict):
+        step = rec.get("diverged_at_step")
+        return float(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else math.nan
+    if summary.get("status") == "diverged" and isinstance(summary.get("step"), int):
+        return float(summary["step"])
+    return math.nan
+
+
+def sweep_order(paths: Iterable[str]) -> list[str]:
+    """Run names in their sweep file's order (the grid's expansion, then ``include``): the runs
+    listed in the ``sweep.json`` of each of ``paths`` that is a sweep directory; [] for none (a
+    damaged index orders nothing)."""
+    names: list[str] = []
+    for p in paths:
+        try:
+            index = io.read_json(os.path.join(p, io.SWEEP_INDEX))
+        except (OSError, ValueError, RecursionError):  # none, a link (ForeignFileError), damaged
+            continue
+        runs = index.get("runs") if isinstance(index, dict) else None
+        names += [str(n) for n in runs] if isinstance(runs, dict) else []
+    return list(dict.fromkeys(names))
 
 
 def _run_name(rd: str) -> str:

@@ -419,5 +419,6 @@ def finish(out: str, runs: list[SweepRun], figure: bool = True) -> list[str]:
             y="loss",
             out=fig_path,
             title=f"{os.path.basename(os.path.normpath(out))}: training loss vs traffic",
+            order=[r.name for r in runs],
         )
     return outputs
