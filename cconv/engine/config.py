@@ -235,7 +235,7 @@ class EngineConfig:
             raise ValueError("ps_downlink needs architecture='parameter-server'")
         self._check_gossip()
         self._check_sync()
-        if self.warmup is not None and C.entry_of(c).at_density is None:
+        if self.warmup is not None and self.warmup.densities and C.entry_of(c).at_density is None:
             ok = [e.name for e in C.entries() if e.at_density is not None]
             raise ValueError(
                 f"warmup changes the density: needs a compressor whose entry sets it (Entry.at_density: "
