@@ -309,3 +309,22 @@ def test_minibatch_convergence_next_to_adam_within_the_seed_noise():
     d = one - adam
     bound = 3 * d.std(ddof=1) / math.sqrt(S)
     assert d.mean() < bound, (d.mean(), bound, adam.mean(), one.mean())
+
+
+@pytest.mark.slow  # a traced optimizer run over the switch (~5 s)
+def test_a_coordinate_without_gradient_moves_by_scale_over_eps_after_the_switch():
+    """A coordinate whose gradient is zero through the warm-up (digits' constant border pixels)
+    keeps v = 0, but its 1-bit momentum is +-scale after the switch, so it moves by lr * scale /
+    eps: over 10^3 with eps = 1e-8 on this problem, 10^5 times less with eps = 1e-3 (why the docs
+    and the frontier sweep set eps for the MLP on digits)."""
+    A, b = _problem()
+    A = A.at[:, :, 0].set(0.0)  # w[0] never has a gradient
+    moved = {}
+    for eps in (1e-8, 1e-3):
+        _, states, updates = _run(onebit_adam(0.01, eps=eps, warmup_steps=3, axis_name="data"), A, b, 5, record=(3,))
+        assert all(u[0, 0] == 0 for u in updates[:3])  # Adam leaves it alone
+        m0 = abs(float(states[3].mu["w"][0, 0, 0]))  # worker 0, its row, w[0]
+        assert m0 > 0 and abs(updates[3][0, 0]) == pytest.approx(0.01 * m0 / eps, rel=1e-3)
+        moved[eps] = abs(float(updates[3][0, 0]))
+    assert moved[1e-8] > 1e3, moved
+    assert moved[1e-8] / moved[1e-3] == pytest.approx(1e5, rel=0.2), moved  # eps shapes the warm-up a little too
