@@ -52,16 +52,14 @@ def _closest(name: str, names: list[str], n: int = 12) -> str:
 
 
 def optimizer_names() -> list[str]:
-    """cconv's own optimizers and optax's aliases (its top-level functions that take a ``learning_rate``)."""
+    """optax's optimizer aliases: its top-level functions that take a ``learning_rate`` (cconv's own
+    are ``cconv.engine.optimizers.OPTIMIZERS``)."""
     return sorted(
-        set(OPTIMIZERS)
-        | {
-            n
-            for n in dir(optax)
-            if not n.startswith("_")
-            and inspect.isfunction(getattr(optax, n))
-            and "learning_rate" in parameters(getattr(optax, n))
-        }
+        n
+        for n in dir(optax)
+        if not n.startswith("_")
+        and inspect.isfunction(getattr(optax, n))
+        and "learning_rate" in parameters(getattr(optax, n))
     )
 
 
@@ -74,8 +72,8 @@ def optimizer_function(name: str) -> Any:
     fn = _optax_attr(name, optax) if isinstance(name, str) else None
     if not inspect.isfunction(fn) or "learning_rate" not in parameters(fn):
         raise ConfigError(
-            f"optimizer {shown(name)} is neither cconv's ({', '.join(sorted(OPTIMIZERS))}) nor an optax optimizer "
-            f"(a function of optax taking learning_rate); "
+            f"optimizer {shown(name)} is not an optax optimizer (a function of optax taking learning_rate) "
+            f"nor one of cconv's ({', '.join(sorted(OPTIMIZERS))}); "
             f"valid: {_closest(str(name), optimizer_names())}"
         )
     return fn
