@@ -8,7 +8,10 @@
 
 Inside your own ``jax.shard_map`` / ``pmap`` / ``vmap`` loop, ``Exchange`` and ``as_optax``
 (``cconv.engine.dropin``) give the same compressed exchange; ``onebit_adam``
-(``cconv.engine.onebit_adam``) is 1-bit Adam, an optax optimizer that communicates its momentum.
+(``cconv.engine.onebit_adam``) is 1-bit Adam, an optax optimizer that communicates its momentum
+(also a run-config optimizer: ``cconv.engine.optimizers``), ``zero_one_adam``
+(``cconv.engine.zero_one_adam``) 0/1 Adam, with adaptive variance freezing and 1-bit syncs
+after local steps.
 
 See ``EngineConfig`` for every option and docs/engine.md ("Python API").  Aggregation methods and
 transports are objects in ``cconv.comm.aggregation``, memories in ``cconv.memory``, launchers in
@@ -38,6 +41,7 @@ from cconv.engine.step import WorkerState, worker_step
 from cconv.engine.sync import SYNC_MODES, SyncMode
 from cconv.engine.timing import Stragglers
 from cconv.engine.trainer import EngineState, Trainer, build
+from cconv.engine.zero_one_adam import zero_one_adam
 
 __all__ = [
     "gossip",
@@ -61,6 +65,7 @@ __all__ = [
     "Exchange",
     "as_optax",
     "onebit_adam",
+    "zero_one_adam",
     "SYNC_MODES",
     "SyncMode",
     "Stragglers",

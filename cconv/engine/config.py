@@ -52,6 +52,8 @@ class Warmup:
 
     DGC (Lin et al. 2018) warms up over the first 4 epochs with densities 0.25, 0.0625,
     0.015625, 0.004, then 0.001 (the compressor's ratio): ``dgc_warmup(steps_per_epoch)``.
+    Densities need a compressor whose entry sets them (``Entry.at_density``); ``dense_steps``
+    alone suits any compressor (1-bit Adam's warm-up: ``cconv.engine.onebit_adam``).
     """
 
     densities: Sequence[float] = ()
@@ -235,7 +237,7 @@ class EngineConfig:
             raise ValueError("ps_downlink needs architecture='parameter-server'")
         self._check_gossip()
         self._check_sync()
-        if self.warmup is not None and C.entry_of(c).at_density is None:
+        if self.warmup is not None and self.warmup.densities and C.entry_of(c).at_density is None:
             ok = [e.name for e in C.entries() if e.at_density is not None]
             raise ValueError(
                 f"warmup changes the density: needs a compressor whose entry sets it (Entry.at_density: "

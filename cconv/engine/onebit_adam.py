@@ -18,6 +18,15 @@ paper's compressed momentum; default ``scaled_sign``, i.e. ||.||_1 / d * sign, o
     m_i = b1 m + (1 - b1) g_i,   m <- 1/P sum_i C(m_i + e_i),
     update = -lr m / (sqrt(v_hat) + eps)            (no momentum bias correction: t is large)
 
+In a run config (``optimizer: {name: onebit_adam, warmup_steps, b1, b2, eps, compressor}``,
+``cconv run`` / ``sweep`` / ``advise``) the same rules run inside the engine's step instead
+(``onebit_adam_engine``, a ``cconv.engine.optimizers.MessageTransformation``): each worker sends
+``message`` = g_i during the warm-up and m_i = b1 m + (1 - b1) g_i after it, through the engine's
+own exchange, which the optimizer configures (``engine``: its compressor with ``memory="ef"``, and
+``Warmup(dense_steps=warmup_steps)``, so the warm-up steps travel dense); ``update`` receives the
+average and applies the rules above.  The logged bytes are that exchange's: the dense all-reduce
+of the gradient during the warm-up, the 1-bit payloads of the momentum after it.
+
 The switch is a ``lax.cond`` on the step counter (one branch's collectives run; under
 ``jax.vmap`` both are evaluated and the reported traffic is the taken branch's).  The paper's
 server-side compression of the averaged momentum (its second error-feedback stage) is what
@@ -38,9 +47,12 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
+from cconv import compressors as C
 from cconv.compressors.base import Compressor
 from cconv.compressors.scaled_sign import scaled_sign as one_bit  # the paper's 1 bit + scale per tensor
+from cconv.engine.config import Warmup
 from cconv.engine.dropin import SERVER_KEYS, TRAFFIC_KEYS, Exchange
+from cconv.engine.optimizers import MessageTransformation, register
 
 
 class OneBitAdamState(NamedTuple):
@@ -87,6 +99,14 @@ def _stages(dense: Exchange, comp: Exchange, b1: float, b2: float, keys: tuple):
     return warm, compressed
 
 
+def adam_updates(mu, nu, like, t, step, b1: float, b2: float, eps: float, warmup_steps: int):
+    """-lr m_hat / (sqrt(v_hat) + eps) in the dtypes of ``like``: m_hat = m / (1 - b1^(t+1))
+    during the warm-up, m after it; v_hat = v / (1 - b2^min(t+1, warmup_steps)) (frozen with v)."""
+    c1 = jnp.where(t < warmup_steps, 1 - b1 ** (t + 1).astype(jnp.float32), 1.0)
+    c2 = 1 - b2 ** jnp.minimum(t + 1, warmup_steps).astype(jnp.float32)
+    return jax.tree.map(lambda m, v, g: (-step * (m / c1) / (jnp.sqrt(v / c2) + eps)).astype(g.dtype), mu, nu, like)
+
+
 def onebit_adam(
     learning_rate: float | optax.Schedule,
     b1: float = 0.9,
@@ -131,15 +151,82 @@ def onebit_adam(
         t = state.count[0]
         key = jax.random.fold_in(state.key[0], t)
         mu, nu, dstate, cstate, traffic = lax.cond(t < warmup_steps, warm, compressed, updates, state, key)
-        c1 = jnp.where(t < warmup_steps, 1 - b1 ** (t + 1).astype(jnp.float32), 1.0)
-        c2 = 1 - b2 ** jnp.minimum(t + 1, warmup_steps).astype(jnp.float32)
-        step = lr(t)
-        out = jax.tree.map(
-            lambda m, v, g: (-step * (m[0] / c1) / (jnp.sqrt(v[0] / c2) + eps)).astype(g.dtype), mu, nu, updates
-        )
+        first = lambda tree: jax.tree.map(lambda x: x[0], tree)
+        out = adam_updates(first(mu), first(nu), updates, t, lr(t), b1, b2, eps, warmup_steps)
         return out, OneBitAdamState(state.count + 1, mu, nu, dstate, cstate, state.key, traffic)
 
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-__all__ = ["onebit_adam", "OneBitAdamState"]
+# --------------------------------------------------------------------------- in the engine
+
+
+class OneBitAdamEngineState(NamedTuple):
+    """``onebit_adam_engine``'s state (one worker's; the engine lays it out per worker)."""
+
+    count: jax.Array  # () int32: steps taken
+    mu: Any  # m (the workers' average: identical on every worker)
+    nu: Any  # v (frozen after the warm-up)
+
+
+def compressor_of(spec: Compressor | str | dict | None) -> Compressor:
+    """The momentum's compressor: a ``Compressor``, a registered name or a ``{name, **knobs}``
+    mapping (a run config's); None: the paper's sign with one scale per tensor."""
+    if spec is None:
+        return one_bit()
+    if isinstance(spec, Compressor):
+        return spec
+    if isinstance(spec, str):
+        return C.get(spec)
+    if isinstance(spec, dict) and isinstance(spec.get("name"), str):
+        return C.get(spec["name"], **{k: v for k, v in spec.items() if k != "name"})
+    raise ValueError(f"onebit_adam: compressor must be a name or {{name, **knobs}}, got {spec!r}")
+
+
+def onebit_adam_engine(
+    learning_rate: float | optax.Schedule,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    warmup_steps: int = 100,
+    compressor: Compressor | str | dict | None = None,
+) -> MessageTransformation:
+    """1-bit Adam for the engine's step (module docstring): the worker's message is g_i for t <
+    ``warmup_steps`` and b1 m + (1 - b1) g_i after; ``update`` receives their average a:
+
+        t < warmup_steps:  m <- b1 m + (1 - b1) a,  v <- b2 v + (1 - b2) a^2  (Adam on the average)
+        t >= warmup_steps: m <- a                 (v frozen)
+        update = -lr m_hat / (sqrt(v_hat) + eps)  (``adam_updates``)
+
+    ``engine``: the exchange that carries the messages (``compressor`` with error feedback, dense
+    for the first ``warmup_steps`` steps).  Bad values: one-line ValueError."""
+    _check(b1, b2, eps, warmup_steps, 0)
+    comp = compressor_of(compressor)
+    lr = learning_rate if callable(learning_rate) else (lambda count: learning_rate)
+
+    def init_fn(params):
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        return OneBitAdamEngineState(jnp.zeros((), jnp.int32), zeros, zeros)
+
+    def message(grads, state):
+        warm = state.count < warmup_steps
+        return jax.tree.map(lambda m, g: jnp.where(warm, g, b1 * m + (1 - b1) * g).astype(g.dtype), state.mu, grads)
+
+    def update_fn(avg, state, params=None):
+        del params
+        t = state.count
+        warm = t < warmup_steps
+        mu = jax.tree.map(lambda m, a: jnp.where(warm, b1 * m + (1 - b1) * a, a).astype(m.dtype), state.mu, avg)
+        nu = jax.tree.map(
+            lambda v, a: jnp.where(warm, b2 * v + (1 - b2) * jnp.square(a), v).astype(v.dtype), state.nu, avg
+        )
+        out = adam_updates(mu, nu, avg, t, lr(t), b1, b2, eps, warmup_steps)
+        return out, OneBitAdamEngineState(t + 1, mu, nu)
+
+    engine = {"compressor": comp, "memory": "ef", "warmup": Warmup((), dense_steps=warmup_steps)}
+    return MessageTransformation(init_fn, update_fn, message, engine)
+
+
+register("onebit_adam", onebit_adam_engine)
+
+__all__ = ["onebit_adam", "OneBitAdamState", "onebit_adam_engine", "OneBitAdamEngineState", "adam_updates"]

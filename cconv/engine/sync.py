@@ -22,6 +22,9 @@ orthogonal to compression: every mode moves its messages through the phase's ``E
     span(cfg, step)                 compute time of a step in units of one measured worker step
                                     (``cconv.engine.timing``; the simulated clock)
     average_view(cfg)               evaluate the workers' average model (True) or worker 0's
+    messages                        every step averages what the optimizer sends
+                                    (``gradient_step``), so an optimizer whose message is not its
+                                    gradient (``cconv.engine.optimizers``) can run under it
 
 ``sync_mode(cfg)`` picks the mode: ``cfg.sync`` ("bsp" by default), where ``bsp`` with
 ``local_steps > 1`` or ``post_local_switch > 0`` is local SGD (``local_steps='adaptive'``:
@@ -52,6 +55,7 @@ from cconv.engine.config import Phase, phase_of
 from cconv.engine.dropin import traffic_metrics
 from cconv.engine.exchange import exchange, init_state
 from cconv.engine.modes import SYNC_MODES, public_names, sync_mode
+from cconv.engine.optimizers import message_of
 from cconv.engine.step import StepContext, WorkerState, apply_update, local_grad, reduce_metrics
 
 
@@ -60,6 +64,7 @@ class SyncMode(abc.ABC):
     mode's own."""
 
     name = ""
+    messages = False  # every step averages what the optimizer sends (``gradient_step``): message optimizers run
 
     def check(self, cfg) -> None:  # noqa: B027 - by default a mode accepts every config
         """Raise a one-line ValueError for what this mode cannot do with ``cfg``."""
@@ -120,6 +125,8 @@ def gradient_step(comm, ctx, phase, s, batch, key, at=None, local=None):
     at = s.params if at is None else at
     loss, model_state, aux, grads = local_grad(comm, ctx, at, s.model_state, batch, k_loss)
     ex = ctx.exchanges[phase]
+    send = message_of(ctx.optimizer)  # an optimizer that sends something else (1-bit Adam: its momentum)
+    grads = grads if send is None else send(grads, s.opt_state)
     grads, comp_state = ex.exchange(comm, grads, s.comp_state, k_comm)
     params, opt_state = apply_update(ctx, grads, s.opt_state, s.params)
     model_state = ex.average(comm, model_state)  # e.g. BatchNorm running statistics
@@ -132,6 +139,7 @@ class BSP(SyncMode):
     worker applies the same optax update: x <- x - eta * opt(1/P sum_i D(C(g_i)))."""
 
     name = "bsp"
+    messages = True
 
     def step(self, comm, ctx, phase, s, batch, key, host=None):
         return gradient_step(comm, ctx, phase, s, batch, key)
@@ -303,6 +311,7 @@ class SSP(SyncMode):
     """
 
     name = "ssp"
+    messages = True
 
     def check(self, cfg):
         if cfg.model_averaging:

@@ -24,6 +24,7 @@ from cconv import memory as M
 from cconv.comm.accounting import Collective, merge, total_traffic
 from cconv.comm.aggregation import TRANSPORTS
 from cconv.comm.backend import DryComm
+from cconv.engine import optimizers
 from cconv.engine.config import IDENTITY, EngineConfig, Phase, compressor_at
 from cconv.engine.dropin import Exchange
 from cconv.engine.launchers import LAUNCHERS, Launcher
@@ -91,6 +92,7 @@ class Trainer:
             ok = " or ".join(repr(n) for n, cls in LAUNCHERS.items() if cls.supports_seeds)
             raise ValueError(f"build(seeds=...) needs launcher={ok}")
         self.cfg, self.loss_fn, self.optimizer, self.seeds = cfg, loss_fn, optimizer, seeds
+        optimizers.check(cfg, optimizer)  # an optimizer with its own messages (1-bit Adam) and its engine fields
         self._params0 = params
         self._model_state0 = {} if model_state is None else model_state
         self.workers = cfg.workers

@@ -36,6 +36,7 @@ so that bad input fails before anything is written.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import warnings
@@ -50,6 +51,7 @@ from cconv import data, engine, models
 from cconv._text import shown
 from cconv.comm.aggregation import TRANSPORTS, AllReduce, method_of
 from cconv.compressors import get as get_compressor
+from cconv.engine import optimizers
 from cconv.engine.gossip import check_gamma
 from cconv.engine.launchers import LAUNCHERS
 from cconv.experiments import writers
@@ -149,7 +151,7 @@ def problem(cfg: RunConfig) -> Problem:
     optimizer = make_optimizer(cfg, params)
     shapes = [x.shape for x in jax.tree.leaves(params)]
     compression = make_compression(cfg, shapes)
-    ecfg = make_engine_config(cfg, compression, shapes, launcher=launcher_for(cfg))
+    ecfg = make_engine_config(cfg, compression, shapes, launcher=launcher_for(cfg), optimizer=optimizer)
     return Problem(
         cfg=cfg,
         ds=run_data.ds,
@@ -174,8 +176,8 @@ def check_names(cfg: RunConfig) -> None:
         writers.check_available(wandb=bool(cfg.wandb), tensorboard=cfg.tensorboard)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    make_optimizer(cfg)
-    make_engine_config(cfg, make_compression(cfg))
+    optimizer = make_optimizer(cfg)
+    make_engine_config(cfg, make_compression(cfg), optimizer=optimizer)
     for registry, spec in ((models, cfg.model), (data, cfg.data)):
         try:
             registry.hparams_of(spec["name"])  # a registered name or an importable "module:function"
@@ -486,35 +488,59 @@ def _check_servers(cfg: RunConfig, ecfg: EngineConfig) -> None:
         )
 
 
+def _optimizer_fields(cfg: RunConfig, optimizer: Any) -> dict:
+    """The ``EngineConfig`` fields an optimizer sets itself (``MessageTransformation.engine``: 1-bit
+    Adam's compressor, memory and dense warm-up); a config key of the same name left at its default
+    or a one-line ConfigError."""
+    fields = getattr(optimizer, "engine", None) or {}
+    defaults = {
+        f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+        for f in dataclasses.fields(RunConfig)
+    }
+    for k in fields:
+        if k in defaults and getattr(cfg, k) != defaults[k]:
+            raise ConfigError(
+                f"optimizer {cfg.optimizer['name']} sets the engine's {k} itself (from its own knobs); "
+                f"remove {k}: {shown(getattr(cfg, k))} from the config"
+            )
+    return dict(fields)
+
+
 def make_engine_config(
     cfg: RunConfig,
     compression: Compression | None = None,
     shapes: Iterable | None = None,
     launcher: str | None = None,
+    optimizer: Any = None,
 ) -> EngineConfig:
     """Stage 5: the ``cconv.engine.EngineConfig`` of a run (the engine validates the combination;
     its ValueError becomes a one-line ConfigError).  An architecture alias
     (``ARCHITECTURE_ALIASES``) is replaced by the engine fields it stands for.  ``compression``:
     stage 4's (default: made here from ``shapes``); ``shapes``: the parameter shapes, for gossip's
     consensus step (``cconv.engine.gossip.check_gamma``); ``launcher``: the one the devices allow
-    (``launcher_for``; default: the configured one)."""
+    (``launcher_for``; default: the configured one); ``optimizer``: stage 3's, whose own engine
+    fields (``cconv.engine.optimizers.MessageTransformation.engine``) replace the config's."""
     compression = make_compression(cfg, shapes) if compression is None else compression
+    own = _optimizer_fields(cfg, optimizer)
     topology = {
         "architecture": cfg.architecture,
         "collective": cfg.collective,
         **ARCHITECTURE_ALIASES.get(cfg.architecture, {}),
     }
     try:
-        ecfg = engine.EngineConfig(
+        fields = {
             **{k: getattr(cfg, k) for k in ENGINE_FIELDS},
             **topology,
-            compressor=compression.compressor,
-            ps_downlink=compression.downlink,
-            ef_scale=compression.ef_scale,
-            warmup=_warmup(cfg),
-            timing_seed=cfg.seeds()[0],
-            launcher=launcher or cfg.launcher,
-        )
+            "compressor": compression.compressor,
+            "ps_downlink": compression.downlink,
+            "ef_scale": compression.ef_scale,
+            "warmup": _warmup(cfg),
+            "timing_seed": cfg.seeds()[0],
+            "launcher": launcher or cfg.launcher,
+        }
+        ecfg = engine.EngineConfig(**{**fields, **own})
+        if optimizer is not None:
+            optimizers.check(ecfg, optimizer)  # e.g. 1-bit Adam's messages need a mode that averages them every step
         if shapes is not None and cfg.sync == "gossip":
             check_gamma(ecfg, list(shapes))  # gossip compresses every tensor; before anything is written
     except ValueError as e:

@@ -4,8 +4,9 @@ A leaf of ``cconv.experiments``: ``config`` checks the names while it loads a ru
 (``optimizer_function``, ``schedule_function``) and ``build`` calls the functions they name, with
 arguments checked against their signatures (``check_arguments``, ``inspect.signature``).
 
-``optimizer.name`` is any optax function that takes a ``learning_rate`` (``adamw``, ``lion``,
-``contrib.muon``, ...); ``lr_schedule`` is ``constant`` (= ``constant_schedule``), ``cosine``
+``optimizer.name`` is one of cconv's own optimizers (``cconv.engine.optimizers.OPTIMIZERS``:
+``onebit_adam``), looked up first, or any optax function that takes a ``learning_rate``
+(``adamw``, ``lion``, ``contrib.muon``, ...); ``lr_schedule`` is ``constant`` (= ``constant_schedule``), ``cosine``
 (= ``cosine_decay_schedule``, ``SCHEDULE_ALIASES``) or any function of ``optax.schedules`` whose
 name ends in ``_schedule`` or ``_decay``.
 """
@@ -19,6 +20,7 @@ from typing import Any
 import optax
 
 from cconv._text import shown, shown_names
+from cconv.engine.optimizers import OPTIMIZERS
 from cconv.experiments.errors import ConfigError
 
 # lr_schedule spellings of optax schedules (today's strings; each takes lr and the run's length)
@@ -50,7 +52,8 @@ def _closest(name: str, names: list[str], n: int = 12) -> str:
 
 
 def optimizer_names() -> list[str]:
-    """optax's optimizer aliases: its top-level functions that take a ``learning_rate``."""
+    """optax's optimizer aliases: its top-level functions that take a ``learning_rate`` (cconv's own
+    are ``cconv.engine.optimizers.OPTIMIZERS``)."""
     return sorted(
         n
         for n in dir(optax)
@@ -61,12 +64,16 @@ def optimizer_names() -> list[str]:
 
 
 def optimizer_function(name: str) -> Any:
-    """The optax function of an optimizer name (``adamw``, ``contrib.muon``); one-line ConfigError
-    unless it is a function of optax that takes ``learning_rate``."""
+    """The function of an optimizer name: cconv's own (``OPTIMIZERS``: ``onebit_adam``) or optax's
+    (``adamw``, ``contrib.muon``); one-line ConfigError unless it is one of cconv's or a function of
+    optax that takes ``learning_rate``."""
+    if isinstance(name, str) and name in OPTIMIZERS:
+        return OPTIMIZERS[name]
     fn = _optax_attr(name, optax) if isinstance(name, str) else None
     if not inspect.isfunction(fn) or "learning_rate" not in parameters(fn):
         raise ConfigError(
-            f"optimizer {shown(name)} is not an optax optimizer (a function of optax taking learning_rate); "
+            f"optimizer {shown(name)} is not an optax optimizer (a function of optax taking learning_rate) "
+            f"nor one of cconv's ({', '.join(sorted(OPTIMIZERS))}); "
             f"valid: {_closest(str(name), optimizer_names())}"
         )
     return fn

@@ -1,0 +1,87 @@
+"""cconv's own optimizers for run configs: optimizers whose *message* is not the gradient.
+
+The engine's step averages what each worker sends through the phase's ``Exchange`` (compressor,
+memory, aggregation, transport) and hands the average to the optax optimizer.  Most optimizers
+send their gradient and are plain optax functions (``optimizer: {name: adamw}``, looked up in optax
+by ``cconv.experiments.optax_names``).  Some communication-efficient optimizers send something
+else: 1-bit Adam sends its momentum b1 m + (1 - b1) g_i after the warm-up (Tang et al. 2021,
+``cconv.engine.onebit_adam``).  Such an optimizer is a ``MessageTransformation``: an optax
+``GradientTransformation`` with
+
+    message(grads, state) -> what this worker sends instead of its gradient (same tree),
+    engine                 the ``EngineConfig`` fields it sets (its compressor, memory, dense warm-up),
+
+and ``update(average, state, params)`` receives the workers' average of the messages.  The facts
+travel on the object (the engine reads ``message``, the run's build reads ``engine``); nothing
+else names the optimizer.
+
+``OPTIMIZERS`` maps a config name to its factory ``(learning_rate, **knobs) ->
+MessageTransformation``; each optimizer's module registers itself at its end (``register``), and
+the config's ``optimizer.name`` is looked up here before optax.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from cconv.engine import modes
+
+
+class MessageTransformation(NamedTuple):
+    """An optax ``GradientTransformation`` (``init``, ``update``) whose workers send
+    ``message(grads, state)`` instead of their gradient; ``engine``: the ``EngineConfig`` fields it
+    needs (e.g. ``compressor``, ``memory``, ``warmup``)."""
+
+    init: Callable
+    update: Callable
+    message: Callable
+    engine: dict
+
+
+OPTIMIZERS: dict[str, Callable[..., MessageTransformation]] = {}  # config name -> factory
+
+
+def register(name: str, factory: Callable[..., MessageTransformation]) -> Callable[..., MessageTransformation]:
+    """Register ``factory`` (``(learning_rate, **knobs) -> MessageTransformation``) as the run-config
+    optimizer ``name``; returns it."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"optimizers.register: name must be a non-empty string, got {name!r}")
+    OPTIMIZERS[name] = factory
+    return factory
+
+
+def message_of(optimizer: Any) -> Callable | None:
+    """The ``message`` hook of an engine optimizer (None: it sends its gradient)."""
+    return optimizer.message if isinstance(optimizer, MessageTransformation) else None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal engine fields; compressors by name and hyper-parameters (their functions differ)."""
+    if hasattr(a, "hparams") and hasattr(b, "hparams"):
+        return a.name == b.name and dict(a.hparams) == dict(b.hparams)
+    return a == b
+
+
+def check(cfg: Any, optimizer: Any) -> None:
+    """One-line ValueError unless ``cfg`` (an ``EngineConfig``) can run ``optimizer``: a
+    ``MessageTransformation`` needs a synchronization mode that averages its messages every step
+    (``SyncMode.messages``) and the engine fields it names (``EngineConfig(**tx.engine, ...)``)."""
+    if message_of(optimizer) is None:
+        return
+    mode = modes.sync_mode(cfg)
+    if not getattr(mode, "messages", False):
+        ok = ", ".join(n for n, m in modes.SYNC_MODES.items() if getattr(m, "messages", False))
+        raise ValueError(
+            f"this optimizer sends its own messages through every step's exchange: it needs a synchronization "
+            f"mode that averages them each step ({ok}, without local steps), got {mode.name}"
+        )
+    for k, want in optimizer.engine.items():
+        if not _same(getattr(cfg, k), want):
+            raise ValueError(
+                f"this optimizer sets EngineConfig.{k}={want!r}, got {getattr(cfg, k)!r}: build the config with "
+                f"EngineConfig(**optimizer.engine, ...)"
+            )
+
+
+__all__ = ["MessageTransformation", "OPTIMIZERS", "register", "message_of", "check"]
