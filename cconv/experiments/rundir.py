@@ -99,19 +99,20 @@ def failure_recorded(run_dir: str, e: BaseException) -> bool:
 
 
 class RunDir:
-    """One run directory (``path``) and the name its run is shown under (``desc``)."""
+    """The run directory ``path`` of the run of ``cfg``, shown under ``desc`` (default: the
+    directory's name)."""
 
-    def __init__(self, path: str, desc: str | None = None):
-        self.path = path
+    def __init__(self, path: str, cfg: RunConfig, desc: str | None = None):
+        self.path, self.cfg = path, cfg
         self.desc = desc or os.path.basename(os.path.abspath(path))
 
     def file(self, name: str) -> str:
         """The path of one of the run's entries (``io.CONFIG``, ``io.METRICS``, ...)."""
         return os.path.join(self.path, name)
 
-    def stored(self, cfg: RunConfig) -> str | None:
+    def stored(self) -> str | None:
         """``stored_run``: 'finished', 'resume' or None (no config yet).  Reads only."""
-        return stored_run(self.path, cfg)
+        return stored_run(self.path, self.cfg)
 
     def check_creatable(self) -> None:
         """Before the lock file is put there: the parent and the directory can be written, and
@@ -121,16 +122,16 @@ class RunDir:
         io.check_writable(self.path)
 
     @contextlib.contextmanager
-    def claimed(self, cfg: RunConfig, seen: str | None) -> Iterator[str]:
+    def claimed(self, seen: str | None) -> Iterator[str]:
         """Hold the run's lock (``io.run_lock``; ``io.RunLocked`` at once when another process
-        holds it) and claim the directory for ``cfg``: yields 'finished', 'resume' or 'new' (the
+        holds it) and claim the directory for the config: yields 'finished', 'resume' or 'new' (the
         config written).  ``seen``: what ``stored`` said before the lock; only what another
         process may have changed since is read again."""
         with io.run_lock(self.path):
             if seen is None:
-                seen = self.stored(cfg)  # another process may have created the run meanwhile
+                seen = self.stored()  # another process may have created the run meanwhile
             if seen is None:
-                io.atomic_write_text(self.file(io.CONFIG), to_yaml(cfg))
+                io.atomic_write_text(self.file(io.CONFIG), to_yaml(self.cfg))
                 yield "new"
             else:
                 yield "finished" if io.is_finished(self.path) else "resume"

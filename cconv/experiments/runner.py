@@ -122,12 +122,12 @@ def execute(
     """
     if problem is None:
         problem = build.problem(cfg)
-    rd = RunDir(run_dir, desc)
-    seen = rd.stored(cfg)
+    rd = RunDir(run_dir, cfg, desc)
+    seen = rd.stored()
     if seen == "finished":  # a no-op that writes nothing (no lock either)
         return _already(rd)
     rd.check_creatable()  # before a lock file is put there
-    with rd.claimed(cfg, seen) as kind:
+    with rd.claimed(seen) as kind:
         if kind == "finished":
             return _already(rd)
         try:
