@@ -506,6 +506,7 @@ def test_a_run_being_created_by_another_process_is_not_foreign(tmp_path):
     run.mkdir()
     (run / io.LOCK).write_text("")
     (run / f".{io.CONFIG}.k2j3x9.tmp").write_text("name: ''\n")
+    (run / f"{io.WRITE_PROBE}q8x2k1").write_text("")  # the other's io.check_writable, a moment later gone
     rundir.refuse_foreign(str(run))
     (run / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match="holds no cconv run"):

@@ -63,10 +63,12 @@ def stored_run(run_dir: str, cfg: RunConfig) -> str | None:
 
 
 def refuse_foreign(run_dir: str) -> None:
-    """A ConfigError for an existing, non-empty directory that holds no cconv run.  The lock and
-    the temporary file of a ``config.yaml`` another process is writing (``io.atomic_write_text``:
-    ``.config.yaml.<random>.tmp``, renamed into place) are a run being created, not foreign files:
-    this check runs before the lock is taken, so a concurrent sweep can see them."""
+    """A ConfigError for an existing, non-empty directory that holds no cconv run.  The lock, the
+    temporary file of a ``config.yaml`` another process is writing (``io.atomic_write_text``:
+    ``.config.yaml.<random>.tmp``, renamed into place) and another process's write probe
+    (``io.check_writable``: ``.cconv-write-probe-<random>``, removed at once) are a run being
+    created, not foreign files: this check runs before the lock is taken, so a concurrent sweep
+    can see them."""
     if (
         os.path.isdir(run_dir)
         and not os.path.exists(os.path.join(run_dir, io.CONFIG))
@@ -76,8 +78,12 @@ def refuse_foreign(run_dir: str) -> None:
 
 
 def _being_created(name: str) -> bool:
-    """``name`` is the lock or the temporary file of a ``config.yaml`` being written."""
-    return name == io.LOCK or (name.startswith(f".{io.CONFIG}.") and name.endswith(".tmp"))
+    """``name`` is the lock, the temporary file of a ``config.yaml`` being written or a write probe."""
+    return (
+        name == io.LOCK
+        or (name.startswith(f".{io.CONFIG}.") and name.endswith(".tmp"))
+        or name.startswith(io.WRITE_PROBE)
+    )
 
 
 # --------------------------------------------------------------------------- failures
