@@ -120,12 +120,12 @@ def execute(
     train to that step, checkpoint there and return status ``paused`` (``summary.json`` says so;
     the next ``execute`` resumes from it): the advisor's races continue survivors this way.
     """
-    if problem is None:
-        problem = build.problem(cfg)
     rd = RunDir(run_dir, cfg, desc)
     seen = rd.stored()
-    if seen == "finished":  # a no-op that writes nothing (no lock either)
+    if seen == "finished":  # a no-op that writes nothing (no lock either) and loads nothing
         return _already(rd)
+    if problem is None:
+        problem = build.problem(cfg)  # data and model load before anything is created
     rd.check_creatable()  # before a lock file is put there
     with rd.claimed(seen) as kind:
         if kind == "finished":
