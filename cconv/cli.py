@@ -87,14 +87,14 @@ def cmd_run(args) -> int:
     cfg = load_run(args.config, args.set)
     configure_devices(simulated_devices([cfg]))
     _quiet_libraries()
-    from cconv.experiments import build, io, runner
+    from cconv.experiments import build, io, rundir, runner
 
     build.check_names(cfg)
     build.check_devices(cfg.workers, cfg.launcher)
     out = args.out or os.path.join("results", os.path.splitext(os.path.basename(args.config))[0])
     # a finished run of this config: nothing to do, nothing written (also on a read-only file
     # system); a different config or a file cconv did not create there is refused
-    if os.path.isdir(out) and runner.stored_run(out, cfg) == "finished":
+    if os.path.isdir(out) and rundir.stored_run(out, cfg) == "finished":
         s = io.read_summary(out)
         print(f"{out}: already {s['status']}; nothing to do")
         return 0
@@ -113,7 +113,7 @@ def cmd_run(args) -> int:
             raise
         where = (
             f"recorded in {out}/summary.json"
-            if runner.failure_recorded(out, e)
+            if rundir.failure_recorded(out, e)
             else f"could not be recorded in {out}/summary.json"
         )
         print(

@@ -333,15 +333,12 @@ def test_sweep_goes_on_after_divergence_and_failure(tmp_path, monkeypatch):
 
 def test_a_metric_line_carries_the_window_mean_and_for_max_metrics_the_window_maximum():
     """``staleness_max`` of a line is the largest over its logged steps, not their mean."""
-    from types import SimpleNamespace
+    from cconv.experiments import counters as CT
 
-    from cconv.experiments import runner
-
-    problem = SimpleNamespace(cfg=SimpleNamespace(steps=4, log_every=4), seeds=[0])
-    counters = runner.Counters([0.0], [0.0], None, 0.0, [None], None, [{}], [0.0], [0.0])
+    counters = CT.Counters([0.0], [0.0], None, 0.0, [None], None, [{}], [0.0], [0.0])
     steps = [{"loss": v, "staleness_max": m} for v, m in ((1.0, 3.0), (2.0, 7.0), (3.0, 1.0), (4.0, 2.0))]
-    ((i, done, acc),) = runner._accumulate(problem, counters, None, list(enumerate(steps)))
-    line = runner._metric_line(problem, counters, None, i, done, acc, None, 0.0)
+    ((i, done, acc),) = CT.accumulate(counters, None, list(enumerate(steps)), log_every=4, steps=4)
+    line = CT.metric_line(counters, None, 0, i, done, acc, None, 0.0)
     assert line["loss"] == 2.5 and line["staleness_max"] == 7.0
 
 

@@ -355,7 +355,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path):
 
 def test_failure_message_says_whether_summary_was_written(tmp_path, monkeypatch):
     """Before: `recorded in summary.json` even when writing it failed (disk full)."""
-    from cconv.experiments import build, runner
+    from cconv.experiments import build, rundir
 
     cfg = from_dict({**TINY, "steps": 4})
     problem = build.problem(cfg)
@@ -363,7 +363,7 @@ def test_failure_message_says_whether_summary_was_written(tmp_path, monkeypatch)
     d = str(tmp_path / "ok")
     with pytest.raises(RuntimeError) as info:
         execute(cfg, d, problem=problem)
-    assert runner.failure_recorded(d, info.value)
+    assert rundir.failure_recorded(d, info.value)
     write_json = io.write_json
 
     def full(path, obj):
@@ -375,7 +375,7 @@ def test_failure_message_says_whether_summary_was_written(tmp_path, monkeypatch)
     d = str(tmp_path / "full")
     with pytest.raises(RuntimeError) as info:  # the run's own error, not the OSError
         execute(cfg, d, problem=problem)
-    assert not runner.failure_recorded(d, info.value)
+    assert not rundir.failure_recorded(d, info.value)
 
 
 # --------------------------------------------------------------------------- validation gaps (CLI, in-process)

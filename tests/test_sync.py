@@ -278,7 +278,7 @@ def test_seeds_axis_carries_the_schedule():
 def test_simulated_clock_bsp_waits_for_the_straggler_asp_does_not_and_bytes_are_the_ps_ones():
     from types import SimpleNamespace
 
-    from cconv.experiments.runner import SimClock
+    from cconv.experiments.clock import SimClock
 
     run_cfg = SimpleNamespace(networks=lambda: ["10GbE"], workers=P4, schedule=None)
     calib = SimpleNamespace(compute_time=1.0, exchange_time=lambda phase: 0.0)

@@ -24,13 +24,13 @@ MODES = {
 # cconv's main, SIGKILLed right after the checkpoint of step 8 is saved
 KILL_AFTER_CHECKPOINT_8 = """
 import os, signal, sys
-from cconv.experiments import runner
-save = runner._save
+from cconv.experiments import runstate
+save = runstate.save
 def dying(problem, ckpt, step, state, counters):
     save(problem, ckpt, step, state, counters)
     if step == 8:
         os.kill(os.getpid(), signal.SIGKILL)
-runner._save = dying
+runstate.save = dying
 from cconv import cli
 sys.exit(cli.main(sys.argv[1:]))
 """

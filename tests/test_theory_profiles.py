@@ -247,8 +247,9 @@ def test_run_schedule_and_servers_are_checked():
 @pytest.mark.slow
 def test_a_runs_sim_time_follows_its_schedule():
     from cconv.experiments import build
+    from cconv.experiments.clock import Measured as Calibration
+    from cconv.experiments.clock import SimClock
     from cconv.experiments.config import from_dict
-    from cconv.experiments.runner import Calibration, SimClock
 
     tiny = {
         "model": {"name": "mlp", "hidden": [16]},

@@ -500,13 +500,14 @@ def test_a_run_being_created_by_another_process_is_not_foreign(tmp_path):
     may see the first's lock and the temporary file of the config.yaml it is writing (renamed into
     place a moment later). That is a run being created, not a directory cconv did not create
     (this raised 'is not empty and holds no cconv run' under load); anything else still is."""
-    from cconv.experiments import runner
+    from cconv.experiments import rundir
 
     run = tmp_path / "r"
     run.mkdir()
     (run / io.LOCK).write_text("")
     (run / f".{io.CONFIG}.k2j3x9.tmp").write_text("name: ''\n")
-    runner._refuse_foreign(str(run))
+    (run / f"{io.WRITE_PROBE}q8x2k1").write_text("")  # the other's io.check_writable, a moment later gone
+    rundir.refuse_foreign(str(run))
     (run / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match="holds no cconv run"):
-        runner._refuse_foreign(str(run))
+        rundir.refuse_foreign(str(run))

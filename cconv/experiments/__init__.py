@@ -1,7 +1,11 @@
 """Experiments: configs, runs that survive kills, sweeps, logging, reports and figures.
 
 * ``config``      YAML run configs, validation, ``--set`` overrides, the engine's options
-* ``runner``      one run: build, train, log metrics.jsonl, checkpoint, resume, simulated time
+* ``runner``      one run: build, train, log metrics.jsonl, checkpoint, resume (``execute``)
+* ``rundir``      a run directory: which run it holds, checks, lock, claim, summary.json
+* ``runstate``    a run's checkpointed state: restore, save, the clock's calibration
+* ``training``    the step loop (its state one ``Loop``); ``counters``: totals and metric lines
+* ``evaluation``  test metrics; ``clock``: simulated time per step (``SimClock`` for a run)
 * ``sweep``       grid expansion; a grid of runs: skip finished, resume interrupted, report + figure
 * ``io``          atomic result files (fsync'ed JSONL lines, atomic replace)
 * ``checkpoint``  orbax checkpoints of arbitrary pytrees plus host-side state

@@ -121,6 +121,19 @@ class Clock:
         return StepCost(*map(float, tot / len(steps)))
 
 
+class SimClock(Clock):
+    """A run's clock (``cconv.experiments.runner``: ``sim_time``): the run's measured costs
+    (``Measured``) on each network of its config (``cfg.networks()``, logged under their labels),
+    with its schedule and servers."""
+
+    def __init__(self, cfg, trainer, calib):
+        from cconv.experiments.build import network_label, resolve_network
+
+        self.labels = [network_label(n) for n in cfg.networks()]
+        nets = [resolve_network(n) for n in cfg.networks()]
+        super().__init__(trainer, calib, nets, cfg.workers, cfg.schedule, getattr(cfg, "servers", None))
+
+
 # --------------------------------------------------------------------------- measured costs
 
 

@@ -458,12 +458,15 @@ def check_output(path: str, what: str, *, in_results: bool = True) -> str:
     return path
 
 
+WRITE_PROBE = ".cconv-write-probe-"  # the prefix of ``check_writable``'s probe file (removed at once)
+
+
 def check_writable(directory: str) -> None:
     """Create ``directory`` (and parents) and prove a file can be written there; a clear
     ValueError (``OutputError``) otherwise.  Nothing existing is modified."""
     try:
         os.makedirs(directory, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".cconv-write-probe-", dir=directory)
+        fd, probe = tempfile.mkstemp(prefix=WRITE_PROBE, dir=directory)
         os.close(fd)
         os.unlink(probe)
     except OSError as e:

@@ -286,7 +286,7 @@ def read_index(out: str) -> dict | None:
 def check_out(out: str, source: str, runs: list[SweepRun]) -> dict | None:
     """Refuse, reading only, a sweep into ``out`` that would mix configs or touch what cconv did not
     create (module docstring, step 2); returns the existing index (``read_index``)."""
-    from cconv.experiments import runner  # imports jax: only after the CLI set the device count
+    from cconv.experiments import rundir  # imports jax: only after the CLI set the device count
 
     index = read_index(out)
     if index is None:  # a new (absent or empty) directory, or not one at all (check_writable says so)
@@ -297,7 +297,7 @@ def check_out(out: str, source: str, runs: list[SweepRun]) -> dict | None:
         if not io.check_entry(rd, want_dir=True):
             continue
         io.check_run_dir(rd)
-        d = runner.stored_config_diff(rd, r.config)
+        d = rundir.stored_config_diff(rd, r.config)
         if d:
             rec = made.get(r.name) if isinstance(made.get(r.name), dict) else {}
             src = rec.get("source") or "an earlier sweep"
