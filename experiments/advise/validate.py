@@ -32,6 +32,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -367,6 +368,7 @@ def wall_times(task: str, out: str, repeats: int = 1) -> dict:
     for i in range(repeats):
         for kind in ("dense", "advise"):
             run_out = os.path.join(d, f"{kind}-{i}")
+            shutil.rmtree(run_out, ignore_errors=True)  # a finished run would be resumed: nothing measured
             meter = os.path.join(d, f"{kind}-{i}.compile.json")
             args = (
                 ["run", cfg_path, "--out", run_out]
