@@ -379,7 +379,11 @@ class Entry(NamedTuple):
             raise ValueError(
                 f"compressor {self.name!r}: its factory returned {type(c).__name__}, not a cconv.compressors.Compressor"
             )
-        return c._replace(name=self.name, aggregation=self.aggregation_of(hp), hparams=hp, entry=self)
+        facts = dict(name=self.name, aggregation=self.aggregation_of(hp), hparams=hp, entry=self)
+        if c.agree is not None:  # the coder bound to the agreed statistic is the same method: same facts
+            bind = c.agree.bind
+            c = c._replace(agree=c.agree._replace(bind=lambda agreed: bind(agreed)._replace(**facts)))
+        return c._replace(**facts)
 
 
 _REGISTRY: dict[str, Entry] = {}
