@@ -1,6 +1,6 @@
 """Aggregation methods and transports as registry objects, and the Memory hooks they call.
 
-* the registries (``AGGREGATORS``, ``TRANSPORTS``, ``MEMORIES``) and how a plan picks a method;
+* the registries (``AGGREGATIONS``, ``TRANSPORTS``, ``MEMORIES``) and how a plan picks a method;
 * every method x architecture: the averaged update equals a reference computed from the
   compressor itself on each worker's tensors (same keys), and the parameter server equals
   all-to-all;
@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 from cconv import compressors as C
 from cconv import memory as M
 from cconv.comm import MeshComm
-from cconv.comm.aggregation import AGGREGATORS, COLLECTIVES, TRANSPORTS, method_of, supporting
+from cconv.comm.aggregation import AGGREGATIONS, COLLECTIVES, TRANSPORTS, method_of, supporting
 from cconv.compressors.base import Compressor, DensePayload, EmptyState, itemsize, like_info, size_of
 from cconv.engine import EngineConfig, build
 from cconv.engine.exchange import exchange, init_state, make_plan
@@ -34,8 +34,8 @@ SHAPES = [(6, 16), (16,), (16, 1)]
 
 
 def test_registries():
-    assert set(AGGREGATORS) == {"allreduce", "allgather", "vote", "gtopk", "powersgd", "intsum"}
-    assert all(m.name == n for n, m in AGGREGATORS.items())
+    assert set(AGGREGATIONS) == {"allreduce", "allgather", "vote", "gtopk", "powersgd", "intsum"}
+    assert all(m.name == n for n, m in AGGREGATIONS.items())
     assert set(TRANSPORTS) == {"all-to-all", "parameter-server"}
     assert COLLECTIVES == ("auto", "allgather", "gtopk")
     assert set(M.MEMORIES) == {"none", "ef", "dgc", "ef21", "ef21_sgdm"}

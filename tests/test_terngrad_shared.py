@@ -31,7 +31,7 @@ from jax.sharding import PartitionSpec as P
 
 from cconv import compressors as C
 from cconv.comm import MeshComm, hlo
-from cconv.comm.aggregation import AGGREGATORS, IntSum, method_of
+from cconv.comm.aggregation import AGGREGATIONS, IntSum, method_of
 from cconv.compressors.terngrad import THEORY, shared_variance
 from cconv.engine import EngineConfig, build
 from cconv.engine.exchange import exchange, init_state, make_plan
@@ -131,7 +131,7 @@ def test_options_and_bad_input():
     with pytest.raises(ValueError, match="shared_scale must be true or false, got 'yes'"):
         C.terngrad(shared_scale="yes")
     with pytest.raises(ValueError, match=r"aggregation 'intsum' needs Compressor.agree") as e:
-        AGGREGATORS["intsum"].check(None, C.terngrad()._replace(aggregation="intsum"))
+        AGGREGATIONS["intsum"].check(None, C.terngrad()._replace(aggregation="intsum"))
     assert "\n" not in str(e.value)
 
 

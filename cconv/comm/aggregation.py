@@ -3,14 +3,14 @@
 An aggregation method turns every worker's tensors ("units") into their average, identical on
 every worker, through compressed payloads:
 
-    agg, state = AGGREGATORS[method].aggregate(comm, plan, units, state, key)
+    agg, state = AGGREGATIONS[method].aggregate(comm, plan, units, state, key)
 
 ``state`` is ``{"units": per-unit (memory-wrapped) compressor states, "server": the server's
 downlink states}``.  ``plan`` is the engine's static plan (``cconv.engine.exchange.Plan``); a
 method reads ``plan.comp`` (the memory-wrapped compressor), ``plan.memory`` (its ``Memory``
 hooks), ``plan.transport`` and ``plan.downlink``.
 
-Methods (``AGGREGATORS``, the open registry ``cconv.compressors.AGGREGATIONS``: a compressor
+Methods (the open registry ``cconv.compressors.AGGREGATIONS``, re-exported here: a compressor
 module or user code adds one with ``cconv.compressors.register_aggregation``).  Each states its
 algebra (``Aggregation.algebra``) and every transport follows it, so a configuration computes the
 same algorithm on every architecture or is refused (``check``):
@@ -290,7 +290,7 @@ class AllGather(_Method):
     selectable = True
 
     def check(self, cfg, c):
-        if cfg.collective == self.name and c.aggregation != self.name and not AGGREGATORS[c.aggregation].gatherable:
+        if cfg.collective == self.name and c.aggregation != self.name and not AGGREGATIONS[c.aggregation].gatherable:
             raise ValueError(f"{c.name}'s aggregation is {c.aggregation!r}; collective='allgather' does not apply")
 
     def aggregate(self, comm, plan, units, state, key):
@@ -416,7 +416,6 @@ class IntSum(_Method):
 
 for _m in (AllReduce(), AllGather(), Vote(), GTopK(), IntSum()):
     register_aggregation(_m)
-AGGREGATORS: dict[str, Aggregation] = AGGREGATIONS  # the open registry (compressors' own methods too)
 
 
 class _Collectives(Sequence):
@@ -424,7 +423,7 @@ class _Collectives(Sequence):
     afresh on every use, so a method registered from user code is selectable at once."""
 
     def _names(self) -> tuple[str, ...]:
-        return ("auto", *(n for n, m in AGGREGATORS.items() if m.selectable))
+        return ("auto", *(n for n, m in AGGREGATIONS.items() if m.selectable))
 
     def __getitem__(self, i):
         return self._names()[i]
@@ -471,13 +470,13 @@ def check(cfg, c: Compressor) -> None:
         )
     own.check(cfg, c)
     if cfg.collective != "auto":
-        AGGREGATORS[cfg.collective].check(cfg, c)
+        AGGREGATIONS[cfg.collective].check(cfg, c)
     if cfg.vote:
-        AGGREGATORS[Vote.name].check(cfg, c)
+        AGGREGATIONS[Vote.name].check(cfg, c)
 
 
 __all__ = [
-    "AGGREGATORS",
+    "AGGREGATIONS",
     "TRANSPORTS",
     "COLLECTIVES",
     "Aggregator",

@@ -5,7 +5,7 @@ are compressed and how they travel; ``exchange(comm, plan, tree, state, key)`` r
 worker and returns the averaged update (identical on every worker) and the new compressor state.
 
 The compressed tensors ("units": one per tensor, or one flat buffer when fused) go through the
-plan's aggregation method (the open registry ``cconv.comm.aggregation.AGGREGATORS``: allreduce,
+plan's aggregation method (the open registry ``cconv.comm.aggregation.AGGREGATIONS``: allreduce,
 allgather, vote, gtopk, intsum, and what compressor modules or user code register, e.g.
 powersgd) over the plan's transport (``TRANSPORTS``: all-to-all collectives or a
 parameter server); memory effects go through the plan's ``Memory`` hooks.  Tensors left dense
