@@ -9,7 +9,7 @@ Derivations: ``theory/planner.md`` ("Scheduling").
 """
 
 from cconv.theory.schedule import arch, schedules, sim
-from cconv.theory.schedule.arch import ARCHITECTURES, TOPOLOGIES, AllToAll, ParameterServer
+from cconv.theory.schedule.arch import ARCHITECTURES, NETWORK_TOPOLOGIES, AllToAll, ParameterServer
 from cconv.theory.schedule.schedules import (
     BSP,
     MGWFBP,
@@ -32,7 +32,7 @@ __all__ = [
     "schedules",
     "sim",
     "ARCHITECTURES",
-    "TOPOLOGIES",
+    "NETWORK_TOPOLOGIES",
     "AllToAll",
     "ParameterServer",
     "BSP",

@@ -36,7 +36,7 @@ push; every tensor's keys are spread over the S servers):
                   BytePS runs NCCL without servers: pcie (g-1)(alpha_i + n/g beta_i) twice (= the
                   ring all-reduce).  On a flat link g = 1, N = P: push and pull only.
 
-Topology factors (``TOPOLOGIES``, optional): multipliers on the inter-node beta per architecture
+Topology factors (``NETWORK_TOPOLOGIES``, optional): multipliers on the inter-node beta per architecture
 family, with their source; ``fat-tree`` (full bisection, Al-Fares et al. SIGCOMM 2008) is 1.
 """
 
@@ -57,7 +57,7 @@ class Topology(NamedTuple):
     source: str
 
 
-TOPOLOGIES: dict[str, Topology] = {
+NETWORK_TOPOLOGIES: dict[str, Topology] = {
     "fat-tree": Topology(
         "fat-tree", 1.0, 1.0, "full bisection bandwidth between any servers (Al-Fares et al. SIGCOMM 2008)"
     ),
@@ -79,9 +79,9 @@ TOPOLOGIES: dict[str, Topology] = {
 
 
 def get_topology(name: str) -> Topology:
-    if isinstance(name, str) and name.lower() in TOPOLOGIES:
-        return TOPOLOGIES[name.lower()]
-    raise ValueError(f"unknown topology {name!r}; valid: {', '.join(TOPOLOGIES)}")
+    if isinstance(name, str) and name.lower() in NETWORK_TOPOLOGIES:
+        return NETWORK_TOPOLOGIES[name.lower()]
+    raise ValueError(f"unknown topology {name!r}; valid: {', '.join(NETWORK_TOPOLOGIES)}")
 
 
 def _scaled(net: N.Network | N.Hierarchical, factor: float) -> N.Network | N.Hierarchical:
@@ -331,7 +331,7 @@ __all__ = [
     "ParameterServer",
     "TwoLevel",
     "Topology",
-    "TOPOLOGIES",
+    "NETWORK_TOPOLOGIES",
     "ARCHITECTURES",
     "get",
     "get_topology",
