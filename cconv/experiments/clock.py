@@ -137,17 +137,23 @@ class SimClock(Clock):
 # --------------------------------------------------------------------------- measured costs
 
 
-def min_time(fn, *args, repeats: int = REPEATS) -> float:
-    """Fastest of ``repeats`` timed calls after one warm-up call (which compiles).  The minimum,
-    not the mean or median, is the estimate least disturbed by other processes sharing the
-    machine (interference only ever adds time)."""
+def timed(fn, *args, repeats: int) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``fn(*args)`` (blocked until ready), after one
+    warm-up call (which compiles)."""
     jax.block_until_ready(fn(*args))
     ts = []
     for _ in range(repeats):
         t = time.perf_counter()
         jax.block_until_ready(fn(*args))
         ts.append(time.perf_counter() - t)
-    return float(min(ts))
+    return ts
+
+
+def min_time(fn, *args, repeats: int = REPEATS) -> float:
+    """Fastest of ``repeats`` timed calls after one warm-up call (which compiles).  The minimum,
+    not the mean or median, is the estimate least disturbed by other processes sharing the
+    machine (interference only ever adds time)."""
+    return float(min(timed(fn, *args, repeats=repeats)))
 
 
 class Measured:
@@ -283,14 +289,7 @@ def measure_step(problem, repeats: int = MEASURE_REPEATS, steps: int | None = No
         first.setdefault(tr.phase(s), s)
     median = {}
     for phase, s in first.items():
-        st = state.replace(step=s)
-        jax.block_until_ready(tr.step(st, batch, key))  # compiles this phase
-        ts = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            jax.block_until_ready(tr.step(st, batch, key))
-            ts.append(time.perf_counter() - t)
-        median[phase] = statistics.median(ts)
+        median[phase] = statistics.median(timed(tr.step, state.replace(step=s), batch, key, repeats=repeats))
     return float(np.mean([median[tr.phase(s)] for s in range(n)]))
 
 
