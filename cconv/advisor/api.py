@@ -77,9 +77,11 @@ class Advice(NamedTuple):
     verify: list
     race_wall_s: float
     wall_s: float
-    compile_s: float  # of wall_s: tracing, lowering and compiling programs (``CompileMeter``)
+    compile_s: float  # tracing, lowering and compiling programs, summed over the threads building them
     programs: int  # programs compiled
     outputs: dict
+    build_wait_s: float = 0.0  # of wall_s: building programs, or waiting for those built ahead
+    build_threads: int = 1  # threads that built programs ahead of the race
     timing: str = "modelled"  # modelled | measured (``cconv.advisor.timing``)
 
 
@@ -279,20 +281,49 @@ def _with_log_every(e: Entrant, every: int) -> Entrant:
     return e._replace(probe=e.probe._replace(cfg=cfg, problem=e.probe.problem._replace(cfg=cfg)))
 
 
+def build_threads() -> int:
+    """Threads that build candidates' programs ahead of the race (one per core)."""
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def _warm_all(byname: dict, arms: list, plan: Plan, pool) -> dict:
+    """Every entrant's first-rung programs built ahead in ``pool`` (``cconv.experiments.warm``),
+    in the race's order, so the race trains one candidate while the next ones build."""
+    from cconv.experiments.warm import warm
+
+    budget, n = int(plan.budget * plan.base.steps), plan.base.steps
+    t0 = race.first_time(arms, int(budget * race.HALVING_SHARE), n)
+    return {a.name: pool.submit(warm, byname[a.name].probe.problem, race.steps_at(a, t0, n)) for a in arms}
+
+
 def run_race(plan: Plan) -> tuple[dict, list, race.Race, dict]:
-    """Build, time and race every candidate: (entrants by name, merged, the race, progress by name)."""
+    """Build, time and race every candidate: (entrants by name, merged, the race, progress by name).
+    Programs are built ahead in a thread pool (XLA compiles without the interpreter lock); a
+    candidate whose ahead-of-time build fails builds in its run as usual (and fails there)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cconv.experiments.compiletime import waiting
+
     entrants, merged = _entrants(plan)
     arms = [race.Arm(e.name, e.step_s) for e in entrants]
     every = log_every(int(plan.budget * plan.base.steps), plan.base.steps, arms)
     byname = {e.name: _with_log_every(e, every) for e in entrants}
     seen: dict = {}
+    pool = ThreadPoolExecutor(max_workers=build_threads(), thread_name_prefix="cconv-build")
+    built = _warm_all(byname, arms, plan, pool)
 
     def observe(name: str, steps: int) -> race.Observation:
-        e = byname[name]
+        e, ahead = byname[name], built.pop(name, None)
+        if ahead is not None:
+            with waiting():
+                ahead.exception()  # wait; an error shows again (and is reported) when the run builds
         seen[name] = prog = probes.train_to(e.probe, steps)
         return race.Observation(prog.curve(e.probe.problem.seeds, plan.target.metric), prog.steps, prog.diverged)
 
-    result = race.race(arms, observe, plan.target, plan.base.steps, int(plan.budget * plan.base.steps))
+    try:
+        result = race.race(arms, observe, plan.target, plan.base.steps, int(plan.budget * plan.base.steps))
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
     return byname, merged, result, seen
 
 
@@ -435,6 +466,8 @@ def advise(
         wall_s=time.perf_counter() - t0,
         compile_s=built.seconds,
         programs=built.programs,
+        build_wait_s=built.blocked,
+        build_threads=build_threads(),
         outputs=outputs,
         timing=plan.timing,
     )
