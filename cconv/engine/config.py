@@ -33,6 +33,9 @@ GRANULARITIES = ("layerwise", "fused")
 ARCHITECTURES = tuple(A.TRANSPORTS)  # "all-to-all", "parameter-server"
 COLLECTIVES = A.COLLECTIVES  # "auto" (the compressor's aggregation), "allgather", "gtopk"
 DGC_WARMUP = (0.25, 0.0625, 0.015625, 0.004)
+# EngineConfig's gossip fields (decentralized training, ``sync="gossip"``; ``cconv.engine.gossip``):
+# meaningful only under gossip (a run config refuses them set elsewhere)
+GOSSIP_FIELDS = ("gossip", "topology", "torus", "mixing", "gossip_gamma")
 
 
 def _real(v) -> bool:

@@ -17,11 +17,13 @@ A run config is a flat mapping (YAML, loaded with a safe loader, see below)::
     tensorboard: true                         # also write TensorBoard event files (optional)
 
 Every key is declared once, in the body of ``RunConfig`` (the schema: ``key(default, help,
-rule)``; ``FIELDS``; ``cconv run --help`` prints them).  ``from_dict`` checks a mapping against it
-once (unknown keys, every number, each key's rule, then ``CROSS_RULES``) into a frozen
-``RunConfig``.  An unknown key is an error that lists the valid ones.  Nested values of the keys
-declared ``dotted`` are addressed with dots in ``--set`` overrides (``--set
-compressor.ratio=0.001``); values are parsed as YAML scalars.
+rule)``; ``FIELDS``; ``cconv run --help`` prints them).  The engine's keys are its section: each
+is the ``EngineConfig`` field of the same name, declared ``engine_key(help, rule)`` and given the
+engine's default (``ENGINE_KEYS``; ``RunConfig.engine_section`` is what the build passes on).
+``from_dict`` checks a mapping against the schema once (unknown keys, every number, each key's
+rule, then ``CROSS_RULES``) into a frozen ``RunConfig``.  An unknown key is an error that lists
+the valid ones.  Nested values of the keys declared ``dotted`` are addressed with dots in
+``--set`` overrides (``--set compressor.ratio=0.001``); values are parsed as YAML scalars.
 
 Sweep files (``base`` + ``grid``, ``include``, ``rules``) are expanded by ``cconv.experiments.sweep``.
 
@@ -70,7 +72,16 @@ from typing import Any
 import yaml
 
 from cconv._text import shown, shown_name, shown_names
-from cconv.engine.config import ADAPTIVE, ARCHITECTURES, COLLECTIVES, GRANULARITIES, LAUNCHERS, MEMORIES
+from cconv.engine.config import (
+    ADAPTIVE,
+    ARCHITECTURES,
+    COLLECTIVES,
+    GOSSIP_FIELDS,
+    GRANULARITIES,
+    LAUNCHERS,
+    MEMORIES,
+    EngineConfig,
+)
 from cconv.engine.sync import public_names as sync_names
 from cconv.experiments.errors import ConfigError
 from cconv.experiments.optax_names import optimizer_function, schedule_function
@@ -84,32 +95,25 @@ ARCHITECTURE_ALIASES: dict[str, dict[str, str]] = {
     "gtopk": {"architecture": "all-to-all", "collective": "gtopk"},
 }
 WARMUP_KEYS = ("densities", "steps_per_stage", "dense_steps")
-# fields added after runs were written: an older config.yaml without them holds their default,
-# and at their default they are left out of ``digest`` (old run directories resume unchanged)
-ADDED_FIELDS: dict[str, Any] = {
-    "ef_scale": None,
-    "tensorboard": False,
-    "sync": "bsp",
-    "staleness": 0,
-    "max_staleness": None,
-    "stragglers": None,
-    "jitter": 0.0,
-    "worker_speeds": None,
-    "adapt_every": 50,
-    "local_steps_init": 4,
-    "schedule": None,
-    "servers": None,
-    "advise": None,
-}
-# gossip (decentralized training, sync: gossip): EngineConfig's fields of the same names
-GOSSIP_FIELDS: dict[str, Any] = {
-    "gossip": "dpsgd",
-    "topology": "ring",
-    "torus": None,
-    "mixing": None,
-    "gossip_gamma": None,  # null: the compressor's safe consensus step (cconv.theory.gossip.safe_gamma)
-}
-ADDED_FIELDS.update(GOSSIP_FIELDS)
+# keys added after runs were written: an older config.yaml without them holds their default
+# (``read_stored`` fills it in), and at their default they are left out of ``digest`` (old run
+# directories resume unchanged); names only, the defaults are the schema's (``default_of``)
+ADDED_FIELDS: tuple[str, ...] = (
+    "ef_scale",
+    "tensorboard",
+    "sync",
+    "staleness",
+    "max_staleness",
+    "stragglers",
+    "jitter",
+    "worker_speeds",
+    "adapt_every",
+    "local_steps_init",
+    "schedule",
+    "servers",
+    "advise",
+    *GOSSIP_FIELDS,  # the engine's gossip fields (cconv.engine.config), needing sync: gossip
+)
 # keys that only steer the advisor or the report, never what is trained: they are no part of a
 # run's identity (``identity``: ``digest``, the stored-config comparison of ``cconv run``/``sweep``),
 # so adding an ``advise:`` block or changing ``target_loss`` keeps a finished run finished.  The run
@@ -363,6 +367,30 @@ def key(default: Any, doc: str, rule: Rule, *, dotted: bool = False) -> Any:
     return field(default=default, metadata=meta)
 
 
+def engine_key(doc: str, rule: Rule, *, dotted: bool = False, run_default: Any = dataclasses.MISSING) -> Any:
+    """A config key that is the ``EngineConfig`` field of the same name (the engine's section of
+    the schema: ``ENGINE_KEYS``, ``RunConfig.engine_section``, passed on by
+    ``build.make_engine_config``): its default is the engine's, read from the dataclass
+    (``_engine_defaults``), unless a run's own differs (``run_default``: ``workers``)."""
+    meta = {"help": doc, "rule": rule, "dotted": dotted, "engine": True}
+    if run_default is dataclasses.MISSING:
+        return field(metadata=meta)
+    return field(default=run_default, metadata={**meta, "run_default": True})
+
+
+def _engine_defaults(cls: type) -> type:
+    """Give each ``engine_key`` of ``cls``'s body without a ``run_default`` the default of
+    ``EngineConfig``'s field of the same name (before ``dataclass`` reads the body): an engine
+    default is written once, in the engine."""
+    engine = {f.name: f for f in dataclasses.fields(EngineConfig)}
+    for name, f in vars(cls).items():
+        if isinstance(f, dataclasses.Field) and f.metadata.get("engine") and not f.metadata.get("run_default"):
+            if name not in engine:
+                raise TypeError(f"engine_key {name!r}: EngineConfig has no field {name!r}")
+            f.default = engine[name].default
+    return cls
+
+
 def _launchers() -> list[str]:
     # the runner is one process: launchers that need one process per worker (mpirun) are for the
     # engine API (experiments/cluster/), not for `cconv run`
@@ -379,6 +407,7 @@ def _schedules() -> list[str]:
 
 
 @dataclass(frozen=True)
+@_engine_defaults
 class RunConfig:
     """One training run, validated (``from_dict``) and immutable: the class body is the config
     schema, one ``key(default, help, rule)`` per config key (``FIELDS``; ``field_help`` prints it).
@@ -405,7 +434,9 @@ class RunConfig:
         named(paths=("root",)),
         dotted=True,
     )
-    workers: int = key(8, "data-parallel workers (simulated CPU devices on CPU)", integer(1))
+    workers: int = engine_key(
+        "data-parallel workers (simulated CPU devices on CPU)", integer(1), run_default=8
+    )  # a run simulates 8 devices on CPU; the engine's API default is 1
     steps: int = key(300, "training steps", integer(1))
     batch_size: int = key(256, "global batch size (divided evenly among workers)", integer(1))
     optimizer: dict = key(
@@ -426,42 +457,37 @@ class RunConfig:
     compressor: dict = key(
         {"name": "none"}, "compressor name or {name, **hparams} (cconv.compressors.names())", named(), dotted=True
     )
-    memory: str = key(
-        "none",
+    memory: str = engine_key(
         "none | ef (error feedback) | dgc (momentum correction) | ef21 | ef21_sgdm (EF21, EF21-SGDM)",
         choice(lambda: MEMORIES, null="none"),
     )
-    momentum: float = key(
-        0.9, "DGC momentum when memory is dgc; beta = 1 - eta when memory is ef21_sgdm", number(0.0, below=1)
+    momentum: float = engine_key(
+        "DGC momentum when memory is dgc; beta = 1 - eta when memory is ef21_sgdm", number(0.0, below=1)
     )
-    masking: bool = key(True, "DGC momentum-factor masking when memory is dgc", flag())
+    masking: bool = engine_key("DGC momentum-factor masking when memory is dgc", flag())
     ef_scale: Any = key(
         None,
         "memory ef: scale the compressor's input by a in (0, 1], or auto (= 1/(1+omega)); null: 1",
         fraction("null, auto or a number in (0, 1]", also=("auto",)),
     )
-    clip: Any = key(
-        None,
+    clip: Any = engine_key(
         "local gradient-clipping threshold (scaled by N^-1/2), or null",
         number(0.0, strict=True, optional=True),
     )
-    warmup: Any = key(
-        None,
+    warmup: Any = engine_key(
         "density warm-up {densities: [..] or dgc, steps_per_stage, dense_steps}, or null",
         mapping(f"null or a mapping {{{', '.join(WARMUP_KEYS)}}}", WARMUP_KEYS, values={"densities": densities()}),
     )
-    local_steps: Any = key(
-        1,
+    local_steps: Any = engine_key(
         "local SGD steps between model averaging (1 = BSP), or adaptive (AdaComm)",
         integer(1, also=(ADAPTIVE,)),
     )
-    local_steps_init: int = key(4, "local_steps: adaptive: H_0, the initial period", integer(1))
-    adapt_every: int = key(50, "local_steps: adaptive: steps between updates of H", integer(1))
-    sync: str = key("bsp", "bsp | ssp | asp (asp needs architecture: parameter-server) | gossip", choice(sync_names))
-    staleness: int = key(0, "sync: ssp: staleness bound s (0 = BSP)", integer(0))
-    max_staleness: Any = key(None, "sync: asp: parameter versions kept (null: 2 workers)", integer(1, optional=True))
-    stragglers: Any = key(
-        None,
+    local_steps_init: int = engine_key("local_steps: adaptive: H_0, the initial period", integer(1))
+    adapt_every: int = engine_key("local_steps: adaptive: steps between updates of H", integer(1))
+    sync: str = engine_key("bsp | ssp | asp (asp needs architecture: parameter-server) | gossip", choice(sync_names))
+    staleness: int = engine_key("sync: ssp: staleness bound s (0 = BSP)", integer(0))
+    max_staleness: Any = engine_key("sync: asp: parameter versions kept (null: 2 workers)", integer(1, optional=True))
+    stragglers: Any = engine_key(
         "timing model: {fraction, slowdown}: a fixed subset computes slowdown x slower",
         mapping(
             "null or a mapping {fraction, slowdown}",
@@ -469,24 +495,23 @@ class RunConfig:
             values={"fraction": number(), "slowdown": number()},
         ),
     )
-    jitter: float = key(0.0, "timing model: lognormal sigma per worker-step", number(0.0))
-    worker_speeds: Any = key(
-        None, "timing model: relative compute time per worker", numbers("workers", number(0.0, strict=True))
+    jitter: float = engine_key("timing model: lognormal sigma per worker-step", number(0.0))
+    worker_speeds: Any = engine_key(
+        "timing model: relative compute time per worker", numbers("workers", number(0.0, strict=True))
     )
-    post_local_switch: int = key(0, "step at which BSP switches to local SGD (post-local SGD)", integer(0))
-    compress_delta: bool = key(False, "local SGD: compress the averaged model delta", flag())
-    granularity: str = key("layerwise", "layerwise | fused (one flat buffer)", choice(lambda: GRANULARITIES))
-    min_compress_size: int = key(0, "tensors with fewer elements are sent dense", integer(0))
-    compress_vectors: bool = key(True, "false: biases and other 1-D tensors are sent dense", flag())
-    architecture: str = key(
-        "all-to-all",
+    post_local_switch: int = engine_key("step at which BSP switches to local SGD (post-local SGD)", integer(0))
+    compress_delta: bool = engine_key("local SGD: compress the averaged model delta", flag())
+    granularity: str = engine_key("layerwise | fused (one flat buffer)", choice(lambda: GRANULARITIES))
+    min_compress_size: int = engine_key("tensors with fewer elements are sent dense", integer(0))
+    compress_vectors: bool = engine_key("false: biases and other 1-D tensors are sent dense", flag())
+    architecture: str = engine_key(
         "all-to-all | parameter-server | ps (= parameter-server) | gtopk (= all-to-all with collective gtopk)",
         choice(lambda: (*ARCHITECTURES, *ARCHITECTURE_ALIASES)),
     )
-    collective: str = key("auto", "auto (the compressor's) | allgather | gtopk", choice(lambda: COLLECTIVES))
-    vote: bool = key(False, "signSGD majority vote (sign compressors only); a tie gives +1", flag())
-    ps_downlink: Any = key(None, "PS downlink compressor (name or mapping) or null", named(optional=True), dotted=True)
-    launcher: str = key("shard_map", " | ".join(_launchers()), choice(_launchers))
+    collective: str = engine_key("auto (the compressor's) | allgather | gtopk", choice(lambda: COLLECTIVES))
+    vote: bool = engine_key("signSGD majority vote (sign compressors only); a tie gives +1", flag())
+    ps_downlink: Any = engine_key("PS downlink compressor (name or mapping) or null", named(optional=True), dotted=True)
+    launcher: str = engine_key(" | ".join(_launchers()), choice(_launchers))
     network: Any = key(
         None, "network for simulated time: preset name, {name, alpha, beta}, or a list", network_entries(), dotted=True
     )
@@ -522,20 +547,18 @@ class RunConfig:
         mapping("a mapping (cconv.advisor.space)"),
     )
     # --- gossip (decentralized training, cconv.engine.gossip; values and combinations: EngineConfig)
-    gossip: str = key(
-        "dpsgd", "sync gossip: dpsgd (D-PSGD; with a compressor: naive compressed gossip) | choco", string()
+    gossip: str = engine_key(
+        "sync gossip: dpsgd (D-PSGD; with a compressor: naive compressed gossip) | choco", string()
     )
-    topology: str = key("ring", "sync gossip: ring | torus | exponential | complete | matrix", string())
-    torus: Any = key(
-        None, "topology torus: [rows, cols] (null: most square)", nested_list("a list [rows, cols] or null")
+    topology: str = engine_key("sync gossip: ring | torus | exponential | complete | matrix", string())
+    torus: Any = engine_key(
+        "topology torus: [rows, cols] (null: most square)", nested_list("a list [rows, cols] or null")
     )
-    mixing: Any = key(
-        None,
+    mixing: Any = engine_key(
         "topology matrix: the P x P mixing matrix (list of rows)",
         nested_list("a list of rows (a P x P matrix) or null", depth=2),
     )
-    gossip_gamma: Any = key(
-        None,
+    gossip_gamma: Any = engine_key(
         "consensus step size in (0, 1] (choco; dpsgd with a compressor); null: the compressor's "
         "contraction delta (1 uncompressed); a value above it warns",
         fraction("null (the compressor's safe value) or in (0, 1]"),
@@ -545,6 +568,10 @@ class RunConfig:
     def to_dict(self) -> dict:
         """Every field, as plain Python values."""
         return dataclasses.asdict(self)
+
+    def engine_section(self) -> dict[str, Any]:
+        """The values of the engine's keys (``ENGINE_KEYS``), as configured."""
+        return {k: getattr(self, k) for k in ENGINE_KEYS}
 
     def seeds(self) -> list[int]:
         """The seeds of the run (one, or the list run as one vmapped program)."""
@@ -559,12 +586,14 @@ class RunConfig:
     def digest(self) -> str:
         """A short hash of the resolved config (identifies a run's content: ``identity``, the keys
         that steer only the advisor or the report left out)."""
-        d = {k: v for k, v in identity(self.to_dict()).items() if k not in ADDED_FIELDS or v != ADDED_FIELDS[k]}
+        d = {k: v for k, v in identity(self.to_dict()).items() if k not in ADDED_FIELDS or v != default_of(k)}
         blob = json.dumps(d, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(RunConfig)}
+# the engine's section of the schema: keys that are ``EngineConfig`` fields (declared ``engine_key``)
+ENGINE_KEYS: tuple[str, ...] = tuple(k for k, f in FIELDS.items() if f.metadata.get("engine"))
 
 
 def default_of(name: str) -> Any:
@@ -715,7 +744,7 @@ def load_yaml(path: str) -> Any:
 
 def read_stored(path: str) -> dict:
     """A run directory's ``config.yaml`` as a mapping, fields added since it was written filled with
-    the defaults they held (``ADDED_FIELDS``); a damaged file (not UTF-8, not YAML, not a mapping)
+    their defaults (``ADDED_FIELDS``, at ``default_of``); a damaged file (not UTF-8, not YAML, not a mapping)
     is a one-line ConfigError naming it."""
     try:
         raw = parse_yaml(read_text(path), path)
@@ -725,7 +754,7 @@ def read_stored(path: str) -> dict:
         raise ConfigError(f"damaged run config {path}: not a mapping of config keys; move the run directory aside")
     if raw.get("sync", "bsp") != "gossip" and raw.get("gossip_gamma") == 1.0:  # written when 1.0 was the
         raw["gossip_gamma"] = None  # default (moot outside gossip); today's default is null
-    return {**{k: v for k, v in ADDED_FIELDS.items() if k not in raw}, **raw}
+    return {**{k: default_of(k) for k in ADDED_FIELDS if k not in raw}, **raw}
 
 
 def parse_value(text: str) -> Any:
@@ -859,7 +888,7 @@ def _check_gossip(cfg: RunConfig) -> None:
     """The gossip keys need ``sync: gossip`` (set to anything but their defaults), and gossip at
     least 2 workers (the keys' values and combinations: ``EngineConfig``, in ``check_names``)."""
     if cfg.sync != "gossip":
-        set_keys = [k for k, default in GOSSIP_FIELDS.items() if getattr(cfg, k) != default]
+        set_keys = [k for k in GOSSIP_FIELDS if getattr(cfg, k) != default_of(k)]
         if set_keys:
             raise ConfigError(f"{', '.join(set_keys)}: gossip keys, but sync is {cfg.sync} (they need sync: gossip)")
     if cfg.sync == "gossip" and cfg.workers < 2:
