@@ -159,7 +159,7 @@ RULE_MESSAGES = [
     ({"memory": "residual"}, "memory must be one of none, ef, dgc, ef21, ef21_sgdm; got 'residual'"),
     ({"masking": "yes"}, "masking must be true or false, got 'yes'"),
     ({"name": 3}, "name must be a string, got 3"),
-    ({"gossip": 1}, "gossip must be a string, got 1"),
+    ({"gossip": 1}, "gossip must be one of dpsgd, choco; got 1"),  # the engine's rule (was: "must be a string")
     ({"model": {"hidden": [8]}}, "model: a mapping needs a 'name' string, got {'hidden': [8]}"),
     ({"model": 3}, "model: expected a name or a mapping with 'name', got 3"),
     ({"data": {"name": "digits", "root": 5}}, "data.root is a path: it must be a string, got 5"),

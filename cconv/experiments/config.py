@@ -18,8 +18,9 @@ A run config is a flat mapping (YAML, loaded with a safe loader, see below)::
 
 Every key is declared once, in the body of ``RunConfig`` (the schema: ``key(default, help,
 rule)``; ``FIELDS``; ``cconv run --help`` prints them).  The engine's keys are its section: each
-is the ``EngineConfig`` field of the same name, declared ``engine_key(help, rule)`` and given the
-engine's default (``ENGINE_KEYS``; ``RunConfig.engine_section`` is what the build passes on).
+is the ``EngineConfig`` field of the same name, declared ``engine_key(help)`` and given the
+engine field's default and rule (``ENGINE_KEYS``; ``RunConfig.engine_section`` is what the build
+passes on).
 ``from_dict`` checks a mapping against the schema once (unknown keys, every number, each key's
 rule, then ``CROSS_RULES``) into a frozen ``RunConfig``.  An unknown key is an error that lists
 the valid ones.  Nested values of the keys declared ``dotted`` are addressed with dots in
@@ -65,24 +66,21 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+import types
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
+from cconv._rules import Rule, choice, flag, fraction, integer, is_number, number, string
 from cconv._text import shown, shown_name, shown_names
 from cconv.engine.config import (
-    ADAPTIVE,
     ARCHITECTURES,
-    COLLECTIVES,
     GOSSIP_FIELDS,
-    GRANULARITIES,
     LAUNCHERS,
-    MEMORIES,
     EngineConfig,
 )
-from cconv.engine.sync import public_names as sync_names
 from cconv.experiments.errors import ConfigError
 from cconv.experiments.optax_names import optimizer_function, schedule_function
 
@@ -130,96 +128,10 @@ def identity(d: dict) -> dict:
 # --------------------------------------------------------------------------- rules
 # A rule checks one key's value and returns it normalized (ints stay ints, numbers become floats,
 # a name becomes {name: ...}): ``rule(key, value, run)``, ``run`` the keys checked before it (in
-# table order), or a one-line ConfigError naming the key.  Each key of ``RunConfig`` names its
-# rule; ``CROSS_RULES`` (below ``from_dict``) check keys against each other afterwards.
-Rule = Callable[[str, Any, Mapping[str, Any]], Any]
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def integer(lo: int = 1, *, optional: bool = False, also: tuple = ()) -> Rule:
-    """An integer >= ``lo`` (``None`` when ``optional``; the words of ``also`` pass as they are)."""
-
-    def check(name: str, v: Any, run: Mapping) -> Any:
-        if (v is None and optional) or (isinstance(v, str) and v in also):
-            return v
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ConfigError(f"{name} must be an integer >= {lo}, got {shown(v)}")
-        return v
-
-    return check
-
-
-def number(
-    lo: float | None = None, *, strict: bool = False, optional: bool = False, below: float | None = None
-) -> Rule:
-    """A finite number, as a float: >= ``lo`` (> when ``strict``), < ``below``; ``None`` when ``optional``."""
-
-    def check(name: str, v: Any, run: Mapping) -> float | None:
-        if v is None and optional:
-            return None
-        if not _is_number(v) or not math.isfinite(v):
-            raise ConfigError(f"{name} must be a number, got {shown(v)}")
-        if lo is not None and (v <= lo if strict else v < lo):
-            raise ConfigError(f"{name} must be {'>' if strict else '>='} {lo}, got {shown(v)}")
-        if below is not None and v >= below:
-            raise ConfigError(f"{name} must be in [{lo:g}, {below:g}), got {shown(float(v))}")
-        return float(v)
-
-    return check
-
-
-def fraction(what: str, *, also: tuple = ()) -> Rule:
-    """A number in (0, 1], as a float; ``None`` and the words of ``also`` pass (``what`` says so)."""
-
-    def check(name: str, v: Any, run: Mapping) -> Any:
-        if v is None or (isinstance(v, str) and v in also):
-            return v
-        if not _is_number(v) or not 0 < v <= 1:
-            raise ConfigError(f"{name} must be {what}, got {shown(v)}")
-        return float(v)
-
-    return check
-
-
-def choice(options: Callable[[], Iterable[str]], *, optional: bool = False, null: str | None = None) -> Rule:
-    """One of ``options()`` (asked when checked: registries fill in at import); ``None`` passes when
-    ``optional`` and stands for ``null`` when one is given."""
-
-    def check(name: str, v: Any, run: Mapping) -> Any:
-        if v is None and optional:
-            return None
-        v = null if v is None and null is not None else v
-        valid = tuple(options())
-        if v not in valid:
-            raise ConfigError(f"{name} must be one of {', '.join(valid)}; got {shown(v)}")
-        return v
-
-    return check
-
-
-def flag() -> Rule:
-    """true or false."""
-
-    def check(name: str, v: Any, run: Mapping) -> bool:
-        if not isinstance(v, bool):
-            raise ConfigError(f"{name} must be true or false, got {shown(v)}")
-        return v
-
-    return check
-
-
-def string() -> Rule:
-    """A string."""
-
-    def check(name: str, v: Any, run: Mapping) -> str:
-        if not isinstance(v, str):
-            raise ConfigError(f"{name} must be a string, got {shown(v)}")
-        return v
-
-    return check
+# table order), or a one-line error naming the key (``from_dict`` makes a ValueError a
+# ConfigError).  Each key of ``RunConfig`` names its rule (an engine key: the engine's, from
+# ``cconv._rules``: integer, number, fraction, choice, flag, string); ``CROSS_RULES`` (below
+# ``from_dict``) check keys against each other afterwards.  The rules below are the run config's.
 
 
 def named(
@@ -286,7 +198,7 @@ def densities() -> Rule:
     """``dgc`` (DGC's warm-up densities) or a list of densities in (0, 1]."""
 
     def check(name: str, v: Any, run: Mapping) -> Any:
-        if v != "dgc" and (not isinstance(v, list) or not all(_is_number(x) and 0 < x <= 1 for x in v)):
+        if v != "dgc" and (not isinstance(v, list) or not all(is_number(x) and 0 < x <= 1 for x in v)):
             raise ConfigError(f"{name} must be 'dgc' or a list of numbers in (0, 1], got {shown(v)}")
         return v
 
@@ -367,11 +279,15 @@ def key(default: Any, doc: str, rule: Rule, *, dotted: bool = False) -> Any:
     return field(default=default, metadata=meta)
 
 
-def engine_key(doc: str, rule: Rule, *, dotted: bool = False, run_default: Any = dataclasses.MISSING) -> Any:
+def engine_key(
+    doc: str, rule: Rule | None = None, *, dotted: bool = False, run_default: Any = dataclasses.MISSING
+) -> Any:
     """A config key that is the ``EngineConfig`` field of the same name (the engine's section of
     the schema: ``ENGINE_KEYS``, ``RunConfig.engine_section``, passed on by
-    ``build.make_engine_config``): its default is the engine's, read from the dataclass
-    (``_engine_defaults``), unless a run's own differs (``run_default``: ``workers``)."""
+    ``build.make_engine_config``).  Its default and its rule are the engine's, read from the
+    dataclass field (``_engine_defaults``), unless a run's own differ: ``run_default``
+    (``workers``), or a ``rule`` for a key a config spells otherwise than the engine (a mapping
+    for ``warmup``, the aliases of ``architecture``, the launchers ``cconv run`` offers)."""
     meta = {"help": doc, "rule": rule, "dotted": dotted, "engine": True}
     if run_default is dataclasses.MISSING:
         return field(metadata=meta)
@@ -379,15 +295,21 @@ def engine_key(doc: str, rule: Rule, *, dotted: bool = False, run_default: Any =
 
 
 def _engine_defaults(cls: type) -> type:
-    """Give each ``engine_key`` of ``cls``'s body without a ``run_default`` the default of
-    ``EngineConfig``'s field of the same name (before ``dataclass`` reads the body): an engine
-    default is written once, in the engine."""
+    """Give each ``engine_key`` of ``cls``'s body the default (unless a ``run_default``) and the
+    rule (unless its own) of ``EngineConfig``'s field of the same name, before ``dataclass`` reads
+    the body: an engine key's default and range are written once, in the engine."""
     engine = {f.name: f for f in dataclasses.fields(EngineConfig)}
     for name, f in vars(cls).items():
-        if isinstance(f, dataclasses.Field) and f.metadata.get("engine") and not f.metadata.get("run_default"):
-            if name not in engine:
-                raise TypeError(f"engine_key {name!r}: EngineConfig has no field {name!r}")
+        if not isinstance(f, dataclasses.Field) or not f.metadata.get("engine"):
+            continue
+        if name not in engine:
+            raise TypeError(f"engine_key {name!r}: EngineConfig has no field {name!r}")
+        if not f.metadata.get("run_default"):
             f.default = engine[name].default
+        if f.metadata["rule"] is None:
+            if "rule" not in engine[name].metadata:
+                raise TypeError(f"engine_key {name!r}: EngineConfig.{name} declares no rule; give the key its own")
+            f.metadata = types.MappingProxyType({**f.metadata, "rule": engine[name].metadata["rule"]})
     return cls
 
 
@@ -435,7 +357,7 @@ class RunConfig:
         dotted=True,
     )
     workers: int = engine_key(
-        "data-parallel workers (simulated CPU devices on CPU)", integer(1), run_default=8
+        "data-parallel workers (simulated CPU devices on CPU)", run_default=8
     )  # a run simulates 8 devices on CPU; the engine's API default is 1
     steps: int = key(300, "training steps", integer(1))
     batch_size: int = key(256, "global batch size (divided evenly among workers)", integer(1))
@@ -458,35 +380,26 @@ class RunConfig:
         {"name": "none"}, "compressor name or {name, **hparams} (cconv.compressors.names())", named(), dotted=True
     )
     memory: str = engine_key(
-        "none | ef (error feedback) | dgc (momentum correction) | ef21 | ef21_sgdm (EF21, EF21-SGDM)",
-        choice(lambda: MEMORIES, null="none"),
+        "none | ef (error feedback) | dgc (momentum correction) | ef21 | ef21_sgdm (EF21, EF21-SGDM)"
     )
-    momentum: float = engine_key(
-        "DGC momentum when memory is dgc; beta = 1 - eta when memory is ef21_sgdm", number(0.0, below=1)
-    )
-    masking: bool = engine_key("DGC momentum-factor masking when memory is dgc", flag())
+    momentum: float = engine_key("DGC momentum when memory is dgc; beta = 1 - eta when memory is ef21_sgdm")
+    masking: bool = engine_key("DGC momentum-factor masking when memory is dgc")
     ef_scale: Any = key(
         None,
         "memory ef: scale the compressor's input by a in (0, 1], or auto (= 1/(1+omega)); null: 1",
         fraction("null, auto or a number in (0, 1]", also=("auto",)),
     )
-    clip: Any = engine_key(
-        "local gradient-clipping threshold (scaled by N^-1/2), or null",
-        number(0.0, strict=True, optional=True),
-    )
+    clip: Any = engine_key("local gradient-clipping threshold (scaled by N^-1/2), or null")
     warmup: Any = engine_key(
         "density warm-up {densities: [..] or dgc, steps_per_stage, dense_steps}, or null",
         mapping(f"null or a mapping {{{', '.join(WARMUP_KEYS)}}}", WARMUP_KEYS, values={"densities": densities()}),
     )
-    local_steps: Any = engine_key(
-        "local SGD steps between model averaging (1 = BSP), or adaptive (AdaComm)",
-        integer(1, also=(ADAPTIVE,)),
-    )
-    local_steps_init: int = engine_key("local_steps: adaptive: H_0, the initial period", integer(1))
-    adapt_every: int = engine_key("local_steps: adaptive: steps between updates of H", integer(1))
-    sync: str = engine_key("bsp | ssp | asp (asp needs architecture: parameter-server) | gossip", choice(sync_names))
-    staleness: int = engine_key("sync: ssp: staleness bound s (0 = BSP)", integer(0))
-    max_staleness: Any = engine_key("sync: asp: parameter versions kept (null: 2 workers)", integer(1, optional=True))
+    local_steps: Any = engine_key("local SGD steps between model averaging (1 = BSP), or adaptive (AdaComm)")
+    local_steps_init: int = engine_key("local_steps: adaptive: H_0, the initial period")
+    adapt_every: int = engine_key("local_steps: adaptive: steps between updates of H")
+    sync: str = engine_key("bsp | ssp | asp (asp needs architecture: parameter-server) | gossip")
+    staleness: int = engine_key("sync: ssp: staleness bound s (0 = BSP)")
+    max_staleness: Any = engine_key("sync: asp: parameter versions kept (null: 2 workers)")
     stragglers: Any = engine_key(
         "timing model: {fraction, slowdown}: a fixed subset computes slowdown x slower",
         mapping(
@@ -495,21 +408,21 @@ class RunConfig:
             values={"fraction": number(), "slowdown": number()},
         ),
     )
-    jitter: float = engine_key("timing model: lognormal sigma per worker-step", number(0.0))
+    jitter: float = engine_key("timing model: lognormal sigma per worker-step")
     worker_speeds: Any = engine_key(
         "timing model: relative compute time per worker", numbers("workers", number(0.0, strict=True))
     )
-    post_local_switch: int = engine_key("step at which BSP switches to local SGD (post-local SGD)", integer(0))
-    compress_delta: bool = engine_key("local SGD: compress the averaged model delta", flag())
-    granularity: str = engine_key("layerwise | fused (one flat buffer)", choice(lambda: GRANULARITIES))
-    min_compress_size: int = engine_key("tensors with fewer elements are sent dense", integer(0))
-    compress_vectors: bool = engine_key("false: biases and other 1-D tensors are sent dense", flag())
+    post_local_switch: int = engine_key("step at which BSP switches to local SGD (post-local SGD)")
+    compress_delta: bool = engine_key("local SGD: compress the averaged model delta")
+    granularity: str = engine_key("layerwise | fused (one flat buffer)")
+    min_compress_size: int = engine_key("tensors with fewer elements are sent dense")
+    compress_vectors: bool = engine_key("false: biases and other 1-D tensors are sent dense")
     architecture: str = engine_key(
         "all-to-all | parameter-server | ps (= parameter-server) | gtopk (= all-to-all with collective gtopk)",
         choice(lambda: (*ARCHITECTURES, *ARCHITECTURE_ALIASES)),
     )
-    collective: str = engine_key("auto (the compressor's) | allgather | gtopk", choice(lambda: COLLECTIVES))
-    vote: bool = engine_key("signSGD majority vote (sign compressors only); a tie gives +1", flag())
+    collective: str = engine_key("auto (the compressor's) | allgather | gtopk")
+    vote: bool = engine_key("signSGD majority vote (sign compressors only); a tie gives +1")
     ps_downlink: Any = engine_key("PS downlink compressor (name or mapping) or null", named(optional=True), dotted=True)
     launcher: str = engine_key(" | ".join(_launchers()), choice(_launchers))
     network: Any = key(
@@ -547,10 +460,8 @@ class RunConfig:
         mapping("a mapping (cconv.advisor.space)"),
     )
     # --- gossip (decentralized training, cconv.engine.gossip; values and combinations: EngineConfig)
-    gossip: str = engine_key(
-        "sync gossip: dpsgd (D-PSGD; with a compressor: naive compressed gossip) | choco", string()
-    )
-    topology: str = engine_key("sync gossip: ring | torus | exponential | complete | matrix", string())
+    gossip: str = engine_key("sync gossip: dpsgd (D-PSGD; with a compressor: naive compressed gossip) | choco")
+    topology: str = engine_key("sync gossip: ring | torus | exponential | complete | matrix")
     torus: Any = engine_key(
         "topology torus: [rows, cols] (null: most square)", nested_list("a list [rows, cols] or null")
     )
@@ -560,8 +471,7 @@ class RunConfig:
     )
     gossip_gamma: Any = engine_key(
         "consensus step size in (0, 1] (choco; dpsgd with a compressor); null: the compressor's "
-        "contraction delta (1 uncompressed); a value above it warns",
-        fraction("null (the compressor's safe value) or in (0, 1]"),
+        "contraction delta (1 uncompressed); a value above it warns"
     )
 
     # ------------------------------------------------------------------ helpers
@@ -922,7 +832,10 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
     raw = copy.deepcopy(raw)  # the RunConfig shares no container with its caller
     values: dict[str, Any] = {}
     for name, f in FIELDS.items():
-        values[name] = f.metadata["rule"](name, raw[name] if name in raw else default_of(name), values)
+        try:
+            values[name] = f.metadata["rule"](name, raw[name] if name in raw else default_of(name), values)
+        except ValueError as e:  # a rule of cconv._rules (the engine's too) names the key; one line
+            raise ConfigError(str(e)) from None
     cfg = RunConfig(**values)
     for rule in CROSS_RULES:
         rule(cfg)
