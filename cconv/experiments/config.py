@@ -662,7 +662,7 @@ def read_stored(path: str) -> dict:
         raise ConfigError(f"damaged run config: {e}; move the run directory aside or choose another --out") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"damaged run config {path}: not a mapping of config keys; move the run directory aside")
-    if raw.get("sync", "bsp") != "gossip" and raw.get("gossip_gamma") == 1.0:  # written when 1.0 was the
+    if raw.get("sync", default_of("sync")) != "gossip" and raw.get("gossip_gamma") == 1.0:  # written when 1.0 was the
         raw["gossip_gamma"] = None  # default (moot outside gossip); today's default is null
     return {**{k: default_of(k) for k in ADDED_FIELDS if k not in raw}, **raw}
 
