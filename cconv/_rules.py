@@ -11,8 +11,8 @@ needs another value reads it there).  A leaf module: the engine and the run conf
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable, Iterable, Mapping
+from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,7 @@ Rule = Callable[[str, Any, Mapping[str, Any]], Any]
 
 def is_number(v: Any) -> bool:
     """A real number (Python or NumPy), not a bool."""
-    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
+    return isinstance(v, Real) and not isinstance(v, (bool, np.bool_))
 
 
 def integer(lo: int = 1, *, optional: bool = False, also: tuple = ()) -> Rule:
@@ -33,7 +33,7 @@ def integer(lo: int = 1, *, optional: bool = False, also: tuple = ()) -> Rule:
     def check(name: str, v: Any, checked: Mapping) -> Any:
         if (v is None and optional) or (isinstance(v, str) and v in also):
             return v
-        if not isinstance(v, numbers.Integral) or not is_number(v) or v < lo:
+        if not isinstance(v, Integral) or not is_number(v) or v < lo:
             raise ValueError(f"{name} must be an integer >= {lo}, got {shown(v)}")
         return int(v)
 
@@ -106,5 +106,19 @@ def string() -> Rule:
         if not isinstance(v, str):
             raise ValueError(f"{name} must be a string, got {shown(v)}")
         return v
+
+    return check
+
+
+def numbers(count: str, item: Rule) -> Rule:
+    """``None`` or a list (a tuple or an array too) of numbers, one per ``checked[count]`` (the
+    length is the engine's check), each checked by ``item``; as a list."""
+
+    def check(name: str, v: Any, checked: Mapping) -> list | None:
+        if v is None:
+            return None
+        if not isinstance(v, (list, tuple, np.ndarray)):
+            raise ValueError(f"{name} must be null or a list of {checked.get(count)} numbers, got {shown(v)}")
+        return [item(f"{name}[]", x, checked) for x in v]
 
     return check

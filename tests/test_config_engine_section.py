@@ -60,7 +60,7 @@ def test_an_engine_key_reads_its_default_from_the_engine():
 
 
 # engine keys a config spells otherwise than the engine: their rules are the run config's
-OWN_RULES = ("warmup", "stragglers", "worker_speeds", "architecture", "ps_downlink", "launcher", "torus", "mixing")
+OWN_RULES = ("warmup", "stragglers", "architecture", "ps_downlink", "launcher", "torus", "mixing")
 SHARED = [k for k in C.ENGINE_KEYS if k not in OWN_RULES]
 
 
@@ -75,11 +75,11 @@ def test_every_other_engine_key_is_checked_by_the_engines_rule():
 def test_the_engine_and_the_loader_refuse_a_bad_value_with_one_message(key):
     """The same sentence, named ``EngineConfig.<key>`` by the engine and ``<key>`` (the YAML
     key) by the loader, one line."""
-    bad = {"bad": 1}  # no rule takes a mapping
+    values = {"workers": 4, key: {"bad": 1}}  # no rule takes a mapping
     with pytest.raises(ValueError) as engine:
-        EngineConfig(**{key: bad})
+        EngineConfig(**values)
     with pytest.raises(C.ConfigError) as loader:
-        C.from_dict({key: bad})
+        C.from_dict(values)
     assert str(engine.value) == f"EngineConfig.{loader.value}"
     assert str(loader.value).startswith(f"{key} must be ") and "\n" not in str(loader.value)
 

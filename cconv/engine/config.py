@@ -190,7 +190,7 @@ class EngineConfig:
     max_staleness: int | None = _field(None, R.integer(1, optional=True))
     stragglers: Stragglers | None = None
     jitter: float = _field(0.0, R.number(0.0))
-    worker_speeds: Sequence[float] | None = None
+    worker_speeds: Sequence[float] | None = _field(None, R.numbers("workers", R.number(0.0, strict=True)))
     timing_seed: int = 0
     # --- gossip (decentralized training; cconv.engine.gossip) ---------------------------------
     gossip: str = _field("dpsgd", R.choice(lambda: modes.GOSSIP))

@@ -130,7 +130,7 @@ def identity(d: dict) -> dict:
 # a name becomes {name: ...}): ``rule(key, value, run)``, ``run`` the keys checked before it (in
 # table order), or a one-line error naming the key (``from_dict`` makes a ValueError a
 # ConfigError).  Each key of ``RunConfig`` names its rule (an engine key: the engine's, from
-# ``cconv._rules``: integer, number, fraction, choice, flag, string); ``CROSS_RULES`` (below
+# ``cconv._rules``: integer, number, fraction, choice, flag, string, numbers); ``CROSS_RULES`` (below
 # ``from_dict``) check keys against each other afterwards.  The rules below are the run config's.
 
 
@@ -201,20 +201,6 @@ def densities() -> Rule:
         if v != "dgc" and (not isinstance(v, list) or not all(is_number(x) and 0 < x <= 1 for x in v)):
             raise ConfigError(f"{name} must be 'dgc' or a list of numbers in (0, 1], got {shown(v)}")
         return v
-
-    return check
-
-
-def numbers(count: str, item: Rule) -> Rule:
-    """``None`` or a list (one number per ``run[count]``; the length is the engine's check), each
-    item checked by ``item``."""
-
-    def check(name: str, v: Any, run: Mapping) -> list | None:
-        if v is None:
-            return None
-        if not isinstance(v, list):
-            raise ConfigError(f"{name} must be null or a list of {run.get(count)} numbers, got {shown(v)}")
-        return [item(f"{name}[]", x, run) for x in v]
 
     return check
 
@@ -409,9 +395,7 @@ class RunConfig:
         ),
     )
     jitter: float = engine_key("timing model: lognormal sigma per worker-step")
-    worker_speeds: Any = engine_key(
-        "timing model: relative compute time per worker", numbers("workers", number(0.0, strict=True))
-    )
+    worker_speeds: Any = engine_key("timing model: relative compute time per worker")
     post_local_switch: int = engine_key("step at which BSP switches to local SGD (post-local SGD)")
     compress_delta: bool = engine_key("local SGD: compress the averaged model delta")
     granularity: str = engine_key("layerwise | fused (one flat buffer)")
