@@ -220,7 +220,7 @@ def test_span_bsp_waits_for_the_straggler_asp_does_not():
         (dict(stragglers={"fraction": 0.25, "speed": 2}), "unknown key"),
         (dict(jitter=-0.1), "jitter"),
         (dict(worker_speeds=[1, 2]), "worker_speeds"),
-        (dict(worker_speeds=[1, 2, 0, 1]), "positive"),
+        (dict(worker_speeds=[1, 2, 0, 1]), r"EngineConfig.worker_speeds\[\] must be > 0.0, got 0"),
         (dict(sync="asp", architecture="parameter-server", max_staleness=0), "max_staleness"),
     ],
 )
