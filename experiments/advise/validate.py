@@ -210,8 +210,9 @@ def diverged_by(d: dict, steps: int) -> str | None:
     return d["diverged"] if np.any(np.isnan(v[:, cut]) | ~np.isfinite(v[:, cut])) or cut.all() else None
 
 
-def replay(task: str, truth: dict, target, steps: int, budget: float = 1.0, settings=None):
-    """The advisor's race and predictions on the full runs (module docstring)."""
+def replay(task: str, truth: dict, target, steps: int, budget: float = 1.0, settings=None, seeds: int = SEEDS):
+    """The advisor's race and predictions on the full runs (module docstring); ``seeds`` < SEEDS:
+    the race sees only the first ``seeds`` seeds' curves (the truth stays the mean of all)."""
     from cconv.advisor import api, race
     from cconv.advisor.extrapolate import Curve, Settings
 
@@ -221,7 +222,7 @@ def replay(task: str, truth: dict, target, steps: int, budget: float = 1.0, sett
     def observe(name: str, upto: int) -> race.Observation:
         c = _curve(truth[name])
         keep = (c.steps <= upto) & ((c.steps % every == 0) | (c.steps == steps))
-        cut = Curve(c.steps[keep], c.values[:, keep])
+        cut = Curve(c.steps[keep], c.values[:seeds][:, keep])
         why = diverged_by(truth[name], upto)
         trained = int(min(upto, np.nanmax(c.steps[np.isfinite(c.values).all(0)], initial=0) if why else upto))
         return race.Observation(cut, trained, why)
@@ -240,11 +241,11 @@ def actual_steps(d: dict, target) -> float:
     return hit[0] if hit else math.inf
 
 
-def score(task: str, truth: dict, target, steps: int, budget: float = 1.0, settings=None) -> dict:
+def score(task: str, truth: dict, target, steps: int, budget: float = 1.0, settings=None, seeds: int = SEEDS) -> dict:
     """Kendall tau, regret, coverage and width of the replayed advice (module docstring)."""
     from scipy.stats import kendalltau
 
-    result, preds = replay(task, truth, target, steps, budget, settings)
+    result, preds = replay(task, truth, target, steps, budget, settings, seeds)
     rows, big = [], 1e12
     for name, d in truth.items():
         p, act = preds[name], actual_steps(d, target)
@@ -312,7 +313,7 @@ def _target(task: str, out: str):
     return T.parse(TASKS[task]["target"])
 
 
-def calibrate(truths: dict, out: str):
+def calibrate(truths: dict, out: str, seeds: int = SEEDS):
     """The (z, kappa) that meets the interval goals (coverage >= 70 % and median width <= 3, over
     each task's ranked rows) on the most tuning tasks; ties: the larger worst coverage, then the
     narrower median width."""
@@ -323,7 +324,7 @@ def calibrate(truths: dict, out: str):
         for k in KAPPAS:
             st = Settings(z=z, kappa=k)
             scores = [
-                score(t, truths[t], _target(t, out), TASKS[t]["base"]["steps"], settings=st)
+                score(t, truths[t], _target(t, out), TASKS[t]["base"]["steps"], settings=st, seeds=seeds)
                 for t in TUNE
                 if t in truths
             ]
@@ -558,6 +559,9 @@ def main(argv=None) -> int:
     ap.add_argument("--calibrate", action="store_true", help="set z and kappa on the tuning tasks")
     ap.add_argument("--wall", action="store_true", help="measure advise vs dense wall times (else cached ones)")
     ap.add_argument("--results", default=HERE, help="where results.json/.md and validation.png go")
+    ap.add_argument(
+        "--seeds", type=int, default=SEEDS, choices=range(1, SEEDS + 1), help="seeds the replayed race sees"
+    )
     args = ap.parse_args(argv)
     only = [int(i) for i in args.candidates.split(",")] if args.candidates else None
     if args.truth:
@@ -573,12 +577,12 @@ def main(argv=None) -> int:
         truths[t] = ground_truth(t, args.out)
         for name, step_s in step_seconds(t, args.out).items():
             truths[t][name]["step_s"] = step_s
-    settings = calibrate(truths, args.out) if args.calibrate else Settings()
+    settings = calibrate(truths, args.out, args.seeds) if args.calibrate else Settings()
     print(f"settings: z={settings.z} kappa={settings.kappa}", flush=True)
     results = []
     for task in args.tasks:
         tgt = _target(task, args.out)
-        b = score(task, truths[task], tgt, TASKS[task]["base"]["steps"], settings=settings)
+        b = score(task, truths[task], tgt, TASKS[task]["base"]["steps"], settings=settings, seeds=args.seeds)
         wall = (
             wall_times(task, args.out)
             if args.wall or os.path.exists(os.path.join(args.out, task, "wall.json"))
