@@ -7,7 +7,7 @@ import math
 import sys
 
 from cconv.advisor import report as R
-from cconv.advisor.timing import TIMINGS
+from cconv.advisor.steptime import TIMINGS
 from cconv.cli_schema import Command, Option
 from cconv.theory import cluster as CL
 

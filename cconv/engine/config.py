@@ -22,10 +22,10 @@ from cconv import memory as M
 from cconv._text import shown
 from cconv.comm import aggregation as A
 from cconv.compressors.base import Compressor
-from cconv.engine import modes, timing
+from cconv.engine import modes, worker_clock
 from cconv.engine.launchers import LAUNCHERS  # name -> Launcher class
 from cconv.engine.modes import ADAPTIVE  # local_steps: AdaComm's adaptive communication period
-from cconv.engine.timing import Stragglers
+from cconv.engine.worker_clock import Stragglers
 
 # The uncompressed baseline's registered name (defined by the compressors layer).
 IDENTITY: str = C.IDENTITY
@@ -151,7 +151,7 @@ class EngineConfig:
     jitter             timing model: lognormal sigma of each worker-step's compute time (0: none)
     worker_speeds      timing model: explicit relative compute times per worker (P positive
                        numbers, multiplied into the stragglers' slowdown; None: all 1)
-    timing_seed        seed of the timing model (``cconv.engine.timing``)
+    timing_seed        seed of the timing model (``cconv.engine.worker_clock``)
     gossip             "dpsgd" (D-PSGD; with a compressor: naive compressed gossip of the models)
                        | "choco" (CHOCO-SGD: compressed differences and public copies x_hat)
     topology           a key of ``cconv.comm.topology.TOPOLOGIES``: ring, torus, exponential,
@@ -254,7 +254,7 @@ class EngineConfig:
     def _check_sync(self):
         if not _integer(self.timing_seed):
             raise ValueError(f"EngineConfig.timing_seed must be an integer, got {shown(self.timing_seed)}")
-        timing.check(self)
+        worker_clock.check(self)
         modes.sync_mode(self).check(self)
 
     @property

@@ -3,7 +3,7 @@
 For every task, each of 8 candidates is trained for the config's full step budget with 3 seeds
 (vmapped, as the advisor trains them) and a metric line at every step: the ground truth, cached
 under ``--out``.  Each candidate's seconds per step on the target cluster come from the advisor's
-own timing (``cconv.advisor.timing``), measured once and cached with the runs.
+own timing (``cconv.advisor.steptime``), measured once and cached with the runs.
 
 The advisor's race (``cconv.advisor.race``) is then replayed on those runs: a race's probe *is*
 the first steps of the full run (the same config, seeds and batches; the advisor pauses and
@@ -142,7 +142,7 @@ def plan_of(task: str, out: str):
 def ground_truth(task: str, out: str, only: list | None = None) -> dict:
     """{candidate: {"steps", "values" (seeds x steps), "diverged", "step_s"}}: every candidate's full
     run (metric line every step), resumed when present, and its seconds per step on the cluster."""
-    from cconv.advisor import api, probes, timing
+    from cconv.advisor import api, probes, steptime
 
     cache = os.path.join(out, task, "truth.json")
     if os.path.exists(cache) and only is None:
@@ -157,8 +157,8 @@ def ground_truth(task: str, out: str, only: list | None = None) -> dict:
         pr = probes.build(cfg, c, os.path.join(out, task, probes.slug(c.name)))
         t = time.perf_counter()
         prog = probes.train_to(pr, cfg.steps)
-        profile = profile or timing.profile_of(pr.problem)
-        st = timing.step_times(pr.problem, plan.cluster, plan.space.schedules, profile)
+        profile = profile or steptime.profile_of(pr.problem)
+        st = steptime.step_times(pr.problem, plan.cluster, plan.space.schedules, profile)
         curve = prog.curve(pr.problem.seeds, plan.target.metric)
         res[c.name] = dict(
             steps=curve.steps.tolist(),
@@ -177,7 +177,7 @@ def ground_truth(task: str, out: str, only: list | None = None) -> dict:
 def step_seconds(task: str, out: str) -> dict:
     """{candidate: seconds per step on the cluster} from the advisor's timing model (each candidate
     built, not trained), cached in ``<out>/<task>/timing.json``; replaces the full runs' step_s."""
-    from cconv.advisor import probes, timing
+    from cconv.advisor import probes, steptime
 
     cache = os.path.join(out, task, "timing.json")
     if os.path.exists(cache):
@@ -188,8 +188,9 @@ def step_seconds(task: str, out: str) -> dict:
     for c in plan.candidates:
         cfg = probes.probe_config(plan.base, c, SEEDS, WORKERS, 1, plan.rules)
         pr = probes.build(cfg, c, os.path.join(out, task, probes.slug(c.name)))
-        profile = profile or timing.profile_of(pr.problem)
-        res[c.name] = min(s.step_s for s in timing.step_times(pr.problem, plan.cluster, plan.space.schedules, profile))
+        profile = profile or steptime.profile_of(pr.problem)
+        times = steptime.step_times(pr.problem, plan.cluster, plan.space.schedules, profile)
+        res[c.name] = min(s.step_s for s in times)
     with open(cache, "w") as fh:
         json.dump(res, fh)
     return res
