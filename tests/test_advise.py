@@ -404,7 +404,7 @@ def test_an_exploding_candidate_is_diverged_and_dropped():
 
 
 def _row(name, over, steps, step_s, status="predicted", lo=None, hi=None):
-    from cconv.advisor import report as R
+    from cconv.advisor import ranking as R
     from cconv.advisor.steptime import StepTime
 
     p = X.Prediction(status, steps, steps / 2 if lo is None else lo, steps * 2 if hi is None else hi, extrapolation=2.0)
@@ -414,7 +414,7 @@ def _row(name, over, steps, step_s, status="predicted", lo=None, hi=None):
 def test_speedups_are_over_the_dense_bsp_baseline():
     """Two dense rows (BSP and local SGD): speedups are over the named baseline (BSP), not over
     whichever dense row came last (a bug this test caught)."""
-    from cconv.advisor import report as R
+    from cconv.advisor import ranking as R
 
     rows = R.rank(
         [
@@ -436,7 +436,7 @@ def test_speedups_are_over_the_dense_bsp_baseline():
 def test_a_candidate_predicted_past_the_budget_is_never_recommended():
     """The fastest predicted time belongs to a candidate that needs more steps than the budget:
     it is listed, unranked, never recommended; when nothing fits, the line says what budget would."""
-    from cconv.advisor import report as R
+    from cconv.advisor import ranking as R
 
     fast_but_long = _row("top-k", {"compressor": {"name": "topk"}}, 900, 1e-3, lo=700, hi=1200)
     slow = _row("dense", {"compressor": {"name": "none"}}, 400, 1.0)
@@ -453,7 +453,7 @@ def test_a_candidate_predicted_past_the_budget_is_never_recommended():
 def test_a_target_met_at_the_first_logged_step_is_no_recommendation():
     """Every candidate meets the target at its first line: the order would be step time alone
     (before: ranked on it), so the advice says the target is too easy."""
-    from cconv.advisor import report as R
+    from cconv.advisor import ranking as R
 
     first = _row("dense", {"compressor": {"name": "none"}}, 4, 1.0, status="reached", lo=0.0, hi=4.0)
     other = _row("top-k", {"compressor": {"name": "topk"}}, 4, 0.5, status="reached", lo=0.0, hi=4.0)

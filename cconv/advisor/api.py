@@ -4,7 +4,7 @@
     cluster (``timing``) -> race them at equal simulated time (``race``: successive halving, the
     finalists to the target) within ``budget`` full dense runs of training steps -> every
     candidate's time to target, observed or predicted from its curve (``extrapolate``) -> rank,
-    table, JSON, figure (``report``, ``figure``) -> optionally continue the top N to the config's
+    table, JSON, figure (``ranking``, ``figure``) -> optionally continue the top N to the config's
     full step budget and compare (``verify``).
 
 Everything that can be wrong with the input (config, cluster, target, options, every candidate's
@@ -18,7 +18,7 @@ import os
 import time
 from typing import Any, NamedTuple
 
-from cconv.advisor import extrapolate, probes, race, report, space, steptime
+from cconv.advisor import extrapolate, probes, race, ranking, space, steptime
 from cconv.advisor.space import Candidate, Space
 from cconv.advisor.target import Target
 from cconv.experiments.config import RunConfig
@@ -367,9 +367,9 @@ def evaluate(plan: Plan, byname: dict, result: race.Race, seen: dict, settings=e
         bps = seen[s.arm.name].bytes_per_step(e.probe.problem.seeds[0]) if s.arm.name in seen else math.nan
         for st in e.times:
             rows.append(
-                report.Row(e.name, e.probe.candidate.overrides, st.schedule, p, st, bps, final, s.status, s.steps)
+                ranking.Row(e.name, e.probe.candidate.overrides, st.schedule, p, st, bps, final, s.status, s.steps)
             )
-    return report.rank(rows, plan.base.steps, plan.candidates[0].name)
+    return ranking.rank(rows, plan.base.steps, plan.candidates[0].name)
 
 
 def verify(plan: Plan, byname: dict, rows: list, n: int) -> list:
@@ -442,7 +442,7 @@ def advise(
         race_wall = time.perf_counter() - t0
         rows = evaluate(plan, byname, result, seen)
         where = _where(plan)
-        ok, line = report.recommendation(rows, str(plan.target), where, plan.base.steps)
+        ok, line = ranking.recommendation(rows, str(plan.target), where, plan.base.steps)
         outputs = {"json": os.path.join(plan.out, JSON_NAME)}
         if figure:
             _figure(plan, rows, outputs)
@@ -471,5 +471,5 @@ def advise(
         outputs=outputs,
         timing=plan.timing,
     )
-    io.atomic_write_text(outputs["json"], report.dumps(advice))
+    io.atomic_write_text(outputs["json"], ranking.dumps(advice))
     return advice

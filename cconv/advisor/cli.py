@@ -6,7 +6,7 @@ import argparse
 import math
 import sys
 
-from cconv.advisor import report as R
+from cconv.advisor import ranking as R
 from cconv.advisor.steptime import TIMINGS
 from cconv.cli_schema import Command, Option
 from cconv.theory import cluster as CL

@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import math
 
-from cconv.advisor.report import Row
+from cconv.advisor.ranking import Row
 
 
 def _one_per_candidate(rows: list[Row]) -> list[Row]:

@@ -328,7 +328,7 @@ class Entry(NamedTuple):
     label        human-readable name for plots and tables
     example      the hyper-parameters cconv shows it with where a table, report or readiness
                  export needs one setting of every compressor (the docs' compressor table,
-                 ``cconv.engine.report``, ``cconv doctor``; the generic tests' first case); {}: its
+                 ``cconv.engine.bytes_table``, ``cconv doctor``; the generic tests' first case); {}: its
                  defaults.  A compressor with a required hyper-parameter gives it here (the
                  generic tests fail otherwise).  Further test cases live with the tests
                  (``tests/registry_cases.py``), not on the entry

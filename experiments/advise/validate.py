@@ -11,7 +11,7 @@ resumes it), so ``observe`` reads the full run's curve up to the step asked, at 
 interval the advisor would use.  Its predictions (``cconv.advisor.api.predictions``) are scored
 against the full runs:
 
-* Kendall tau between the advisor's order (``report.seen_time``: observed times, predicted
+* Kendall tau between the advisor's order (``ranking.seen_time``: observed times, predicted
   intervals' slow ends) and the actual times to target (steps x seconds per step) over all 8
   candidates (flagged or never reaching: last, tied);
 * top-1 regret: actual time of the advisor's recommendation / the best actual time;
@@ -265,7 +265,7 @@ def score(task: str, truth: dict, target, steps: int, budget: float = 1.0, setti
                 observed=p.observed,
             )
         )
-    # the order the advisor shows (report.seen_time): observed times, predicted intervals' slow ends
+    # the order the advisor shows (ranking.seen_time): observed times, predicted intervals' slow ends
     pt = np.array(
         [
             (r["predicted"] if r["observed"] else r["hi"]) * r["step_s"] if math.isfinite(r["predicted"]) else big

@@ -1,9 +1,9 @@
 """Bytes per worker per step for every registered compressor at several worker counts (no
 training needed).
 
-    python -m cconv.engine.report                    # the default MLP on 8x8 digits
-    python -m cconv.engine.report --model resnet8 --input 32,32,3 --workers 2 4 8
-    python -m cconv.engine.report --architecture all-to-all parameter-server --ratio 0.001
+    python -m cconv.engine.bytes_table                    # the default MLP on 8x8 digits
+    python -m cconv.engine.bytes_table --model resnet8 --input 32,32,3 --workers 2 4 8
+    python -m cconv.engine.bytes_table --architecture all-to-all parameter-server --ratio 0.001
 
 Rows come from the compressor registry: each entry's first test case (at density ``--ratio``
 where the entry sets its density, ``Entry.at_density``), with error feedback where the
