@@ -224,7 +224,7 @@ def onebit_adam_engine(
         return out, OneBitAdamEngineState(t + 1, mu, nu)
 
     engine = {"compressor": comp, "memory": "ef", "warmup": Warmup((), dense_steps=warmup_steps)}
-    return MessageTransformation(init_fn, update_fn, message, engine)
+    return MessageTransformation(init_fn, update_fn, message, engine, label="1-bit Adam")
 
 
 register("onebit_adam", onebit_adam_engine)

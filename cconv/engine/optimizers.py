@@ -10,10 +10,12 @@ else: 1-bit Adam sends its momentum b1 m + (1 - b1) g_i after the warm-up (Tang 
 
     message(grads, state) -> what this worker sends instead of its gradient (same tree),
     engine                 the ``EngineConfig`` fields it sets (its compressor, memory, dense warm-up),
+    label                  the method's name in reports and figures ("1-bit Adam"),
 
 and ``update(average, state, params)`` receives the workers' average of the messages.  The facts
-travel on the object (the engine reads ``message``, the run's build reads ``engine``); nothing
-else names the optimizer.
+travel on the object (the engine reads ``message``, the run's build reads ``engine``, reports and
+figures read ``sent``: a run of such an optimizer is its own method, not the config's compressor);
+nothing else names the optimizer.
 
 ``OPTIMIZERS`` maps a config name to its factory ``(learning_rate, **knobs) ->
 MessageTransformation``; each optimizer's module registers itself at its end (``register``), and
@@ -31,12 +33,23 @@ from cconv.engine import modes
 class MessageTransformation(NamedTuple):
     """An optax ``GradientTransformation`` (``init``, ``update``) whose workers send
     ``message(grads, state)`` instead of their gradient; ``engine``: the ``EngineConfig`` fields it
-    needs (e.g. ``compressor``, ``memory``, ``warmup``)."""
+    needs (e.g. ``compressor``, ``memory``, ``warmup``); ``label``: the method's name in reports
+    and figures (``sent``)."""
 
     init: Callable
     update: Callable
     message: Callable
     engine: dict
+    label: str = ""
+
+
+class Sent(NamedTuple):
+    """What the workers of a run send, as reports and figures show it (``sent``): the method (its
+    label), the compressor its messages travel through and the memory around it."""
+
+    method: str
+    compressor: Any  # a Compressor, or None: dense
+    memory: str
 
 
 OPTIMIZERS: dict[str, Callable[..., MessageTransformation]] = {}  # config name -> factory
@@ -54,6 +67,16 @@ def register(name: str, factory: Callable[..., MessageTransformation]) -> Callab
 def message_of(optimizer: Any) -> Callable | None:
     """The ``message`` hook of an engine optimizer (None: it sends its gradient)."""
     return optimizer.message if isinstance(optimizer, MessageTransformation) else None
+
+
+def sent(optimizer: Any) -> Sent | None:
+    """What a ``MessageTransformation``'s workers send (its ``label``, the compressor and memory of
+    its ``engine``; ``method`` is "" when it has no label); None for an optimizer that sends its
+    gradient (the run's compressor and memory say what travels)."""
+    if message_of(optimizer) is None:
+        return None
+    own = optimizer.engine
+    return Sent(optimizer.label, own.get("compressor"), own.get("memory", "none"))
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -84,4 +107,4 @@ def check(cfg: Any, optimizer: Any) -> None:
             )
 
 
-__all__ = ["MessageTransformation", "OPTIMIZERS", "register", "message_of", "check"]
+__all__ = ["MessageTransformation", "Sent", "OPTIMIZERS", "register", "message_of", "sent", "check"]

@@ -336,15 +336,16 @@ def format_value(v) -> str:
 
 def run_settings(row) -> dict[str, str]:
     """A run's settings from its config columns, as ``{key: formatted value}`` in config order:
-    ``compressor`` (its name), ``compressor.<hparam>`` (the schema's defaults filled in for a
-    registered compressor, so an omitted ``positions`` reads as ``int32``), ``memory`` and every
-    other ``cfg.*`` key but bookkeeping (``seed``, ``name``, ``checkpoint_every``, ...).  Absent
-    and NaN values are left out (a dense run has no ``ratio``)."""
+    ``compressor`` (the method: its name, or the label of an optimizer that sends its own messages,
+    ``report.sent_columns``), ``compressor.<hparam>`` (the schema's defaults filled in for a
+    registered compressor, so an omitted ``positions`` reads as ``int32``), ``memory`` (what its
+    messages travel with) and every other ``cfg.*`` key but bookkeeping (``seed``, ``name``,
+    ``checkpoint_every``, ...).  Absent and NaN values are left out (a dense run has no ``ratio``)."""
     from cconv import compressors as C
 
-    comp = row.get("cfg.compressor.name", row.get("compressor"))
+    comp = row.get("compressor", row.get("cfg.compressor.name"))
     if _missing(comp):
-        comp = row.get("compressor")
+        comp = row.get("cfg.compressor.name")
     hparams: dict[str, str] = {}
     rest: dict[str, str] = {}
     for col, v in row.items():
@@ -355,6 +356,8 @@ def run_settings(row) -> dict[str, str]:
             hparams[key] = format_value(v)
         elif key.split(".")[0] not in NOT_SETTINGS and key != "compressor":
             rest[key] = format_value(v)
+    if "memory" in rest and not _missing(row.get("memory")):
+        rest["memory"] = format_value(row["memory"])
     if _missing(comp):
         return {**hparams, **rest}
     if comp in C.names():  # the given hyper-parameters, then the schema's defaults of the others
