@@ -11,6 +11,7 @@ else: 1-bit Adam sends its momentum b1 m + (1 - b1) g_i after the warm-up (Tang 
     message(grads, state) -> what this worker sends instead of its gradient (same tree),
     engine                 the ``EngineConfig`` fields it sets (its compressor, memory, dense warm-up),
     label                  the method's name in reports and figures ("1-bit Adam"),
+    schedule               what its own synchronization mode reads (0/1 Adam's policies; None: none),
 
 and ``update(average, state, params)`` receives the workers' average of the messages.  The facts
 travel on the object (the engine reads ``message``, the run's build reads ``engine``, reports and
@@ -41,6 +42,7 @@ class MessageTransformation(NamedTuple):
     message: Callable
     engine: dict
     label: str = ""
+    schedule: Any = None
 
 
 class Sent(NamedTuple):
@@ -87,13 +89,20 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def check(cfg: Any, optimizer: Any) -> None:
-    """One-line ValueError unless ``cfg`` (an ``EngineConfig``) can run ``optimizer``: a
+    """One-line ValueError unless ``cfg`` (an ``EngineConfig``) can run ``optimizer``: a mode that
+    runs one optimizer's rules refuses the others (``SyncMode.check_optimizer``); a
     ``MessageTransformation`` needs a synchronization mode that averages its messages every step
-    (``SyncMode.messages``) and the engine fields it names (``EngineConfig(**tx.engine, ...)``)."""
+    (``SyncMode.messages``), or the one it sets itself (``engine["sync"]``: 0/1 Adam), and the
+    engine fields it names (``EngineConfig(**tx.engine, ...)``)."""
+    mode = modes.sync_mode(cfg)
+    own_rules = getattr(mode, "check_optimizer", None)  # a mode that runs one optimizer's rules (0/1 Adam)
+    if own_rules is not None:
+        own_rules(optimizer)
     if message_of(optimizer) is None:
         return
-    mode = modes.sync_mode(cfg)
-    if not getattr(mode, "messages", False):
+    if optimizer.engine.get("sync", mode.name) != mode.name:
+        raise ValueError(f"this optimizer runs under sync={optimizer.engine['sync']!r}, got {mode.name}")
+    if "sync" not in optimizer.engine and not getattr(mode, "messages", False):
         ok = ", ".join(n for n, m in modes.SYNC_MODES.items() if getattr(m, "messages", False))
         raise ValueError(
             f"this optimizer sends its own messages through every step's exchange: it needs a synchronization "
