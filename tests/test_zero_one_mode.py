@@ -164,3 +164,34 @@ def test_cconv_run_with_zero_one_adam_logs_each_kind_of_step(tmp_path):
     assert all(math.isfinite(r["loss"]) for r in rows)
     runs = report.load_runs([str(tmp_path / "run")])
     assert (runs["compressor"].iloc[0], runs["memory"].iloc[0]) == ("0/1 Adam", "ef")
+
+
+@pytest.mark.extended  # three real cconv processes (~60 s on the shared machine)
+def test_sigkill_and_resume_is_bit_identical(tmp_path):
+    """A 0/1 Adam run SIGKILLed right after its checkpoint of step 6, between two syncs (its
+    optimizer state holds m, v, the accumulated u and L per worker; its phases are recomputed from
+    the step), then the same command, gives the uninterrupted run's metric lines bit for bit."""
+    from test_sync_cli import KILL_AFTER_CHECKPOINT_8, cconv
+
+    from cconv.experiments import io as cio
+
+    kinds = _kinds(2, 2, 1, 4, 12)
+    assert kinds[4:8] == ["local", "local", "local", "sync"]  # the checkpoint of step 6 holds u != 0
+    spec = tmp_path / "run.yaml"
+    knobs = "var_freeze_step: 2, var_update_scaler: 2, local_step_scaler: 1, local_step_clipper: 4, eps: 0.001"
+    spec.write_text(
+        "model: {name: mlp, hidden: [8]}\ndata: digits\nworkers: 4\nbatch_size: 32\nsteps: 12\nlr: 0.01\n"
+        f"optimizer: {{name: zero_one_adam, {knobs}}}\nlog_every: 3\ncheckpoint_every: 3\n"
+    )
+    ref, killed = tmp_path / "ref", tmp_path / "killed"
+    r = cconv("run", str(spec), "--out", str(ref))
+    assert r.returncode == 0, r.stderr
+    k = cconv("run", str(spec), "--out", str(killed), code=KILL_AFTER_CHECKPOINT_8.replace("step == 8", "step == 6"))
+    assert k.returncode == -9, k.stderr
+    assert [line["step"] for line in cio.read_jsonl(str(killed / cio.METRICS))] == [3, 6]
+    again = cconv("run", str(spec), "--out", str(killed))
+    assert again.returncode == 0, again.stderr
+    want, got = cio.read_jsonl(str(ref / cio.METRICS)), cio.read_jsonl(str(killed / cio.METRICS))
+    assert [line["step"] for line in got] == [3, 6, 9, 12]
+    keep = lambda line: {k: v for k, v in line.items() if k != "wall_time" and not k.startswith("sim_")}
+    assert [keep(a) for a in want] == [keep(b) for b in got]
