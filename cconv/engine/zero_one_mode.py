@@ -119,6 +119,8 @@ class ZeroOne(SyncMode):
     def check(self, cfg):
         if cfg.model_averaging:
             raise ValueError("sync='zero_one' decides its own local steps: no local_steps or post_local_switch")
+        if cfg.warmup is not None:
+            raise ValueError("sync='zero_one' (optimizer zero_one_adam) decides which steps travel dense: no warmup")
 
     def check_optimizer(self, optimizer) -> None:
         if not isinstance(getattr(optimizer, "schedule", None), Schedule):
