@@ -25,6 +25,8 @@ orthogonal to compression: every mode moves its messages through the phase's ``E
     average_view(cfg)               evaluate the workers' average model (True) or worker 0's
     check_optimizer(optimizer)      optional: a mode that runs one optimizer's rules refuses
                                     the others (one-line ValueError; ``optimizers.check``)
+    set_by_optimizer                only that optimizer names the mode (its ``engine`` fields),
+                                    a run config's ``sync`` cannot (``modes.config_names``)
     messages                        every step averages what the optimizer sends
                                     (``gradient_step``), so an optimizer whose message is not its
                                     gradient (``cconv.engine.optimizers``) can run under it
@@ -57,7 +59,7 @@ from cconv.engine import timing
 from cconv.engine.config import Phase, phase_of
 from cconv.engine.dropin import traffic_metrics
 from cconv.engine.exchange import exchange, init_state
-from cconv.engine.modes import SYNC_MODES, public_names, sync_mode
+from cconv.engine.modes import SYNC_MODES, config_names, public_names, sync_mode
 from cconv.engine.optimizers import message_of
 from cconv.engine.step import StepContext, WorkerState, apply_update, local_grad, reduce_metrics
 
@@ -68,6 +70,7 @@ class SyncMode(abc.ABC):
 
     name = ""
     messages = False  # every step averages what the optimizer sends (``gradient_step``): message optimizers run
+    set_by_optimizer = False  # only an optimizer's ``engine`` fields name it (0/1 Adam's): no config ``sync`` key
 
     def check(self, cfg) -> None:  # noqa: B027 - by default a mode accepts every config
         """Raise a one-line ValueError for what this mode cannot do with ``cfg``."""
@@ -469,5 +472,6 @@ __all__ = [
     "ASP",
     "sync_mode",
     "public_names",
+    "config_names",
     "gradient_step",
 ]

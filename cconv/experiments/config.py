@@ -71,7 +71,7 @@ import yaml
 
 from cconv._text import shown, shown_name, shown_names
 from cconv.engine.config import ADAPTIVE, ARCHITECTURES, COLLECTIVES, GRANULARITIES, LAUNCHERS, MEMORIES
-from cconv.engine.sync import public_names as sync_names
+from cconv.engine.sync import config_names as sync_names
 from cconv.experiments.errors import ConfigError
 from cconv.experiments.optax_names import optimizer_function, schedule_function
 
