@@ -405,7 +405,7 @@ def test_an_exploding_candidate_is_diverged_and_dropped():
 
 def _row(name, over, steps, step_s, status="predicted", lo=None, hi=None):
     from cconv.advisor import report as R
-    from cconv.advisor.timing import StepTime
+    from cconv.advisor.steptime import StepTime
 
     p = X.Prediction(status, steps, steps / 2 if lo is None else lo, steps * 2 if hi is None else hi, extrapolation=2.0)
     return R.Row(name, over, "mg-wfbp", p, StepTime("mg-wfbp", step_s, step_s / 2, step_s / 4, step_s / 4), 1.0, 0.9)

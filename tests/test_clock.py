@@ -290,7 +290,7 @@ def test_the_clock_module_reads_no_trainer_internals():
     """The clock and the advisor's timing read the trainer through ``step_work`` (and the phase)
     only: no ``sync``, ``plan``, ``collectives``, ``_exchanges`` reach-ins."""
     here = os.path.dirname(os.path.abspath(__file__))
-    for rel in ("cconv/experiments/clock.py", "cconv/advisor/timing.py"):
+    for rel in ("cconv/experiments/clock.py", "cconv/advisor/steptime.py"):
         text = open(os.path.join(here, "..", rel)).read()
         for inside in ("trainer.sync", "trainer.plan", "trainer.collectives", "trainer._", ".exchange_work("):
             assert inside not in text, (rel, inside)

@@ -21,7 +21,8 @@ def test_every_case_within_the_stated_tolerance(rows):
 
 
 def test_median_error_within_the_stated_tolerance(rows):
-    assert statistics.median(abs(err) for _, _, err in rows) <= V.MEDIAN_TOLERANCE
+    """Within issue 33's goal, and no worse than it stands (``MEDIAN_NOW``: lower it when the model improves)."""
+    assert statistics.median(abs(err) for _, _, err in rows) <= V.MEDIAN_NOW <= V.MEDIAN_TOLERANCE
 
 
 def test_compression_changes_the_speed_the_right_way(rows):
@@ -53,10 +54,15 @@ def test_inconsistent_runs_moved_more_than_their_link():
 def test_stated_constants_are_the_calibration_optimum():
     """implementation.py's constants are a grid point no neighbour on the grid improves (what
     ``calibrate()`` converges to on the calibration subset)."""
+    import pathlib
+
     from cconv.theory import implementation as IM
 
-    stated = {"op_s": IM.OP_S, "sort_passes": IM.SORT_PASSES, "host_bw": IM.HOST_BW}
+    stated = {"op_s": IM.OP_S, "sort_passes": IM.SORT_PASSES, "host_bw": IM.HOST_BW, "round_s": IM.ROUND_S}
     best = V.calibration_loss(stated)
+    without_loop = V.calibration_loss({**stated, "round_s": 0.0})  # docs/clusters.md quotes both
+    doc = " ".join((pathlib.Path(__file__).resolve().parents[1] / "docs" / "clusters.md").read_text().split())
+    assert f"from {without_loop:.4f} to {best:.4f}" in doc
     for k, grid in V.GRIDS.items():
         i = min(range(len(grid)), key=lambda j: abs(grid[j] - stated[k]))
         assert grid[i] == pytest.approx(stated[k])
@@ -120,9 +126,12 @@ def test_readme_summary_is_the_models(rows):
         f"the median |error| is {_pct(statistics.median(abs(e) for _, _, e in rows))}",
         f"{len(s)} compressed cases come from three independent sources",
         f"right in {sum((a > 0) == (b > 0) for _, a, b in s)} of them",
-        f"{len(V.KNOWN_MISSES)} named misses".replace("8", "eight"),
+        f"{_WORDS.get(len(V.KNOWN_MISSES), len(V.KNOWN_MISSES))} named misses",
     ):
         assert fact in text, fact
+
+
+_WORDS = dict(enumerate("zero one two three four five six seven eight nine ten".split()))
 
 
 def test_grace_methods_map_to_entries_through_known_as():

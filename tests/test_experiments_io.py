@@ -18,7 +18,7 @@ from cconv.experiments.checkpoint import Checkpointer, decode_host_state, encode
 
 def test_jsonl_lines_and_nonfinite(tmp_path):
     p = str(tmp_path / "m.jsonl")
-    with io.JsonlWriter(p) as w:
+    with io.LineLog(p) as w:
         w.write({"step": 1, "loss": float("nan"), "x": np.float32(2.5)})
         w.write_many([{"step": 2, "loss": float("inf")}, {"step": 3, "loss": jnp.asarray(0.5)}])
     text = open(p).read()
@@ -31,7 +31,7 @@ def test_jsonl_lines_and_nonfinite(tmp_path):
 
 def test_partial_last_line_is_ignored_and_repaired(tmp_path):
     p = str(tmp_path / "m.jsonl")
-    with io.JsonlWriter(p) as w:
+    with io.LineLog(p) as w:
         for s in (10, 20, 30):
             w.write({"step": s, "loss": 1.0 / s})
     with open(p, "a") as fh:  # what a kill in the middle of a write leaves
@@ -42,7 +42,7 @@ def test_partial_last_line_is_ignored_and_repaired(tmp_path):
     assert [l["step"] for l in io.read_jsonl(p)] == [10, 20]
     assert open(p).read().endswith("\n")
     # appending after repair continues cleanly
-    with io.JsonlWriter(p) as w:
+    with io.LineLog(p) as w:
         w.write({"step": 30, "loss": 0.1})
     assert [l["step"] for l in io.read_jsonl(p)] == [10, 20, 30]
     assert io.repair_jsonl(p, None) == 3

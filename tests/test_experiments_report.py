@@ -13,7 +13,7 @@ def make_run(root, name, cfg, losses, per_step_bytes, status="completed", seeds=
     d = os.path.join(root, name)
     os.makedirs(d)
     io.atomic_write_text(os.path.join(d, io.CONFIG), to_yaml(from_dict(cfg)))
-    with io.JsonlWriter(os.path.join(d, io.METRICS)) as w:
+    with io.LineLog(os.path.join(d, io.METRICS)) as w:
         for seed in seeds:
             for i, loss in enumerate(losses):
                 step = 10 * (i + 1)

@@ -168,7 +168,8 @@ def test_docs_example_and_constants_are_the_models(capsys):
     argv = ("--workload resnet50 --cluster 8x1 " + command.replace("\\", " ")).split()
     assert plan_cli.main(argv) == 0
     assert capsys.readouterr().out.strip() == printed.strip()
-    for text in (f"{IM.OP_S * 1e6:.1f} us", f"| {IM.SORT_PASSES:.0f} |", f"{IM.HOST_BW / 1e9:.2f} GB/s"):
+    constants = (f"{IM.OP_S * 1e6:.1f} us", f"| {IM.SORT_PASSES:.0f} |", f"{IM.HOST_BW / 1e9:.2f} GB/s")
+    for text in (*constants, f"| `ROUND_S` | {IM.ROUND_S * 1e6:.1f} us |"):
         assert text in doc
     c = CL.parse("8x1", "NVLink", "10GbE", "v100")
     fused = PR.predict(
@@ -269,7 +270,8 @@ def test_ddp_hook_refuses_different_hyper_parameters_in_one_bucket():
 @pytest.mark.slow
 def test_plan_cli_ddp_hook(capsys):
     """``cconv plan --implementation ddp-hook``: every row, bucketed elementwise codecs far cheaper
-    than per tensor, PowerSGD (per matrix either way) unchanged in its compression cost."""
+    than per tensor; PowerSGD runs the same operations per matrix either way, each holding the
+    stream for a queued launch under ddp-hook (its FLOPs and passes unchanged)."""
     import json
 
     from cconv.theory import plan_cli
@@ -284,7 +286,8 @@ def test_plan_cli_ddp_hook(capsys):
     assert {r["implementation"] for r in rows["ddp-hook"].values()} == {"ddp-hook"}
     for m in ("topk", "signsgd"):
         assert rows["ddp-hook"][m]["compress_s"] < rows["per-tensor"][m]["compress_s"] / 4
-    assert rows["ddp-hook"]["powersgd"]["compress_s"] == pytest.approx(rows["per-tensor"]["powersgd"]["compress_s"])
+    queued, in_line = rows["ddp-hook"]["powersgd"]["compress_s"], rows["per-tensor"]["powersgd"]["compress_s"]
+    assert 0 < queued < in_line
 
 
 # ---------------------------------------------------------------- two-level compressed collective
@@ -344,3 +347,45 @@ def test_predict_two_level_plans_the_compressed_exchange_across_nodes_only():
     assert two[0].iteration_time_s == pytest.approx(flat[0].iteration_time_s)  # dense: the same all-reduce
     assert two[1].compress_s < flat[1].compress_s / 4  # 1/4 of the tensors' ops, 2 payloads decoded instead of 8
     assert two[1].iteration_time_s < flat[1].iteration_time_s
+
+
+# ---------------------------------------------------------------- queued ops, data-dependent loops
+
+
+def test_queued_ops_hold_the_stream_for_a_launch_by_hand():
+    """PyTorch's eager ops are queued asynchronously: an op holds the compute stream for the
+    device's launch cost (5 us here), not the host's dispatch (10 us); ddp-hook is queued,
+    TensorFlow's per-tensor and MPI paths are not."""
+    c = C.get("topk", ratio=0.01)
+    floor = 4 * 1000 / 1e9
+    queued = IMPL._replace(queued=True)
+    assert queued.op_cost(DEV) == 5e-6 and IMPL.op_cost(DEV) == 1e-5
+    assert IM.compress_s(c, (1000,), queued, DEV) == pytest.approx(5 * 5e-6 + 2 * floor + 10 * floor)
+    assert IM.decompress_s(c, (1000,), queued, DEV, 4) == pytest.approx(4 * (3 * 5e-6 + floor))
+    assert IM.get("ddp-hook").queued and not IM.get("per-tensor").queued and not IM.get("mpi").queued
+
+
+def test_grace_dgc_rethreshold_rounds_by_hand():
+    """GRACE's DGC loop on 64 half-normal magnitudes (count above t: round(128 (1 - Phi(t)))), K = 1,
+    from the sample's median 0.674: counts 32, 26, 19, 12, 6, 3 are above 1.25 K (threshold x 1.25
+    each), then 1 is within [0.8, 1.25]: 6 rounds.  Each round costs round_s and 5.5 passes."""
+    import importlib
+    from statistics import NormalDist
+
+    dgc = importlib.import_module("cconv.compressors.dgc")
+    assert dgc._loop_rounds(64, 1, NormalDist().inv_cdf(0.75)) == 6
+    c = C.get("dgc", ratio=0.01)
+    rounds = C.entry("dgc").cost.rounds(c, (1000,))
+    floor = 4 * 1000 / 1e9
+    once = 12 * 1e-5 + 3 * floor + floor  # 12 ops, 3 passes, the sampled threshold's pass
+    got = IM.compress_s(c, (1000,), IMPL._replace(round_s=1e-4), DEV)
+    assert rounds > 0 and got == pytest.approx(once + rounds * (1e-4 + 5.5 * floor))
+
+
+def test_grace_dgc_loops_more_at_small_ratios():
+    """Few sampled entries estimate the threshold and K's window holds few counts at 1 %: on
+    ResNet-50's tensors the loop runs more than twice the rounds it runs at 10 %, 25 % or 50 %."""
+    shapes = [s for lay in P.get("resnet50").layers for s in lay.shapes]
+    rounds = C.entry("dgc").cost.rounds
+    total = {r: sum(rounds(C.get("dgc", ratio=r), s) for s in shapes) for r in (0.01, 0.1, 0.25, 0.5)}
+    assert all(total[0.01] > 2 * total[r] for r in (0.1, 0.25, 0.5)), total

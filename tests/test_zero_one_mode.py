@@ -119,7 +119,8 @@ OPT = "optimizer: {name: zero_one_adam, var_freeze_step: 1}\n"
         (OPT + "memory: ef\n", "sets the engine's memory itself"),
         (OPT + "local_steps: 4\n", "decides its own local steps"),
         (OPT + "warmup: {dense_steps: 2}\n", "no warmup"),
-        ("sync: zero_one\n", "sync must be one of bsp, ssp, asp, gossip; got 'zero_one'"),  # its optimizer sets it
+        ("sync: zero_one\n", "needs the optimizer zero_one_adam"),  # only its optimizer sets it
+        ("sync: zero_one\noptimizer: {name: onebit_adam}\n", "zero_one_adam"),  # its warm-up is refused first
     ],
 )
 def test_bad_configs_are_one_line_exit_2_before_anything_is_written(extra, says, tmp_path):

@@ -18,7 +18,7 @@ import os
 import time
 from typing import Any, NamedTuple
 
-from cconv.advisor import extrapolate, probes, race, report, space, timing
+from cconv.advisor import extrapolate, probes, race, report, space, steptime
 from cconv.advisor.space import Candidate, Space
 from cconv.advisor.target import Target
 from cconv.experiments.config import RunConfig
@@ -44,7 +44,7 @@ class Plan(NamedTuple):
     skipped: list  # (candidate name, reason)
     out: str
     first: Any  # the first (dense) candidate's built Problem: read for the target's metrics, then raced
-    timing: str = "modelled"  # how a step is timed (``timing.TIMINGS``)
+    timing: str = "modelled"  # how a step is timed (``steptime.TIMINGS``)
     repeats: int = 0  # measured: timed real steps per phase
 
 
@@ -77,10 +77,12 @@ class Advice(NamedTuple):
     verify: list
     race_wall_s: float
     wall_s: float
-    compile_s: float  # of wall_s: tracing, lowering and compiling programs (``CompileMeter``)
+    compile_s: float  # tracing, lowering and compiling programs, summed over the threads building them
     programs: int  # programs compiled
     outputs: dict
-    timing: str = "modelled"  # modelled | measured (``cconv.advisor.timing``)
+    build_wait_s: float = 0.0  # of wall_s: building programs, or waiting for those built ahead
+    build_threads: int = 1  # threads that built programs ahead of the race
+    timing: str = "modelled"  # modelled | measured (``cconv.advisor.steptime``)
 
 
 def load_config(config: Any, overrides: list | None = None) -> tuple[RunConfig, str, tuple]:
@@ -137,14 +139,14 @@ def prepare(
     config, cluster, *, target=None, budget=None, seeds=None, out=None, overrides=None, timing="modelled", repeats=None
 ) -> Plan:
     """Validate everything (one-line ValueError) and each candidate's config; writes nothing."""
-    from cconv.advisor import timing as TM
+    from cconv.advisor import steptime
     from cconv.experiments import io
     from cconv.theory import cluster as CL
 
     cfg, src, rules = load_config(config, overrides)
     cl = CL.parse(cluster) if isinstance(cluster, str) else cluster
     sp = space.parse(cfg.advise, cfg)
-    repeats = TM.check_timing(timing, repeats, sp.schedules, cl.workers)
+    repeats = steptime.check_timing(timing, repeats, sp.schedules, cl.workers)
     b, n_seeds = _options(sp, budget, seeds)
     if cfg.batch_size % cl.workers:
         raise ValueError(
@@ -224,7 +226,7 @@ class Entrant(NamedTuple):
     """A raced candidate: its probe (built once) and its step time under each schedule."""
 
     probe: probes.Probe
-    times: list  # timing.StepTime per schedule
+    times: list  # steptime.StepTime per schedule
 
     @property
     def name(self) -> str:
@@ -243,16 +245,16 @@ def _entrants(plan: Plan) -> tuple[list, list]:
     for c in plan.candidates:
         cfg = probes.probe_config(plan.base, c, plan.seeds, plan.cluster.workers, 1, plan.rules)
         pr = probes.build(cfg, c, _probe_dir(plan.out, c), plan.first if c is plan.candidates[0] else None)
-        profile = profile or timing.profile_of(pr.problem)
+        profile = profile or steptime.profile_of(pr.problem)
         colls = [(k.kind, k.bytes, k.count) for k in pr.problem.trainer.collectives(0)]
         if c.dense and dense_colls is None:
             dense_colls = colls
         elif colls == dense_colls and c.overrides["compressor"]["name"] != space.DENSE and _plain_sync(c, plan):
             merged.append((c.name, "the same traffic as dense on this model (it compresses none of its tensors)"))
             continue
-        times = timing.step_times(pr.problem, plan.cluster, plan.space.schedules, profile)
+        times = steptime.step_times(pr.problem, plan.cluster, plan.space.schedules, profile)
         if plan.timing == "measured":  # the real step on this machine, the model beside it
-            times = timing.measured(times, timing.measure(cfg, plan.base.launcher, plan.repeats))
+            times = steptime.measured(times, steptime.measure(cfg, plan.base.launcher, plan.repeats))
         entrants.append(Entrant(pr, times))
     return entrants, merged
 
@@ -279,20 +281,49 @@ def _with_log_every(e: Entrant, every: int) -> Entrant:
     return e._replace(probe=e.probe._replace(cfg=cfg, problem=e.probe.problem._replace(cfg=cfg)))
 
 
+def build_threads() -> int:
+    """Threads that build candidates' programs ahead of the race (one per core)."""
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def _warm_all(byname: dict, arms: list, plan: Plan, pool) -> dict:
+    """Every entrant's first-rung programs built ahead in ``pool`` (``cconv.experiments.warm``),
+    in the race's order, so the race trains one candidate while the next ones build."""
+    from cconv.experiments.warm import warm
+
+    budget, n = int(plan.budget * plan.base.steps), plan.base.steps
+    t0 = race.first_time(arms, int(budget * race.HALVING_SHARE), n)
+    return {a.name: pool.submit(warm, byname[a.name].probe.problem, race.steps_at(a, t0, n)) for a in arms}
+
+
 def run_race(plan: Plan) -> tuple[dict, list, race.Race, dict]:
-    """Build, time and race every candidate: (entrants by name, merged, the race, progress by name)."""
+    """Build, time and race every candidate: (entrants by name, merged, the race, progress by name).
+    Programs are built ahead in a thread pool (XLA compiles without the interpreter lock); a
+    candidate whose ahead-of-time build fails builds in its run as usual (and fails there)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cconv.experiments.compiletime import waiting
+
     entrants, merged = _entrants(plan)
     arms = [race.Arm(e.name, e.step_s) for e in entrants]
     every = log_every(int(plan.budget * plan.base.steps), plan.base.steps, arms)
     byname = {e.name: _with_log_every(e, every) for e in entrants}
     seen: dict = {}
+    pool = ThreadPoolExecutor(max_workers=build_threads(), thread_name_prefix="cconv-build")
+    built = _warm_all(byname, arms, plan, pool)
 
     def observe(name: str, steps: int) -> race.Observation:
-        e = byname[name]
+        e, ahead = byname[name], built.pop(name, None)
+        if ahead is not None:
+            with waiting():
+                ahead.exception()  # wait; an error shows again (and is reported) when the run builds
         seen[name] = prog = probes.train_to(e.probe, steps)
         return race.Observation(prog.curve(e.probe.problem.seeds, plan.target.metric), prog.steps, prog.diverged)
 
-    result = race.race(arms, observe, plan.target, plan.base.steps, int(plan.budget * plan.base.steps))
+    try:
+        result = race.race(arms, observe, plan.target, plan.base.steps, int(plan.budget * plan.base.steps))
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
     return byname, merged, result, seen
 
 
@@ -380,7 +411,7 @@ def _figure(plan: Plan, rows: list, outputs: dict) -> None:
 
 def _where(plan: Plan) -> str:
     """The cluster, and for measured timing the machine the steps ran on."""
-    return plan.cluster.name + (f" ({timing.measured_on()})" if plan.timing == "measured" else "")
+    return plan.cluster.name + (f" ({steptime.measured_on()})" if plan.timing == "measured" else "")
 
 
 def advise(
@@ -399,7 +430,7 @@ def advise(
 ) -> Advice:
     """Race, predict, rank (module docstring).  ``cluster``: a ``cconv.theory.cluster.Cluster`` or
     ``"NODESxGPUS"``; ``timing``: modelled on the cluster or measured here (``repeats`` steps per
-    phase; ``cconv.advisor.timing``).  Writes ``<out>/probes/``, ``advice.json`` and ``advice.png``."""
+    phase; ``cconv.advisor.steptime``).  Writes ``<out>/probes/``, ``advice.json`` and ``advice.png``."""
     from cconv.experiments import io
     from cconv.experiments.compiletime import CompileMeter
 
@@ -435,6 +466,8 @@ def advise(
         wall_s=time.perf_counter() - t0,
         compile_s=built.seconds,
         programs=built.programs,
+        build_wait_s=built.blocked,
+        build_threads=build_threads(),
         outputs=outputs,
         timing=plan.timing,
     )

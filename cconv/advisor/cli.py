@@ -7,7 +7,7 @@ import math
 import sys
 
 from cconv.advisor import report as R
-from cconv.advisor.timing import TIMINGS
+from cconv.advisor.steptime import TIMINGS
 from cconv.cli_schema import Command, Option
 from cconv.theory import cluster as CL
 
@@ -29,7 +29,8 @@ def _header(adv) -> str:
         f"{adv.config}: {adv.target} on {adv.cluster} ({adv.workers} workers), step budget {adv.steps}; "
         f"{len({r.candidate for r in adv.rows})} candidates x {adv.seeds} seeds raced in {len(adv.rungs)} rungs, "
         f"spent {adv.spent:.2f} of --budget {adv.budget:g} dense runs of steps ({adv.wall_s:.0f} s in all, "
-        f"{adv.compile_s:.0f} s of it building {adv.programs} programs)"
+        f"{adv.build_wait_s:.0f} s of it building {adv.programs} programs: {adv.compile_s:.0f} s of compilation "
+        f"on {adv.build_threads} thread{'s' if adv.build_threads > 1 else ''})"
     )
 
 

@@ -15,7 +15,7 @@ user would start.  Its config is the user's with the candidate's keys set and:
 * a sweep file's ``rules:`` applied (``cconv.experiments.sweep.apply_rules``), and ``ef_scale: auto``
   where error feedback runs around an unbiased compressor and the config sets no scale (plain EF
   can diverge there: ``cconv.experiments.build.ErrorFeedbackWarning``);
-* no network, wandb, TensorBoard: the advisor's timing model is ``cconv.advisor.timing``.
+* no network, wandb, TensorBoard: the advisor's timing model is ``cconv.advisor.steptime``.
 
 Candidates differ in compressor and synchronization, i.e. in program structure: each is built
 once (``build.problem``; the same Problem serves timing and every piece of training).

@@ -5,7 +5,7 @@ Successive halving (Jamieson & Talwalkar, AISTATS 2016; the rung of Hyperband, L
 1/eta, multiplies the budget by eta, and repeats.  Here the budget of a rung is *time on the
 target cluster*, not steps: rung r lasts ``T_r = T_0 eta^r`` simulated seconds, and candidate i
 trains ``ceil(T_r / step_s_i)`` steps (at most the config's ``max_steps``), with ``step_s_i`` its
-seconds per step on the cluster (``cconv.advisor.timing``).  A candidate whose steps are cheap
+seconds per step on the cluster (``cconv.advisor.steptime``).  A candidate whose steps are cheap
 (compression that saves traffic) gets more of them in the same time, which is the whole
 question.  At each rung the candidates are ordered by
 

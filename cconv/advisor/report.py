@@ -12,7 +12,7 @@ interval's slow end; the first is the recommendation.  The others follow, unrank
 reason: diverged (``cconv.experiments.divergence``), missed (ran the whole step budget without
 reaching the target), misses the budget (predicted past it), stalled, not approached, noisy.
 ``speedup`` is the dense baseline's time over the row's (same schedule).  ``why`` says where the
-row's step time goes (``timing.StepTime``): compute-, communication- or compression-bound, with the share.  Flags:
+row's step time goes (``steptime.StepTime``): compute-, communication- or compression-bound, with the share.  Flags:
 
     observed     the race saw this candidate reach the target (no extrapolation)
     wide         the interval spans more than a factor 3
@@ -26,7 +26,7 @@ import math
 from typing import Any, NamedTuple
 
 from cconv.advisor.extrapolate import Prediction
-from cconv.advisor.timing import StepTime
+from cconv.advisor.steptime import StepTime
 
 WIDE = 3.0
 

@@ -156,12 +156,12 @@ def default_compressors() -> list[dict]:
 
 
 def _sync_point(spec: Any) -> dict:
-    from cconv.engine.sync import config_names
+    from cconv.engine.sync import public_names
 
     if isinstance(spec, str):
-        if spec not in config_names():  # a run config's sync values (a mode its optimizer sets is not one)
+        if spec not in public_names():
             raise ValueError(
-                f"advise.sync: unknown mode {_shown(spec)}; valid: {', '.join(config_names())} or a mapping"
+                f"advise.sync: unknown mode {_shown(spec)}; valid: {', '.join(public_names())} or a mapping"
             )
         return {"sync": spec}
     if not isinstance(spec, dict) or not spec:

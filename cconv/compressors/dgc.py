@@ -302,6 +302,51 @@ def _error_sq(c, x, state):
     return float(np.sum(x * x)) - float(np.sum(x[sent] ** 2))
 
 
+# GRACE's TensorFlow DGC (grace_dl/tensorflow/compressor/dgc.py, github.com/sands-lab/grace): a 1 % sample drawn
+# with replacement, its max(1, int(n ratio / 100)) largest magnitudes' minimum as the threshold, then a
+# tf.while_loop (maximum_iterations=20) while the selected count is above 1.25 K (threshold x 1.25) or below 0.8 K
+# (x 0.9), K = max(1, int(n ratio)).  Each round reads the loop's predicate on the host (a round trip: the
+# implementation's round_s) and makes 5.5 passes over the tensor (abs reads and writes it: 2, greater writes a
+# bool: 1.25, cast writes fp32 from the bool: 1.25, reduce_sum reads it: 1).
+GRACE_DGC = {"sample": 0.01, "up": 1.25, "down": 0.8, "raise": 1.25, "lower": 0.9, "cap": 20}
+GRACE_ROUND_PASSES = 5.5
+ROUND_DRAWS = 16  # samples averaged per tensor size (fixed seeds: deterministic)
+
+
+def _loop_rounds(n: int, kk: int, thr: float) -> int:
+    """Rounds of GRACE's loop on a tensor of n half-normal magnitudes (its quantile grid: the count
+    above t is round(n P(|X| > t))), target count kk, from threshold ``thr``."""
+    from statistics import NormalDist
+
+    g, tail = GRACE_DGC, lambda t: math.floor(2.0 * n * (1.0 - NormalDist().cdf(t)) + 0.5)
+    sel, r = tail(thr), 0
+    while (sel > g["up"] * kk or sel < g["down"] * kk) and r < g["cap"]:
+        thr *= g["raise"] if sel > g["up"] * kk else g["lower"]
+        sel, r = tail(thr), r + 1
+    return r
+
+
+_ROUNDS: dict[tuple[int, float], float] = {}
+
+
+def grace_rounds(c: Compressor, shape: tuple) -> float:
+    """Expected rounds of GRACE's re-threshold loop (``GRACE_DGC``) on a tensor of ``shape``, its
+    entries standard normal (the model of a gradient; the loop is scale-free): the sample's
+    threshold drawn ``ROUND_DRAWS`` times with fixed seeds, each run of the loop counted on the
+    tensor's quantile grid.  More rounds at small ratios: few sampled entries estimate the
+    threshold, and K's window [0.8 K, 1.25 K] holds few counts."""
+    n = int(math.prod(shape))
+    ratio = sparsifier_k(c, n) / n
+    key = (n, ratio)
+    if key not in _ROUNDS:
+        g = GRACE_DGC
+        s, ks, kk = max(1, int(n * g["sample"])), max(1, int(n * ratio * g["sample"])), max(1, int(n * ratio))
+        rng = np.random.default_rng([n, ks])
+        draws = np.sort(np.abs(rng.standard_normal((ROUND_DRAWS, s))), axis=1)[:, s - min(ks, s)]
+        _ROUNDS[key] = float(np.mean([_loop_rounds(n, kk, float(t)) for t in draws]))
+    return _ROUNDS[key]
+
+
 THEORY = Theory(wire_bytes=_wire_bytes, bound=_bound, error_sq=_error_sq, encoded_bytes=_encoded_bytes)
 
 dgc = register(
@@ -327,7 +372,16 @@ dgc = register(
         known_as=("grace:DgcCompressor", "espresso:DGC"),  # GRACE (Xu et al. 2021), Espresso (EuroSys 2023)
         # sample, top-k of the sample, threshold, mask, count (and re-threshold), compact (Lin et al. 2018;
         # grace_dl/tensorflow/compressor/dgc.py: ~12 ops, 3 passes); decode as top-k
-        cost=Cost(compress_ops=12, compress_passes=3.0, select="sample", decompress_ops=3, decompress_passes=1.0),
+        # and the re-threshold loop's expected rounds (``grace_rounds``), each a host round trip and 5.5 passes
+        cost=Cost(
+            compress_ops=12,
+            compress_passes=3.0,
+            select="sample",
+            decompress_ops=3,
+            decompress_passes=1.0,
+            rounds=grace_rounds,
+            round_passes=GRACE_ROUND_PASSES,
+        ),
         example={"ratio": 0.2},
         bench=SPARSE_BENCH,
     ),

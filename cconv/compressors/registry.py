@@ -287,6 +287,11 @@ class Cost(NamedTuple):
     code_bytes        bytes per element its codes take in a framework's smallest dtype (bool, int8)
                       when they are not bit-packed (a framework implementation's message); 0: its
                       wire format either way
+    rounds            ``(c, shape) -> float``: expected rounds of a data-dependent loop the framework
+                      implementation runs per tensor (GRACE's DGC re-thresholds until the selected
+                      count is within bounds); None: no loop.  Each round costs the implementation's
+                      ``round_s`` (``cconv.theory.implementation``) and ``round_passes``
+    round_passes      passes over memory per round (in fp32 reads of the tensor)
     """
 
     compress_ops: int = 2
@@ -297,6 +302,8 @@ class Cost(NamedTuple):
     flops: Callable[[Compressor, tuple], float] | None = None
     decompress_flops: Callable[[Compressor, tuple], float] | None = None
     code_bytes: float = 0.0
+    rounds: Callable[[Compressor, tuple], float] | None = None
+    round_passes: float = 0.0
 
 
 SELECTIONS = (None, "sort", "radix", "compare", "sample")

@@ -18,7 +18,7 @@ See ``EngineConfig`` for every option and docs/engine.md ("Python API").  Aggreg
 transports are objects in ``cconv.comm.aggregation``, memories in ``cconv.memory``, launchers in
 ``cconv.engine.launchers``, synchronization modes (BSP, local SGD, AdaComm, SSP, ASP) in
 ``cconv.engine.sync`` (gossip: ``cconv.engine.gossip``, registered there on import) with the
-worker timing model in ``cconv.engine.timing``; each kind has a name -> object registry.
+worker timing model in ``cconv.engine.worker_clock``; each kind has a name -> object registry.
 """
 
 from cconv.engine import (
@@ -43,8 +43,8 @@ from cconv.engine.launchers import Launcher
 from cconv.engine.onebit_adam import onebit_adam
 from cconv.engine.step import WorkerState, worker_step
 from cconv.engine.sync import SYNC_MODES, SyncMode
-from cconv.engine.timing import Stragglers
 from cconv.engine.trainer import EngineState, Trainer, build
+from cconv.engine.worker_clock import Stragglers
 from cconv.engine.zero_one_adam import zero_one_adam
 
 __all__ = [

@@ -16,15 +16,16 @@ from typing import NamedTuple
 
 import numpy as np
 
+from cconv import _rules as R
 from cconv import compressors as C
 from cconv import memory as M
 from cconv._text import shown
 from cconv.comm import aggregation as A
 from cconv.compressors.base import Compressor
-from cconv.engine import modes, timing
+from cconv.engine import modes, worker_clock
 from cconv.engine.launchers import LAUNCHERS  # name -> Launcher class
 from cconv.engine.modes import ADAPTIVE  # local_steps: AdaComm's adaptive communication period
-from cconv.engine.timing import Stragglers
+from cconv.engine.worker_clock import Stragglers
 
 # The uncompressed baseline's registered name (defined by the compressors layer).
 IDENTITY: str = C.IDENTITY
@@ -33,6 +34,16 @@ GRANULARITIES = ("layerwise", "fused")
 ARCHITECTURES = tuple(A.TRANSPORTS)  # "all-to-all", "parameter-server"
 COLLECTIVES = A.COLLECTIVES  # "auto" (the compressor's aggregation), "allgather", "gtopk"
 DGC_WARMUP = (0.25, 0.0625, 0.015625, 0.004)
+# EngineConfig's gossip fields (decentralized training, ``sync="gossip"``; ``cconv.engine.gossip``):
+# meaningful only under gossip (a run config refuses them set elsewhere)
+GOSSIP_FIELDS = ("gossip", "topology", "torus", "mixing", "gossip_gamma")
+
+
+def _field(default, rule: R.Rule):
+    """A field and its rule (``cconv._rules``): ``EngineConfig`` runs it under the name
+    ``EngineConfig.<field>``, a run config (``cconv.experiments.config.engine_key``) under the
+    YAML key's; the one place the field's range is written."""
+    return dataclasses.field(default=default, metadata={"rule": rule})
 
 
 def _real(v) -> bool:
@@ -88,6 +99,10 @@ def dgc_warmup(steps_per_epoch: int, epochs_per_stage: int = 1, dense_steps: int
 class EngineConfig:
     """What the data-parallel engine does (see docs/engine.md, "Python API").
 
+    A field's range is its rule (``_field(default, rule)``, ``cconv._rules``): ``__post_init__``
+    runs it (then the checks that relate fields), and a run config's key of the same name
+    (``cconv.experiments.config.engine_key``) takes the field's default and rule.
+
     workers            P, number of data-parallel workers (mesh devices, pmap devices or MPI ranks)
     compressor         a ``Compressor`` or a registered name (None: no compression)
     memory             a key of ``MEMORIES``: none, ef (error feedback) or dgc (DGC's momentum
@@ -136,7 +151,7 @@ class EngineConfig:
     jitter             timing model: lognormal sigma of each worker-step's compute time (0: none)
     worker_speeds      timing model: explicit relative compute times per worker (P positive
                        numbers, multiplied into the stragglers' slowdown; None: all 1)
-    timing_seed        seed of the timing model (``cconv.engine.timing``)
+    timing_seed        seed of the timing model (``cconv.engine.worker_clock``)
     gossip             "dpsgd" (D-PSGD; with a compressor: naive compressed gossip of the models)
                        | "choco" (CHOCO-SGD: compressed differences and public copies x_hat)
     topology           a key of ``cconv.comm.topology.TOPOLOGIES``: ring, torus, exponential,
@@ -148,41 +163,41 @@ class EngineConfig:
                        (``cconv.engine.gossip.safe_gamma``); an explicit value above it warns
     """
 
-    workers: int = 1
+    workers: int = _field(1, R.integer(1))
     compressor: Compressor | str | None = None
-    memory: str = M.NONE
-    momentum: float = 0.9
-    masking: bool = True
+    memory: str = _field(M.NONE, R.choice(lambda: MEMORIES, null=M.NONE))
+    momentum: float = _field(0.9, R.number(0.0, below=1))
+    masking: bool = _field(True, R.flag())
     ef_scale: float = 1.0
-    clip: float | None = None
+    clip: float | None = _field(None, R.number(0.0, strict=True, optional=True))
     warmup: Warmup | None = None
-    local_steps: int | str = 1
-    local_steps_init: int = 4
-    adapt_every: int = 50
-    post_local_switch: int = 0
-    compress_delta: bool = False
-    granularity: str = "layerwise"
-    min_compress_size: int = 0
-    compress_vectors: bool = True
+    local_steps: int | str = _field(1, R.integer(1, also=(ADAPTIVE,)))
+    local_steps_init: int = _field(4, R.integer(1))
+    adapt_every: int = _field(50, R.integer(1))
+    post_local_switch: int = _field(0, R.integer(0))
+    compress_delta: bool = _field(False, R.flag())
+    granularity: str = _field("layerwise", R.choice(lambda: GRANULARITIES))
+    min_compress_size: int = _field(0, R.integer(0))
+    compress_vectors: bool = _field(True, R.flag())
     architecture: str = "all-to-all"
-    collective: str = "auto"
-    vote: bool = False
+    collective: str = _field("auto", R.choice(lambda: COLLECTIVES))
+    vote: bool = _field(False, R.flag())
     ps_downlink: Compressor | str | None = None
     launcher: str = "shard_map"
     axis_name: str = "workers"
-    sync: str = "bsp"
-    staleness: int = 0
-    max_staleness: int | None = None
+    sync: str = _field("bsp", R.choice(modes.public_names))  # the registry the modes fill
+    staleness: int = _field(0, R.integer(0))
+    max_staleness: int | None = _field(None, R.integer(1, optional=True))
     stragglers: Stragglers | None = None
-    jitter: float = 0.0
-    worker_speeds: Sequence[float] | None = None
+    jitter: float = _field(0.0, R.number(0.0))
+    worker_speeds: Sequence[float] | None = _field(None, R.numbers("workers", R.number(0.0, strict=True)))
     timing_seed: int = 0
     # --- gossip (decentralized training; cconv.engine.gossip) ---------------------------------
-    gossip: str = "dpsgd"
-    topology: str = "ring"
+    gossip: str = _field("dpsgd", R.choice(lambda: modes.GOSSIP))
+    topology: str = _field("ring", R.string())
     torus: tuple | None = None
     mixing: tuple | None = None
-    gossip_gamma: float | None = None
+    gossip_gamma: float | None = _field(None, R.fraction("null (the compressor's safe value) or in (0, 1]"))
 
     def __post_init__(self):
         def choice(field, valid):
@@ -190,6 +205,10 @@ class EngineConfig:
             if not isinstance(v, str) or v not in valid:
                 raise ValueError(f"EngineConfig.{field}={shown(v)}; valid: {', '.join(valid)}")
 
+        for f in dataclasses.fields(self):  # each field's own rule (_field), normalizing its value
+            if "rule" in f.metadata:
+                v = f.metadata["rule"](f"EngineConfig.{f.name}", getattr(self, f.name), vars(self))
+                object.__setattr__(self, f.name, v)
         if self.architecture == "ps":
             object.__setattr__(self, "architecture", "parameter-server")
         for name in ("compressor", "ps_downlink"):
@@ -200,35 +219,14 @@ class EngineConfig:
                 object.__setattr__(self, name, C.get(v))
             elif v is not None and not isinstance(v, Compressor):
                 raise ValueError(f"EngineConfig.{name} must be a Compressor or a registered name, got {shown(v)}")
-        choice("memory", MEMORIES)
-        choice("granularity", GRANULARITIES)
         choice("architecture", ARCHITECTURES)
-        choice("collective", COLLECTIVES)
         choice("launcher", LAUNCHERS)
-        for name in ("masking", "compress_delta", "compress_vectors", "vote"):
-            v = getattr(self, name)
-            if not isinstance(v, (bool, np.bool_)):
-                raise ValueError(f"EngineConfig.{name} must be True or False, got {shown(v)}")
-        m = self.momentum
-        if not _real(m) or not 0 <= m < 1:
-            raise ValueError(f"EngineConfig.momentum must be a number in [0, 1), got {shown(m)}")
         if not _real(self.ef_scale) or not 0 < self.ef_scale <= 1:
             raise ValueError(f"EngineConfig.ef_scale must be a number in (0, 1], got {shown(self.ef_scale)}")
         if self.ef_scale != 1 and self.memory != "ef":
             raise ValueError(f"EngineConfig.ef_scale scales error feedback: needs memory='ef', got {self.memory!r}")
-        if self.clip is not None and (not _real(self.clip) or not self.clip > 0):
-            raise ValueError(f"EngineConfig.clip must be a number > 0 or None, got {shown(self.clip)}")
         if not isinstance(self.axis_name, str) or not self.axis_name:
             raise ValueError(f"EngineConfig.axis_name must be a non-empty string, got {shown(self.axis_name)}")
-        ints = [("workers", 1), ("post_local_switch", 0), ("min_compress_size", 0)]
-        ints += [("local_steps_init", 1), ("adapt_every", 1)] + (
-            [] if self.local_steps == ADAPTIVE else [("local_steps", 1)]
-        )
-        for name, lo in ints:
-            v = getattr(self, name)
-            if not _integer(v) or v < lo:
-                also = f" or {ADAPTIVE!r}" if name == "local_steps" else ""
-                raise ValueError(f"EngineConfig.{name} must be an integer >= {lo}{also}, got {shown(v)}")
         if self.warmup is not None and not isinstance(self.warmup, Warmup):
             raise ValueError("EngineConfig.warmup must be a cconv.engine.Warmup (e.g. dgc_warmup(...)) or None")
         c = self.compressor
@@ -245,16 +243,8 @@ class EngineConfig:
             )
 
     def _check_gossip(self):
-        """The gossip fields' values (one block); what ``sync="gossip"`` combines with is checked
-        by its mode (``cconv.engine.gossip.Gossip.check``)."""
-        if not isinstance(self.gossip, str) or self.gossip not in modes.GOSSIP:
-            raise ValueError(f"EngineConfig.gossip={shown(self.gossip)}; valid: {', '.join(modes.GOSSIP)}")
-        if not isinstance(self.topology, str):
-            raise ValueError(f"EngineConfig.topology must be a string, got {shown(self.topology)}")
-        g = self.gossip_gamma
-        if g is not None and (not _real(g) or not 0 < g <= 1):
-            raise ValueError(f"EngineConfig.gossip_gamma must be None or a number in (0, 1], got {shown(g)}")
-        object.__setattr__(self, "gossip_gamma", None if g is None else float(g))
+        """The gossip matrices as tuples (the other gossip fields: their rules); what
+        ``sync="gossip"`` combines with is checked by its mode (``cconv.engine.gossip.Gossip.check``)."""
         for name in ("torus", "mixing"):  # lists (YAML) -> tuples (hashable, frozen)
             v = getattr(self, name)
             if isinstance(v, (list, tuple, np.ndarray)):
@@ -262,17 +252,9 @@ class EngineConfig:
                 object.__setattr__(self, name, v)
 
     def _check_sync(self):
-        names = modes.public_names()  # the registry the modes fill (cconv.engine imports them all)
-        if not isinstance(self.sync, str) or self.sync not in names:
-            raise ValueError(f"EngineConfig.sync={shown(self.sync)}; valid: {', '.join(names)}")
-        if not _integer(self.staleness) or self.staleness < 0:
-            raise ValueError(f"EngineConfig.staleness must be an integer >= 0, got {shown(self.staleness)}")
-        if self.max_staleness is not None and (not _integer(self.max_staleness) or self.max_staleness < 1):
-            got = shown(self.max_staleness)
-            raise ValueError(f"EngineConfig.max_staleness must be an integer >= 1 or None, got {got}")
         if not _integer(self.timing_seed):
             raise ValueError(f"EngineConfig.timing_seed must be an integer, got {shown(self.timing_seed)}")
-        timing.check(self)
+        worker_clock.check(self)
         modes.sync_mode(self).check(self)
 
     @property

@@ -24,12 +24,6 @@ def public_names() -> tuple[str, ...]:
     return tuple(n for n in SYNC_MODES if n not in (LOCAL, ADACOMM))
 
 
-def config_names() -> tuple[str, ...]:
-    """The values a run config's ``sync`` may name: the public modes but those an optimizer sets
-    itself (``SyncMode.set_by_optimizer``: 0/1 Adam's ``zero_one``)."""
-    return tuple(n for n in public_names() if not getattr(SYNC_MODES[n], "set_by_optimizer", False))
-
-
 def sync_mode(cfg) -> Any:
     """The mode ``cfg`` runs: ``cfg.sync``; plain ``bsp`` with model averaging is local SGD
     (AdaComm when ``local_steps`` is adaptive)."""

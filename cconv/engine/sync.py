@@ -21,12 +21,10 @@ orthogonal to compression: every mode moves its messages through the phase's ``E
                                     Adam, ``cconv.engine.zero_one_mode``), or None: ``phase``/``observe``/
                                     ``state_dict``/``load_state_dict`` (the checkpoint carries it)
     span(cfg, step)                 compute time of a step in units of one measured worker step
-                                    (``cconv.engine.timing``; the simulated clock)
+                                    (``cconv.engine.worker_clock``; the simulated clock)
     average_view(cfg)               evaluate the workers' average model (True) or worker 0's
     check_optimizer(optimizer)      optional: a mode that runs one optimizer's rules refuses
                                     the others (one-line ValueError; ``optimizers.check``)
-    set_by_optimizer                only that optimizer names the mode (its ``engine`` fields),
-                                    a run config's ``sync`` cannot (``modes.config_names``)
     messages                        every step averages what the optimizer sends
                                     (``gradient_step``), so an optimizer whose message is not its
                                     gradient (``cconv.engine.optimizers``) can run under it
@@ -55,11 +53,11 @@ import numpy as np
 from jax import lax
 
 from cconv.comm.backend import DryComm
-from cconv.engine import timing
+from cconv.engine import worker_clock
 from cconv.engine.config import Phase, phase_of
 from cconv.engine.dropin import traffic_metrics
 from cconv.engine.exchange import exchange, init_state
-from cconv.engine.modes import SYNC_MODES, config_names, public_names, sync_mode
+from cconv.engine.modes import SYNC_MODES, public_names, sync_mode
 from cconv.engine.optimizers import message_of
 from cconv.engine.step import StepContext, WorkerState, apply_update, local_grad, reduce_metrics
 
@@ -70,7 +68,6 @@ class SyncMode(abc.ABC):
 
     name = ""
     messages = False  # every step averages what the optimizer sends (``gradient_step``): message optimizers run
-    set_by_optimizer = False  # only an optimizer's ``engine`` fields name it (0/1 Adam's): no config ``sync`` key
 
     def check(self, cfg) -> None:  # noqa: B027 - by default a mode accepts every config
         """Raise a one-line ValueError for what this mode cannot do with ``cfg``."""
@@ -121,7 +118,7 @@ class SyncMode(abc.ABC):
 
 def span_of_slowest(cfg, step: int) -> float:
     """A step that waits for every worker lasts as long as the slowest one's compute."""
-    return float(timing.compute_times(cfg, step).max()) if timing.heterogeneous(cfg) else 1.0
+    return float(worker_clock.compute_times(cfg, step).max()) if worker_clock.heterogeneous(cfg) else 1.0
 
 
 def gradient_step(comm, ctx, phase, s, batch, key, at=None, local=None):
@@ -309,7 +306,7 @@ class SSP(SyncMode):
     exchange: compressor, memory, aggregation), x_{t+1} = x_t - eta opt(1/P sum_i D(C(g_i))),
     but worker i's gradient g_i = grad f_i(x_{v(i,t)}) is computed on version
     v(i,t) in [t - s, t], decided by the timing model's event schedule
-    (``cconv.engine.timing.SSPSchedule``).  Every version a clock uses exists when it starts, so
+    (``cconv.engine.worker_clock.SSPSchedule``).  Every version a clock uses exists when it starts, so
     the P gradients are computed in parallel: the state keeps a ring buffer of the last s + 1
     versions (``WorkerState.sync``; version v in slot v mod (s+1)), and the host passes each
     worker's slot as an input array, so one compiled program serves every step.  s = 0 is BSP
@@ -327,7 +324,7 @@ class SSP(SyncMode):
         return _ring(params, cfg.staleness + 1)
 
     def inputs(self, cfg, step):
-        v = _schedule(timing.SSPSchedule, cfg, cfg.staleness).version(step)
+        v = _schedule(worker_clock.SSPSchedule, cfg, cfg.staleness).version(step)
         slots = cfg.staleness + 1
         return np.stack([v % slots, step - v, np.full_like(v, step % slots)]).astype(np.int32)
 
@@ -338,7 +335,7 @@ class SSP(SyncMode):
         return new._replace(sync=buf), metrics
 
     def span(self, cfg, step):
-        return _schedule(timing.SSPSchedule, cfg, cfg.staleness).span(step)
+        return _schedule(worker_clock.SSPSchedule, cfg, cfg.staleness).span(step)
 
 
 def _asp_cap(cfg) -> int:
@@ -349,7 +346,7 @@ class ASP(SyncMode):
     """Asynchronous parallel SGD on a parameter server (Downpour, Dean et al. 2012; Hogwild-style
     delayed updates, Recht et al. 2011): every gradient is applied on its own as it arrives,
     x_{n+1} = x_n - eta opt(D(C(grad f(x_{n - tau_n})))), the delays tau_n from the timing
-    model's event schedule (``cconv.engine.timing.ASPSchedule``; equal speeds: tau = P - 1).
+    model's event schedule (``cconv.engine.worker_clock.ASPSchedule``; equal speeds: tau = P - 1).
 
     **One logged step = P gradient arrivals** (each consumes a local mini-batch of B/P rows, so a
     logged step consumes the global batch B as a BSP step does; plots compare modes at equal
@@ -391,10 +388,10 @@ class ASP(SyncMode):
 
     def inputs(self, cfg, step):
         p, slots = cfg.workers, _asp_cap(cfg) + 1
-        who, base = _schedule(timing.ASPSchedule, cfg, _asp_cap(cfg)).arrivals(step, p)
+        who, base = _schedule(worker_clock.ASPSchedule, cfg, _asp_cap(cfg)).arrivals(step, p)
         n = step * p + np.arange(p)
         rows = [base % slots, n % slots, n - base]
-        if timing.heterogeneous(cfg):  # a 4th row, the arrivals' workers (its presence is static)
+        if worker_clock.heterogeneous(cfg):  # a 4th row, the arrivals' workers (its presence is static)
             rows.append(who)
         elif not np.array_equal(who, np.arange(p)):
             raise AssertionError(f"ASP with equal speeds: arrival order {who} is not the worker order")
@@ -454,7 +451,7 @@ class ASP(SyncMode):
         return new._replace(sync=buf), metrics
 
     def span(self, cfg, step):
-        return _schedule(timing.ASPSchedule, cfg, _asp_cap(cfg)).span(step, cfg.workers)
+        return _schedule(worker_clock.ASPSchedule, cfg, _asp_cap(cfg)).span(step, cfg.workers)
 
 
 # the registry lives in the leaf module cconv.engine.modes (EngineConfig validates against it)
@@ -472,6 +469,5 @@ __all__ = [
     "ASP",
     "sync_mode",
     "public_names",
-    "config_names",
     "gradient_step",
 ]

@@ -100,6 +100,7 @@ class Trainer:
         self._exchanges: dict[Phase, Exchange] = {}
         self._fns: dict[Phase, Callable] = {}
         self._work: dict[Phase, StepWork] = {}
+        self._colls: dict[Phase, tuple] = {}
         self._metric_bytes: float | None = None
         self.launcher: Launcher = launcher(cfg, devices=devices, mpi_comm=mpi_comm, seeds=seeds)
         self.sync: SyncMode = sync_mode(cfg)
@@ -266,11 +267,12 @@ class Trainer:
         worker.  ``control=True`` adds the all-reduce of the logged metrics (known after the
         first step has been traced)."""
         phase = self.phase(step)
-        comm, ex = DryComm(self.workers, like=self._comm()), self.exchange(phase)
-        ws = jax.eval_shape(self._worker_init, self._params0, self._model_state0)
-
-        jax.eval_shape(lambda ws: self.sync.dry(comm, ex, ws, phase), ws)  # what the step communicates
-        out = list(comm.ledger)
+        if phase not in self._colls:  # traced once per phase (shapes only)
+            comm, ex = DryComm(self.workers, like=self._comm()), self.exchange(phase)
+            ws = jax.eval_shape(self._worker_init, self._params0, self._model_state0)
+            jax.eval_shape(lambda ws: self.sync.dry(comm, ex, ws, phase), ws)  # what the step communicates
+            self._colls[phase] = tuple(comm.ledger)
+        out = list(self._colls[phase])
         if control:
             if self._metric_bytes is None:
                 raise ValueError("collectives(control=True) needs one traced step first (metric sizes)")

@@ -115,7 +115,6 @@ class ZeroOne(SyncMode):
     ``zero_one_adam`` optimizer only (that optimizer sets ``sync="zero_one"`` itself)."""
 
     name = "zero_one"
-    set_by_optimizer = True  # a run config names the optimizer, which sets the mode
 
     def check(self, cfg):
         if cfg.model_averaging:

@@ -17,10 +17,11 @@ and writes nothing:
    -> the compressors and the error-feedback scale; ``ef_scale: auto`` and the two warnings
    (``ErrorFeedbackWarning``, ``SignLearningRateWarning``) read ONE query of
    ``cconv.theory.constants``: one per distinct compressed shape.
-5. ``make_engine_config``: the engine's keys (``ENGINE_FIELDS``, ``architecture``,
-   ``collective``, ``warmup``, ``launcher``, ``seed``, ``servers``; and the compression and
-   parameter shapes) -> the ``EngineConfig``, with the launcher the devices allow
-   (``launcher_for``).
+5. ``make_engine_config``: the engine's section of the config (``RunConfig.engine_section``:
+   the keys declared ``engine_key``, ``config.ENGINE_KEYS``; of these ``architecture``,
+   ``collective``, ``warmup``, ``ps_downlink`` and ``launcher`` translated), ``seed``,
+   ``servers`` (and the compression and parameter shapes) -> the ``EngineConfig``, with the
+   launcher the devices allow (``launcher_for``).
 6. ``make_trainer``: ``seed`` (and all of the above) -> the engine's ``Trainer`` (several seeds:
    one program with a leading seed axis).
 
@@ -36,7 +37,6 @@ so that bad input fails before anything is written.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import warnings
@@ -55,7 +55,7 @@ from cconv.engine import optimizers
 from cconv.engine.gossip import check_gamma
 from cconv.engine.launchers import LAUNCHERS
 from cconv.experiments import writers
-from cconv.experiments.config import ARCHITECTURE_ALIASES, GOSSIP_FIELDS, RunConfig, check_batch
+from cconv.experiments.config import ARCHITECTURE_ALIASES, FIELDS, RunConfig, check_batch, default_of
 from cconv.experiments.errors import ConfigError
 from cconv.experiments.optax_names import check_arguments, optimizer_function, parameters, schedule_function
 from cconv.theory import constants, network
@@ -70,30 +70,6 @@ PARTITION_KEYS = ("partition", "alpha", "min_size", "shards_per_worker")  # data
 # required schedule arguments filled from the run when a config leaves them out (first present wins)
 SCHEDULE_VALUE_ARGS = ("peak_value", "init_value", "value")  # = lr
 SCHEDULE_LENGTH_ARGS = ("decay_steps", "transition_steps")  # = steps - lr_warmup
-# RunConfig keys that are EngineConfig fields of the same name, passed as they are
-ENGINE_FIELDS = (
-    "workers",
-    "memory",
-    "momentum",
-    "masking",
-    "clip",
-    "local_steps",
-    "local_steps_init",
-    "adapt_every",
-    "sync",
-    "staleness",
-    "max_staleness",
-    "stragglers",
-    "jitter",
-    "worker_speeds",
-    "post_local_switch",
-    "compress_delta",
-    "granularity",
-    "min_compress_size",
-    "compress_vectors",
-    "vote",
-    *GOSSIP_FIELDS,
-)
 
 
 class Problem(NamedTuple):
@@ -493,12 +469,8 @@ def _optimizer_fields(cfg: RunConfig, optimizer: Any) -> dict:
     Adam's compressor, memory and dense warm-up); a config key of the same name left at its default
     or a one-line ConfigError."""
     fields = getattr(optimizer, "engine", None) or {}
-    defaults = {
-        f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
-        for f in dataclasses.fields(RunConfig)
-    }
     for k in fields:
-        if k in defaults and getattr(cfg, k) != defaults[k]:
+        if k in FIELDS and getattr(cfg, k) != default_of(k):
             raise ConfigError(
                 f"optimizer {cfg.optimizer['name']} sets the engine's {k} itself (from its own knobs); "
                 f"remove {k}: {shown(getattr(cfg, k))} from the config"
@@ -529,7 +501,7 @@ def make_engine_config(
     }
     try:
         fields = {
-            **{k: getattr(cfg, k) for k in ENGINE_FIELDS},
+            **cfg.engine_section(),  # the engine's keys as configured; those spelt otherwise replaced:
             **topology,
             "compressor": compression.compressor,
             "ps_downlink": compression.downlink,

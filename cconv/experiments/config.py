@@ -17,11 +17,14 @@ A run config is a flat mapping (YAML, loaded with a safe loader, see below)::
     tensorboard: true                         # also write TensorBoard event files (optional)
 
 Every key is declared once, in the body of ``RunConfig`` (the schema: ``key(default, help,
-rule)``; ``FIELDS``; ``cconv run --help`` prints them).  ``from_dict`` checks a mapping against it
-once (unknown keys, every number, each key's rule, then ``CROSS_RULES``) into a frozen
-``RunConfig``.  An unknown key is an error that lists the valid ones.  Nested values of the keys
-declared ``dotted`` are addressed with dots in ``--set`` overrides (``--set
-compressor.ratio=0.001``); values are parsed as YAML scalars.
+rule)``; ``FIELDS``; ``cconv run --help`` prints them).  The engine's keys are its section: each
+is the ``EngineConfig`` field of the same name, declared ``engine_key(help)`` and given the
+engine field's default and rule (``ENGINE_KEYS``; ``RunConfig.engine_section`` is what the build
+passes on).
+``from_dict`` checks a mapping against the schema once (unknown keys, every number, each key's
+rule, then ``CROSS_RULES``) into a frozen ``RunConfig``.  An unknown key is an error that lists
+the valid ones.  Nested values of the keys declared ``dotted`` are addressed with dots in
+``--set`` overrides (``--set compressor.ratio=0.001``); values are parsed as YAML scalars.
 
 Sweep files (``base`` + ``grid``, ``include``, ``rules``) are expanded by ``cconv.experiments.sweep``.
 
@@ -63,15 +66,21 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+import types
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
+from cconv._rules import Rule, choice, flag, fraction, integer, is_number, number, string
 from cconv._text import shown, shown_name, shown_names
-from cconv.engine.config import ADAPTIVE, ARCHITECTURES, COLLECTIVES, GRANULARITIES, LAUNCHERS, MEMORIES
-from cconv.engine.sync import config_names as sync_names
+from cconv.engine.config import (
+    ARCHITECTURES,
+    GOSSIP_FIELDS,
+    LAUNCHERS,
+    EngineConfig,
+)
 from cconv.experiments.errors import ConfigError
 from cconv.experiments.optax_names import optimizer_function, schedule_function
 
@@ -84,32 +93,25 @@ ARCHITECTURE_ALIASES: dict[str, dict[str, str]] = {
     "gtopk": {"architecture": "all-to-all", "collective": "gtopk"},
 }
 WARMUP_KEYS = ("densities", "steps_per_stage", "dense_steps")
-# fields added after runs were written: an older config.yaml without them holds their default,
-# and at their default they are left out of ``digest`` (old run directories resume unchanged)
-ADDED_FIELDS: dict[str, Any] = {
-    "ef_scale": None,
-    "tensorboard": False,
-    "sync": "bsp",
-    "staleness": 0,
-    "max_staleness": None,
-    "stragglers": None,
-    "jitter": 0.0,
-    "worker_speeds": None,
-    "adapt_every": 50,
-    "local_steps_init": 4,
-    "schedule": None,
-    "servers": None,
-    "advise": None,
-}
-# gossip (decentralized training, sync: gossip): EngineConfig's fields of the same names
-GOSSIP_FIELDS: dict[str, Any] = {
-    "gossip": "dpsgd",
-    "topology": "ring",
-    "torus": None,
-    "mixing": None,
-    "gossip_gamma": None,  # null: the compressor's safe consensus step (cconv.theory.gossip.safe_gamma)
-}
-ADDED_FIELDS.update(GOSSIP_FIELDS)
+# keys added after runs were written: an older config.yaml without them holds their default
+# (``read_stored`` fills it in), and at their default they are left out of ``digest`` (old run
+# directories resume unchanged); names only, the defaults are the schema's (``default_of``)
+ADDED_FIELDS: tuple[str, ...] = (
+    "ef_scale",
+    "tensorboard",
+    "sync",
+    "staleness",
+    "max_staleness",
+    "stragglers",
+    "jitter",
+    "worker_speeds",
+    "adapt_every",
+    "local_steps_init",
+    "schedule",
+    "servers",
+    "advise",
+    *GOSSIP_FIELDS,  # the engine's gossip fields (cconv.engine.config), needing sync: gossip
+)
 # keys that only steer the advisor or the report, never what is trained: they are no part of a
 # run's identity (``identity``: ``digest``, the stored-config comparison of ``cconv run``/``sweep``),
 # so adding an ``advise:`` block or changing ``target_loss`` keeps a finished run finished.  The run
@@ -126,96 +128,10 @@ def identity(d: dict) -> dict:
 # --------------------------------------------------------------------------- rules
 # A rule checks one key's value and returns it normalized (ints stay ints, numbers become floats,
 # a name becomes {name: ...}): ``rule(key, value, run)``, ``run`` the keys checked before it (in
-# table order), or a one-line ConfigError naming the key.  Each key of ``RunConfig`` names its
-# rule; ``CROSS_RULES`` (below ``from_dict``) check keys against each other afterwards.
-Rule = Callable[[str, Any, Mapping[str, Any]], Any]
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def integer(lo: int = 1, *, optional: bool = False, also: tuple = ()) -> Rule:
-    """An integer >= ``lo`` (``None`` when ``optional``; the words of ``also`` pass as they are)."""
-
-    def check(name: str, v: Any, run: Mapping) -> Any:
-        if (v is None and optional) or (isinstance(v, str) and v in also):
-            return v
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ConfigError(f"{name} must be an integer >= {lo}, got {shown(v)}")
-        return v
-
-    return check
-
-
-def number(
-    lo: float | None = None, *, strict: bool = False, optional: bool = False, below: float | None = None
-) -> Rule:
-    """A finite number, as a float: >= ``lo`` (> when ``strict``), < ``below``; ``None`` when ``optional``."""
-
-    def check(name: str, v: Any, run: Mapping) -> float | None:
-        if v is None and optional:
-            return None
-        if not _is_number(v) or not math.isfinite(v):
-            raise ConfigError(f"{name} must be a number, got {shown(v)}")
-        if lo is not None and (v <= lo if strict else v < lo):
-            raise ConfigError(f"{name} must be {'>' if strict else '>='} {lo}, got {shown(v)}")
-        if below is not None and v >= below:
-            raise ConfigError(f"{name} must be in [{lo:g}, {below:g}), got {shown(float(v))}")
-        return float(v)
-
-    return check
-
-
-def fraction(what: str, *, also: tuple = ()) -> Rule:
-    """A number in (0, 1], as a float; ``None`` and the words of ``also`` pass (``what`` says so)."""
-
-    def check(name: str, v: Any, run: Mapping) -> Any:
-        if v is None or (isinstance(v, str) and v in also):
-            return v
-        if not _is_number(v) or not 0 < v <= 1:
-            raise ConfigError(f"{name} must be {what}, got {shown(v)}")
-        return float(v)
-
-    return check
-
-
-def choice(options: Callable[[], Iterable[str]], *, optional: bool = False, null: str | None = None) -> Rule:
-    """One of ``options()`` (asked when checked: registries fill in at import); ``None`` passes when
-    ``optional`` and stands for ``null`` when one is given."""
-
-    def check(name: str, v: Any, run: Mapping) -> Any:
-        if v is None and optional:
-            return None
-        v = null if v is None and null is not None else v
-        valid = tuple(options())
-        if v not in valid:
-            raise ConfigError(f"{name} must be one of {', '.join(valid)}; got {shown(v)}")
-        return v
-
-    return check
-
-
-def flag() -> Rule:
-    """true or false."""
-
-    def check(name: str, v: Any, run: Mapping) -> bool:
-        if not isinstance(v, bool):
-            raise ConfigError(f"{name} must be true or false, got {shown(v)}")
-        return v
-
-    return check
-
-
-def string() -> Rule:
-    """A string."""
-
-    def check(name: str, v: Any, run: Mapping) -> str:
-        if not isinstance(v, str):
-            raise ConfigError(f"{name} must be a string, got {shown(v)}")
-        return v
-
-    return check
+# table order), or a one-line error naming the key (``from_dict`` makes a ValueError a
+# ConfigError).  Each key of ``RunConfig`` names its rule (an engine key: the engine's, from
+# ``cconv._rules``: integer, number, fraction, choice, flag, string, numbers); ``CROSS_RULES`` (below
+# ``from_dict``) check keys against each other afterwards.  The rules below are the run config's.
 
 
 def named(
@@ -282,23 +198,9 @@ def densities() -> Rule:
     """``dgc`` (DGC's warm-up densities) or a list of densities in (0, 1]."""
 
     def check(name: str, v: Any, run: Mapping) -> Any:
-        if v != "dgc" and (not isinstance(v, list) or not all(_is_number(x) and 0 < x <= 1 for x in v)):
+        if v != "dgc" and (not isinstance(v, list) or not all(is_number(x) and 0 < x <= 1 for x in v)):
             raise ConfigError(f"{name} must be 'dgc' or a list of numbers in (0, 1], got {shown(v)}")
         return v
-
-    return check
-
-
-def numbers(count: str, item: Rule) -> Rule:
-    """``None`` or a list (one number per ``run[count]``; the length is the engine's check), each
-    item checked by ``item``."""
-
-    def check(name: str, v: Any, run: Mapping) -> list | None:
-        if v is None:
-            return None
-        if not isinstance(v, list):
-            raise ConfigError(f"{name} must be null or a list of {run.get(count)} numbers, got {shown(v)}")
-        return [item(f"{name}[]", x, run) for x in v]
 
     return check
 
@@ -363,6 +265,40 @@ def key(default: Any, doc: str, rule: Rule, *, dotted: bool = False) -> Any:
     return field(default=default, metadata=meta)
 
 
+def engine_key(
+    doc: str, rule: Rule | None = None, *, dotted: bool = False, run_default: Any = dataclasses.MISSING
+) -> Any:
+    """A config key that is the ``EngineConfig`` field of the same name (the engine's section of
+    the schema: ``ENGINE_KEYS``, ``RunConfig.engine_section``, passed on by
+    ``build.make_engine_config``).  Its default and its rule are the engine's, read from the
+    dataclass field (``_engine_defaults``), unless a run's own differ: ``run_default``
+    (``workers``), or a ``rule`` for a key a config spells otherwise than the engine (a mapping
+    for ``warmup``, the aliases of ``architecture``, the launchers ``cconv run`` offers)."""
+    meta = {"help": doc, "rule": rule, "dotted": dotted, "engine": True}
+    if run_default is dataclasses.MISSING:
+        return field(metadata=meta)
+    return field(default=run_default, metadata={**meta, "run_default": True})
+
+
+def _engine_defaults(cls: type) -> type:
+    """Give each ``engine_key`` of ``cls``'s body the default (unless a ``run_default``) and the
+    rule (unless its own) of ``EngineConfig``'s field of the same name, before ``dataclass`` reads
+    the body: an engine key's default and range are written once, in the engine."""
+    engine = {f.name: f for f in dataclasses.fields(EngineConfig)}
+    for name, f in vars(cls).items():
+        if not isinstance(f, dataclasses.Field) or not f.metadata.get("engine"):
+            continue
+        if name not in engine:
+            raise TypeError(f"engine_key {name!r}: EngineConfig has no field {name!r}")
+        if not f.metadata.get("run_default"):
+            f.default = engine[name].default
+        if f.metadata["rule"] is None:
+            if "rule" not in engine[name].metadata:
+                raise TypeError(f"engine_key {name!r}: EngineConfig.{name} declares no rule; give the key its own")
+            f.metadata = types.MappingProxyType({**f.metadata, "rule": engine[name].metadata["rule"]})
+    return cls
+
+
 def _launchers() -> list[str]:
     # the runner is one process: launchers that need one process per worker (mpirun) are for the
     # engine API (experiments/cluster/), not for `cconv run`
@@ -379,6 +315,7 @@ def _schedules() -> list[str]:
 
 
 @dataclass(frozen=True)
+@_engine_defaults
 class RunConfig:
     """One training run, validated (``from_dict``) and immutable: the class body is the config
     schema, one ``key(default, help, rule)`` per config key (``FIELDS``; ``field_help`` prints it).
@@ -405,7 +342,9 @@ class RunConfig:
         named(paths=("root",)),
         dotted=True,
     )
-    workers: int = key(8, "data-parallel workers (simulated CPU devices on CPU)", integer(1))
+    workers: int = engine_key(
+        "data-parallel workers (simulated CPU devices on CPU)", run_default=8
+    )  # a run simulates 8 devices on CPU; the engine's API default is 1
     steps: int = key(300, "training steps", integer(1))
     batch_size: int = key(256, "global batch size (divided evenly among workers)", integer(1))
     optimizer: dict = key(
@@ -426,42 +365,28 @@ class RunConfig:
     compressor: dict = key(
         {"name": "none"}, "compressor name or {name, **hparams} (cconv.compressors.names())", named(), dotted=True
     )
-    memory: str = key(
-        "none",
-        "none | ef (error feedback) | dgc (momentum correction) | ef21 | ef21_sgdm (EF21, EF21-SGDM)",
-        choice(lambda: MEMORIES, null="none"),
+    memory: str = engine_key(
+        "none | ef (error feedback) | dgc (momentum correction) | ef21 | ef21_sgdm (EF21, EF21-SGDM)"
     )
-    momentum: float = key(
-        0.9, "DGC momentum when memory is dgc; beta = 1 - eta when memory is ef21_sgdm", number(0.0, below=1)
-    )
-    masking: bool = key(True, "DGC momentum-factor masking when memory is dgc", flag())
+    momentum: float = engine_key("DGC momentum when memory is dgc; beta = 1 - eta when memory is ef21_sgdm")
+    masking: bool = engine_key("DGC momentum-factor masking when memory is dgc")
     ef_scale: Any = key(
         None,
         "memory ef: scale the compressor's input by a in (0, 1], or auto (= 1/(1+omega)); null: 1",
         fraction("null, auto or a number in (0, 1]", also=("auto",)),
     )
-    clip: Any = key(
-        None,
-        "local gradient-clipping threshold (scaled by N^-1/2), or null",
-        number(0.0, strict=True, optional=True),
-    )
-    warmup: Any = key(
-        None,
+    clip: Any = engine_key("local gradient-clipping threshold (scaled by N^-1/2), or null")
+    warmup: Any = engine_key(
         "density warm-up {densities: [..] or dgc, steps_per_stage, dense_steps}, or null",
         mapping(f"null or a mapping {{{', '.join(WARMUP_KEYS)}}}", WARMUP_KEYS, values={"densities": densities()}),
     )
-    local_steps: Any = key(
-        1,
-        "local SGD steps between model averaging (1 = BSP), or adaptive (AdaComm)",
-        integer(1, also=(ADAPTIVE,)),
-    )
-    local_steps_init: int = key(4, "local_steps: adaptive: H_0, the initial period", integer(1))
-    adapt_every: int = key(50, "local_steps: adaptive: steps between updates of H", integer(1))
-    sync: str = key("bsp", "bsp | ssp | asp (asp needs architecture: parameter-server) | gossip", choice(sync_names))
-    staleness: int = key(0, "sync: ssp: staleness bound s (0 = BSP)", integer(0))
-    max_staleness: Any = key(None, "sync: asp: parameter versions kept (null: 2 workers)", integer(1, optional=True))
-    stragglers: Any = key(
-        None,
+    local_steps: Any = engine_key("local SGD steps between model averaging (1 = BSP), or adaptive (AdaComm)")
+    local_steps_init: int = engine_key("local_steps: adaptive: H_0, the initial period")
+    adapt_every: int = engine_key("local_steps: adaptive: steps between updates of H")
+    sync: str = engine_key("bsp | ssp | asp (asp needs architecture: parameter-server) | gossip")
+    staleness: int = engine_key("sync: ssp: staleness bound s (0 = BSP)")
+    max_staleness: Any = engine_key("sync: asp: parameter versions kept (null: 2 workers)")
+    stragglers: Any = engine_key(
         "timing model: {fraction, slowdown}: a fixed subset computes slowdown x slower",
         mapping(
             "null or a mapping {fraction, slowdown}",
@@ -469,24 +394,21 @@ class RunConfig:
             values={"fraction": number(), "slowdown": number()},
         ),
     )
-    jitter: float = key(0.0, "timing model: lognormal sigma per worker-step", number(0.0))
-    worker_speeds: Any = key(
-        None, "timing model: relative compute time per worker", numbers("workers", number(0.0, strict=True))
-    )
-    post_local_switch: int = key(0, "step at which BSP switches to local SGD (post-local SGD)", integer(0))
-    compress_delta: bool = key(False, "local SGD: compress the averaged model delta", flag())
-    granularity: str = key("layerwise", "layerwise | fused (one flat buffer)", choice(lambda: GRANULARITIES))
-    min_compress_size: int = key(0, "tensors with fewer elements are sent dense", integer(0))
-    compress_vectors: bool = key(True, "false: biases and other 1-D tensors are sent dense", flag())
-    architecture: str = key(
-        "all-to-all",
+    jitter: float = engine_key("timing model: lognormal sigma per worker-step")
+    worker_speeds: Any = engine_key("timing model: relative compute time per worker")
+    post_local_switch: int = engine_key("step at which BSP switches to local SGD (post-local SGD)")
+    compress_delta: bool = engine_key("local SGD: compress the averaged model delta")
+    granularity: str = engine_key("layerwise | fused (one flat buffer)")
+    min_compress_size: int = engine_key("tensors with fewer elements are sent dense")
+    compress_vectors: bool = engine_key("false: biases and other 1-D tensors are sent dense")
+    architecture: str = engine_key(
         "all-to-all | parameter-server | ps (= parameter-server) | gtopk (= all-to-all with collective gtopk)",
         choice(lambda: (*ARCHITECTURES, *ARCHITECTURE_ALIASES)),
     )
-    collective: str = key("auto", "auto (the compressor's) | allgather | gtopk", choice(lambda: COLLECTIVES))
-    vote: bool = key(False, "signSGD majority vote (sign compressors only); a tie gives +1", flag())
-    ps_downlink: Any = key(None, "PS downlink compressor (name or mapping) or null", named(optional=True), dotted=True)
-    launcher: str = key("shard_map", " | ".join(_launchers()), choice(_launchers))
+    collective: str = engine_key("auto (the compressor's) | allgather | gtopk")
+    vote: bool = engine_key("signSGD majority vote (sign compressors only); a tie gives +1")
+    ps_downlink: Any = engine_key("PS downlink compressor (name or mapping) or null", named(optional=True), dotted=True)
+    launcher: str = engine_key(" | ".join(_launchers()), choice(_launchers))
     network: Any = key(
         None, "network for simulated time: preset name, {name, alpha, beta}, or a list", network_entries(), dotted=True
     )
@@ -522,29 +444,28 @@ class RunConfig:
         mapping("a mapping (cconv.advisor.space)"),
     )
     # --- gossip (decentralized training, cconv.engine.gossip; values and combinations: EngineConfig)
-    gossip: str = key(
-        "dpsgd", "sync gossip: dpsgd (D-PSGD; with a compressor: naive compressed gossip) | choco", string()
+    gossip: str = engine_key("sync gossip: dpsgd (D-PSGD; with a compressor: naive compressed gossip) | choco")
+    topology: str = engine_key("sync gossip: ring | torus | exponential | complete | matrix")
+    torus: Any = engine_key(
+        "topology torus: [rows, cols] (null: most square)", nested_list("a list [rows, cols] or null")
     )
-    topology: str = key("ring", "sync gossip: ring | torus | exponential | complete | matrix", string())
-    torus: Any = key(
-        None, "topology torus: [rows, cols] (null: most square)", nested_list("a list [rows, cols] or null")
-    )
-    mixing: Any = key(
-        None,
+    mixing: Any = engine_key(
         "topology matrix: the P x P mixing matrix (list of rows)",
         nested_list("a list of rows (a P x P matrix) or null", depth=2),
     )
-    gossip_gamma: Any = key(
-        None,
+    gossip_gamma: Any = engine_key(
         "consensus step size in (0, 1] (choco; dpsgd with a compressor); null: the compressor's "
-        "contraction delta (1 uncompressed); a value above it warns",
-        fraction("null (the compressor's safe value) or in (0, 1]"),
+        "contraction delta (1 uncompressed); a value above it warns"
     )
 
     # ------------------------------------------------------------------ helpers
     def to_dict(self) -> dict:
         """Every field, as plain Python values."""
         return dataclasses.asdict(self)
+
+    def engine_section(self) -> dict[str, Any]:
+        """The values of the engine's keys (``ENGINE_KEYS``), as configured."""
+        return {k: getattr(self, k) for k in ENGINE_KEYS}
 
     def seeds(self) -> list[int]:
         """The seeds of the run (one, or the list run as one vmapped program)."""
@@ -559,12 +480,14 @@ class RunConfig:
     def digest(self) -> str:
         """A short hash of the resolved config (identifies a run's content: ``identity``, the keys
         that steer only the advisor or the report left out)."""
-        d = {k: v for k, v in identity(self.to_dict()).items() if k not in ADDED_FIELDS or v != ADDED_FIELDS[k]}
+        d = {k: v for k, v in identity(self.to_dict()).items() if k not in ADDED_FIELDS or v != default_of(k)}
         blob = json.dumps(d, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(RunConfig)}
+# the engine's section of the schema: keys that are ``EngineConfig`` fields (declared ``engine_key``)
+ENGINE_KEYS: tuple[str, ...] = tuple(k for k, f in FIELDS.items() if f.metadata.get("engine"))
 
 
 def default_of(name: str) -> Any:
@@ -715,7 +638,7 @@ def load_yaml(path: str) -> Any:
 
 def read_stored(path: str) -> dict:
     """A run directory's ``config.yaml`` as a mapping, fields added since it was written filled with
-    the defaults they held (``ADDED_FIELDS``); a damaged file (not UTF-8, not YAML, not a mapping)
+    their defaults (``ADDED_FIELDS``, at ``default_of``); a damaged file (not UTF-8, not YAML, not a mapping)
     is a one-line ConfigError naming it."""
     try:
         raw = parse_yaml(read_text(path), path)
@@ -723,9 +646,9 @@ def read_stored(path: str) -> dict:
         raise ConfigError(f"damaged run config: {e}; move the run directory aside or choose another --out") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"damaged run config {path}: not a mapping of config keys; move the run directory aside")
-    if raw.get("sync", "bsp") != "gossip" and raw.get("gossip_gamma") == 1.0:  # written when 1.0 was the
+    if raw.get("sync", default_of("sync")) != "gossip" and raw.get("gossip_gamma") == 1.0:  # written when 1.0 was the
         raw["gossip_gamma"] = None  # default (moot outside gossip); today's default is null
-    return {**{k: v for k, v in ADDED_FIELDS.items() if k not in raw}, **raw}
+    return {**{k: default_of(k) for k in ADDED_FIELDS if k not in raw}, **raw}
 
 
 def parse_value(text: str) -> Any:
@@ -859,7 +782,7 @@ def _check_gossip(cfg: RunConfig) -> None:
     """The gossip keys need ``sync: gossip`` (set to anything but their defaults), and gossip at
     least 2 workers (the keys' values and combinations: ``EngineConfig``, in ``check_names``)."""
     if cfg.sync != "gossip":
-        set_keys = [k for k, default in GOSSIP_FIELDS.items() if getattr(cfg, k) != default]
+        set_keys = [k for k in GOSSIP_FIELDS if getattr(cfg, k) != default_of(k)]
         if set_keys:
             raise ConfigError(f"{', '.join(set_keys)}: gossip keys, but sync is {cfg.sync} (they need sync: gossip)")
     if cfg.sync == "gossip" and cfg.workers < 2:
@@ -893,7 +816,10 @@ def from_dict(raw: Any, source: str = "config") -> RunConfig:
     raw = copy.deepcopy(raw)  # the RunConfig shares no container with its caller
     values: dict[str, Any] = {}
     for name, f in FIELDS.items():
-        values[name] = f.metadata["rule"](name, raw[name] if name in raw else default_of(name), values)
+        try:
+            values[name] = f.metadata["rule"](name, raw[name] if name in raw else default_of(name), values)
+        except ValueError as e:  # a rule of cconv._rules (the engine's too) names the key; one line
+            raise ConfigError(str(e)) from None
     cfg = RunConfig(**values)
     for rule in CROSS_RULES:
         rule(cfg)

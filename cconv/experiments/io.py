@@ -251,8 +251,10 @@ def read_json(path: str) -> Any:
     return json.loads(read_text(path))
 
 
-class JsonlWriter:
-    """Append JSON lines; every line is one ``write`` followed by flush and fsync."""
+class LineLog:
+    """An append-only file of JSON lines (cconv's own, opened by ``open_file``); every ``write``
+    is one ``write`` call followed by flush and fsync.  ``writers.JsonlWriter``, the metric
+    backend, appends ``metrics.jsonl`` through it."""
 
     def __init__(self, path: str):
         self.path = path
@@ -275,7 +277,7 @@ class JsonlWriter:
         if not self._fh.closed:
             self._fh.close()
 
-    def __enter__(self) -> JsonlWriter:
+    def __enter__(self) -> LineLog:
         return self
 
     def __exit__(self, *exc: Any) -> None:

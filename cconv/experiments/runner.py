@@ -56,7 +56,7 @@ alpha-beta model of ``cconv.theory.network`` applied to the collectives the step
 ``trainer.step_work(step)`` states them.  The clock is ``cconv.experiments.clock`` (the one the
 advisor uses too, with modelled instead of measured costs).  Steps without communication (local SGD) cost
 ``t_compute`` only.  With a worker timing model (``stragglers``, ``jitter``, ``worker_speeds``;
-``cconv.engine.timing``) ``t_compute`` is multiplied by the synchronization mode's span of the
+``cconv.engine.worker_clock``) ``t_compute`` is multiplied by the synchronization mode's span of the
 step (``SyncMode.span``): BSP and local SGD wait for the slowest worker every step, SSP and ASP
 follow their event schedules (ASP: one logged step = P gradient arrivals).  SSP and ASP lines
 also carry ``staleness_mean`` / ``staleness_max`` (a line's mean over the logged steps since the

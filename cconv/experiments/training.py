@@ -89,6 +89,8 @@ def train_steps(loop: Loop) -> None:
     ``loop`` (module docstring)."""
     cfg, step_fn = loop.problem.cfg, loop.problem.trainer.step
     step_keys = [seed_keys(s)["steps"] for s in loop.problem.seeds]
+    if len(step_keys) > 1:
+        step_keys = jnp.stack(step_keys)
     pending: list = []
     while loop.step < cfg.steps:
         batch, key = step_inputs(loop.problem, loop.step, step_keys)
@@ -105,14 +107,17 @@ def train_steps(loop: Loop) -> None:
         _checkpoint_or_stop(loop, signalled)
 
 
-def step_inputs(problem: Problem, step: int, step_keys: list) -> tuple[Any, Any]:
-    """(batch, key) of one step; several seeds: stacked on a leading seed axis."""
+@jax.jit
+def _fold_in_each(keys, step):
+    """``fold_in(k, step)`` of every seed's key, one program (eager, 2 S dispatches a step)."""
+    return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, step)
+
+
+def step_inputs(problem: Problem, step: int, step_keys: Any) -> tuple[Any, Any]:
+    """(batch, key) of one step; several seeds (``step_keys`` stacked): on a leading seed axis."""
     batch = [b.next() for b in problem.batchers]
     if len(problem.seeds) > 1:
-        return (
-            {k: np.stack([bt[k] for bt in batch]) for k in batch[0]},
-            jnp.stack([jax.random.fold_in(k, step) for k in step_keys]),
-        )
+        return {k: np.stack([bt[k] for bt in batch]) for k in batch[0]}, _fold_in_each(step_keys, step)
     return batch[0], jax.random.fold_in(step_keys[0], step)
 
 

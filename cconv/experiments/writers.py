@@ -73,13 +73,13 @@ class JsonlWriter:
     """``metrics.jsonl``: one JSON object per ``write_scalars`` call, ``{"step": step, **scalars}``.
 
     Lines are buffered until ``flush``, which appends all of them in one ``write`` followed by
-    flush and fsync (``io.JsonlWriter.write_many``): the runner flushes every batch of metric
+    flush and fsync (``io.LineLog.write_many``): the runner flushes every batch of metric
     lines before it checkpoints, so the lines of steps <= s are on disk before checkpoint s.
     """
 
     def __init__(self, path: str):
         self.path = path
-        self._out = io.JsonlWriter(path)
+        self._out = io.LineLog(path)
         self._pending: list[dict] = []
 
     def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:

@@ -53,21 +53,48 @@ The dense baseline has no compress/decompress; over MPI it pays the staging of i
 Under ``ddp-hook`` the same formulas apply to one bucket of n elements (the flat tensor), or, for a
 per-tensor aggregation, to each of its tensors.
 
-Constants (``Implementation`` fields): ``t_op`` (``OP_S``), ``SORT_PASSES`` and ``HOST_BW`` were
-fitted together on a declared calibration subset of the GRACE data release (ResNet-50 on 8 V100
+A compressor whose framework implementation loops until a data-dependent condition holds
+(``Cost.rounds``: GRACE's DGC re-thresholds until the selected count is within bounds) adds
+
+    loop       = rounds(n) (ROUND_S + round_passes F(n))
+
+with rounds(n) the loop's expected rounds on a tensor of n elements (the compressor's own model
+of its loop) and ROUND_S what a round costs beyond its passes: the host reads the loop's
+predicate (a device -> host copy it waits for) before it issues the next round.
+
+Constants (``Implementation`` fields): ``t_op`` (``OP_S``), ``SORT_PASSES``, ``HOST_BW`` and
+``ROUND_S`` were fitted together on a declared calibration subset of the GRACE data release (ResNet-50 on 8 V100
 servers at 25 Gbit/s: ``cconv.theory.validation.CALIBRATION``; ``cconv.theory.validation.calibrate``
 reproduces them) and are checked on runs they were not fitted to (``cconv.theory.validation``,
 docs/clusters.md).  For scale: 47.7 us per operation is TensorFlow graph-mode dispatch plus a
 kernel launch, several times a bare CUDA launch (``Device.launch_s`` = 5 us); 400 read floors is
 ~45 ms for ResNet-50's 25.6 M gradient elements on a V100, a framework top-k that sorts each
 tensor; 2.38 GB/s is below PCIe 3.0 x16's 15.75 GB/s (its datasheet): pageable copies plus MPI's
-own buffer copies over TCP.
+own buffer copies over TCP; 74.5 us a loop round is one and a half operations: a kernel, its
+predicate copied to the host, the wait for it (the fit without the loop term kept the other three
+constants where they are, at a calibration loss of 0.0277; with it, 0.0265).
 ``RADIX_PASSES`` is the structure of a radix select of 32-bit keys with 8-bit digits: four
 histogram passes and one selection pass (Alabi et al., "Fast k-selection algorithms for graphics
 processing units", JEA 2012; PyTorch's ``torch.topk`` uses it).
-``ddp-hook`` adds no constant: it reuses ``OP_S`` and ``SORT_PASSES`` as fitted (a structure, not a
-fit; it was added after the Global-QSGD validation cases had been seen to miss under ``per-tensor``,
+``ddp-hook`` adds no constant: it reuses ``SORT_PASSES`` as fitted (a structure, not a fit; it was
+added after the Global-QSGD validation cases had been seen to miss under ``per-tensor``,
 docs/clusters.md), and DDP's bucket limits are PyTorch's defaults.
+
+Queued operations (``Implementation.queued``, ``op_cost``): PyTorch's eager operations are queued
+asynchronously ("By default, GPU operations are asynchronous. When you call a function that uses
+the GPU, the operations are enqueued to the particular device, but not necessarily executed until
+later", PyTorch docs, notes/cuda.rst, "Asynchronous execution"), and a DDP hook runs on the host
+while the GPU still executes the backward kernels queued before it.  The host's dispatch of an
+operation (``op_s``) then runs ahead of the GPU; what holds the compute stream is the kernel's
+own per-launch cost, ``Device.launch_s`` (5 us; back-to-back asynchronous launches of an empty
+kernel sustain ~334,000 a second, ~3 us each: Boyer, "CUDA kernel overhead",
+cs.virginia.edu/~mwb7w/cuda_support/kernel_overhead.html).  TensorFlow 1's graph executor (GRACE's
+runs), from which ``OP_S`` was fitted, is not given this: its fit already is what an operation cost
+there.  The host stays ahead while its dispatch of an iteration's operations takes less than the
+GPU's work (NVIDIA's Nsight Systems guide measured ~20 us for a PyTorch element-wise kernel on a
+V100, host to device; Wide ResNet-101-2's PowerSGD hook issues ~3,000 per 100 ms iteration: ~60
+ms); the model does not check it.  ``ddp-hook`` is queued; it was made so after the Global-QSGD
+PowerSGD case had been seen to miss (+123 %, docs/clusters.md), and adds no constant.
 """
 
 from __future__ import annotations
@@ -87,6 +114,7 @@ FLOAT_BYTES = 4
 OP_S = 10e-6 * 1.25**7  # 47.7 us per framework operation on one tensor (op dispatch + kernel launch)
 SORT_PASSES = 400.0  # a framework top-k costs 400 read floors of the tensor (a sort, not a pass)
 HOST_BW = 0.5e9 * 1.25**7  # 2.38 GB/s of device <-> host staging on the MPI path (D2H, H2D, MPI's copies)
+ROUND_S = 10e-6 * 1.25**9  # 74.5 us per round of a framework's data-dependent loop: the host reads its predicate
 RADIX_PASSES = 5.0  # radix select of 32-bit keys, 8-bit digits: 4 histogram passes + 1 selection pass
 # PyTorch DDP's bucket byte limits (torch/csrc/distributed/c10d/reducer.hpp): the first bucket
 # kDefaultFirstBucketBytes = 1 MiB, every later one kDefaultBucketBytesCap = bucket_cap_mb = 25 MiB
@@ -108,7 +136,9 @@ class Implementation(NamedTuple):
     ``bucket_limits``, on each DDP bucket; else cconv's fused program), ``op_s`` seconds per op,
     ``sort_passes`` the cost of a framework top-k in read floors, ``host_bw`` bytes/s of host
     staging (0: payloads stay on the GPU), ``bucket_limits`` the byte limits of DDP's buckets, the
-    last repeated (``buckets``; (): no buckets, a compressor sees each tensor)."""
+    last repeated (``buckets``; (): no buckets, a compressor sees each tensor), ``queued`` whether
+    the framework queues its operations asynchronously on the GPU (``op_cost``), ``round_s`` seconds
+    per round of a data-dependent loop (``Cost.rounds``: the host reads the loop's predicate)."""
 
     name: str
     per_tensor: bool
@@ -117,6 +147,15 @@ class Implementation(NamedTuple):
     host_bw: float = 0.0
     source: str = ""
     bucket_limits: tuple[float, ...] = ()
+    queued: bool = False
+    round_s: float = 0.0
+
+    def op_cost(self, device: Device) -> float:
+        """Seconds one framework operation holds the compute stream: ``op_s`` (dispatch and launch,
+        in line), or, where the framework queues its operations asynchronously (``queued``: PyTorch
+        eager), the device's own per-kernel cost ``Device.launch_s`` (the host's dispatch, ``op_s``,
+        runs ahead of the GPU and hides behind the kernels already queued; module docstring)."""
+        return device.launch_s if self.queued else self.op_s
 
     @property
     def packs_bits(self) -> bool:
@@ -127,9 +166,11 @@ class Implementation(NamedTuple):
 
 IMPLEMENTATIONS: dict[str, Implementation] = {
     "fused": Implementation("fused", False, source="cconv's jitted program: its benchmarked cost (schedule.compress)"),
-    "per-tensor": Implementation("per-tensor", True, OP_S, SORT_PASSES, 0.0, FIT_SOURCE),
-    "mpi": Implementation("mpi", True, OP_S, SORT_PASSES, HOST_BW, FIT_SOURCE),
-    "ddp-hook": Implementation("ddp-hook", True, OP_S, SORT_PASSES, 0.0, DDP_SOURCE, DDP_BUCKET_LIMITS),
+    "per-tensor": Implementation("per-tensor", True, OP_S, SORT_PASSES, 0.0, FIT_SOURCE, round_s=ROUND_S),
+    "mpi": Implementation("mpi", True, OP_S, SORT_PASSES, HOST_BW, FIT_SOURCE, round_s=ROUND_S),
+    "ddp-hook": Implementation(
+        "ddp-hook", True, OP_S, SORT_PASSES, 0.0, DDP_SOURCE, DDP_BUCKET_LIMITS, queued=True, round_s=ROUND_S
+    ),
 }
 DEFAULT = "fused"
 
@@ -192,10 +233,12 @@ def compress_s(c: Compressor, shape: tuple[int, ...], impl: Implementation, devi
     """Seconds of one per-tensor compress of a tensor of ``shape`` (module docstring)."""
     cost = C.entry_of(c).cost
     n = float(math.prod(shape))
-    t = cost.compress_ops * impl.op_s + cost.compress_passes * device.read_floor(n)
+    t = cost.compress_ops * impl.op_cost(device) + cost.compress_passes * device.read_floor(n)
     t += select_s(cost.select, n, impl, device)
     if cost.flops is not None:
         t += cost.flops(c, tuple(shape)) / device.flops
+    if cost.rounds is not None:  # a data-dependent loop: its expected rounds x (a host round trip + its passes)
+        t += cost.rounds(c, tuple(shape)) * (impl.round_s + cost.round_passes * device.read_floor(n))
     return t
 
 
@@ -203,7 +246,7 @@ def decompress_s(c: Compressor, shape: tuple[int, ...], impl: Implementation, de
     """Seconds of decoding ``m`` payloads of a tensor of ``shape`` (and summing them)."""
     cost = C.entry_of(c).cost
     n = float(math.prod(shape))
-    t = m * (cost.decompress_ops * impl.op_s + cost.decompress_passes * device.read_floor(n))
+    t = m * (cost.decompress_ops * impl.op_cost(device) + cost.decompress_passes * device.read_floor(n))
     if cost.decompress_flops is not None:
         t += cost.decompress_flops(c, tuple(shape)) / device.flops
     return t
@@ -241,6 +284,7 @@ __all__ = [
     "OP_S",
     "SORT_PASSES",
     "HOST_BW",
+    "ROUND_S",
     "RADIX_PASSES",
     "DDP_FIRST_BUCKET_BYTES",
     "DDP_BUCKET_BYTES",

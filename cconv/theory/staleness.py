@@ -3,7 +3,7 @@
 Delayed SGD x_{n+1} = x_n - eta g(x_{n - tau_n}) converges like SGD when eta shrinks with the
 maximal delay tau_max (e.g. Stich and Karimireddy 2020: eta <= 1 / (10 L (tau_max + 1)) for
 smooth functions; Ho et al. 2013 for SSP: regret O(sqrt((s + 1) P T))); these functions give
-tau_max for cconv's schedules (``cconv.engine.timing``) from the configuration alone.
+tau_max for cconv's schedules (``cconv.engine.worker_clock``) from the configuration alone.
 
 * SSP with staleness s: a clock-t gradient is computed on a version v >= t - s, so its delay in
   clocks is at most s (the bound holds by construction, whatever the speeds).
@@ -15,7 +15,7 @@ tau_max for cconv's schedules (``cconv.engine.timing``) from the configuration a
 
   (d^max, d^min: the extreme compute times of a worker, equal without jitter), and never more
   than the ``max_staleness`` cap.  With equal speeds every delay is exactly P - 1 after the
-  first round (``asp_equal_speed_staleness``; derivation in ``cconv.engine.timing``).
+  first round (``asp_equal_speed_staleness``; derivation in ``cconv.engine.worker_clock``).
 """
 
 from __future__ import annotations

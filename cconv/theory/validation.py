@@ -57,24 +57,12 @@ from cconv.theory.schedule.survey import INTERFERENCE
 # dense predictions lie above the published values.
 TOLERANCE = 0.35
 MEDIAN_TOLERANCE = 0.20
+MEDIAN_NOW = 0.15  # the median |error| as it stands (14.6 %): a change that makes it worse fails the test
 _GRACE_POWERSGD = (
     "GRACE's TensorFlow PowerSGD views a kernel as shape[0] x rest and TensorFlow kernels are HWIO, so n is the "
     "kernel height (1 or 3) and its factor Q holds a third of each 3x3 kernel and all of each 1x1 one: it sends "
     "near-dense bytes in two per-tensor all-reduces with two QR decompositions each, where the model plans "
     "PowerSGD's own (out x in) factors"
-)
-_GRACE_DGC = (
-    "GRACE's DGC re-thresholds in a tf.while_loop until the selected count is within bounds (more rounds, each a "
-    "host round trip, at small ratios: its 1 % runs are slower than its 10 % ones although they send 10x less); "
-    "the model charges a fixed 12 operations"
-)
-_GQSGD_POWERSGD = (
-    "PyTorch's powerSGD_hook loops over each bucket's tensors (a matmul, an orthogonalisation and a matmul per "
-    "matrix), so ddp-hook charges its operations per tensor at the t_op fitted to GRACE's TensorFlow 1 graph-mode "
-    "runs (47.7 us an op): several times the whole slowdown the release measured.  PyTorch's eager ops are queued "
-    "asynchronously (their dispatch hides behind GPU work), its hook sends the vectors (two thirds of Wide "
-    "ResNet-101-2's tensors) uncompressed in one flat all-reduce per bucket, and the release's dense reference is "
-    "its own point-to-point tree all-reduce, not NCCL's: the model has none of these"
 )
 _ESPRESSO_TWO_LEVEL = (
     "with Espresso's two-level collective (arch.TwoLevel) each GPU compresses 1/8 of the machine's sum and decodes "
@@ -91,10 +79,7 @@ _ESPRESSO_LSTM = (
 KNOWN_MISSES = {
     "Horovod 128x4 P100 ResNet-101": "a flat ring's 2(P-1) alpha at P = 512 charged to each of ResNet-101's ~40 fused "
     "messages: the alpha-beta ring latency is linear in P, NCCL's measured one is not",
-    "GRACE 2x1 10 Gbit/s DGC 0.01 (MPI)": _GRACE_DGC,
-    "GRACE 4x1 10 Gbit/s DGC 0.01 (MPI)": _GRACE_DGC,
     "GRACE 8x1 10 Gbit/s PowerSGD r=1 (MPI)": _GRACE_POWERSGD,
-    "Global-QSGD 1x4 A100 Wide ResNet-101-2 PowerSGD r=4": _GQSGD_POWERSGD,
     "Espresso 8x8 V100 GPT2 DGC 0.01": _ESPRESSO_TWO_LEVEL,
     "Espresso 8x8 V100 BERT-base SQuAD EFSignSGD": _ESPRESSO_TWO_LEVEL,
     "Espresso 8x8 V100 LSTM WikiText-2 DGC 0.01": _ESPRESSO_TWO_LEVEL + "; " + _ESPRESSO_LSTM,
@@ -428,12 +413,13 @@ GRIDS = {
     "op_s": tuple(10e-6 * 1.25**i for i in range(15)),
     "sort_passes": tuple(25.0 * 2**i for i in range(9)),
     "host_bw": tuple(0.5e9 * 1.25**i for i in range(14)),
+    "round_s": tuple(10e-6 * 1.25**i for i in range(21)),
 }
 
 
 def calibration_loss(values: dict, cases: tuple[Case, ...] = CALIBRATION) -> float:
     """Mean squared log error of ``cases`` with the per-tensor/MPI constants ``values`` (op_s,
-    sort_passes, host_bw; host staging only where the case's implementation stages)."""
+    sort_passes, host_bw, round_s; host staging only where the case's implementation stages)."""
     total = 0.0
     for case in cases:
         base = IM.get(case.implementation)

@@ -3,7 +3,7 @@
 For every task, each of 8 candidates is trained for the config's full step budget with 3 seeds
 (vmapped, as the advisor trains them) and a metric line at every step: the ground truth, cached
 under ``--out``.  Each candidate's seconds per step on the target cluster come from the advisor's
-own timing (``cconv.advisor.timing``), measured once and cached with the runs.
+own timing (``cconv.advisor.steptime``), measured once and cached with the runs.
 
 The advisor's race (``cconv.advisor.race``) is then replayed on those runs: a race's probe *is*
 the first steps of the full run (the same config, seeds and batches; the advisor pauses and
@@ -142,7 +142,7 @@ def plan_of(task: str, out: str):
 def ground_truth(task: str, out: str, only: list | None = None) -> dict:
     """{candidate: {"steps", "values" (seeds x steps), "diverged", "step_s"}}: every candidate's full
     run (metric line every step), resumed when present, and its seconds per step on the cluster."""
-    from cconv.advisor import api, probes, timing
+    from cconv.advisor import api, probes, steptime
 
     cache = os.path.join(out, task, "truth.json")
     if os.path.exists(cache) and only is None:
@@ -157,8 +157,8 @@ def ground_truth(task: str, out: str, only: list | None = None) -> dict:
         pr = probes.build(cfg, c, os.path.join(out, task, probes.slug(c.name)))
         t = time.perf_counter()
         prog = probes.train_to(pr, cfg.steps)
-        profile = profile or timing.profile_of(pr.problem)
-        st = timing.step_times(pr.problem, plan.cluster, plan.space.schedules, profile)
+        profile = profile or steptime.profile_of(pr.problem)
+        st = steptime.step_times(pr.problem, plan.cluster, plan.space.schedules, profile)
         curve = prog.curve(pr.problem.seeds, plan.target.metric)
         res[c.name] = dict(
             steps=curve.steps.tolist(),
@@ -177,7 +177,7 @@ def ground_truth(task: str, out: str, only: list | None = None) -> dict:
 def step_seconds(task: str, out: str) -> dict:
     """{candidate: seconds per step on the cluster} from the advisor's timing model (each candidate
     built, not trained), cached in ``<out>/<task>/timing.json``; replaces the full runs' step_s."""
-    from cconv.advisor import probes, timing
+    from cconv.advisor import probes, steptime
 
     cache = os.path.join(out, task, "timing.json")
     if os.path.exists(cache):
@@ -188,8 +188,9 @@ def step_seconds(task: str, out: str) -> dict:
     for c in plan.candidates:
         cfg = probes.probe_config(plan.base, c, SEEDS, WORKERS, 1, plan.rules)
         pr = probes.build(cfg, c, os.path.join(out, task, probes.slug(c.name)))
-        profile = profile or timing.profile_of(pr.problem)
-        res[c.name] = min(s.step_s for s in timing.step_times(pr.problem, plan.cluster, plan.space.schedules, profile))
+        profile = profile or steptime.profile_of(pr.problem)
+        times = steptime.step_times(pr.problem, plan.cluster, plan.space.schedules, profile)
+        res[c.name] = min(s.step_s for s in times)
     with open(cache, "w") as fh:
         json.dump(res, fh)
     return res
@@ -210,8 +211,9 @@ def diverged_by(d: dict, steps: int) -> str | None:
     return d["diverged"] if np.any(np.isnan(v[:, cut]) | ~np.isfinite(v[:, cut])) or cut.all() else None
 
 
-def replay(task: str, truth: dict, target, steps: int, budget: float = 1.0, settings=None):
-    """The advisor's race and predictions on the full runs (module docstring)."""
+def replay(task: str, truth: dict, target, steps: int, budget: float = 1.0, settings=None, seeds: int = SEEDS):
+    """The advisor's race and predictions on the full runs (module docstring); ``seeds`` < SEEDS:
+    the race sees only the first ``seeds`` seeds' curves (the truth stays the mean of all)."""
     from cconv.advisor import api, race
     from cconv.advisor.extrapolate import Curve, Settings
 
@@ -221,7 +223,7 @@ def replay(task: str, truth: dict, target, steps: int, budget: float = 1.0, sett
     def observe(name: str, upto: int) -> race.Observation:
         c = _curve(truth[name])
         keep = (c.steps <= upto) & ((c.steps % every == 0) | (c.steps == steps))
-        cut = Curve(c.steps[keep], c.values[:, keep])
+        cut = Curve(c.steps[keep], c.values[:seeds][:, keep])
         why = diverged_by(truth[name], upto)
         trained = int(min(upto, np.nanmax(c.steps[np.isfinite(c.values).all(0)], initial=0) if why else upto))
         return race.Observation(cut, trained, why)
@@ -240,11 +242,11 @@ def actual_steps(d: dict, target) -> float:
     return hit[0] if hit else math.inf
 
 
-def score(task: str, truth: dict, target, steps: int, budget: float = 1.0, settings=None) -> dict:
+def score(task: str, truth: dict, target, steps: int, budget: float = 1.0, settings=None, seeds: int = SEEDS) -> dict:
     """Kendall tau, regret, coverage and width of the replayed advice (module docstring)."""
     from scipy.stats import kendalltau
 
-    result, preds = replay(task, truth, target, steps, budget, settings)
+    result, preds = replay(task, truth, target, steps, budget, settings, seeds)
     rows, big = [], 1e12
     for name, d in truth.items():
         p, act = preds[name], actual_steps(d, target)
@@ -312,7 +314,7 @@ def _target(task: str, out: str):
     return T.parse(TASKS[task]["target"])
 
 
-def calibrate(truths: dict, out: str):
+def calibrate(truths: dict, out: str, seeds: int = SEEDS):
     """The (z, kappa) that meets the interval goals (coverage >= 70 % and median width <= 3, over
     each task's ranked rows) on the most tuning tasks; ties: the larger worst coverage, then the
     narrower median width."""
@@ -323,7 +325,7 @@ def calibrate(truths: dict, out: str):
         for k in KAPPAS:
             st = Settings(z=z, kappa=k)
             scores = [
-                score(t, truths[t], _target(t, out), TASKS[t]["base"]["steps"], settings=st)
+                score(t, truths[t], _target(t, out), TASKS[t]["base"]["steps"], settings=st, seeds=seeds)
                 for t in TUNE
                 if t in truths
             ]
@@ -342,7 +344,7 @@ _METERED = (
     "from cconv.cli import main\n"
     "with CompileMeter() as m:\n"
     "    rc = main(sys.argv[2:])\n"
-    "json.dump({'compile_s': m.seconds, 'programs': m.programs}, open(sys.argv[1], 'w'))\n"
+    "json.dump({'compile_s': m.seconds, 'programs': m.programs, 'blocked_s': m.blocked}, open(sys.argv[1], 'w'))\n"
     "sys.exit(rc)\n"
 )
 
@@ -350,7 +352,9 @@ _METERED = (
 def wall_times(task: str, out: str, repeats: int = 1) -> dict:
     """``cconv advise`` (default budget) vs ``cconv run`` of the dense config (1 seed), each a fresh
     process, alternated, compilation included; and of each, the seconds spent building programs
-    (``CompileMeter``), so the table can also give the ratio of the rest.  Cached in
+    (``CompileMeter``: summed over the threads that built them) and the wall time the command lost to
+    building (its own builds, and its waits for programs built ahead in other threads), so the
+    table can also give the ratio of the rest.  Cached in
     ``<out>/<task>/wall.json``."""
     import yaml
 
@@ -364,7 +368,7 @@ def wall_times(task: str, out: str, repeats: int = 1) -> dict:
     cfg_path = os.path.join(d, "config.yaml")
     with open(cfg_path, "w") as fh:
         yaml.safe_dump(dict(spec["base"], advise=dict(SPACE, target=spec["target"])), fh)
-    res: dict = {f"{k}_{m}": [] for k in ("advise", "dense") for m in ("s", "compile_s", "programs")}
+    res: dict = {f"{k}_{m}": [] for k in ("advise", "dense") for m in ("s", "compile_s", "programs", "blocked_s")}
     for i in range(repeats):
         for kind in ("dense", "advise"):
             run_out = os.path.join(d, f"{kind}-{i}")
@@ -387,9 +391,10 @@ def wall_times(task: str, out: str, repeats: int = 1) -> dict:
                 m = json.load(fh)
             res[f"{kind}_compile_s"].append(m["compile_s"])
             res[f"{kind}_programs"].append(m["programs"])
+            res[f"{kind}_blocked_s"].append(m["blocked_s"])
     res = {k: float(np.median(v)) for k, v in res.items()}
     res["ratio"] = res["advise_s"] / res["dense_s"]
-    res["ratio_running"] = (res["advise_s"] - res["advise_compile_s"]) / (res["dense_s"] - res["dense_compile_s"])
+    res["ratio_running"] = (res["advise_s"] - res["advise_blocked_s"]) / (res["dense_s"] - res["dense_blocked_s"])
     with open(cache, "w") as fh:
         json.dump(res, fh)
     return res
@@ -436,8 +441,10 @@ def markdown(results: list, settings, command: str) -> str:
         b, w = r["score"], r.get("wall")
         wall = f"{w['ratio']:.1f}x ({w['advise_s']:.0f} s / {w['dense_s']:.0f} s)" if w else "-"
         if w and "ratio_running" in w:
+            lost = f"{w['advise_blocked_s']:.0f} s of wall, " if "advise_blocked_s" in w else ""
             wall += (
-                f"; building programs {w['advise_compile_s']:.0f} s ({w['advise_programs']:.0f}) / "
+                f"; building programs {lost}{w['advise_compile_s']:.0f} s of compilation "
+                f"({w['advise_programs']:.0f}) / "
                 f"{w['dense_compile_s']:.0f} s ({w['dense_programs']:.0f}); the rest {w['ratio_running']:.1f}x"
             )
         lines.append(
@@ -553,6 +560,9 @@ def main(argv=None) -> int:
     ap.add_argument("--calibrate", action="store_true", help="set z and kappa on the tuning tasks")
     ap.add_argument("--wall", action="store_true", help="measure advise vs dense wall times (else cached ones)")
     ap.add_argument("--results", default=HERE, help="where results.json/.md and validation.png go")
+    ap.add_argument(
+        "--seeds", type=int, default=SEEDS, choices=range(1, SEEDS + 1), help="seeds the replayed race sees"
+    )
     args = ap.parse_args(argv)
     only = [int(i) for i in args.candidates.split(",")] if args.candidates else None
     if args.truth:
@@ -568,12 +578,12 @@ def main(argv=None) -> int:
         truths[t] = ground_truth(t, args.out)
         for name, step_s in step_seconds(t, args.out).items():
             truths[t][name]["step_s"] = step_s
-    settings = calibrate(truths, args.out) if args.calibrate else Settings()
+    settings = calibrate(truths, args.out, args.seeds) if args.calibrate else Settings()
     print(f"settings: z={settings.z} kappa={settings.kappa}", flush=True)
     results = []
     for task in args.tasks:
         tgt = _target(task, args.out)
-        b = score(task, truths[task], tgt, TASKS[task]["base"]["steps"], settings=settings)
+        b = score(task, truths[task], tgt, TASKS[task]["base"]["steps"], settings=settings, seeds=args.seeds)
         wall = (
             wall_times(task, args.out)
             if args.wall or os.path.exists(os.path.join(args.out, task, "wall.json"))
