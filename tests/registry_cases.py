@@ -55,13 +55,14 @@ from cconv.compressors import Compressor, Entry, Theory, payload_bytes
 
 @contextlib.contextmanager
 def registries_restored():
-    """Run a block that registers compressors, aggregations or schedules from user code (the
+    """Run a block that registers compressors, aggregations, schedules or run-config optimizers from user code (the
     extension tests, the docs' examples) and put every registry back as it was afterwards, so
     that what one test registers never changes what the next one enumerates."""
     from cconv.compressors import base, registry
+    from cconv.engine import optimizers
     from cconv.theory.schedule import schedules
 
-    saved = [(d, dict(d)) for d in (registry._REGISTRY, base.AGGREGATIONS, schedules.SCHEDULES)]
+    saved = [(d, dict(d)) for d in (registry._REGISTRY, base.AGGREGATIONS, schedules.SCHEDULES, optimizers.OPTIMIZERS)]
     try:
         yield
     finally:

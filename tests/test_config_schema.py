@@ -201,7 +201,7 @@ RULE_MESSAGES = [
     ({"max_staleness": 0}, "max_staleness must be an integer >= 1, got 0"),
     ({"servers": 0, "schedule": "bsp", "network": "10GbE"}, "servers must be an integer >= 1, got 0"),
     ({"architecture": "ring"}, "architecture must be one of all-to-all, parameter-server, ps, gtopk; got 'ring'"),
-    ({"sync": "bulk"}, "sync must be one of bsp, ssp, asp, gossip; got 'bulk'"),
+    ({"sync": "bulk"}, "sync must be one of bsp, ssp, asp, gossip, zero_one; got 'bulk'"),  # zero_one: 0/1 Adam's mode
 ]
 
 

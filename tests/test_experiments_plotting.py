@@ -135,3 +135,51 @@ def test_bands():
     assert np.isnan(blo).all()
     with pytest.raises(ValueError, match="unknown band 'iqr'; valid: minmax, std, sem, ci95, none"):
         plotting.mean_curve(g, "x", "y", "iqr")
+
+
+# ------------------------------------------------------------------ optimizers that send their own messages
+
+ONEBIT = {
+    "compressor": {"name": "none"},
+    "memory": "none",
+    "lr": 0.003,
+    "optimizer": {"name": "onebit_adam", "warmup_steps": 30, "eps": 0.001},
+}
+
+
+def test_a_one_bit_adam_run_is_its_own_method_not_the_dense_baseline():
+    """1-bit Adam's config says compressor none; its workers send 1-bit momenta with error feedback
+    (``MessageTransformation.engine``): the figure draws it as its own family, labelled by the
+    optimizer's ``label``, with the memory its messages travel with, beside the dense baseline."""
+    runs = {"dense": {**SWEEP["dense"], "optimizer": {"name": "sgd"}}, "onebit": ONEBIT, "q4": SWEEP["q4"]}
+    df = frame(runs)
+    row = df.set_index("run").loc["onebit"]
+    assert (row["compressor"], row["memory"]) == ("1-bit Adam", "ef")
+    assert row["cfg.compressor.name"] == "none" and row["cfg.memory"] == "none"  # the stored config as written
+    assert plotting.families_in(df) == ["qsgd", "1-bit Adam"]
+    assert plotting.panels_for(df) == "family"
+    labels = plotting.run_labels(df)
+    assert labels["onebit"].startswith("1-bit Adam, EF") and labels["dense"].startswith("dense (no compression)")
+    alone = plotting.run_labels(frame({"dense": runs["dense"], "onebit": ONEBIT}))
+    assert alone["onebit"].startswith("1-bit Adam") and "dense" not in alone["onebit"]
+
+
+def test_the_method_comes_from_the_optimizer_object_not_its_name():
+    """A user's run-config optimizer is labelled by its object's ``label`` (its config name when it has
+    none); an optimizer that sends its gradient keeps the config's compressor."""
+    from registry_cases import registries_restored
+
+    from cconv.engine import optimizers
+    from cconv.engine.onebit_adam import onebit_adam_engine
+
+    def factory(label):
+        return lambda learning_rate, **kw: onebit_adam_engine(learning_rate, **kw)._replace(label=label)
+
+    with registries_restored():
+        optimizers.register("my_adam", factory("my method"))
+        optimizers.register("plain_adam", factory(""))
+        runs = {n: {**ONEBIT, "optimizer": {"name": n}} for n in ("my_adam", "plain_adam")}
+        got = frame(runs).set_index("run")["compressor"].to_dict()
+    assert got == {"my_adam": "my method", "plain_adam": "plain_adam"}
+    adam = frame({"a": {**SWEEP["q4"], "optimizer": {"name": "adam"}}}).iloc[0]
+    assert (adam["compressor"], adam["memory"]) == ("qsgd", "ef")

@@ -331,3 +331,36 @@ def test_plot_groups_a_sweep_by_family_by_default(tmp_path, monkeypatch, capsys)
     assert len(figs[-1].axes) == 1
     assert plotting.panels_for(report.load_metrics([one]), "family") == "family"
     capsys.readouterr()
+
+
+def test_a_one_bit_adam_run_is_its_own_panel_its_line_named_in_its_colour(tmp_path, monkeypatch):
+    """Issue 37: a 1-bit Adam run (config ``compressor: none``, its optimizer sends 1-bit momenta
+    with EF) was drawn as a second dense baseline.  It is its own panel, titled by the optimizer's
+    label, its line in the legend in its colour; under two decades of traffic the byte axis labels
+    only 10^n and 3 x 10^n (matplotlib's 2, 3, 4, 6 x 10^n overlapped)."""
+    root = str(tmp_path / "s")
+    base = {"model": "mlp", "data": "digits", "workers": 2, "steps": 40, "lr": 0.1}
+    onebit = {**base, "optimizer": {"name": "onebit_adam", "warmup_steps": 2}, "lr": 0.003}
+    make_run(root, "dense", base, [2.0, 1.0, 0.5, 0.3], 1.0e6)
+    make_run(root, "onebit", onebit, [2.0, 1.0, 0.2, 0.05], 2.0e5)
+    make_run(root, "q", {**base, "compressor": {"name": "qsgd", "levels": 8}}, [2.0, 1.1, 0.6, 0.4], 3.0e5)
+    figs = _capture(monkeypatch)
+    df = report.load_metrics([root])
+    plotting.family_grid(df, out=str(tmp_path / "g.png"))
+    axes = {ax.get_title(): ax for ax in figs[-1].axes if ax.get_visible()}
+    assert list(axes) == ["QSGD", "1-bit Adam"]
+    ax = axes["1-bit Adam"]
+    (line,) = [ln for ln in ax.get_lines() if ln.get_color() != "black"]
+    _, _, leg = _legend(ax)
+    named = {h.get_label(): (h.get_color(), h.get_linestyle()) for h in leg.legend_handles}
+    assert named["EF"] == (line.get_color(), line.get_linestyle()) and "dense baseline" in named
+    figs[-1].canvas.draw()
+    lo, hi = ax.get_xlim()
+    assert hi < 100 * lo
+    shown = [
+        t
+        for t in ax.get_xticklabels() + ax.get_xticklabels(minor=True)
+        if t.get_text() and lo <= t.get_position()[0] <= hi
+    ]
+    mantissas = {round(t.get_position()[0] / 10 ** math.floor(math.log10(t.get_position()[0])), 6) for t in shown}
+    assert shown and mantissas <= {1.0, 3.0}, [t.get_text() for t in shown]

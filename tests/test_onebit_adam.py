@@ -328,3 +328,40 @@ def test_a_coordinate_without_gradient_moves_by_scale_over_eps_after_the_switch(
         moved[eps] = abs(float(updates[3][0, 0]))
     assert moved[1e-8] > 1e3, moved
     assert moved[1e-8] / moved[1e-3] == pytest.approx(1e5, rel=0.2), moved  # eps shapes the warm-up a little too
+
+
+@pytest.mark.slow  # two traced optimizer runs over the switch (~6 s)
+def test_exp_avg_mask_keeps_a_masked_coordinate_still_after_the_switch():
+    """DeepSpeed's ``exp_avg_mask``: m <- M * m after each compressed average.  The coordinate of
+    the test above (no gradient in the warm-up, v = 0) moved by lr * scale / eps at the switch;
+    masked, it never moves, while the first compressed step of every other coordinate is the
+    unmasked run's (the mask acts after the message is sent)."""
+    A, b = _problem()
+    A = A.at[:, :, 0].set(0.0)
+    mask = {"w": jnp.ones(D).at[0].set(0.0)}
+    _, _, free = _run(onebit_adam(0.01, warmup_steps=3, axis_name="data"), A, b, 6)
+    _, states, held = _run(onebit_adam(0.01, warmup_steps=3, axis_name="data", exp_avg_mask=mask), A, b, 6, (5,))
+    assert abs(free[3][0, 0]) > 1e3 and all(u[0, 0] == 0 for u in held)
+    np.testing.assert_array_equal(held[3][0, 1:], free[3][0, 1:])
+    np.testing.assert_array_equal(held[2], free[2])  # the warm-up is not masked
+    assert float(states[5].mu["w"][0, 0, 0]) == 0.0
+
+
+@pytest.mark.slow  # eager optax updates and six inits (~2 s on the shared machine)
+def test_exp_avg_mask_in_the_engine_rule_and_bad_masks():
+    """The engine's rule masks the averaged momentum after the warm-up only; a mask that is not a
+    pytree of the parameters' shapes is a one-line ValueError at init."""
+    tx = onebit_adam_engine(0.1, warmup_steps=1, exp_avg_mask={"w": jnp.array([0.0, 1.0])})
+    params = {"w": jnp.zeros(2)}
+    state = tx.init(params)
+    avg = {"w": jnp.array([0.5, -0.5])}
+    _, state = tx.update(avg, state)  # the warm-up step: Adam on the average, not masked
+    assert float(state.mu["w"][0]) == pytest.approx(0.05)
+    out, state = tx.update(avg, state)
+    assert float(state.mu["w"][0]) == 0.0 and float(out["w"][0]) == 0.0
+    assert float(state.mu["w"][1]) == -0.5 and float(out["w"][1]) > 0  # -lr m / (sqrt(v) + eps)
+    for bad in ({"v": jnp.ones(2)}, {"w": jnp.ones(3)}, [1, 0]):
+        with pytest.raises(ValueError, match="exp_avg_mask"):
+            onebit_adam_engine(0.1, exp_avg_mask=bad).init(params)
+        with pytest.raises(ValueError, match="exp_avg_mask"):
+            onebit_adam(0.1, exp_avg_mask=bad).init(params)

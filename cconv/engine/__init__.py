@@ -11,7 +11,8 @@ Inside your own ``jax.shard_map`` / ``pmap`` / ``vmap`` loop, ``Exchange`` and `
 (``cconv.engine.onebit_adam``) is 1-bit Adam, an optax optimizer that communicates its momentum
 (also a run-config optimizer: ``cconv.engine.optimizers``), ``zero_one_adam``
 (``cconv.engine.zero_one_adam``) 0/1 Adam, with adaptive variance freezing and 1-bit syncs
-after local steps.
+after local steps (also a run-config optimizer, with its synchronization mode ``zero_one``:
+``cconv.engine.zero_one_mode``).
 
 See ``EngineConfig`` for every option and docs/engine.md ("Python API").  Aggregation methods and
 transports are objects in ``cconv.comm.aggregation``, memories in ``cconv.memory``, launchers in
@@ -20,7 +21,10 @@ transports are objects in ``cconv.comm.aggregation``, memories in ``cconv.memory
 worker timing model in ``cconv.engine.worker_clock``; each kind has a name -> object registry.
 """
 
-from cconv.engine import gossip  # registers sync="gossip" in cconv.engine.sync.SYNC_MODES
+from cconv.engine import (
+    gossip,  # registers sync="gossip" in cconv.engine.sync.SYNC_MODES
+    zero_one_mode,  # registers sync="zero_one" and the optimizer zero_one_adam
+)
 from cconv.engine.config import (
     ARCHITECTURES,
     COLLECTIVES,
@@ -45,6 +49,7 @@ from cconv.engine.zero_one_adam import zero_one_adam
 
 __all__ = [
     "gossip",
+    "zero_one_mode",
     "EngineConfig",
     "Warmup",
     "dgc_warmup",

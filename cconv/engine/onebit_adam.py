@@ -27,6 +27,12 @@ own exchange, which the optimizer configures (``engine``: its compressor with ``
 average and applies the rules above.  The logged bytes are that exchange's: the dense all-reduce
 of the gradient during the warm-up, the 1-bit payloads of the momentum after it.
 
+``exp_avg_mask`` (DeepSpeed's option of the same name): a pytree like the parameters, 1 where a
+coordinate learns and 0 where it must not (e.g. embedding rows a shorter sequence never reaches),
+multiplied into m after each compressed average, m <- M * m: a 1-bit message cannot say 0, so a
+coordinate whose momentum should stay exactly 0 would otherwise move by +-lr scale / (sqrt(v) + eps)
+every step (with v = 0 there: lr scale / eps).  The warm-up is not masked (as DeepSpeed).
+
 The switch is a ``lax.cond`` on the step counter (one branch's collectives run; under
 ``jax.vmap`` both are evaluated and the reported traffic is the taken branch's).  The paper's
 server-side compression of the averaged momentum (its second error-feedback stage) is what
@@ -78,7 +84,26 @@ def _check(b1, b2, eps, warmup_steps, seed) -> None:
         raise ValueError(f"onebit_adam: seed must be an integer, got {seed!r}")
 
 
-def _stages(dense: Exchange, comp: Exchange, b1: float, b2: float, keys: tuple):
+def check_mask(mask: Any, params: Any) -> None:
+    """One-line ValueError unless ``mask`` (``exp_avg_mask``) is None or a pytree of the parameters'
+    structure whose leaves have their shapes."""
+    if mask is None:
+        return
+    if jax.tree.structure(mask) != jax.tree.structure(params):
+        raise ValueError("onebit_adam: exp_avg_mask must be a pytree of the parameters' structure (0/1 per coordinate)")
+    for m, p in zip(jax.tree.leaves(mask), jax.tree.leaves(params)):
+        if jnp.shape(m) != jnp.shape(p):
+            raise ValueError(
+                f"onebit_adam: exp_avg_mask leaf of shape {jnp.shape(m)} for a parameter of shape {p.shape}"
+            )
+
+
+def masked(mu: Any, mask: Any) -> Any:
+    """m <- M * m (``exp_avg_mask``; None: m)."""
+    return mu if mask is None else jax.tree.map(lambda m, k: (m * jnp.asarray(k, m.dtype)).astype(m.dtype), mu, mask)
+
+
+def _stages(dense: Exchange, comp: Exchange, b1: float, b2: float, keys: tuple, mask: Any = None):
     """(warm, compressed): the two branches of a step, (grads, state, key) -> (m, v, dense
     state, compressed state, traffic)."""
 
@@ -94,7 +119,7 @@ def _stages(dense: Exchange, comp: Exchange, b1: float, b2: float, keys: tuple):
     def compressed(grads, state, key):
         local = jax.tree.map(lambda m, g: b1 * m[0] + (1 - b1) * g, state.mu, grads)
         avg, new, tr = comp(local, state.compressed, key)
-        return jax.tree.map(lambda a: a[None], avg), state.nu, state.dense, new, traffic(tr)
+        return jax.tree.map(lambda a: a[None], masked(avg, mask)), state.nu, state.dense, new, traffic(tr)
 
     return warm, compressed
 
@@ -116,11 +141,13 @@ def onebit_adam(
     compressor: Compressor | str | None = None,
     axis_name: str = "data",
     seed: int = 0,
+    exp_avg_mask: Any = None,
     **options,
 ) -> optax.GradientTransformation:
     """1-bit Adam (module docstring); ``options`` go to the compressed ``Exchange``
     (``architecture``, ``ps_downlink``, ``granularity``, ...); ``compressor`` defaults to the
-    paper's sign with one scale per tensor.  Bad values: one-line ValueError."""
+    paper's sign with one scale per tensor; ``exp_avg_mask``: DeepSpeed's momentum mask (module
+    docstring).  Bad values: one-line ValueError."""
     _check(b1, b2, eps, warmup_steps, seed)
     dense = Exchange(None, axis_name=axis_name, **{k: v for k, v in options.items() if k == "architecture"})
     comp = Exchange(compressor if compressor is not None else one_bit(), memory="ef", axis_name=axis_name, **options)
@@ -128,6 +155,7 @@ def onebit_adam(
     lr = learning_rate if callable(learning_rate) else (lambda count: learning_rate)
 
     def init_fn(params):
+        check_mask(exp_avg_mask, params)
         zeros = jax.tree.map(lambda p: jnp.zeros((1, *p.shape), p.dtype), params)
         return OneBitAdamState(
             jnp.zeros((1,), jnp.int32),
@@ -139,7 +167,7 @@ def onebit_adam(
             {k: jnp.zeros((1,), jnp.float32) for k in keys},
         )
 
-    warm, compressed = _stages(dense, comp, b1, b2, keys)
+    warm, compressed = _stages(dense, comp, b1, b2, keys, exp_avg_mask)
 
     def update_fn(updates, state, params=None):
         del params
@@ -190,12 +218,13 @@ def onebit_adam_engine(
     eps: float = 1e-8,
     warmup_steps: int = 100,
     compressor: Compressor | str | dict | None = None,
+    exp_avg_mask: Any = None,
 ) -> MessageTransformation:
     """1-bit Adam for the engine's step (module docstring): the worker's message is g_i for t <
     ``warmup_steps`` and b1 m + (1 - b1) g_i after; ``update`` receives their average a:
 
         t < warmup_steps:  m <- b1 m + (1 - b1) a,  v <- b2 v + (1 - b2) a^2  (Adam on the average)
-        t >= warmup_steps: m <- a                 (v frozen)
+        t >= warmup_steps: m <- a (M * a with ``exp_avg_mask`` M; v frozen)
         update = -lr m_hat / (sqrt(v_hat) + eps)  (``adam_updates``)
 
     ``engine``: the exchange that carries the messages (``compressor`` with error feedback, dense
@@ -205,6 +234,7 @@ def onebit_adam_engine(
     lr = learning_rate if callable(learning_rate) else (lambda count: learning_rate)
 
     def init_fn(params):
+        check_mask(exp_avg_mask, params)
         zeros = jax.tree.map(jnp.zeros_like, params)
         return OneBitAdamEngineState(jnp.zeros((), jnp.int32), zeros, zeros)
 
@@ -216,7 +246,10 @@ def onebit_adam_engine(
         del params
         t = state.count
         warm = t < warmup_steps
-        mu = jax.tree.map(lambda m, a: jnp.where(warm, b1 * m + (1 - b1) * a, a).astype(m.dtype), state.mu, avg)
+        after = masked(avg, exp_avg_mask)
+        mu = jax.tree.map(
+            lambda m, a, c: jnp.where(warm, b1 * m + (1 - b1) * a, c).astype(m.dtype), state.mu, avg, after
+        )
         nu = jax.tree.map(
             lambda v, a: jnp.where(warm, b2 * v + (1 - b2) * jnp.square(a), v).astype(v.dtype), state.nu, avg
         )
@@ -224,7 +257,7 @@ def onebit_adam_engine(
         return out, OneBitAdamEngineState(t + 1, mu, nu)
 
     engine = {"compressor": comp, "memory": "ef", "warmup": Warmup((), dense_steps=warmup_steps)}
-    return MessageTransformation(init_fn, update_fn, message, engine)
+    return MessageTransformation(init_fn, update_fn, message, engine, label="1-bit Adam")
 
 
 register("onebit_adam", onebit_adam_engine)

@@ -10,10 +10,13 @@ else: 1-bit Adam sends its momentum b1 m + (1 - b1) g_i after the warm-up (Tang 
 
     message(grads, state) -> what this worker sends instead of its gradient (same tree),
     engine                 the ``EngineConfig`` fields it sets (its compressor, memory, dense warm-up),
+    label                  the method's name in reports and figures ("1-bit Adam"),
+    schedule               what its own synchronization mode reads (0/1 Adam's policies; None: none),
 
 and ``update(average, state, params)`` receives the workers' average of the messages.  The facts
-travel on the object (the engine reads ``message``, the run's build reads ``engine``); nothing
-else names the optimizer.
+travel on the object (the engine reads ``message``, the run's build reads ``engine``, reports and
+figures read ``sent``: a run of such an optimizer is its own method, not the config's compressor);
+nothing else names the optimizer.
 
 ``OPTIMIZERS`` maps a config name to its factory ``(learning_rate, **knobs) ->
 MessageTransformation``; each optimizer's module registers itself at its end (``register``), and
@@ -31,12 +34,24 @@ from cconv.engine import modes
 class MessageTransformation(NamedTuple):
     """An optax ``GradientTransformation`` (``init``, ``update``) whose workers send
     ``message(grads, state)`` instead of their gradient; ``engine``: the ``EngineConfig`` fields it
-    needs (e.g. ``compressor``, ``memory``, ``warmup``)."""
+    needs (e.g. ``compressor``, ``memory``, ``warmup``); ``label``: the method's name in reports
+    and figures (``sent``)."""
 
     init: Callable
     update: Callable
     message: Callable
     engine: dict
+    label: str = ""
+    schedule: Any = None
+
+
+class Sent(NamedTuple):
+    """What the workers of a run send, as reports and figures show it (``sent``): the method (its
+    label), the compressor its messages travel through and the memory around it."""
+
+    method: str
+    compressor: Any  # a Compressor, or None: dense
+    memory: str
 
 
 OPTIMIZERS: dict[str, Callable[..., MessageTransformation]] = {}  # config name -> factory
@@ -56,6 +71,16 @@ def message_of(optimizer: Any) -> Callable | None:
     return optimizer.message if isinstance(optimizer, MessageTransformation) else None
 
 
+def sent(optimizer: Any) -> Sent | None:
+    """What a ``MessageTransformation``'s workers send (its ``label``, the compressor and memory of
+    its ``engine``; ``method`` is "" when it has no label); None for an optimizer that sends its
+    gradient (the run's compressor and memory say what travels)."""
+    if message_of(optimizer) is None:
+        return None
+    own = optimizer.engine
+    return Sent(optimizer.label, own.get("compressor"), own.get("memory", "none"))
+
+
 def _same(a: Any, b: Any) -> bool:
     """Equal engine fields; compressors by name and hyper-parameters (their functions differ)."""
     if hasattr(a, "hparams") and hasattr(b, "hparams"):
@@ -64,13 +89,20 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def check(cfg: Any, optimizer: Any) -> None:
-    """One-line ValueError unless ``cfg`` (an ``EngineConfig``) can run ``optimizer``: a
+    """One-line ValueError unless ``cfg`` (an ``EngineConfig``) can run ``optimizer``: a mode that
+    runs one optimizer's rules refuses the others (``SyncMode.check_optimizer``); a
     ``MessageTransformation`` needs a synchronization mode that averages its messages every step
-    (``SyncMode.messages``) and the engine fields it names (``EngineConfig(**tx.engine, ...)``)."""
+    (``SyncMode.messages``), or the one it sets itself (``engine["sync"]``: 0/1 Adam), and the
+    engine fields it names (``EngineConfig(**tx.engine, ...)``)."""
+    mode = modes.sync_mode(cfg)
+    own_rules = getattr(mode, "check_optimizer", None)  # a mode that runs one optimizer's rules (0/1 Adam)
+    if own_rules is not None:
+        own_rules(optimizer)
     if message_of(optimizer) is None:
         return
-    mode = modes.sync_mode(cfg)
-    if not getattr(mode, "messages", False):
+    if optimizer.engine.get("sync", mode.name) != mode.name:
+        raise ValueError(f"this optimizer runs under sync={optimizer.engine['sync']!r}, got {mode.name}")
+    if "sync" not in optimizer.engine and not getattr(mode, "messages", False):
         ok = ", ".join(n for n, m in modes.SYNC_MODES.items() if getattr(m, "messages", False))
         raise ValueError(
             f"this optimizer sends its own messages through every step's exchange: it needs a synchronization "
@@ -84,4 +116,4 @@ def check(cfg: Any, optimizer: Any) -> None:
             )
 
 
-__all__ = ["MessageTransformation", "OPTIMIZERS", "register", "message_of", "check"]
+__all__ = ["MessageTransformation", "Sent", "OPTIMIZERS", "register", "message_of", "sent", "check"]

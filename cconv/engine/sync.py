@@ -16,12 +16,15 @@ orthogonal to compression: every mode moves its messages through the phase's ``E
     compresses(cfg, phase)          does this phase's exchange use the compressor (+ memory)?
     communicates(phase)             does this phase communicate at all?
     dry(comm, ex, ws, phase)        what ``step`` communicates, on shapes (``DryComm``)
-    host(cfg)                       a per-trainer host object deciding phases from what the run
-                                    observed (AdaComm), or None: ``phase``/``observe``/
+    host(cfg, optimizer)            a per-trainer host object deciding phases from what the run
+                                    observed (AdaComm) or from the optimizer's schedule (0/1
+                                    Adam, ``cconv.engine.zero_one_mode``), or None: ``phase``/``observe``/
                                     ``state_dict``/``load_state_dict`` (the checkpoint carries it)
     span(cfg, step)                 compute time of a step in units of one measured worker step
                                     (``cconv.engine.worker_clock``; the simulated clock)
     average_view(cfg)               evaluate the workers' average model (True) or worker 0's
+    check_optimizer(optimizer)      optional: a mode that runs one optimizer's rules refuses
+                                    the others (one-line ValueError; ``optimizers.check``)
     messages                        every step averages what the optimizer sends
                                     (``gradient_step``), so an optimizer whose message is not its
                                     gradient (``cconv.engine.optimizers``) can run under it
@@ -75,7 +78,7 @@ class SyncMode(abc.ABC):
     def phase(self, cfg, step: int) -> Phase:
         return phase_of(cfg, step)
 
-    def host(self, cfg) -> Any:
+    def host(self, cfg, optimizer=None) -> Any:
         return None
 
     def inputs(self, cfg, step: int) -> np.ndarray | None:
@@ -260,7 +263,7 @@ class AdaComm(LocalSGD):
         if cfg.post_local_switch > 0:
             raise ValueError("local_steps='adaptive' (AdaComm) and post_local_switch cannot be combined")
 
-    def host(self, cfg):
+    def host(self, cfg, optimizer=None):
         return AdaCommHost(cfg)
 
     def phase(self, cfg, step):

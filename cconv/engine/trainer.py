@@ -104,7 +104,7 @@ class Trainer:
         self._metric_bytes: float | None = None
         self.launcher: Launcher = launcher(cfg, devices=devices, mpi_comm=mpi_comm, seeds=seeds)
         self.sync: SyncMode = sync_mode(cfg)
-        self._host = self.sync.host(cfg)  # host-decided phases (AdaComm), or None
+        self._host = self.sync.host(cfg, optimizer)  # host-decided phases (AdaComm, 0/1 Adam), or None
         self._report_rank = TRANSPORTS[cfg.architecture].report_rank(cfg.workers)
         self._check_warmup_states()
 

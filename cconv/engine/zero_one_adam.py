@@ -34,9 +34,9 @@ separate states (DeepSpeed resets its one buffer at the freeze).
 Between syncs the workers' parameters differ (local steps): keep one copy per worker (partition
 spec ``P(axis_name)``) and evaluate the average or worker 0's.  The branch of a step is a
 ``lax.switch`` on the state (one branch's collectives run; under ``jax.vmap`` all are evaluated
-and the reported traffic is the taken branch's).  The run-config engine path of 1-bit Adam
-(``cconv.engine.optimizers``) has no counterpart here: 0/1 Adam's local steps change the
-parameters between syncs, which the engine's BSP message step does not express.
+and the reported traffic is the taken branch's).  In a run config (``optimizer: {name:
+zero_one_adam}``) the same rules run in the engine under their own synchronization mode
+(``cconv.engine.zero_one_mode``), whose steps equal these (``tests/test_zero_one_mode.py``).
 """
 
 from __future__ import annotations

@@ -5,10 +5,11 @@
 * ``family_grid``: one panel per compressor family (in a sweep's file order, ``families_in``);
   within a panel, colour = the family's swept hyper-parameter (ratio, levels, rank, ...), line
   style = memory (solid EF, dashed none, dotted DGC), marker = any other setting that varies within
-  the family (e.g. ``positions``); a family without levels to colour (signSGD, TernGrad) is
-  coloured by memory too (``MEMORY_COLOR``), so that its EF and no-EF curves differ where they
-  overlap; the uncompressed baseline (the identity compressor) is a dashed black line in every
-  panel (``BASELINE_STYLE``, also in ``curves`` and ``ratio_summary``).
+  the family (e.g. ``positions``); a family without levels to colour (signSGD, TernGrad, an
+  optimizer that sends its own messages, 1-bit Adam: ``report.sent_columns``) is coloured by
+  memory (``MEMORY_COLOR``), so that its EF and no-EF curves differ where they overlap and the
+  legend names each line in its colour; the uncompressed baseline (the identity compressor) is a
+  dashed black line in every panel (``BASELINE_STYLE``, also in ``curves`` and ``ratio_summary``).
   Labels and knobs come from the compressor registry (``Entry.label``, ``Entry.knob``).
 * ``ratio_summary``: bytes to reach a target loss against the compression ratio, with and without
   error feedback, one line per sparsifier family; methods without a ratio (signSGD, TernGrad, ...)
@@ -242,6 +243,12 @@ def _scales(ax, x: str, limits=None) -> None:
     """Log x for a byte axis; the shared y limits (log y when they span more than a factor 20); grid."""
     if x in BYTE_AXES:
         ax.set_xscale("log")
+        lo, hi = ax.get_xlim()
+        if 0 < lo < hi < 100 * lo:  # under two decades matplotlib labels 2, 3, 4, 6 x 10^n: they overlap
+            from matplotlib.ticker import LogLocator, NullFormatter
+
+            ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 3.0)))  # 10^n and 3 x 10^n labelled
+            ax.xaxis.set_minor_formatter(NullFormatter())
     if limits is not None:
         lo, hi = limits
         if hi / lo > 20:
@@ -336,15 +343,16 @@ def format_value(v) -> str:
 
 def run_settings(row) -> dict[str, str]:
     """A run's settings from its config columns, as ``{key: formatted value}`` in config order:
-    ``compressor`` (its name), ``compressor.<hparam>`` (the schema's defaults filled in for a
-    registered compressor, so an omitted ``positions`` reads as ``int32``), ``memory`` and every
-    other ``cfg.*`` key but bookkeeping (``seed``, ``name``, ``checkpoint_every``, ...).  Absent
-    and NaN values are left out (a dense run has no ``ratio``)."""
+    ``compressor`` (the method: its name, or the label of an optimizer that sends its own messages,
+    ``report.sent_columns``), ``compressor.<hparam>`` (the schema's defaults filled in for a
+    registered compressor, so an omitted ``positions`` reads as ``int32``), ``memory`` (what its
+    messages travel with) and every other ``cfg.*`` key but bookkeeping (``seed``, ``name``,
+    ``checkpoint_every``, ...).  Absent and NaN values are left out (a dense run has no ``ratio``)."""
     from cconv import compressors as C
 
-    comp = row.get("cfg.compressor.name", row.get("compressor"))
+    comp = row.get("compressor", row.get("cfg.compressor.name"))
     if _missing(comp):
-        comp = row.get("compressor")
+        comp = row.get("cfg.compressor.name")
     hparams: dict[str, str] = {}
     rest: dict[str, str] = {}
     for col, v in row.items():
@@ -355,6 +363,8 @@ def run_settings(row) -> dict[str, str]:
             hparams[key] = format_value(v)
         elif key.split(".")[0] not in NOT_SETTINGS and key != "compressor":
             rest[key] = format_value(v)
+    if "memory" in rest and not _missing(row.get("memory")):
+        rest["memory"] = format_value(row["memory"])
     if _missing(comp):
         return {**hparams, **rest}
     if comp in C.names():  # the given hyper-parameters, then the schema's defaults of the others
@@ -728,7 +738,7 @@ def _family_curves(ax, g, family: str, line: Line, notes: dict[str, str]) -> tup
     name = knob.split(".")[-1] if knob else None
     variant = _variants(settings_of(g), ("compressor", "memory", f"compressor.{name}" if knob else None))
     marker = _markers(variant)
-    by_memory = len(levels) == 1 and g["memory"].nunique() > 1
+    by_memory = knob is None or (len(levels) == 1 and g["memory"].nunique() > 1)  # the legend's colours name lines
     cmap = _plt().get_cmap("viridis")
     handles, curves = [], {}
     for li, lev in enumerate(levels):

@@ -77,13 +77,44 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def sent_columns(cfg: dict) -> dict:
+    """What a run's workers send when its optimizer sends its own messages (a
+    ``cconv.engine.optimizers.MessageTransformation``, 1-bit Adam: ``optimizers.sent``):
+    ``compressor`` = the method (the optimizer's ``label``, else its config name), ``ratio`` and
+    ``memory`` those of the exchange its messages travel through; {} for every other run (its
+    ``compressor`` and ``memory`` keys say what travels) or when the stored optimizer no longer builds."""
+    spec = cfg.get("optimizer")
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        return {}
+    from cconv.engine import optimizers
+
+    factory = optimizers.OPTIMIZERS.get(spec["name"])
+    if factory is None:
+        return {}
+    lr = cfg.get("lr")
+    knobs = {k: v for k, v in spec.items() if k != "name"}
+    try:
+        tx = factory(learning_rate=float(lr if lr is not None else 0.0), **knobs)
+    except Exception:  # noqa: BLE001 - it no longer accepts the stored knobs
+        return {}
+    sent = optimizers.sent(tx)
+    if sent is None:
+        return {}
+    hp = dict(getattr(sent.compressor, "hparams", {}) or {})
+    return {"compressor": sent.method or spec["name"], "ratio": hp.get("ratio", hp.get("k")), "memory": sent.memory}
+
+
 def config_columns(cfg: dict) -> dict:
-    """The columns a run contributes to every row: the usual axes by short name, the rest dotted."""
+    """The columns a run contributes to every row: the usual axes by short name, the rest dotted.
+    ``compressor``, ``ratio`` and ``memory`` say what the workers send: the config's keys, or, for an
+    optimizer that sends its own messages, its method and its exchange's (``sent_columns``); the
+    ``cfg.*`` columns are the stored config as written."""
     comp = cfg.get("compressor") or {}
     cols = {
         "compressor": comp.get("name"),
         "ratio": comp.get("ratio", comp.get("k")),
         "memory": cfg.get("memory"),
+        **sent_columns(cfg),
         "architecture": cfg.get("architecture"),
         "workers": cfg.get("workers"),
         "model": (cfg.get("model") or {}).get("name"),
