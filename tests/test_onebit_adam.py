@@ -235,15 +235,14 @@ def test_bad_knobs_are_one_line_exit_2_before_anything_is_written(extra, says, t
     assert os.listdir(tmp_path) == ["c.yaml"]
 
 
-@pytest.mark.slow  # trains a run
-def test_cconv_run_with_onebit_adam_logs_dense_then_one_bit_bytes(tmp_path, capsys):
-    """``cconv run`` (``cli.main``, in-process: the claim is the logged bytes, not the process) of a
-    tiny config with ``optimizer: {name: onebit_adam}``: the logged bytes per step are the dense
-    all-reduce of the MLP's gradient for ``warmup_steps`` steps, then the 1-bit payloads of its
-    momentum (1 bit per coordinate + a float32 scale per tensor)."""
+@pytest.mark.slow  # a real cconv process (~15 s)
+def test_cconv_run_with_onebit_adam_logs_dense_then_one_bit_bytes(tmp_path):
+    """``cconv run`` of a tiny config with ``optimizer: {name: onebit_adam}``: the logged bytes
+    per step are the dense all-reduce of the MLP's gradient for ``warmup_steps`` steps, then the
+    1-bit payloads of its momentum (1 bit per coordinate + a float32 scale per tensor)."""
     import json
 
-    from runs_helpers import write_tiny
+    from runs_helpers import run_cconv, write_tiny
 
     cfg = write_tiny(
         tmp_path / "c.yaml",
@@ -254,7 +253,8 @@ def test_cconv_run_with_onebit_adam_logs_dense_then_one_bit_bytes(tmp_path, caps
         steps=8,
         log_every=1,
     )
-    assert cli.main(["run", cfg, "--out", str(tmp_path / "run")]) == 0, capsys.readouterr().err
+    r = run_cconv("run", cfg, "--out", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     sizes = [64 * 8, 8, 8 * 10, 10]  # digits 8x8 -> 8 -> 10 classes: weights and biases
     dense = 2 * (2 - 1) / 2 * 4 * sum(sizes)
