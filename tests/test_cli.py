@@ -38,9 +38,9 @@ grid:
 RUN_NAMES = ["compressor=topk-ratio0.1,memory=ef", "compressor=signsgd,memory=ef"]
 
 
-def cconv(*args, cwd=None, env_extra=None, **kw):
+def cconv(*args, cwd=None, **kw):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the CLI sets the device count
-    env.update(JAX_PLATFORMS="cpu", CCONV_PROGRESS="0", **(env_extra or {}))
+    env.update(JAX_PLATFORMS="cpu", CCONV_PROGRESS="0")
     return subprocess.run(
         [sys.executable, "-m", "cconv", *args],
         cwd=cwd or ROOT,
@@ -50,6 +50,16 @@ def cconv(*args, cwd=None, env_extra=None, **kw):
         timeout=240,
         **kw,
     )
+
+
+def in_process(capsys, *args):
+    """``cli.main(ARGS)`` in this process (what ``python -m cconv`` calls): (exit code, stdout,
+    stderr).  For the commands after a test's first real process of the same kind: the process
+    start and the imports (~3-4 s of CPU each) are what a subprocess would add."""
+    capsys.readouterr()
+    code = cli.main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 def popen(*args):
@@ -114,7 +124,7 @@ def sweeps(tmp_path_factory):
     }
 
 
-def test_sigkill_then_same_command_loses_and_duplicates_nothing(sweeps):
+def test_sigkill_then_same_command_loses_and_duplicates_nothing(sweeps, capsys):
     at_kill = sweeps["at_kill"]
     assert at_kill["first_finished"] and not at_kill["second_finished"] and len(at_kill["lines"]) >= 4
     again = sweeps["again"]
@@ -130,12 +140,13 @@ def test_sigkill_then_same_command_loses_and_duplicates_nothing(sweeps):
             for k in ("loss", "test_loss", "test_accuracy", "cum_bytes", "cum_bytes_sent"):
                 assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7), (name, a["step"], k)
         assert io.read_summary(str(sweeps["killed"] / name))["status"] == "completed"
-    # a third time: nothing left to do
-    third = cconv("sweep", str(sweeps["spec"]), "--out", str(sweeps["killed"]))
-    assert third.returncode == 0 and "0 completed, 0 diverged, 0 failed, 2 already done" in third.stdout
+    # a third time (in-process): nothing left to do
+    code, out, _ = in_process(capsys, "sweep", sweeps["spec"], "--out", sweeps["killed"])
+    assert code == 0 and "0 completed, 0 diverged, 0 failed, 2 already done" in out
 
 
-def test_sweep_outputs_report_and_plot(sweeps, tmp_path):
+def test_sweep_outputs_report_and_plot(sweeps, tmp_path, capsys):
+    """``report --csv -`` in a real process; the other report and plot commands in-process."""
     ref = sweeps["ref"]
     out = sweeps["ref_out"].stdout
     assert "2 completed" in out and "convergence_vs_traffic.png" in out
@@ -152,18 +163,21 @@ def test_sweep_outputs_report_and_plot(sweeps, tmp_path):
         assert row["bytes_to_target"] == pytest.approx(first["cum_bytes"])
         assert row["steps_to_target"] == first["step"]
         assert row["cum_bytes"] == pytest.approx(metrics[-1]["cum_bytes"])
-    table = cconv("report", str(ref))
-    assert table.returncode == 0 and "bytes_to_target" not in table.stdout and "--target" in table.stdout
+    code, table, _ = in_process(capsys, "report", ref)
+    assert code == 0 and "bytes_to_target" not in table and "--target" in table
     for x, panels in (("bytes", "single"), ("steps", "family"), ("time", "single")):
         target = tmp_path / f"p_{x}.png"
-        r = cconv("plot", str(ref), "--x", x, "--y", "test_accuracy", "--panels", panels, "--out", str(target))
-        assert r.returncode == 0, r.stderr
+        code, _, err = in_process(
+            capsys, "plot", ref, "--x", x, "--y", "test_accuracy", "--panels", panels, "--out", target
+        )
+        assert code == 0, err
         assert target.stat().st_size > 0 and (tmp_path / f"p_{x}.pdf").stat().st_size > 0
-    r = cconv("plot", str(ref), "--x", "time", "--network", "100GbIB", "--out", str(tmp_path / "x.png"))
-    assert r.returncode == 2 and "available: 10GbE" in r.stderr
+    code, _, err = in_process(capsys, "plot", ref, "--x", "time", "--network", "100GbIB", "--out", tmp_path / "x.png")
+    assert code == 2 and "available: 10GbE" in err
 
 
-def test_run_command_and_rerun(tmp_path):
+def test_run_command_and_rerun(tmp_path, capsys):
+    """The first run and the resume in real processes; the rerun and the refusals in-process."""
     cfg = tmp_path / "one.yaml"
     cfg.write_text(
         "model: {name: linear}\nworkers: 4\nbatch_size: 32\nsteps: 12\nlog_every: 4\n"
@@ -175,11 +189,11 @@ def test_run_command_and_rerun(tmp_path):
     assert "completed" in r.stdout and "loss=" in r.stdout
     assert "lr: 0.05" in (out / "config.yaml").read_text() and "memory: ef" in (out / "config.yaml").read_text()
     before = digest(out)
-    r = cconv("run", str(cfg), "--out", str(out), "--set", "lr=0.05", "--set", "memory=ef")
-    assert r.returncode == 0 and "already completed" in r.stdout and digest(out) == before
+    code, stdout, _ = in_process(capsys, "run", cfg, "--out", out, "--set", "lr=0.05", "--set", "memory=ef")
+    assert code == 0 and "already completed" in stdout and digest(out) == before
     # a different config into the same directory: refused, nothing touched
-    r = cconv("run", str(cfg), "--out", str(out), "--set", "lr=0.5")
-    assert r.returncode == 2 and "different config" in r.stderr and "Traceback" not in r.stderr
+    code, _, err = in_process(capsys, "run", cfg, "--out", out, "--set", "lr=0.5")
+    assert code == 2 and "different config" in err and "Traceback" not in err
     assert digest(out) == before
     # an interrupted run: another config is refused untouched, the same one resumes and finishes
     from cconv.experiments.config import load_run
@@ -189,8 +203,8 @@ def test_run_command_and_rerun(tmp_path):
     execute(load_run(str(cfg), ["checkpoint_every=4"]), str(part), stop_after=6)
     assert io.read_summary(str(part))["status"] == "running"
     before = digest(part)
-    r = cconv("run", str(cfg), "--out", str(part), "--set", "checkpoint_every=4", "--set", "lr=0.5")
-    assert r.returncode == 2 and "different config" in r.stderr and digest(part) == before
+    code, _, err = in_process(capsys, "run", cfg, "--out", part, "--set", "checkpoint_every=4", "--set", "lr=0.5")
+    assert code == 2 and "different config" in err and digest(part) == before
     r = cconv("run", str(cfg), "--out", str(part), "--set", "checkpoint_every=4")
     assert r.returncode == 0 and "completed" in r.stdout, r.stderr
     assert [l["step"] for l in io.read_jsonl(str(part / io.METRICS))] == [4, 8, 12]
@@ -238,7 +252,8 @@ def test_bad_input_in_a_real_process(tmp_path):
     _refused("unknown_override", tmp_path, run)
 
 
-def test_unwritable_output_dir(tmp_path):
+def test_unwritable_output_dir(tmp_path, capsys):
+    """``run`` in a real process, ``sweep`` in-process."""
     cfg = tmp_path / "ok.yaml"
     cfg.write_text("model: {name: linear}\nworkers: 2\nbatch_size: 8\nsteps: 2\n")
     blocker = tmp_path / "a_file"
@@ -248,15 +263,19 @@ def test_unwritable_output_dir(tmp_path):
     assert blocker.read_text() == "not a directory"
     spec = tmp_path / "s.yaml"
     spec.write_text("base: {model: {name: linear}, workers: 2, batch_size: 8, steps: 2}\ngrid: {lr: [0.1]}\n")
-    r = cconv("sweep", str(spec), "--out", str(blocker / "sweep"))
-    assert r.returncode == 2 and "not writable" in r.stderr
+    code, _, err = in_process(capsys, "sweep", spec, "--out", blocker / "sweep")
+    assert code == 2 and "not writable" in err
 
 
 def test_debug_shows_traceback(tmp_path):
+    """In-process: with --debug the error leaves ``cli.main`` as the exception itself (the
+    interpreter then prints its traceback and exits 1), not as the one-line message."""
+    from cconv.experiments.config import ConfigError
+
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("model: [unclosed\n")
-    r = cconv("run", str(cfg), "--debug")
-    assert r.returncode != 0 and "Traceback" in r.stderr and "ConfigError" in r.stderr
+    with pytest.raises(ConfigError):
+        cli.main(["run", str(cfg), "--debug"])
 
 
 @pytest.mark.parametrize("command", ["run", "sweep", "plot", "report", "doctor", "advise", "plan"])
@@ -321,8 +340,11 @@ def half_topk(fraction=0.5):
 
 
 def test_import_paths_for_compressor_model_and_data(tmp_path, monkeypatch, capsys):
+    """In-process (the user's module on sys.path, as PYTHONPATH puts it there for a process):
+    the run trains with the user's model, data and compressor; bad paths are refused."""
     (tmp_path / "cconv_user_ext.py").write_text(USER_MODULE)
-    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)}
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "cconv_user_ext", raising=False)
     cfg = tmp_path / "user.yaml"
     cfg.write_text(
         "model: {name: 'cconv_user_ext:tiny_mlp', width: 8}\n"
@@ -331,13 +353,13 @@ def test_import_paths_for_compressor_model_and_data(tmp_path, monkeypatch, capsy
         "memory: ef\nworkers: 2\nbatch_size: 8\nsteps: 4\nlog_every: 2\n"
     )
     out = tmp_path / "out"
-    r = cconv("run", str(cfg), "--out", str(out), env_extra=env)
-    assert r.returncode == 0 and "completed" in r.stdout, r.stderr
+    code, stdout, err = in_process(capsys, "run", cfg, "--out", out)
+    assert code == 0 and "completed" in stdout, err
     lines = io.read_jsonl(str(out / io.METRICS))
     assert [l["step"] for l in lines] == [2, 4]
     # top-k of a 4x8 + 8 + 8x2 + 2 MLP at ratio 0.25: fewer bytes than dense fp32 (58 floats)
     assert 0 < lines[0]["bytes_sent"] < 58 * 4
-    monkeypatch.syspath_prepend(str(tmp_path))  # the bad paths in-process: refused before jax runs
+    # the bad paths: refused before jax runs
     for key, bad, fragment in (
         ("model", "cconv_user_ext:nope", "model 'cconv_user_ext:nope': cannot import"),
         ("data", "no_such_module_xyz:toy", "dataset 'no_such_module_xyz:toy': cannot import"),

@@ -45,6 +45,9 @@ def residual_rows(tree):
     return [x for p, x in jax.tree_util.tree_leaves_with_path(tree) if "residual" in jax.tree_util.keystr(p)]
 
 
+@pytest.mark.slow  # compiles and trains the recipe (seconds of CPU); the fast tier checks the drop-in's
+# bytes and per-worker state in test_dropin.py (test_the_compiled_dropin_moves_what_traffic_says,
+# test_state_specs_put_cconvs_state_per_worker_and_the_rest_replicated)
 def test_optax_recipe_trains_moves_the_payload_bytes_and_keeps_residuals_per_worker():
     c = cconv.compressors.topk(ratio=0.01)
     out = optax_plain.main(steps=STEPS, workers=W, compressor=c, log=quiet)
@@ -54,7 +57,7 @@ def test_optax_recipe_trains_moves_the_payload_bytes_and_keeps_residuals_per_wor
     assert per_worker(res)  # one residual per worker, not worker 0's copied
 
 
-@pytest.mark.slow  # the fast subset keeps the optax recipe and the drift warning
+@pytest.mark.slow
 def test_linen_recipe_trains_with_batchnorm_dropout_and_per_worker_residuals():
     c = cconv.compressors.topk(ratio=0.05)
     out = flax_linen.main(steps=STEPS, workers=W, compressor=c, log=quiet)
@@ -65,6 +68,8 @@ def test_linen_recipe_trains_with_batchnorm_dropout_and_per_worker_residuals():
     assert mean.shape == (64,) and np.abs(mean).sum() > 0  # the running mean moved
 
 
+@pytest.mark.slow  # compiles the recipe (seconds of CPU); the fast tier checks the warning itself in
+# test_dropin.py (test_sync_model_state_averages_and_check_mode_warns_once)
 def test_linen_recipe_warns_once_when_batch_statistics_drift_apart():
     cconv.engine.ddp._WARNED.clear()
     with warnings.catch_warnings(record=True) as caught:
@@ -77,7 +82,7 @@ def test_linen_recipe_warns_once_when_batch_statistics_drift_apart():
     )
 
 
-@pytest.mark.slow  # the fast subset keeps the optax recipe and the drift warning
+@pytest.mark.slow
 def test_linen_recipe_with_synchronized_batchnorm_does_not_drift():
     cconv.engine.ddp._WARNED.clear()
     with warnings.catch_warnings(record=True) as caught:
@@ -88,7 +93,7 @@ def test_linen_recipe_with_synchronized_batchnorm_does_not_drift():
     assert not drift, [str(w.message) for w in drift]
 
 
-@pytest.mark.slow  # the fast subset keeps the optax recipe and the drift warning
+@pytest.mark.slow
 def test_nnx_recipe_trains_with_an_optimizer_created_outside_the_map():
     c = cconv.compressors.topk(ratio=0.05)
     out = flax_nnx.main(steps=STEPS, workers=W, compressor=c, log=quiet)

@@ -11,6 +11,7 @@ import pytest
 from runs_helpers import ROOT, TINY, cli_env, tiny_yaml, write_tiny
 from runs_helpers import run_cconv as cconv
 
+from cconv import cli
 from cconv.experiments import io
 from cconv.experiments.config import from_dict
 from cconv.experiments.runner import execute
@@ -110,8 +111,9 @@ def _check_completed(d, steps=(4, 8, 12)):
 
 
 @pytest.mark.slow
-def test_cli_run_sigkilled_before_final_summary_then_run_again(tmp_path):
-    """Before: exit 1 with orbax's StepAlreadyExistsError, summary rewritten to failed, forever."""
+def test_cli_run_sigkilled_before_final_summary_then_run_again(tmp_path, capsys):
+    """Before: exit 1 with orbax's StepAlreadyExistsError, summary rewritten to failed, forever.
+    The third command (nothing to do) runs in-process."""
     cfg = write_tiny(tmp_path / "tiny.yaml")
     out = str(tmp_path / "run")
     r = cconv("run", str(cfg), "--out", out, code=KILL_BEFORE_FINAL_SUMMARY)
@@ -122,8 +124,7 @@ def test_cli_run_sigkilled_before_final_summary_then_run_again(tmp_path):
     assert r.returncode == 0 and "completed" in r.stdout, r.stderr
     _check_completed(out)
     assert open(os.path.join(out, io.METRICS), "rb").read() == metrics
-    r = cconv("run", str(cfg), "--out", out)
-    assert r.returncode == 0 and "already completed" in r.stdout
+    assert cli.main(["run", str(cfg), "--out", out]) == 0 and "already completed" in capsys.readouterr().out
 
 
 @pytest.mark.extended  # CI: the run variant below and test_cli.py's SIGKILL of a sweep
@@ -192,8 +193,9 @@ def _popen(*args):
 
 
 @pytest.mark.slow
-def test_cli_run_on_a_directory_another_process_trains_is_refused(tmp_path):
-    """Before: both processes trained the run, every step logged twice in metrics.jsonl."""
+def test_cli_run_on_a_directory_another_process_trains_is_refused(tmp_path, capsys):
+    """Before: both processes trained the run, every step logged twice in metrics.jsonl.  Once
+    the lock is released, the same command (in-process) trains the run."""
     cfg = write_tiny(tmp_path / "tiny.yaml")
     out = tmp_path / "run"
     out.mkdir()
@@ -203,8 +205,7 @@ def test_cli_run_on_a_directory_another_process_trains_is_refused(tmp_path):
         err = r.stderr.strip()
         assert len(err.splitlines()) == 1 and f"in use by another cconv process (pid {os.getpid()})" in err
         assert os.listdir(out) == [io.LOCK]
-    r = cconv("run", str(cfg), "--out", str(out))
-    assert r.returncode == 0, r.stderr
+    assert cli.main(["run", str(cfg), "--out", str(out)]) == 0, capsys.readouterr().err
     _check_completed(str(out))
 
 
@@ -214,7 +215,8 @@ def test_two_concurrent_sweeps_on_one_directory(tmp_path):
     temporary directories).  Now each run is trained by exactly one of them."""
     spec = tmp_path / "s.yaml"
     base = textwrap.indent(tiny_yaml(steps=40), "  ")
-    spec.write_text(f"base:\n{base}grid:\n  lr: [0.1, 0.05, 0.02]\n")
+    # three seeds: one step program for the three runs (a grid over lr would compile three)
+    spec.write_text(f"base:\n{base}grid:\n  seed: [0, 1, 2]\n")
     out = tmp_path / "sw"
     procs = [_popen("sweep", str(spec), "--out", str(out), "--no-figure") for _ in range(2)]
     results = [p.communicate(timeout=600) for p in procs]
@@ -225,7 +227,7 @@ def test_two_concurrent_sweeps_on_one_directory(tmp_path):
 
     completed = sum(int(re.search(r"(\d+) completed", stdout).group(1)) for stdout, _ in results)
     assert completed == 3, results  # every run trained once, by one of the two
-    for name in ("lr=0.1", "lr=0.05", "lr=0.02"):
+    for name in ("seed=0", "seed=1", "seed=2"):
         _check_completed(str(out / name), steps=range(4, 41, 4))
         assert io.LOCK not in os.listdir(out / name)
 

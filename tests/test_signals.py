@@ -91,9 +91,10 @@ def test_sigint_stops_a_sweep_after_the_run_and_the_sweep_resumes(tmp_path):
     """Before: exit 130 with nothing saved, the run left ``running``."""
     spec = tmp_path / "s.yaml"
     base = "".join(f"  {line}\n" for line in RUN_YAML.splitlines())
-    spec.write_text(f"base:\n{base}grid:\n  lr: [0.1, 0.05]\n")
+    # two seeds: one step program for both runs (a grid over lr would compile a second one)
+    spec.write_text(f"base:\n{base}grid:\n  seed: [0, 1]\n")
     out = tmp_path / "sw"
-    first, second = out / "lr=0.1", out / "lr=0.05"
+    first, second = out / "seed=0", out / "seed=1"
     r, _ = _signal_after(["sweep", str(spec), "--out", str(out)], str(first / io.METRICS), signal.SIGINT)
     assert r.returncode == 130, r.stderr[-2000:]
     s = io.read_summary(str(first))

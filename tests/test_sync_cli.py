@@ -108,7 +108,8 @@ def test_bad_sync_input_is_one_line_exit_2_nothing_written(extra, match, tmp_pat
     assert not out.exists()
 
 
-@pytest.mark.slow
+@pytest.mark.extended  # CI: the 11 refusals in-process above, and a real process's refusal before jax
+# starts in tests/test_cli.py::test_bad_input_in_a_real_process (the same cli.main path)
 def test_bad_sync_input_from_the_shell(tmp_path):
     spec = tmp_path / "run.yaml"
     spec.write_text(BASE + BAD[0][0])
