@@ -181,6 +181,16 @@ def _cfg(**kw):
     return from_dict({"data": "digits", **kw})
 
 
+def test_an_optimizer_that_sends_its_own_messages_names_the_uncompressed_candidates():
+    """1-bit Adam sends 1-bit momenta with compressor none: its candidates are not "dense"."""
+    block = {"compressors": ["none"], "sync": ["bsp", {"local_steps": 4}]}
+    cfg = _cfg(advise=block, optimizer={"name": "onebit_adam", "warmup_steps": 10}, lr=0.003)
+    names = [c.name for c in SP.candidates(SP.parse(cfg.advise, cfg))]
+    assert names[0] == "1-bit Adam" and not any("dense" in n for n in names), names
+    plain = SP.candidates(SP.parse(block, _cfg(advise=block)))
+    assert plain[0].name == "dense"
+
+
 def test_candidates_from_an_advise_block():
     block = {
         "compressors": ["none", {"name": "topk", "ratio": [0.1, 0.01]}, "signsgd"],

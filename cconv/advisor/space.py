@@ -83,6 +83,7 @@ class Space(NamedTuple):
     target: str | None = None
     budget: float | None = None
     seeds: int | None = None
+    plain: str = "dense"  # the name of the config's own update: "dense", or the method its optimizer sends
 
 
 def _list(block: dict, key: str) -> list | None:
@@ -250,7 +251,16 @@ def parse(block: Any, cfg: Any) -> Space:
         target,
         budget,
         seeds,
+        _plain(cfg),
     )
+
+
+def _plain(cfg: Any) -> str:
+    """"dense", or the method the config's optimizer sends when it sends its own messages (1-bit
+    Adam: ``cconv.experiments.report.sent_columns``), so its candidates are not named dense."""
+    from cconv.experiments.report import sent_columns
+
+    return str(sent_columns(cfg.to_dict()).get("compressor") or "dense")
 
 
 _NAMES = {
@@ -261,13 +271,14 @@ _NAMES = {
 }
 
 
-def label(comp: dict, memory: str, sync: dict, arch: str, arch0: str, sync0: dict) -> str:
-    """A human name: "dense", "top-k 1 % + EF", "dense, local SGD H=4", "QSGD levels=4, ssp"."""
+def label(comp: dict, memory: str, sync: dict, arch: str, arch0: str, sync0: dict, plain: str = "dense") -> str:
+    """A human name: "dense", "top-k 1 % + EF", "dense, local SGD H=4", "QSGD levels=4, ssp";
+    ``plain`` names the uncompressed update ("1-bit Adam" when the optimizer sends its own messages)."""
     from cconv import compressors as C
 
     name = comp["name"]
     try:
-        base = "dense" if name == DENSE else (C.entry(name).label or name)
+        base = plain if name == DENSE else (C.entry(name).label or name)
     except (KeyError, ValueError):
         base = name
     hp = [_NAMES.get(k, lambda v, k=k: f"{k}={v}")(v) for k, v in comp.items() if k != "name"]
@@ -294,7 +305,7 @@ def candidates(space: Space) -> list[Candidate]:
     out: dict[str, Candidate] = {}
 
     def add(comp, memory, sync, arch):
-        name = label(comp, memory, sync, arch, arch0, sync0)
+        name = label(comp, memory, sync, arch, arch0, sync0, space.plain)
         over = {"compressor": dict(comp), "memory": memory, "architecture": arch, **sync}
         out.setdefault(name, Candidate(name, over))
 
