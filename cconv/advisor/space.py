@@ -256,7 +256,7 @@ def parse(block: Any, cfg: Any) -> Space:
 
 
 def _plain(cfg: Any) -> str:
-    """"dense", or the method the config's optimizer sends when it sends its own messages (1-bit
+    """ "dense", or the method the config's optimizer sends when it sends its own messages (1-bit
     Adam: ``cconv.experiments.report.sent_columns``), so its candidates are not named dense."""
     from cconv.experiments.report import sent_columns
 
