@@ -3,15 +3,10 @@ run then calls: it traces none of them again, and trains exactly as an unwarmed 
 
 import json
 import os
-import threading
+import subprocess
+import sys
 
 import pytest
-
-from cconv.experiments import build as B
-from cconv.experiments import runner
-from cconv.experiments.compiletime import CompileMeter
-from cconv.experiments.config import from_dict
-from cconv.experiments.warm import warm
 
 pytestmark = pytest.mark.slow
 
@@ -38,19 +33,37 @@ def _lines(d):
     return [{k: v for k, v in r.items() if k != "wall_time"} for r in rows]
 
 
+SCRIPT = """
+import json, os, sys, threading
+from cconv.experiments import build as B, runner
+from cconv.experiments.compiletime import CompileMeter
+from cconv.experiments.config import from_dict
+from cconv.experiments.warm import warm
+
+cfg = from_dict(json.loads(sys.argv[2]), source="test")
+out = sys.argv[1]
+runner.execute(cfg, os.path.join(out, "cold"), problem=B.problem(cfg), nested=True)  # eager helpers built once
+problem = B.problem(cfg)
+with CompileMeter() as ahead:
+    th = threading.Thread(target=lambda: warm(problem, cfg.steps))
+    th.start()
+    th.join()
+with CompileMeter() as after:
+    runner.execute(cfg, os.path.join(out, "warmed"), problem=problem, nested=True)
+print(json.dumps({"ahead": ahead.traced, "after": after.traced}))
+"""
+
+
 def test_a_warmed_run_traces_no_step_or_evaluator_and_trains_the_same(tmp_path):
-    cfg = from_dict(RAW, source="test")
-    cold = str(tmp_path / "cold")
-    runner.execute(cfg, cold, problem=B.problem(cfg), nested=True)  # eager helpers built once
-    problem = B.problem(cfg)
-    with CompileMeter() as ahead:
-        th = threading.Thread(target=lambda: warm(problem, cfg.steps))
-        th.start()
-        th.join()
-    assert ahead.traced.count("run") == 2  # local SGD: a local and a sync phase
-    assert "ev" in ahead.traced
-    warmed = str(tmp_path / "warmed")
-    with CompileMeter() as after:
-        runner.execute(cfg, warmed, problem=problem, nested=True)
-    assert "run" not in after.traced and "ev" not in after.traced, after.traced
-    assert _lines(warmed) == _lines(cold)
+    # a fresh interpreter: JAX's configuration contexts are per thread, and one left open in the
+    # test process's main thread by another test would make the main thread's programs differ
+    # from the build thread's (warming is then wasted, never wrong)
+    res = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path), json.dumps(RAW)], capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    traced = json.loads(res.stdout.strip().splitlines()[-1])
+    assert traced["ahead"].count("run") == 2  # local SGD: a local and a sync phase
+    assert "ev" in traced["ahead"]
+    assert "run" not in traced["after"] and "ev" not in traced["after"], traced["after"]
+    assert _lines(str(tmp_path / "warmed")) == _lines(str(tmp_path / "cold"))
