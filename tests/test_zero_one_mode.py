@@ -38,7 +38,7 @@ def _kinds(freeze, kappa, scaler, clip, steps):
     out = []
     for k in range(1, steps + 1):
         if k <= freeze + 1:
-            out.append("dense" if k in tv else "onebit")
+            out.append("dense" if k in tv else "one_bit")
         else:
             out.append(("first_sync" if k == tu[0] else "sync") if k in tu else "local")
     return out
@@ -98,7 +98,7 @@ def test_engine_steps_equal_the_dropin_variance_frozen_bytes_per_kind():
     changed = [k for k in range(1, steps + 1) if not np.array_equal(nu[k], nu[k - 1])]
     assert changed == variance_steps(KNOBS["var_freeze_step"], KNOBS["var_update_scaler"]) == [1, 2, 4, 6, 8]
     dense, one_bit = 2 * (P - 1) / P * 4 * D, (P - 1) * (packed_size(D, 1) + 4)
-    per_kind = {"dense": dense, "onebit": one_bit, "sync": one_bit, "first_sync": one_bit, "local": 0.0}
+    per_kind = {"dense": dense, "one_bit": one_bit, "sync": one_bit, "first_sync": one_bit, "local": 0.0}
     kinds = _kinds(*KNOBS.values(), steps)
     assert sent == [pytest.approx(per_kind[k]) for k in kinds]
     assert kinds.count("local") == 12 and not np.allclose(ref[-1][0], ref[-1][1])  # local steps: workers differ
@@ -159,8 +159,8 @@ def test_cconv_run_with_zero_one_adam_logs_each_kind_of_step(tmp_path):
     dense = 2 * (2 - 1) / 2 * 4 * sum(sizes)
     one_bit = (2 - 1) * sum(packed_size(n, 1) + 4 for n in sizes)
     kinds = _kinds(*knobs.values(), 8)
-    assert kinds == ["dense", "dense", "onebit", "first_sync", "sync", "sync", "local", "sync"]
-    want = {"dense": dense, "onebit": one_bit, "first_sync": one_bit, "sync": one_bit, "local": 0}
+    assert kinds == ["dense", "dense", "one_bit", "first_sync", "sync", "sync", "local", "sync"]
+    want = {"dense": dense, "one_bit": one_bit, "first_sync": one_bit, "sync": one_bit, "local": 0}
     assert [r["bytes_sent"] for r in rows] == [want[k] for k in kinds]
     assert all(math.isfinite(r["loss"]) for r in rows)
     runs = report.load_runs([str(tmp_path / "run")])

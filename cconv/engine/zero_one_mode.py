@@ -53,7 +53,7 @@ from cconv.engine.step import apply_update, local_grad, reduce_metrics
 from cconv.engine.sync import SYNC_MODES, SyncMode, gradient_step
 from cconv.engine.zero_one_adam import _check
 
-DENSE, ONE_BIT, LOCAL, SYNC, FIRST_SYNC = "dense", "onebit", "local", "sync", "first_sync"  # phase kinds
+DENSE, ONE_BIT, LOCAL, SYNC, FIRST_SYNC = "dense", "one_bit", "local", "sync", "first_sync"  # phase kinds
 CODE = {DENSE: 0, ONE_BIT: 1, LOCAL: 2, SYNC: 3, FIRST_SYNC: 3}  # what ``update`` does (the state's ``kind``)
 
 
@@ -69,7 +69,7 @@ class Schedule(NamedTuple):
 class ZeroOneHost:
     """The kind of each step (``phase``), from the policies' counters as DeepSpeed advances them:
     before the freeze ``dense`` when k mod I_v = 0 (then I_v doubles after kappa such steps), else
-    ``onebit``; after it ``sync`` when k mod I_u = 0 (``first_sync`` for the first), else
+    ``one_bit``; after it ``sync`` when k mod I_u = 0 (``first_sync`` for the first), else
     ``local``, I_u doubling every ``local_step_scaler`` steps up to H.  Deterministic: the
     checkpoint needs nothing of it."""
 
