@@ -76,7 +76,7 @@ class ZeroOneHost:
     def __init__(self, schedule: Schedule):
         self.s = schedule
         self.kinds: list[str] = []
-        self._iv, self._cv, self._iu, self._cu, self._frozen = 1, 0, 1, 0, False
+        self._iv, self._cv, self._iu, self._cu, self._frozen, self._synced = 1, 0, 1, 0, False, False
 
     def _advance(self) -> None:
         k, s = len(self.kinds) + 1, self.s
@@ -87,7 +87,8 @@ class ZeroOneHost:
                 if self._cv == s.var_update_scaler:
                     self._cv, self._iv = 0, self._iv * 2
         else:
-            kind = LOCAL if k % self._iu else (SYNC if SYNC in self.kinds or FIRST_SYNC in self.kinds else FIRST_SYNC)
+            kind = LOCAL if k % self._iu else (SYNC if self._synced else FIRST_SYNC)
+            self._synced = self._synced or kind != LOCAL
             self._cu += 1
             if self._cu == s.local_step_scaler:
                 self._cu, self._iu = 0, min(s.local_step_clipper, self._iu * 2)
