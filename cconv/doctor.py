@@ -55,13 +55,14 @@ from cconv.cli_schema import Command, Option
 from cconv.comm import hlo
 from cconv.comm.aggregation import COLLECTIVES, TRANSPORTS, method_of
 from cconv.engine import EngineConfig, build
+from cconv.engine.config import ENGINE_DEFAULTS
 from cconv.engine.launchers import LAUNCHERS
 from cconv.experiments import io
 
 PLATFORMS = ("cuda", "rocm", "tpu")
 WORKERS = 4
 BATCH = 32
-DEFAULT_LAUNCHER = "shard_map"
+DEFAULT_LAUNCHER = ENGINE_DEFAULTS["launcher"]
 ONE_DEVICE = next(n for n, cls in LAUNCHERS.items() if cls.one_device)
 # Custom-call targets that exist only on the CPU: cconv's own kernel, then jax's CPU libraries.
 CPU_ONLY_TARGETS = (_native.TOPK_TARGET,)
@@ -99,10 +100,10 @@ class Combo(NamedTuple):
 
     compressor: str
     hparams: tuple  # ((name, value), ...) of the setting (``settings``)
-    memory: str = M.NONE
-    architecture: str = "all-to-all"
-    collective: str = "auto"
-    vote: bool = False
+    memory: str = ENGINE_DEFAULTS["memory"]  # the engine's settings default to the engine's
+    architecture: str = ENGINE_DEFAULTS["architecture"]
+    collective: str = ENGINE_DEFAULTS["collective"]
+    vote: bool = ENGINE_DEFAULTS["vote"]
     launcher: str = DEFAULT_LAUNCHER
 
     @property

@@ -300,6 +300,8 @@ def candidates(space: Space) -> list[Candidate]:
     """The probed candidates: compressors x memory x sync x architectures (memory only around a
     real compressor; ``paired`` resolved per compressor), the dense baseline first, duplicates
     removed."""
+    from cconv.experiments.config import default_of
+
     sync0, arch0 = space.sync[0], space.architectures[0]
     dense = {"name": DENSE}
     out: dict[str, Candidate] = {}
@@ -318,7 +320,7 @@ def candidates(space: Space) -> list[Candidate]:
         comp = inc.get("compressor", dense)
         comp = {"name": comp} if isinstance(comp, str) else dict(comp)
         sync = {k: v for k, v in inc.items() if k not in ("compressor", "memory", "architecture")}
-        add(comp, inc.get("memory", "none"), sync or sync0, inc.get("architecture", arch0))
+        add(comp, inc.get("memory", default_of("memory")), sync or sync0, inc.get("architecture", arch0))
     return list(out.values())
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -260,6 +261,13 @@ class EngineConfig:
     @property
     def model_averaging(self) -> bool:
         return self.local_steps == ADAPTIVE or self.local_steps > 1 or self.post_local_switch > 0
+
+
+# Each field's default, read from the dataclass: the one place an engine default is written.  An API
+# that takes engine settings as keywords (``cconv.engine.dropin.Exchange``, ``as_optax``, the
+# doctor's ``Combo``) defaults to these, so its signature shows the engine's values
+# (``tests/test_engine_defaults.py`` fails on a default written again).
+ENGINE_DEFAULTS: Mapping[str, Any] = MappingProxyType({f.name: f.default for f in dataclasses.fields(EngineConfig)})
 
 
 class Phase(NamedTuple):

@@ -39,14 +39,13 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from cconv import memory as M
 from cconv._text import shown_names
 from cconv.comm.accounting import Collective, encoded_traffic, total_traffic, traffic
 from cconv.comm.aggregation import TRANSPORTS
 from cconv.comm.backend import Comm, MeshComm
 from cconv.compressors import registry
 from cconv.compressors.base import Compressor
-from cconv.engine.config import EngineConfig
+from cconv.engine.config import ENGINE_DEFAULTS, EngineConfig
 from cconv.engine.exchange import Plan, exchange, init_state, make_plan
 
 TRAFFIC_KEYS = ("bytes_sent", "bytes_received", "bytes_control", "bytes_encoded_sent", "bytes_encoded_received")
@@ -111,29 +110,31 @@ class Exchange:
     compressor         a ``Compressor`` or a registered name (None: no compression)
     memory             "none" | "ef" | "dgc" | "ef21" | "ef21_sgdm" (``cconv.memory.MEMORIES``);
                        ``momentum`` (DGC's, or EF21-SGDM's beta), ``masking``
-    axis_name          the worker axis of the surrounding shard_map / pmap / vmap
+    axis_name          the worker axis of the surrounding shard_map / pmap / vmap ("data": the
+                       drop-in's own default, not the engine's)
     workers            P; None: the bound axis size (checked against it when given)
     collective, vote, granularity, min_compress_size, compress_vectors, architecture,
-    ps_downlink        as ``EngineConfig`` (same validation: one is built, ``self.config``)
+    ps_downlink        as ``EngineConfig`` (same validation: one is built, ``self.config``); every
+                       engine setting defaults to the engine's (``ENGINE_DEFAULTS``)
     platform           where bf16 sums travel as fp32 ("cpu"); None: ``jax.default_backend()``
     """
 
     def __init__(
         self,
-        compressor: Compressor | str | None = None,
-        memory: str = M.NONE,
+        compressor: Compressor | str | None = ENGINE_DEFAULTS["compressor"],
+        memory: str = ENGINE_DEFAULTS["memory"],
         axis_name: str = "data",
         workers: int | None = None,
         *,
-        collective: str = "auto",
-        vote: bool = False,
-        granularity: str = "layerwise",
-        min_compress_size: int = 0,
-        compress_vectors: bool = True,
-        architecture: str = "all-to-all",
-        ps_downlink: Compressor | str | None = None,
-        momentum: float = 0.9,
-        masking: bool = True,
+        collective: str = ENGINE_DEFAULTS["collective"],
+        vote: bool = ENGINE_DEFAULTS["vote"],
+        granularity: str = ENGINE_DEFAULTS["granularity"],
+        min_compress_size: int = ENGINE_DEFAULTS["min_compress_size"],
+        compress_vectors: bool = ENGINE_DEFAULTS["compress_vectors"],
+        architecture: str = ENGINE_DEFAULTS["architecture"],
+        ps_downlink: Compressor | str | None = ENGINE_DEFAULTS["ps_downlink"],
+        momentum: float = ENGINE_DEFAULTS["momentum"],
+        masking: bool = ENGINE_DEFAULTS["masking"],
         platform: str | None = None,
         **unknown,
     ):
@@ -336,7 +337,7 @@ def not_laid_out(axis_name: str) -> str:
 
 def as_optax(
     compressor: Compressor | str | None,
-    memory: str = M.NONE,
+    memory: str = ENGINE_DEFAULTS["memory"],
     axis_name: str = "data",
     seed: int = 0,
     **options,

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from cconv.engine import modes
+from cconv.engine.config import ENGINE_DEFAULTS
 
 
 class MessageTransformation(NamedTuple):
@@ -78,7 +79,7 @@ def sent(optimizer: Any) -> Sent | None:
     if message_of(optimizer) is None:
         return None
     own = optimizer.engine
-    return Sent(optimizer.label, own.get("compressor"), own.get("memory", "none"))
+    return Sent(optimizer.label, own.get("compressor"), own.get("memory", ENGINE_DEFAULTS["memory"]))
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -439,15 +439,13 @@ def make_compression(cfg: RunConfig, shapes: Iterable | None = None) -> Compress
 
 
 def _warmup(cfg: RunConfig) -> engine.Warmup | None:
-    """The engine's density warm-up of ``warmup`` (``densities: dgc`` is DGC's schedule)."""
+    """The engine's density warm-up of ``warmup`` (``densities: dgc``, or none given, is DGC's
+    schedule); the keys not given take ``Warmup``'s defaults (written there)."""
     if cfg.warmup is None:
         return None
     d = cfg.warmup.get("densities", "dgc")
-    return engine.Warmup(
-        engine.DGC_WARMUP if d == "dgc" else tuple(d),
-        steps_per_stage=cfg.warmup.get("steps_per_stage", 1),
-        dense_steps=cfg.warmup.get("dense_steps", 0),
-    )
+    rest = {k: v for k, v in cfg.warmup.items() if k != "densities"}
+    return engine.Warmup(engine.DGC_WARMUP if d == "dgc" else tuple(d), **rest)
 
 
 def _check_servers(cfg: RunConfig, ecfg: EngineConfig) -> None:
@@ -521,7 +519,7 @@ def make_engine_config(
     return ecfg
 
 
-def check_devices(workers: int, launcher: str = "shard_map") -> None:
+def check_devices(workers: int, launcher: str = default_of("launcher")) -> None:
     """Refuse, in one line, to run more workers than the backend has devices: on CPU, where the
     CLI simulates one device per worker, unless the launcher runs every worker on one device
     (``launcher: vmap``); on GPU/TPU such runs use that launcher (``launcher_for``)."""

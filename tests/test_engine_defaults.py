@@ -1,0 +1,163 @@
+"""Every engine default is written once, on its ``EngineConfig`` field: an API that takes engine
+settings as keywords defaults to ``cconv.engine.config.ENGINE_DEFAULTS`` (read from the
+dataclass) and a run config's engine key reads the field (``tests/test_config_engine_section.py``).
+
+The scan reads every module of ``cconv/``: a parameter, a class field, a ``.get(KEY, default)`` or
+a ``getattr(x, KEY, default)`` named like an engine field whose default is written out (a literal,
+or a named constant such as ``M.NONE``) and equals the engine's is a second copy of that default:
+changing the engine's would leave it behind.  A default read from somewhere (a subscript such as
+``ENGINE_DEFAULTS["memory"]``, a call such as ``default_of("launcher")``) is not.  ``None`` is
+Python's "not given", not a copy.  The layers below the engine cannot import it
+(``tests/test_imports.py``): their own public factories keep their own defaults, listed below; the
+engine passes every such value explicitly."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from cconv import doctor
+from cconv.engine import EngineConfig
+from cconv.engine.config import ENGINE_DEFAULTS
+from cconv.engine.dropin import Exchange, as_optax
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINE = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+
+# the layers below the engine: their own API's defaults (the engine passes its value:
+# cconv.engine.exchange.make_plan gives momentum, masking and ef_scale to the memory, collective
+# and vote to method_of)
+BELOW_THE_ENGINE = {
+    "cconv/memory/dgc.py:dgc_memory.momentum": "DGC's memory factory (the paper's 0.9)",
+    "cconv/memory/dgc.py:dgc_memory.masking": "DGC's memory factory",
+    "cconv/memory/dgc.py:dgc.momentum": "DGC's compressor wrapper",
+    "cconv/memory/dgc.py:dgc.masking": "DGC's compressor wrapper",
+    "cconv/memory/ef21.py:ef21_sgdm_memory.momentum": "EF21-SGDM's memory factory",
+    "cconv/memory/ef21.py:ef21_sgdm.momentum": "EF21-SGDM's compressor wrapper",
+    "cconv/memory/error_feedback.py:ef_memory.ef_scale": "error feedback's memory factory (plain EF)",
+    "cconv/memory/error_feedback.py:error_feedback.ef_scale": "error feedback's compressor wrapper",
+    "cconv/comm/aggregation.py:method_of.collective": "the aggregation method of a compressor alone",
+    "cconv/comm/aggregation.py:method_of.vote": "the aggregation method of a compressor alone",
+}
+# keyword APIs over engine settings, and the defaults of their own that differ on purpose
+KEYWORD_APIS = {
+    Exchange.__init__: {"axis_name": "data", "workers": None},  # the drop-in's axis; None: the bound axis size
+    as_optax: {"axis_name": "data"},
+    doctor.Combo: {},
+}
+
+
+def _same(a, b) -> bool:
+    return a is not None and type(a) is type(b) and a == b
+
+
+def _reads(expr: ast.expr) -> bool:
+    """The default is read from somewhere (a subscript or a call), not written out."""
+    return any(isinstance(n, (ast.Subscript, ast.Call)) for n in ast.walk(expr))
+
+
+def _sites(tree: ast.Module):
+    """(owner, name, default expression) of every default named like an engine field."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            pos = a.posonlyargs + a.args
+            pairs = [*zip(pos[len(pos) - len(a.defaults) :], a.defaults), *zip(a.kwonlyargs, a.kw_defaults)]
+            yield from ((node.name, arg.arg, d) for arg, d in pairs if d is not None)
+        elif isinstance(node, ast.ClassDef):
+            for st in node.body:
+                if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name) and st.value is not None:
+                    yield node.name, st.target.id, st.value
+        elif isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name)):
+            fn = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+            at = {"get": 0, "getattr": 1}.get(fn)
+            if at is not None and len(node.args) == at + 2 and isinstance(node.args[at], ast.Constant):
+                yield fn, node.args[at].value, node.args[at + 1]
+
+
+def _written(expr: ast.expr, tree: ast.Module) -> bool:
+    """Written out here: a literal, or a named constant (followed within the module) that is."""
+    if _reads(expr):
+        return False
+    if isinstance(expr, ast.Name):
+        for st in tree.body:
+            targets = st.targets if isinstance(st, ast.Assign) else [st.target] if isinstance(st, ast.AnnAssign) else []
+            if any(isinstance(t, ast.Name) and t.id == expr.id for t in targets) and st.value is not None:
+                return _written(st.value, tree)
+    return True
+
+
+def copies(source: str, path: str, namespace: Callable[[], dict]) -> list[str]:
+    """The engine defaults that ``source`` writes again, as ``path:owner.name = expression``
+    (a named constant's value read in the module's ``namespace()``)."""
+    tree = ast.parse(source)
+    out = []
+    for owner, name, expr in _sites(tree):
+        if name not in ENGINE or not _written(expr, tree):
+            continue
+        try:
+            value = ast.literal_eval(expr) if isinstance(expr, ast.Constant) else eval(ast.unparse(expr), namespace())
+        except Exception:  # a local name: not a module-level default
+            continue
+        if _same(value, ENGINE[name]):
+            out.append(f"{path}:{owner}.{name} = {ast.unparse(expr)}")
+    return out
+
+
+def _all_copies() -> list[str]:
+    out = []
+    for p in sorted((ROOT / "cconv").rglob("*.py")):
+        rel = p.relative_to(ROOT).as_posix()
+        mod = rel[: -len(".py")].replace("/", ".").removesuffix(".__init__")
+        out += copies(p.read_text(), rel, lambda mod=mod: dict(vars(importlib.import_module(mod))))
+    return out
+
+
+def test_no_engine_default_is_written_twice():
+    """Only ``EngineConfig`` writes an engine default (and the layers below their own API's)."""
+    found = [c for c in _all_copies() if not c.startswith("cconv/engine/config.py:EngineConfig.")]
+    assert sorted(c.split(" = ")[0] for c in found) == sorted(BELOW_THE_ENGINE)
+
+
+def test_the_scan_finds_a_second_copy():
+    """The scan cannot pass vacuously: each way of writing a default again is found."""
+    source = """
+NONE = "none"
+LAUNCHER = ENGINE_DEFAULTS["launcher"]
+class Combo:
+    memory: str = NONE
+    launcher: str = LAUNCHER
+    vote: bool = ENGINE_DEFAULTS["vote"]
+def exchange(granularity="layerwise", momentum=0.5, *, compress_vectors=True, clip=None, axis_name="data"):
+    return cfg.get("min_compress_size", 0), getattr(cfg, "collective", "auto"), cfg.get("sync", default_of("sync"))
+"""
+    found = copies(source, "x.py", lambda: {"NONE": "none"})
+    assert found == [
+        "x.py:Combo.memory = NONE",
+        "x.py:exchange.granularity = 'layerwise'",
+        "x.py:exchange.compress_vectors = True",
+        "x.py:get.min_compress_size = 0",
+        "x.py:getattr.collective = 'auto'",
+    ]
+
+
+@pytest.mark.parametrize("api", KEYWORD_APIS, ids=lambda f: f.__qualname__)
+def test_keyword_apis_show_the_engines_defaults(api):
+    """Their signatures show the engine's values (``help(Exchange)``), except their own, listed."""
+    own = KEYWORD_APIS[api]
+    params = inspect.signature(api).parameters
+    shared = [n for n in params if n in ENGINE and params[n].default is not inspect.Parameter.empty]
+    assert shared, api
+    for n in shared:
+        want = own.get(n, ENGINE_DEFAULTS[n])
+        assert params[n].default == want and type(params[n].default) is type(want), n
+
+
+def test_engine_defaults_are_the_dataclass():
+    assert dict(ENGINE_DEFAULTS) == ENGINE
