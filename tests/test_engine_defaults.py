@@ -45,6 +45,11 @@ BELOW_THE_ENGINE = {
     "cconv/comm/aggregation.py:method_of.collective": "the aggregation method of a compressor alone",
     "cconv/comm/aggregation.py:method_of.vote": "the aggregation method of a compressor alone",
 }
+# engine settings a module sets on purpose (a choice, not a default) to the default's value
+CHOSEN = {
+    "cconv/advisor/plan_measure.py:dict.memory": "the planner times a compressor alone: no memory",
+    "cconv/experiments/config.py:dict.architecture": "ARCHITECTURE_ALIASES: gtopk is all-to-all + gtopk",
+}
 # keyword APIs over engine settings, and the defaults of their own that differ on purpose
 KEYWORD_APIS = {
     Exchange.__init__: {"axis_name": "data", "workers": None},  # the drop-in's axis; None: the bound axis size
@@ -79,6 +84,10 @@ def _sites(tree: ast.Module):
             at = {"get": 0, "getattr": 1}.get(fn)
             if at is not None and len(node.args) == at + 2 and isinstance(node.args[at], ast.Constant):
                 yield fn, node.args[at].value, node.args[at + 1]
+        elif isinstance(node, ast.Dict):  # {"vote": False} or {"vote": (cfg.vote, False)}
+            for k, v in zip(node.keys, node.values):
+                if isinstance(k, ast.Constant) and isinstance(k.value, str):
+                    yield from (("dict", k.value, x) for x in (v.elts if isinstance(v, ast.Tuple) else [v]))
 
 
 def _written(expr: ast.expr, tree: ast.Module) -> bool:
@@ -122,7 +131,7 @@ def _all_copies() -> list[str]:
 def test_no_engine_default_is_written_twice():
     """Only ``EngineConfig`` writes an engine default (and the layers below their own API's)."""
     found = [c for c in _all_copies() if not c.startswith("cconv/engine/config.py:EngineConfig.")]
-    assert sorted(c.split(" = ")[0] for c in found) == sorted(BELOW_THE_ENGINE)
+    assert sorted(c.split(" = ")[0] for c in found) == sorted({**BELOW_THE_ENGINE, **CHOSEN})
 
 
 def test_the_scan_finds_a_second_copy():
@@ -136,15 +145,20 @@ class Combo:
     vote: bool = ENGINE_DEFAULTS["vote"]
 def exchange(granularity="layerwise", momentum=0.5, *, compress_vectors=True, clip=None, axis_name="data"):
     return cfg.get("min_compress_size", 0), getattr(cfg, "collective", "auto"), cfg.get("sync", default_of("sync"))
+def check(cfg):
+    return {"local_steps": (cfg.local_steps, 1), "staleness": ENGINE_DEFAULTS["staleness"], "jitter": 0.5}
 """
     found = copies(source, "x.py", lambda: {"NONE": "none"})
-    assert found == [
-        "x.py:Combo.memory = NONE",
-        "x.py:exchange.granularity = 'layerwise'",
-        "x.py:exchange.compress_vectors = True",
-        "x.py:get.min_compress_size = 0",
-        "x.py:getattr.collective = 'auto'",
-    ]
+    assert sorted(found) == sorted(
+        [
+            "x.py:Combo.memory = NONE",
+            "x.py:exchange.granularity = 'layerwise'",
+            "x.py:exchange.compress_vectors = True",
+            "x.py:get.min_compress_size = 0",
+            "x.py:getattr.collective = 'auto'",
+            "x.py:dict.local_steps = 1",
+        ]
+    )
 
 
 @pytest.mark.parametrize("api", KEYWORD_APIS, ids=lambda f: f.__qualname__)

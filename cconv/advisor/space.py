@@ -193,6 +193,14 @@ def _number(block: dict, key: str, ok, what: str):
     return v
 
 
+def run_default(key: str) -> Any:
+    """A run config key's default (``RunConfig``'s; imported when asked, as this module's other
+    imports of cconv: the engine and jax load only when a space is checked)."""
+    from cconv.experiments.config import default_of
+
+    return default_of(key)
+
+
 def parse(block: Any, cfg: Any) -> Space:
     """Validate an ``advise:`` block against run config ``cfg``; one-line ValueError when malformed
     (the candidate count is checked before any list is expanded)."""
@@ -217,7 +225,7 @@ def parse(block: Any, cfg: Any) -> Space:
         if not isinstance(m, str):
             raise ValueError(f"advise.memory: expected names ({PAIRED}, none, ef, ...), got {_shown(m)}")
     sync = _list(block, "sync")
-    sync_points = [_sync_point(s) for s in sync] if sync is not None else [{"sync": "bsp"}]
+    sync_points = [_sync_point(s) for s in sync] if sync is not None else [{"sync": run_default("sync")}]
     arch = _list(block, "architectures") or [cfg.architecture]
     scheds = _list(block, "schedules") or [cfg.schedule or DEFAULT_SCHEDULE]
     from cconv.theory.schedule import schedules as S
@@ -300,8 +308,6 @@ def candidates(space: Space) -> list[Candidate]:
     """The probed candidates: compressors x memory x sync x architectures (memory only around a
     real compressor; ``paired`` resolved per compressor), the dense baseline first, duplicates
     removed."""
-    from cconv.experiments.config import default_of
-
     sync0, arch0 = space.sync[0], space.architectures[0]
     dense = {"name": DENSE}
     out: dict[str, Candidate] = {}
@@ -320,7 +326,7 @@ def candidates(space: Space) -> list[Candidate]:
         comp = inc.get("compressor", dense)
         comp = {"name": comp} if isinstance(comp, str) else dict(comp)
         sync = {k: v for k, v in inc.items() if k not in ("compressor", "memory", "architecture")}
-        add(comp, inc.get("memory", default_of("memory")), sync or sync0, inc.get("architecture", arch0))
+        add(comp, inc.get("memory", run_default("memory")), sync or sync0, inc.get("architecture", arch0))
     return list(out.values())
 
 
