@@ -246,8 +246,8 @@ def check(combo: Combo, platforms=PLATFORMS) -> list[Result]:
     """Export ``combo``'s first training step for each platform and check it (module docstring)."""
     params, mstate, batch, key = _problem()
     try:
-        cfg = combo.config()
-        tr = build(_loss, params, optax.sgd(0.1), cfg, model_state=mstate, devices=jax.devices("cpu"))
+        engine_cfg = combo.config()
+        tr = build(_loss, params, optax.sgd(0.1), engine_cfg, model_state=mstate, devices=jax.devices("cpu"))
     except (ValueError, ImportError) as e:
         return [Result(combo, p, "refused", _first_line(e)) for p in platforms]
     state = jax.eval_shape(tr.init)

@@ -39,7 +39,7 @@ def test_a_run_is_built_in_one_pass_each_stage_once_in_order(monkeypatch):
     problem = build.problem(cfg)
     assert calls == list(STAGES)
     assert len(problem.specs) == len(problem.batchers) == 2 and problem.seeds == [0, 1]
-    assert problem.engine_cfg.compressor.name == "topk" and problem.trainer.cfg is problem.engine_cfg
+    assert problem.engine_cfg.compressor.name == "topk" and problem.trainer.engine_cfg is problem.engine_cfg
 
 
 def test_validation_is_the_build_without_data_and_model(monkeypatch):

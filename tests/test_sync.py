@@ -78,7 +78,7 @@ def test_ssp_replays_the_schedule_against_a_numpy_reference():
     cfg_kw = dict(sync="ssp", staleness=s, **STRAGGLY)
     tr = linear_trainer(**cfg_kw)
     w, hist = train_linear(tr, steps)
-    sched = worker_clock.SSPSchedule(tr.cfg, s)
+    sched = worker_clock.SSPSchedule(tr.engine_cfg, s)
     xs = [np.zeros(D)]
     for t in range(steps):
         v = sched.version(t)
@@ -98,7 +98,7 @@ def test_asp_replays_delayed_sgd_exactly():
     w, hist = train_linear(tr, steps)
     w2, _ = train_linear(tr, steps)
     np.testing.assert_array_equal(w, w2)  # same schedule, same result
-    sched = worker_clock.ASPSchedule(tr.cfg, 2 * P4)
+    sched = worker_clock.ASPSchedule(tr.engine_cfg, 2 * P4)
     xs = [np.zeros(D)]
     inside = False
     for t in range(steps):
@@ -121,7 +121,7 @@ def test_asp_error_feedback_memory_belongs_to_the_simulated_worker():
         sync="asp", architecture="parameter-server", compressor=C.topk(ratio=0.4), memory="ef", **STRAGGLY
     )
     w, _ = train_linear(tr, steps)
-    sched = worker_clock.ASPSchedule(tr.cfg, 2 * P4)
+    sched = worker_clock.ASPSchedule(tr.engine_cfg, 2 * P4)
     xs, e, repeats = [np.zeros(D)], np.zeros((P4, D)), False
     for t in range(steps):
         who, base = sched.arrivals(t, P4)
@@ -247,7 +247,7 @@ def test_adacomm_period_follows_the_loss_and_survives_a_host_state_round_trip():
     again = linear_trainer(**cfg)
     again.load_host_state(h)
     assert [again.phase(t) for t in range(16)] == [tr.phase(t) for t in range(16)]
-    assert tr.sync.average_view(tr.cfg)
+    assert tr.sync.average_view(tr.engine_cfg)
     with pytest.raises(ValueError, match="post_local_switch"):
         EngineConfig(workers=P4, post_local_switch=2, **cfg)
 

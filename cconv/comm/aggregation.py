@@ -289,8 +289,12 @@ class AllGather(_Method):
     algebra = DECODE
     selectable = True
 
-    def check(self, cfg, c):
-        if cfg.collective == self.name and c.aggregation != self.name and not AGGREGATIONS[c.aggregation].gatherable:
+    def check(self, engine_cfg, c):
+        if (
+            engine_cfg.collective == self.name
+            and c.aggregation != self.name
+            and not AGGREGATIONS[c.aggregation].gatherable
+        ):
             raise ValueError(f"{c.name}'s aggregation is {c.aggregation!r}; collective='allgather' does not apply")
 
     def aggregate(self, comm, plan, units, state, key):
@@ -306,7 +310,7 @@ class Vote(AllGather):
     name = "vote"
     selectable = False  # asked for by ``vote=True``, not by ``collective``
 
-    def check(self, cfg, c):
+    def check(self, engine_cfg, c):
         try:
             votes = entry_of(c).votes
         except ValueError:  # a compressor built by hand carries no entry
@@ -327,11 +331,11 @@ class GTopK(_Method):
     algebra = OWN
     selectable = True
 
-    def check(self, cfg, c):
+    def check(self, engine_cfg, c):
         ok = supporting(self.name)
         if self.name not in _collectives(c):
             raise ValueError(f"collective='gtopk' needs a top-k selection compressor ({', '.join(ok)}), got {c.name!r}")
-        if cfg.architecture != AllToAll.name:
+        if engine_cfg.architecture != AllToAll.name:
             raise ValueError("collective='gtopk' is an all-to-all algorithm; use architecture='all-to-all'")
         if c.variable_length:
             raise ValueError(
@@ -385,7 +389,7 @@ class IntSum(_Method):
         ring = 2.0 * (workers - 1) / workers * d * jnp.dtype(dtype).itemsize
         return dtype if ring < (workers - 1) * payload_nbytes else None
 
-    def check(self, cfg, c):
+    def check(self, engine_cfg, c):
         a = c.agree
         if a is None or a.levels is None or a.level_value is None or a.level_max < 1:
             raise ValueError(
@@ -460,19 +464,19 @@ def method_of(c: Compressor, collective: str = "auto", vote: bool = False) -> st
     return method
 
 
-def check(cfg, c: Compressor) -> None:
-    """Reject what the aggregation methods ``cfg`` asks of ``c`` cannot do (one-line ValueError)."""
+def check(engine_cfg, c: Compressor) -> None:
+    """Reject what the aggregation methods ``engine_cfg`` asks of ``c`` cannot do (one-line ValueError)."""
     own = aggregation(c.aggregation)
-    if getattr(cfg, "sync", None) == "gossip" and (own.algebra == OWN or not own.gossip):
+    if getattr(engine_cfg, "sync", None) == "gossip" and (own.algebra == OWN or not own.gossip):
         raise ValueError(
             f"sync='gossip' mixes payloads (summed or decoded); {c.name}'s aggregation {own.name!r} is its own "
             "reducer, which gossip cannot follow"
         )
-    own.check(cfg, c)
-    if cfg.collective != "auto":
-        AGGREGATIONS[cfg.collective].check(cfg, c)
-    if cfg.vote:
-        AGGREGATIONS[Vote.name].check(cfg, c)
+    own.check(engine_cfg, c)
+    if engine_cfg.collective != "auto":
+        AGGREGATIONS[engine_cfg.collective].check(engine_cfg, c)
+    if engine_cfg.vote:
+        AGGREGATIONS[Vote.name].check(engine_cfg, c)
 
 
 __all__ = [

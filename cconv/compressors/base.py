@@ -113,7 +113,7 @@ class Aggregation(abc.ABC):
                 for a method that does more, e.g. a top-k of the aggregate; OWN ones never)
 
     ``aggregate(comm, plan, units, state, key) -> (averages, state)`` is the method itself (see
-    ``cconv.comm.aggregation``); ``check(cfg, c)`` raises a one-line ValueError for what it cannot
+    ``cconv.comm.aggregation``); ``check(engine_cfg, c)`` raises a one-line ValueError for what it cannot
     do; ``compresses(c, shape)`` says whether a tensor of ``shape`` is compressed at all.
     """
 
@@ -129,8 +129,8 @@ class Aggregation(abc.ABC):
         """Whether a tensor of ``shape`` is compressed (else it travels in the dense buffer)."""
         return True
 
-    def check(self, cfg, c: Compressor) -> None:
-        """One-line ValueError when ``cfg`` (EngineConfig fields) asks this method of ``c``
+    def check(self, engine_cfg, c: Compressor) -> None:
+        """One-line ValueError when ``engine_cfg`` (EngineConfig fields) asks this method of ``c``
         something it cannot do; the default accepts everything."""
         return None
 

@@ -198,14 +198,14 @@ class PowerSGDAggregation(Aggregation):
     def compresses(self, c, shape):
         return is_compressed(shape, c.hparams["rank"])
 
-    def check(self, cfg, c):
-        if cfg.collective == "allgather":
+    def check(self, engine_cfg, c):
+        if engine_cfg.collective == "allgather":
             raise ValueError(f"{c.name}'s factors are all-reduced; collective='allgather' does not apply")
-        if cfg.memory not in self.MEMORIES:
+        if engine_cfg.memory not in self.MEMORIES:
             raise ValueError(f"{c.name} supports memory='ef' or 'none' (error feedback on the aggregate)")
-        if cfg.granularity == "fused":
+        if engine_cfg.granularity == "fused":
             raise ValueError(f"{c.name} factorises each matrix: use granularity='layerwise'")
-        if cfg.ps_downlink is not None:
+        if engine_cfg.ps_downlink is not None:
             raise ValueError(f"{c.name}'s factors are already compressed: ps_downlink must be None")
 
     def aggregate(self, comm, plan, units, state, key):

@@ -1,8 +1,8 @@
 """Data-parallel training with compressed collectives (layer 4).
 
     from cconv.engine import EngineConfig, build
-    cfg = EngineConfig(workers=8, compressor=name, memory="ef")   # name: cconv.compressors.names()
-    trainer = build(loss_fn, params, optax.sgd(0.1), cfg)
+    engine_cfg = EngineConfig(workers=8, compressor=name, memory="ef")   # name: cconv.compressors.names()
+    trainer = build(loss_fn, params, optax.sgd(0.1), engine_cfg)
     state = trainer.init()
     state, metrics = trainer.step(state, batch, key)
 

@@ -64,12 +64,12 @@ def bytes_table(params, model_state=None, workers=(2, 4, 8), rows=None, devices=
         out[label] = {}
         for p in workers:
             try:
-                cfg = EngineConfig(workers=p, **kw)
+                engine_cfg = EngineConfig(workers=p, **kw)
             except ValueError:
                 continue
-            tr = build(lambda *a: None, params, optax.sgd(0.1), cfg, model_state=model_state, devices=devices)
+            tr = build(lambda *a: None, params, optax.sgd(0.1), engine_cfg, model_state=model_state, devices=devices)
             sent, recv = tr.traffic(0)
-            r = TRANSPORTS[cfg.architecture].report_rank(p)
+            r = TRANSPORTS[engine_cfg.architecture].report_rank(p)
             out[label][p] = (float(sent[r]), float(recv[r]))
     return out
 

@@ -1,6 +1,6 @@
 """Engine configuration, warm-up schedules and the static per-step phase.
 
-``EngineConfig`` is a frozen dataclass; ``phase_of(cfg, step)`` tells what step ``step`` does
+``EngineConfig`` is a frozen dataclass; ``phase_of(engine_cfg, step)`` tells what step ``step`` does
 (which density, gradient averaging or local SGD, sync or not).  A step's phase is static: each
 distinct phase is compiled once, so changing density under warm-up changes the payload shapes
 (and the logged bytes) for real.
@@ -277,17 +277,17 @@ class Phase(NamedTuple):
     kind: str  # "bsp" (average gradients) | "local" (no communication) | "sync" | "gossip"
 
 
-def phase_of(cfg: EngineConfig, step: int) -> Phase:
-    density = cfg.warmup.density(step) if cfg.warmup is not None else None
-    if not cfg.model_averaging or step < cfg.post_local_switch:
+def phase_of(engine_cfg: EngineConfig, step: int) -> Phase:
+    density = engine_cfg.warmup.density(step) if engine_cfg.warmup is not None else None
+    if not engine_cfg.model_averaging or step < engine_cfg.post_local_switch:
         return Phase(density, "bsp")
-    local = (step - cfg.post_local_switch + 1) % cfg.local_steps != 0
+    local = (step - engine_cfg.post_local_switch + 1) % engine_cfg.local_steps != 0
     return Phase(density, "local" if local else "sync")
 
 
-def compressor_at(cfg: EngineConfig, density: float | None) -> Compressor:
+def compressor_at(engine_cfg: EngineConfig, density: float | None) -> Compressor:
     """The (unwrapped) compressor of a phase: dense identity at density 1 under warm-up."""
-    c = cfg.compressor
+    c = engine_cfg.compressor
     if density is None:
         return c
     if density >= 1.0:

@@ -140,7 +140,7 @@ class Exchange:
     ):
         if unknown:
             raise ValueError(_unknown_options("Exchange", compressor, unknown))
-        cfg = EngineConfig(
+        engine_cfg = EngineConfig(
             workers=1 if workers is None else workers,
             compressor=compressor,
             memory=memory,
@@ -157,17 +157,17 @@ class Exchange:
         )
         if platform is not None and not isinstance(platform, str):
             raise ValueError(f"Exchange: platform must be a string or None, got {platform!r}")
-        self._setup(cfg, cfg.compressor, cfg.memory, workers, platform)
+        self._setup(engine_cfg, engine_cfg.compressor, engine_cfg.memory, workers, platform)
 
     @classmethod
-    def from_config(cls, cfg: EngineConfig, compressor: Compressor | None, memory: str) -> Exchange:
+    def from_config(cls, engine_cfg: EngineConfig, compressor: Compressor | None, memory: str) -> Exchange:
         """The exchange of one engine phase: ``compressor`` (None: everything dense) + ``memory``."""
         ex = cls.__new__(cls)
-        ex._setup(cfg, compressor, memory, cfg.workers, None)
+        ex._setup(engine_cfg, compressor, memory, engine_cfg.workers, None)
         return ex
 
-    def _setup(self, cfg, compressor, memory, workers, platform):
-        self.config, self.compressor, self.memory = cfg, compressor, memory
+    def _setup(self, engine_cfg, compressor, memory, workers, platform):
+        self.config, self.compressor, self.memory = engine_cfg, compressor, memory
         self.workers, self.platform = workers, platform
         self._plans: dict[tuple, Plan] = {}
 

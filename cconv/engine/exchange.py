@@ -47,39 +47,42 @@ def wrap_memory(c: Compressor, memory: str, momentum: float, masking: bool) -> C
     return M.wrap(c, M.get(memory, c, momentum=momentum, masking=masking))
 
 
-def make_plan(cfg, base: Compressor | None, shapes, *, memory: str) -> Plan:
+def make_plan(engine_cfg, base: Compressor | None, shapes, *, memory: str) -> Plan:
     """Static plan for tensors of ``shapes`` with the (unwrapped) compressor ``base``."""
-    transport = TRANSPORTS[cfg.architecture]
+    transport = TRANSPORTS[engine_cfg.architecture]
     ps = transport.name != "all-to-all"
     sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
     if base is None or (C.registered_name(base) == IDENTITY and memory == M.NONE and not ps):
         return Plan(None, "allreduce", (False,) * len(shapes), False, False, ps, None, 1.0, None, transport)
-    mode = method_of(base, cfg.collective, cfg.vote)
+    mode = method_of(base, engine_cfg.collective, engine_cfg.vote)
     method = aggregation(mode)
     compressed = tuple(
-        n > 0 and n >= cfg.min_compress_size and (cfg.compress_vectors or len(s) > 1) and method.compresses(base, s)
+        n > 0
+        and n >= engine_cfg.min_compress_size
+        and (engine_cfg.compress_vectors or len(s) > 1)
+        and method.compresses(base, s)
         for s, n in zip(shapes, sizes)
     )
-    fused = cfg.granularity == "fused" and method.fusable
+    fused = engine_cfg.granularity == "fused" and method.fusable
     units = (
         [(sum(n for n, c in zip(sizes, compressed) if c),)]
         if fused and any(compressed)
         else [s for s, c in zip(shapes, compressed) if c]
     )
     carried = sum(base.density(u) * math.prod(u) for u in units) + sum(n for n, c in zip(sizes, compressed) if not c)
-    if cfg.ps_downlink is not None:  # the server's reply, with error feedback on the server
-        down = M.error_feedback(cfg.ps_downlink)
-    elif ps and cfg.vote:  # the vote is a sign: the sign compressor carries it as is
-        down = cfg.compressor
+    if engine_cfg.ps_downlink is not None:  # the server's reply, with error feedback on the server
+        down = M.error_feedback(engine_cfg.ps_downlink)
+    elif ps and engine_cfg.vote:  # the vote is a sign: the sign compressor carries it as is
+        down = engine_cfg.compressor
     else:
         down = None
-    mem = M.get(memory, base, momentum=cfg.momentum, masking=cfg.masking, ef_scale=cfg.ef_scale)
+    mem = M.get(memory, base, momentum=engine_cfg.momentum, masking=engine_cfg.masking, ef_scale=engine_cfg.ef_scale)
     return Plan(
         M.wrap(base, mem),
         mode,
         compressed,
         fused,
-        bool(cfg.vote),
+        bool(engine_cfg.vote),
         ps,
         down,
         float(carried / max(sum(sizes), 1)),

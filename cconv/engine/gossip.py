@@ -53,15 +53,27 @@ import jax
 import jax.numpy as jnp
 
 from cconv import compressors as C
-from cconv import memory as M
 from cconv.comm import topology as T
 from cconv.comm.backend import DryComm
 from cconv.compressors.base import Compressor
-from cconv.engine.config import Phase
+from cconv.engine.config import ENGINE_DEFAULTS, Phase
 from cconv.engine.modes import GOSSIP  # the algorithms EngineConfig.gossip names
 from cconv.engine.step import apply_update, local_grad, reduce_metrics
 from cconv.engine.sync import SYNC_MODES, SyncMode
 from cconv.theory.gossip import safe_gamma
+
+# the engine fields gossip leaves at their defaults (ENGINE_DEFAULTS): it mixes models directly
+AT_THEIR_DEFAULTS = (
+    "memory",
+    "local_steps",
+    "post_local_switch",
+    "architecture",
+    "collective",
+    "vote",
+    "warmup",
+    "ps_downlink",
+    "compress_delta",
+)
 
 
 class ChocoState(NamedTuple):
@@ -97,11 +109,11 @@ def gammas(step: GossipStep, tree) -> Any:
 _WARNED: set = set()  # (compressor, gamma, safe) already warned about in this process
 
 
-def check_gamma(cfg, shapes) -> None:
+def check_gamma(engine_cfg, shapes) -> None:
     """The consensus step of a gossip config on tensors of ``shapes``: with the default (None), a
     one-line ValueError when some tensor has no safe value; an explicit gamma above the smallest
     safe value (or where none exists) warns once (``GossipGammaWarning``)."""
-    step = step_of(cfg)
+    step = step_of(engine_cfg)
     if step.compressor is None:
         return
     try:
@@ -128,17 +140,17 @@ def _mixing(topology: str, workers: int, torus, mixing) -> T.Mixing:
     return T.get(topology, workers, torus=torus, mixing=mixing)
 
 
-def mixing_of(cfg) -> T.Mixing:
+def mixing_of(engine_cfg) -> T.Mixing:
     """The validated ``Mixing`` of an ``EngineConfig`` (cached: the checks run once)."""
-    return _mixing(cfg.topology, int(cfg.workers), cfg.torus, cfg.mixing)
+    return _mixing(engine_cfg.topology, int(engine_cfg.workers), engine_cfg.torus, engine_cfg.mixing)
 
 
-def step_of(cfg) -> GossipStep:
+def step_of(engine_cfg) -> GossipStep:
     """The ``GossipStep`` of an ``EngineConfig`` with ``sync="gossip"`` (the identity compressor
     sends dense models / differences without calling it)."""
-    c = cfg.compressor
+    c = engine_cfg.compressor
     comp = None if c is None or C.registered_name(c) == C.IDENTITY else c
-    return GossipStep(cfg.gossip, mixing_of(cfg), comp, cfg.gossip_gamma)
+    return GossipStep(engine_cfg.gossip, mixing_of(engine_cfg), comp, engine_cfg.gossip_gamma)
 
 
 def init(step: GossipStep, params) -> Any:
@@ -239,46 +251,36 @@ class Gossip(SyncMode):
 
     name = "gossip"
 
-    def check(self, cfg) -> None:
-        if cfg.workers < 2:
-            raise ValueError(f"sync='gossip' needs at least 2 workers, got workers={cfg.workers}")
-        others = {
-            "memory": (cfg.memory, M.NONE),
-            "local_steps": (cfg.local_steps, 1),
-            "post_local_switch": (cfg.post_local_switch, 0),
-            "architecture": (cfg.architecture, "all-to-all"),
-            "collective": (cfg.collective, "auto"),
-            "vote": (cfg.vote, False),
-            "warmup": (cfg.warmup, None),
-            "ps_downlink": (cfg.ps_downlink, None),
-            "compress_delta": (cfg.compress_delta, False),
-        }
-        bad = [f"{k}={v!r}" for k, (v, default) in others.items() if v != default]
+    def check(self, engine_cfg) -> None:
+        if engine_cfg.workers < 2:
+            raise ValueError(f"sync='gossip' needs at least 2 workers, got workers={engine_cfg.workers}")
+        values = {k: getattr(engine_cfg, k) for k in AT_THEIR_DEFAULTS}
+        bad = [f"{k}={v!r}" for k, v in values.items() if v != ENGINE_DEFAULTS[k]]
         if bad:
             raise ValueError(f"sync='gossip' does not combine with {', '.join(bad)} (gossip mixes models directly)")
-        mixing_of(cfg)  # validates topology, torus and mixing
-        if cfg.gossip_gamma is None:  # a default without a safe value; the model's shapes: init, runner
-            check_gamma(cfg, [(1000,)])
+        mixing_of(engine_cfg)  # validates topology, torus and mixing
+        if engine_cfg.gossip_gamma is None:  # a default without a safe value; the model's shapes: init, runner
+            check_gamma(engine_cfg, [(1000,)])
 
-    def init(self, cfg, params):
-        check_gamma(cfg, [x.shape for x in jax.tree.leaves(params)])
-        return init(step_of(cfg), params)
+    def init(self, engine_cfg, params):
+        check_gamma(engine_cfg, [x.shape for x in jax.tree.leaves(params)])
+        return init(step_of(engine_cfg), params)
 
-    def phase(self, cfg, step: int) -> Phase:
+    def phase(self, engine_cfg, step: int) -> Phase:
         return Phase(None, "gossip")
 
-    def compresses(self, cfg, phase) -> bool:
+    def compresses(self, engine_cfg, phase) -> bool:
         return False  # the phase's Exchange is unused; the gossip step compresses itself
 
-    def average_view(self, cfg) -> bool:
+    def average_view(self, engine_cfg) -> bool:
         return True
 
-    def exchange_work(self, cfg, plan, grads):
+    def exchange_work(self, engine_cfg, plan, grads):
         """The gossip step's own exchange: compress the model (D-PSGD) or x - x_hat (CHOCO) once,
         decode one message per neighbour (a shape-only ``DryComm`` stands in for the permutes);
         ``grads`` stands in for the model (same shapes)."""
         del plan
-        comm, step = DryComm(cfg.workers), step_of(cfg)
+        comm, step = DryComm(engine_cfg.workers), step_of(engine_cfg)
         return jax.jit(lambda x, s, k: gossip(comm, step, x, s, k)), (grads, init(step, grads))
 
     def dry(self, comm, ex, ws, phase) -> None:

@@ -13,7 +13,7 @@ A launcher owns everything the trainer does differently per execution model:
     view(tree, average)               the model to evaluate: worker 0's or the workers' average
     is_main()                         whether this process writes results
 
-``LAUNCHERS`` maps a name to the class, built as ``cls(cfg, devices=..., mpi_comm=...,
+``LAUNCHERS`` maps a name to the class, built as ``cls(engine_cfg, devices=..., mpi_comm=...,
 seeds=...)``; ``supports_seeds`` says whether ``build(seeds=S)`` works with it, ``one_device``
 whether P workers need only one device.  Adding a launcher is one class and one entry.
 
@@ -52,8 +52,8 @@ class Launcher(abc.ABC):
     one_process_per_worker = False  # True: started by an external launcher (mpirun), one rank each
     one_device = False  # True: all P workers run on one device (no simulated devices needed)
 
-    def __init__(self, cfg, devices=None, mpi_comm=None, seeds: int | None = None):
-        self.cfg, self.workers, self.seeds = cfg, cfg.workers, seeds
+    def __init__(self, engine_cfg, devices=None, mpi_comm=None, seeds: int | None = None):
+        self.engine_cfg, self.workers, self.seeds = engine_cfg, engine_cfg.workers, seeds
 
     @abc.abstractmethod
     def comm(self) -> Comm:
@@ -131,24 +131,28 @@ class _StackedLayout(Launcher):
 class _Stacked(_StackedLayout):
     """Launchers on a device mesh: the worker axis is sharded over P devices."""
 
-    def __init__(self, cfg, devices=None, mpi_comm=None, seeds=None):
-        super().__init__(cfg, devices, mpi_comm, seeds)
+    def __init__(self, engine_cfg, devices=None, mpi_comm=None, seeds=None):
+        super().__init__(engine_cfg, devices, mpi_comm, seeds)
         devices = list(devices if devices is not None else jax.devices())
-        if len(devices) < cfg.workers:
+        if len(devices) < engine_cfg.workers:
             raise ValueError(
-                f"EngineConfig.workers={cfg.workers} but only {len(devices)} devices are "
+                f"EngineConfig.workers={engine_cfg.workers} but only {len(devices)} devices are "
                 "visible (CPU: XLA_FLAGS=--xla_force_host_platform_device_count=N)"
             )
-        if jax.process_count() > 1 and len(devices) != cfg.workers:
+        if jax.process_count() > 1 and len(devices) != engine_cfg.workers:
             raise ValueError(f"multi-process run: workers must equal the {len(devices)} global devices")
-        self.mesh = Mesh(np.array(devices[: cfg.workers]), (cfg.axis_name,), axis_types=(jax.sharding.AxisType.Auto,))
-        self.sharded = NamedSharding(self.mesh, P(cfg.axis_name) if seeds is None else P(None, cfg.axis_name))
+        self.mesh = Mesh(
+            np.array(devices[: engine_cfg.workers]), (engine_cfg.axis_name,), axis_types=(jax.sharding.AxisType.Auto,)
+        )
+        self.sharded = NamedSharding(
+            self.mesh, P(engine_cfg.axis_name) if seeds is None else P(None, engine_cfg.axis_name)
+        )
         self.replicated = NamedSharding(self.mesh, P())
         self.platform = devices[0].platform
         self._view_fn: Callable | None = None
 
     def comm(self) -> Comm:
-        return MeshComm(self.cfg.axis_name, self.workers, self.platform)
+        return MeshComm(self.engine_cfg.axis_name, self.workers, self.platform)
 
     def inputs(self, batch, key):
         if jax.process_count() > 1:  # every process passes the same global (host) batch and key
@@ -178,7 +182,7 @@ class ShardMap(_Stacked):
     supports_seeds = True
 
     def compile(self, trace):
-        axis = self.cfg.axis_name
+        axis = self.engine_cfg.axis_name
 
         def run(ws, batch, key):
             new, metrics = trace(self.comm(), jax.tree.map(lambda a: a[0], ws), batch, key)
@@ -199,7 +203,7 @@ class Pmap(_Stacked):
     def compile(self, trace):
         pm = jax.pmap(
             lambda ws, batch, key: trace(self.comm(), ws, batch, key),
-            axis_name=self.cfg.axis_name,
+            axis_name=self.engine_cfg.axis_name,
             in_axes=(0, 0, None),
             devices=list(self.mesh.devices.flat),
         )
@@ -216,7 +220,7 @@ class Pmap(_Stacked):
 
 
 class Vmap(_StackedLayout):
-    """All P workers on ONE device: ``jax.jit(jax.vmap(step, axis_name=cfg.axis_name))`` over the
+    """All P workers on ONE device: ``jax.jit(jax.vmap(step, axis_name=engine_cfg.axis_name))`` over the
     stacked worker axis (the global batch is split into P row blocks, worker w gets rows
     [w b, (w+1) b) as on the mesh); with ``seeds``, ``jax.vmap`` over seeds of that vmap.
 
@@ -234,8 +238,8 @@ class Vmap(_StackedLayout):
     supports_seeds = True
     one_device = True
 
-    def __init__(self, cfg, devices=None, mpi_comm=None, seeds=None):
-        super().__init__(cfg, devices, mpi_comm, seeds)
+    def __init__(self, engine_cfg, devices=None, mpi_comm=None, seeds=None):
+        super().__init__(engine_cfg, devices, mpi_comm, seeds)
         if jax.process_count() > 1:
             raise ValueError("launcher='vmap' runs every worker in one process (multi-process: use 'shard_map')")
         device = list(devices if devices is not None else jax.devices())[0]
@@ -243,7 +247,7 @@ class Vmap(_StackedLayout):
         self.platform = device.platform
 
     def comm(self) -> Comm:
-        return MeshComm(self.cfg.axis_name, self.workers, self.platform, vmapped=True)
+        return MeshComm(self.engine_cfg.axis_name, self.workers, self.platform, vmapped=True)
 
     def compile(self, trace):
         P_ = self.workers
@@ -251,7 +255,7 @@ class Vmap(_StackedLayout):
         def run(ws, batch, key):
             batch = jax.tree.map(lambda x: x.reshape(P_, x.shape[0] // P_, *x.shape[1:]), batch)
             per_worker = lambda w, b: trace(self.comm(), w, b, key)
-            new, metrics = jax.vmap(per_worker, axis_name=self.cfg.axis_name)(ws, batch)
+            new, metrics = jax.vmap(per_worker, axis_name=self.engine_cfg.axis_name)(ws, batch)
             return new, jax.tree.map(lambda m: m[0], metrics)  # metrics are all-reduced: equal
 
         return jax.jit(run if self.seeds is None else jax.vmap(run))
@@ -263,14 +267,15 @@ class MPI(Launcher):
     name = "mpi"
     one_process_per_worker = True
 
-    def __init__(self, cfg, devices=None, mpi_comm=None, seeds=None):
-        super().__init__(cfg, devices, mpi_comm, seeds)
+    def __init__(self, engine_cfg, devices=None, mpi_comm=None, seeds=None):
+        super().__init__(engine_cfg, devices, mpi_comm, seeds)
         from cconv.comm.mpi import MPIComm
 
         self.mpi = MPIComm(mpi_comm)
-        if self.mpi.size != cfg.workers:
+        if self.mpi.size != engine_cfg.workers:
             raise ValueError(
-                f"launcher='mpi': EngineConfig.workers={cfg.workers} but the MPI communicator has {self.mpi.size} ranks"
+                f"launcher='mpi': EngineConfig.workers={engine_cfg.workers} but the MPI communicator has "
+                f"{self.mpi.size} ranks"
             )
 
     def comm(self) -> Comm:

@@ -24,10 +24,10 @@ def public_names() -> tuple[str, ...]:
     return tuple(n for n in SYNC_MODES if n not in (LOCAL, ADACOMM))
 
 
-def sync_mode(cfg) -> Any:
-    """The mode ``cfg`` runs: ``cfg.sync``; plain ``bsp`` with model averaging is local SGD
+def sync_mode(engine_cfg) -> Any:
+    """The mode ``engine_cfg`` runs: ``engine_cfg.sync``; plain ``bsp`` with model averaging is local SGD
     (AdaComm when ``local_steps`` is adaptive)."""
-    mode = SYNC_MODES[cfg.sync]
-    if mode.name != BSP or not cfg.model_averaging:
+    mode = SYNC_MODES[engine_cfg.sync]
+    if mode.name != BSP or not engine_cfg.model_averaging:
         return mode
-    return SYNC_MODES[ADACOMM if cfg.local_steps == ADAPTIVE else LOCAL]
+    return SYNC_MODES[ADACOMM if engine_cfg.local_steps == ADAPTIVE else LOCAL]

@@ -89,13 +89,13 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def check(cfg: Any, optimizer: Any) -> None:
-    """One-line ValueError unless ``cfg`` (an ``EngineConfig``) can run ``optimizer``: a mode that
+def check(engine_cfg: Any, optimizer: Any) -> None:
+    """One-line ValueError unless ``engine_cfg`` (an ``EngineConfig``) can run ``optimizer``: a mode that
     runs one optimizer's rules refuses the others (``SyncMode.check_optimizer``); a
     ``MessageTransformation`` needs a synchronization mode that averages its messages every step
     (``SyncMode.messages``), or the one it sets itself (``engine["sync"]``: 0/1 Adam), and the
     engine fields it names (``EngineConfig(**tx.engine, ...)``)."""
-    mode = modes.sync_mode(cfg)
+    mode = modes.sync_mode(engine_cfg)
     own_rules = getattr(mode, "check_optimizer", None)  # a mode that runs one optimizer's rules (0/1 Adam)
     if own_rules is not None:
         own_rules(optimizer)
@@ -110,9 +110,9 @@ def check(cfg: Any, optimizer: Any) -> None:
             f"mode that averages them each step ({ok}, without local steps), got {mode.name}"
         )
     for k, want in optimizer.engine.items():
-        if not _same(getattr(cfg, k), want):
+        if not _same(getattr(engine_cfg, k), want):
             raise ValueError(
-                f"this optimizer sets EngineConfig.{k}={want!r}, got {getattr(cfg, k)!r}: build the config with "
+                f"this optimizer sets EngineConfig.{k}={want!r}, got {getattr(engine_cfg, k)!r}: build the config with "
                 f"EngineConfig(**optimizer.engine, ...)"
             )
 

@@ -5,31 +5,31 @@ orthogonal to compression: every mode moves its messages through the phase's ``E
 (``cconv.engine.dropin``), so every compressor and memory composes with it.  The protocol
 (``SyncMode``):
 
-    check(cfg)                      bad input (one-line ValueError), called by ``EngineConfig``
-    init(cfg, params)               extra per-worker state (a pytree in ``WorkerState.sync``,
+    check(engine_cfg)                      bad input (one-line ValueError), called by ``EngineConfig``
+    init(engine_cfg, params)               extra per-worker state (a pytree in ``WorkerState.sync``,
                                     so checkpoints carry it; None: nothing)
-    phase(cfg, step)                the static phase of step ``step`` (one compiled program each)
-    inputs(cfg, step)               host-decided per-step arrays (e.g. the timing model's version
+    phase(engine_cfg, step)                the static phase of step ``step`` (one compiled program each)
+    inputs(engine_cfg, step)               host-decided per-step arrays (e.g. the timing model's version
                                     schedule), replicated to every worker; None: none
     step(comm, ctx, phase, ws, batch, key, host)
                                     one worker's step -> (new ``WorkerState``, metrics)
-    compresses(cfg, phase)          does this phase's exchange use the compressor (+ memory)?
+    compresses(engine_cfg, phase)          does this phase's exchange use the compressor (+ memory)?
     communicates(phase)             does this phase communicate at all?
     dry(comm, ex, ws, phase)        what ``step`` communicates, on shapes (``DryComm``)
-    host(cfg, optimizer)            a per-trainer host object deciding phases from what the run
+    host(engine_cfg, optimizer)            a per-trainer host object deciding phases from what the run
                                     observed (AdaComm) or from the optimizer's schedule (0/1
                                     Adam, ``cconv.engine.zero_one_mode``), or None: ``phase``/``observe``/
                                     ``state_dict``/``load_state_dict`` (the checkpoint carries it)
-    span(cfg, step)                 compute time of a step in units of one measured worker step
+    span(engine_cfg, step)                 compute time of a step in units of one measured worker step
                                     (``cconv.engine.worker_clock``; the simulated clock)
-    average_view(cfg)               evaluate the workers' average model (True) or worker 0's
+    average_view(engine_cfg)               evaluate the workers' average model (True) or worker 0's
     check_optimizer(optimizer)      optional: a mode that runs one optimizer's rules refuses
                                     the others (one-line ValueError; ``optimizers.check``)
     messages                        every step averages what the optimizer sends
                                     (``gradient_step``), so an optimizer whose message is not its
                                     gradient (``cconv.engine.optimizers``) can run under it
 
-``sync_mode(cfg)`` picks the mode: ``cfg.sync`` ("bsp" by default), where ``bsp`` with
+``sync_mode(engine_cfg)`` picks the mode: ``engine_cfg.sync`` ("bsp" by default), where ``bsp`` with
 ``local_steps > 1`` or ``post_local_switch > 0`` is local SGD (``local_steps='adaptive'``:
 AdaComm).  Adding a mode is one class and one ``SYNC_MODES`` entry.
 
@@ -69,26 +69,26 @@ class SyncMode(abc.ABC):
     name = ""
     messages = False  # every step averages what the optimizer sends (``gradient_step``): message optimizers run
 
-    def check(self, cfg) -> None:  # noqa: B027 - by default a mode accepts every config
-        """Raise a one-line ValueError for what this mode cannot do with ``cfg``."""
+    def check(self, engine_cfg) -> None:  # noqa: B027 - by default a mode accepts every config
+        """Raise a one-line ValueError for what this mode cannot do with ``engine_cfg``."""
 
-    def init(self, cfg, params) -> Any:
+    def init(self, engine_cfg, params) -> Any:
         return None
 
-    def phase(self, cfg, step: int) -> Phase:
-        return phase_of(cfg, step)
+    def phase(self, engine_cfg, step: int) -> Phase:
+        return phase_of(engine_cfg, step)
 
-    def host(self, cfg, optimizer=None) -> Any:
+    def host(self, engine_cfg, optimizer=None) -> Any:
         return None
 
-    def inputs(self, cfg, step: int) -> np.ndarray | None:
+    def inputs(self, engine_cfg, step: int) -> np.ndarray | None:
         return None
 
     @abc.abstractmethod
     def step(self, comm, ctx: StepContext, phase: Phase, s: WorkerState, batch, key, host=None):
         """One worker's step under this mode: (new state, metrics)."""
 
-    def compresses(self, cfg, phase: Phase) -> bool:
+    def compresses(self, engine_cfg, phase: Phase) -> bool:
         return True
 
     def communicates(self, phase: Phase) -> bool:
@@ -99,26 +99,26 @@ class SyncMode(abc.ABC):
             ex.exchange(comm, ws.params, ws.comp_state, jax.random.PRNGKey(0))
             ex.average(comm, ws.model_state)
 
-    def average_view(self, cfg) -> bool:
+    def average_view(self, engine_cfg) -> bool:
         return False
 
-    def exchange_work(self, cfg, plan, grads) -> tuple[Any, tuple]:
+    def exchange_work(self, engine_cfg, plan, grads) -> tuple[Any, tuple]:
         """(jitted fn, args): the compute of one step's exchange that the simulated clock charges
         (memory, compression, decoding of what a worker receives; the collectives themselves are a
         shape-only ``DryComm``): by default the phase's gradient exchange ``plan``."""
-        comm = DryComm(cfg.workers)
+        comm = DryComm(engine_cfg.workers)
         state = init_state(plan, jax.tree.leaves(grads))
         return jax.jit(lambda g, s, k: exchange(comm, plan, g, s, k)), (grads, state)
 
-    def span(self, cfg, step: int) -> float:
+    def span(self, engine_cfg, step: int) -> float:
         """Compute time of step ``step`` in units of one measured worker step (the simulated
         clock adds communication): BSP waits for the slowest worker."""
-        return span_of_slowest(cfg, step)
+        return span_of_slowest(engine_cfg, step)
 
 
-def span_of_slowest(cfg, step: int) -> float:
+def span_of_slowest(engine_cfg, step: int) -> float:
     """A step that waits for every worker lasts as long as the slowest one's compute."""
-    return float(worker_clock.compute_times(cfg, step).max()) if worker_clock.heterogeneous(cfg) else 1.0
+    return float(worker_clock.compute_times(engine_cfg, step).max()) if worker_clock.heterogeneous(engine_cfg) else 1.0
 
 
 def gradient_step(comm, ctx, phase, s, batch, key, at=None, local=None):
@@ -156,16 +156,16 @@ class LocalSGD(SyncMode):
 
     name = "local"
 
-    def init(self, cfg, params):
+    def init(self, engine_cfg, params):
         return None  # the anchor lives in WorkerState.anchor (checkpoint layout of earlier versions)
 
-    def compresses(self, cfg, phase):
-        return phase.kind == "bsp" or cfg.compress_delta
+    def compresses(self, engine_cfg, phase):
+        return phase.kind == "bsp" or engine_cfg.compress_delta
 
     def communicates(self, phase):
         return phase.kind != "local"
 
-    def average_view(self, cfg):
+    def average_view(self, engine_cfg):
         return True
 
     def step(self, comm, ctx, phase, s, batch, key, host=None):
@@ -200,9 +200,9 @@ class AdaCommHost:
     ``adapt_every`` steps).  ``state_dict`` / ``load_state_dict``: the checkpoint carries it.
     """
 
-    def __init__(self, cfg):
-        self.cfg = cfg
-        self.h = int(cfg.local_steps_init)
+    def __init__(self, engine_cfg):
+        self.engine_cfg = engine_cfg
+        self.h = int(engine_cfg.local_steps_init)
         self.next_sync = self.h - 1
         self.kinds = ""  # decided kinds: "l" local, "s" sync
         self.loss0: float | None = None
@@ -216,11 +216,11 @@ class AdaCommHost:
         self.window.append(loss)
 
     def _adapt(self, t: int) -> None:
-        f = float(np.mean([float(jnp.mean(x)) for x in self.window[-self.cfg.adapt_every :]]))
+        f = float(np.mean([float(jnp.mean(x)) for x in self.window[-self.engine_cfg.adapt_every :]]))
         self.window = []
         if self.loss0 is None or not (np.isfinite(f) and np.isfinite(self.loss0)) or self.loss0 <= 0:
             return
-        h = max(1, math.ceil(math.sqrt(max(f, 0.0) / self.loss0) * self.cfg.local_steps_init))
+        h = max(1, math.ceil(math.sqrt(max(f, 0.0) / self.loss0) * self.engine_cfg.local_steps_init))
         if h != self.h:
             self.h = h
             self.history.append((t, h))
@@ -228,13 +228,13 @@ class AdaCommHost:
     def phase(self, step: int) -> Phase:
         while len(self.kinds) <= step:
             t = len(self.kinds)
-            if t > 0 and t % self.cfg.adapt_every == 0:
+            if t > 0 and t % self.engine_cfg.adapt_every == 0:
                 self._adapt(t)
             sync = t == self.next_sync
             if sync:
                 self.next_sync = t + self.h
             self.kinds += "s" if sync else "l"
-        density = self.cfg.warmup.density(step) if self.cfg.warmup is not None else None
+        density = self.engine_cfg.warmup.density(step) if self.engine_cfg.warmup is not None else None
         return Phase(density, "sync" if self.kinds[step] == "s" else "local")
 
     def state_dict(self) -> dict:
@@ -259,14 +259,14 @@ class AdaComm(LocalSGD):
 
     name = "adacomm"
 
-    def check(self, cfg):
-        if cfg.post_local_switch > 0:
+    def check(self, engine_cfg):
+        if engine_cfg.post_local_switch > 0:
             raise ValueError("local_steps='adaptive' (AdaComm) and post_local_switch cannot be combined")
 
-    def host(self, cfg, optimizer=None):
-        return AdaCommHost(cfg)
+    def host(self, engine_cfg, optimizer=None):
+        return AdaCommHost(engine_cfg)
 
-    def phase(self, cfg, step):
+    def phase(self, engine_cfg, step):
         raise ValueError("AdaComm's phases depend on the observed losses: ask Trainer.phase")
 
 
@@ -291,16 +291,24 @@ def _staleness_metrics(stale) -> dict:
 _SCHEDULES: dict = {}
 
 
-def _schedule(kind, cfg, bound: int):
-    """The event schedule of ``cfg``'s timing model (memoized per timing configuration)."""
-    key = (kind.__name__, cfg.workers, bound, cfg.stragglers, cfg.jitter, cfg.worker_speeds, cfg.timing_seed)
+def _schedule(kind, engine_cfg, bound: int):
+    """The event schedule of ``engine_cfg``'s timing model (memoized per timing configuration)."""
+    key = (
+        kind.__name__,
+        engine_cfg.workers,
+        bound,
+        engine_cfg.stragglers,
+        engine_cfg.jitter,
+        engine_cfg.worker_speeds,
+        engine_cfg.timing_seed,
+    )
     if key not in _SCHEDULES:
-        _SCHEDULES[key] = kind(cfg, bound)
+        _SCHEDULES[key] = kind(engine_cfg, bound)
     return _SCHEDULES[key]
 
 
 class SSP(SyncMode):
-    """Stale-synchronous parallel (Ho et al. 2013), staleness bound s (``cfg.staleness``).
+    """Stale-synchronous parallel (Ho et al. 2013), staleness bound s (``engine_cfg.staleness``).
 
     Clock t's update aggregates every worker's clock-t gradient exactly as BSP does (same
     exchange: compressor, memory, aggregation), x_{t+1} = x_t - eta opt(1/P sum_i D(C(g_i))),
@@ -316,16 +324,16 @@ class SSP(SyncMode):
     name = "ssp"
     messages = True
 
-    def check(self, cfg):
-        if cfg.model_averaging:
+    def check(self, engine_cfg):
+        if engine_cfg.model_averaging:
             raise ValueError("sync='ssp' with local SGD (local_steps > 1 or post_local_switch) is not defined")
 
-    def init(self, cfg, params):
-        return _ring(params, cfg.staleness + 1)
+    def init(self, engine_cfg, params):
+        return _ring(params, engine_cfg.staleness + 1)
 
-    def inputs(self, cfg, step):
-        v = _schedule(worker_clock.SSPSchedule, cfg, cfg.staleness).version(step)
-        slots = cfg.staleness + 1
+    def inputs(self, engine_cfg, step):
+        v = _schedule(worker_clock.SSPSchedule, engine_cfg, engine_cfg.staleness).version(step)
+        slots = engine_cfg.staleness + 1
         return np.stack([v % slots, step - v, np.full_like(v, step % slots)]).astype(np.int32)
 
     def step(self, comm, ctx, phase, s, batch, key, host=None):
@@ -334,12 +342,12 @@ class SSP(SyncMode):
         new, metrics = gradient_step(comm, ctx, phase, s, batch, key, at, _staleness_metrics(host[1]))
         return new._replace(sync=buf), metrics
 
-    def span(self, cfg, step):
-        return _schedule(worker_clock.SSPSchedule, cfg, cfg.staleness).span(step)
+    def span(self, engine_cfg, step):
+        return _schedule(worker_clock.SSPSchedule, engine_cfg, engine_cfg.staleness).span(step)
 
 
-def _asp_cap(cfg) -> int:
-    return 2 * cfg.workers if cfg.max_staleness is None else cfg.max_staleness
+def _asp_cap(engine_cfg) -> int:
+    return 2 * engine_cfg.workers if engine_cfg.max_staleness is None else engine_cfg.max_staleness
 
 
 class ASP(SyncMode):
@@ -375,23 +383,23 @@ class ASP(SyncMode):
 
     name = "asp"
 
-    def check(self, cfg):
-        if cfg.architecture != "parameter-server":
+    def check(self, engine_cfg):
+        if engine_cfg.architecture != "parameter-server":
             raise ValueError("sync='asp' is a parameter server: it needs architecture='parameter-server'")
-        if cfg.model_averaging:
+        if engine_cfg.model_averaging:
             raise ValueError("sync='asp' with local SGD (local_steps > 1 or post_local_switch) is not defined")
-        if cfg.vote or cfg.collective != "auto" or cfg.ps_downlink is not None:
+        if engine_cfg.vote or engine_cfg.collective != "auto" or engine_cfg.ps_downlink is not None:
             raise ValueError("sync='asp' applies each gradient on its own: no vote, collective or ps_downlink")
 
-    def init(self, cfg, params):
-        return _ring(params, _asp_cap(cfg) + 1)
+    def init(self, engine_cfg, params):
+        return _ring(params, _asp_cap(engine_cfg) + 1)
 
-    def inputs(self, cfg, step):
-        p, slots = cfg.workers, _asp_cap(cfg) + 1
-        who, base = _schedule(worker_clock.ASPSchedule, cfg, _asp_cap(cfg)).arrivals(step, p)
+    def inputs(self, engine_cfg, step):
+        p, slots = engine_cfg.workers, _asp_cap(engine_cfg) + 1
+        who, base = _schedule(worker_clock.ASPSchedule, engine_cfg, _asp_cap(engine_cfg)).arrivals(step, p)
         n = step * p + np.arange(p)
         rows = [base % slots, n % slots, n - base]
-        if worker_clock.heterogeneous(cfg):  # a 4th row, the arrivals' workers (its presence is static)
+        if worker_clock.heterogeneous(engine_cfg):  # a 4th row, the arrivals' workers (its presence is static)
             rows.append(who)
         elif not np.array_equal(who, np.arange(p)):
             raise AssertionError(f"ASP with equal speeds: arrival order {who} is not the worker order")
@@ -450,8 +458,8 @@ class ASP(SyncMode):
         new = s._replace(params=params, model_state=model_state, opt_state=opt_state, comp_state=comp_state)
         return new._replace(sync=buf), metrics
 
-    def span(self, cfg, step):
-        return _schedule(worker_clock.ASPSchedule, cfg, _asp_cap(cfg)).span(step, cfg.workers)
+    def span(self, engine_cfg, step):
+        return _schedule(worker_clock.ASPSchedule, engine_cfg, _asp_cap(engine_cfg)).span(step, engine_cfg.workers)
 
 
 # the registry lives in the leaf module cconv.engine.modes (EngineConfig validates against it)

@@ -79,7 +79,7 @@ class Trainer:
         loss_fn: Callable,
         params,
         optimizer,
-        cfg: EngineConfig,
+        engine_cfg: EngineConfig,
         model_state=None,
         devices=None,
         mpi_comm=None,
@@ -87,30 +87,30 @@ class Trainer:
     ):
         if seeds is not None and (isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1):
             raise ValueError(f"build: seeds must be an integer >= 1 or None, got {seeds!r}")
-        launcher = LAUNCHERS[cfg.launcher]
+        launcher = LAUNCHERS[engine_cfg.launcher]
         if seeds is not None and not launcher.supports_seeds:
             ok = " or ".join(repr(n) for n, cls in LAUNCHERS.items() if cls.supports_seeds)
             raise ValueError(f"build(seeds=...) needs launcher={ok}")
-        self.cfg, self.loss_fn, self.optimizer, self.seeds = cfg, loss_fn, optimizer, seeds
-        optimizers.check(cfg, optimizer)  # an optimizer with its own messages (1-bit Adam) and its engine fields
+        self.engine_cfg, self.loss_fn, self.optimizer, self.seeds = engine_cfg, loss_fn, optimizer, seeds
+        optimizers.check(engine_cfg, optimizer)  # an optimizer with its own messages (1-bit Adam) and its engine fields
         self._params0 = params
         self._model_state0 = {} if model_state is None else model_state
-        self.workers = cfg.workers
+        self.workers = engine_cfg.workers
         self._shapes = [tuple(x.shape) for x in jax.tree.leaves(params)]
         self._exchanges: dict[Phase, Exchange] = {}
         self._fns: dict[Phase, Callable] = {}
         self._work: dict[Phase, StepWork] = {}
         self._colls: dict[Phase, tuple] = {}
         self._metric_bytes: float | None = None
-        self.launcher: Launcher = launcher(cfg, devices=devices, mpi_comm=mpi_comm, seeds=seeds)
-        self.sync: SyncMode = sync_mode(cfg)
-        self._host = self.sync.host(cfg, optimizer)  # host-decided phases (AdaComm, 0/1 Adam), or None
-        self._report_rank = TRANSPORTS[cfg.architecture].report_rank(cfg.workers)
+        self.launcher: Launcher = launcher(engine_cfg, devices=devices, mpi_comm=mpi_comm, seeds=seeds)
+        self.sync: SyncMode = sync_mode(engine_cfg)
+        self._host = self.sync.host(engine_cfg, optimizer)  # host-decided phases (AdaComm, 0/1 Adam), or None
+        self._report_rank = TRANSPORTS[engine_cfg.architecture].report_rank(engine_cfg.workers)
         self._check_warmup_states()
 
     # ------------------------------------------------------------------ phases and plans
     def phase(self, step: int) -> Phase:
-        return self.sync.phase(self.cfg, step) if self._host is None else self._host.phase(step)
+        return self.sync.phase(self.engine_cfg, step) if self._host is None else self._host.phase(step)
 
     def host_state(self) -> dict | None:
         """The synchronization mode's host state (AdaComm's period), for checkpoints; None: none."""
@@ -123,12 +123,12 @@ class Trainer:
     def exchange(self, phase: Phase) -> Exchange:
         """The ``Exchange`` phase ``phase`` averages gradients (or model deltas) with."""
         if phase not in self._exchanges:
-            cfg = self.cfg
-            if self.sync.compresses(cfg, phase):
-                base, memory = compressor_at(cfg, phase.density), cfg.memory
+            engine_cfg = self.engine_cfg
+            if self.sync.compresses(engine_cfg, phase):
+                base, memory = compressor_at(engine_cfg, phase.density), engine_cfg.memory
             else:
                 base, memory = None, M.NONE
-            self._exchanges[phase] = Exchange.from_config(cfg, base, memory)
+            self._exchanges[phase] = Exchange.from_config(engine_cfg, base, memory)
         return self._exchanges[phase]
 
     def plan(self, phase: Phase):
@@ -137,15 +137,15 @@ class Trainer:
 
     def _comp_exchange(self) -> Exchange:
         """The exchange whose compressor state the engine state carries."""
-        return Exchange.from_config(self.cfg, self.cfg.compressor, self.cfg.memory)
+        return Exchange.from_config(self.engine_cfg, self.engine_cfg.compressor, self.engine_cfg.memory)
 
     def _check_warmup_states(self):
-        if self.cfg.warmup is None:
+        if self.engine_cfg.warmup is None:
             return
         leaves = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in jax.tree.leaves(self._params0)]
         want = jax.tree.structure(jax.eval_shape(lambda: self._comp_exchange().init_worker(leaves)))
-        for d in set(self.cfg.warmup.densities) | {1.0}:
-            ex = Exchange.from_config(self.cfg, compressor_at(self.cfg, d), self.cfg.memory)
+        for d in set(self.engine_cfg.warmup.densities) | {1.0}:
+            ex = Exchange.from_config(self.engine_cfg, compressor_at(self.engine_cfg, d), self.engine_cfg.memory)
             if ex.plan(self._shapes).comp is None:
                 continue
             got = jax.tree.structure(jax.eval_shape(lambda ex=ex: ex.init_worker(leaves)))
@@ -155,8 +155,8 @@ class Trainer:
     # ------------------------------------------------------------------ state
     def _worker_init(self, params, model_state) -> WorkerState:
         comp = self._comp_exchange().init_worker(jax.tree.leaves(params))
-        anchor = params if self.cfg.model_averaging else None
-        extra = self.sync.init(self.cfg, params)
+        anchor = params if self.engine_cfg.model_averaging else None
+        extra = self.sync.init(self.engine_cfg, params)
         return WorkerState(params, model_state, self.optimizer.init(params), comp, anchor, extra)
 
     def init(self, key=None, params=None, model_state=None) -> EngineState:
@@ -174,7 +174,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ step
     def _ctx(self, phase: Phase) -> StepContext:
-        clip = None if self.cfg.clip is None else self.cfg.clip / math.sqrt(self.workers)
+        clip = None if self.engine_cfg.clip is None else self.engine_cfg.clip / math.sqrt(self.workers)
         ex = {phase: self.exchange(phase)}
         return StepContext(self.loss_fn, self.optimizer, ex, clip, self._report_rank, self.sync)
 
@@ -226,7 +226,7 @@ class Trainer:
     def _with_host(self, key, step: int):
         """``key``, or (key, the mode's host inputs of ``step``) when it has any (replicated;
         broadcast over the seed axis under ``seeds``)."""
-        host = self.sync.inputs(self.cfg, step)
+        host = self.sync.inputs(self.engine_cfg, step)
         if host is None:
             return key
         host = jax.numpy.asarray(host)
@@ -259,7 +259,7 @@ class Trainer:
         return self._view(state.model_state)
 
     def _view(self, tree):
-        return self.launcher.view(tree, self.sync.average_view(self.cfg))
+        return self.launcher.view(tree, self.sync.average_view(self.engine_cfg))
 
     # ------------------------------------------------------------------ accounting
     def collectives(self, step: int, control: bool = False) -> list[Collective]:
@@ -285,7 +285,7 @@ class Trainer:
         program, the exchange's compute (``SyncMode.exchange_work``: memory, compression, decoding
         of what a worker receives; the collectives on a shape-only ``DryComm``).  Traced once per
         phase; the span is the step's own."""
-        phase, cfg = self.phase(step), self.cfg
+        phase, engine_cfg = self.phase(step), self.engine_cfg
         if phase not in self._work:
             colls = tuple(c for c in self.collectives(step) if not c.control)
             plan, ex = self.plan(phase), self.exchange(phase)
@@ -296,13 +296,13 @@ class Trainer:
                 span=1.0,
                 communicates=bool(self.sync.communicates(phase)),
                 collectives=colls,
-                via_server=TRANSPORTS[cfg.architecture].via_server,
+                via_server=TRANSPORTS[engine_cfg.architecture].via_server,
                 compressor=None if plan.comp is None or ex.compressor.name == IDENTITY else ex.compressor,
                 memory=ex.memory,
                 units=units,
-                program=lambda grads: self.sync.exchange_work(cfg, plan, grads),
+                program=lambda grads: self.sync.exchange_work(engine_cfg, plan, grads),
             )
-        return self._work[phase]._replace(span=float(self.sync.span(cfg, step)))
+        return self._work[phase]._replace(span=float(self.sync.span(engine_cfg, step)))
 
     def traffic(self, step: int, control: bool = False):
         """(sent, received) bytes per rank at ``step`` (numpy arrays of length P)."""
@@ -313,7 +313,7 @@ def build(
     loss_fn: Callable,
     params,
     optimizer: optax.GradientTransformation,
-    cfg: EngineConfig,
+    engine_cfg: EngineConfig,
     model_state=None,
     devices=None,
     mpi_comm=None,
@@ -330,6 +330,6 @@ def build(
     (batch leaves (S, B, ...), keys (S, 2)) and metrics have shape (S,).  Prefer it to
     ``jax.jit(jax.vmap(trainer.step))``, which recompiles every step (the step counter is static).
     """
-    if not isinstance(cfg, EngineConfig):
-        raise ValueError(f"build: cfg must be a cconv.engine.EngineConfig, got {type(cfg).__name__}")
-    return Trainer(loss_fn, params, optimizer, cfg, model_state, devices, mpi_comm, seeds)
+    if not isinstance(engine_cfg, EngineConfig):
+        raise ValueError(f"build: engine_cfg must be a cconv.engine.EngineConfig, got {type(engine_cfg).__name__}")
+    return Trainer(loss_fn, params, optimizer, engine_cfg, model_state, devices, mpi_comm, seeds)

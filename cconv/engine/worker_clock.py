@@ -53,10 +53,10 @@ def _num(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) and math.isfinite(v)
 
 
-def check(cfg) -> None:
-    """Validate (and normalize, on the frozen ``cfg``) the timing fields of an ``EngineConfig``
+def check(engine_cfg) -> None:
+    """Validate (and normalize, on the frozen ``engine_cfg``) the timing fields of an ``EngineConfig``
     (``jitter`` and each of ``worker_speeds``: their fields' rules)."""
-    st = cfg.stragglers
+    st = engine_cfg.stragglers
     if isinstance(st, dict):
         bad = set(st) - {"fraction", "slowdown"}
         if bad:
@@ -72,40 +72,46 @@ def check(cfg) -> None:
             raise ValueError(f"stragglers.fraction must be a number in [0, 1), got {f!r}")
         if not _num(s) or s < 1:
             raise ValueError(f"stragglers.slowdown must be a number >= 1, got {s!r}")
-        object.__setattr__(cfg, "stragglers", Stragglers(float(f), float(s)))
-    ws = cfg.worker_speeds
+        object.__setattr__(engine_cfg, "stragglers", Stragglers(float(f), float(s)))
+    ws = engine_cfg.worker_speeds
     if ws is not None:
-        if len(ws) != cfg.workers:  # each a number > 0: the field's rule
-            raise ValueError(f"worker_speeds must be a list of {cfg.workers} numbers (one per worker), got {ws!r}")
-        object.__setattr__(cfg, "worker_speeds", tuple(float(x) for x in ws))
+        if len(ws) != engine_cfg.workers:  # each a number > 0: the field's rule
+            raise ValueError(
+                f"worker_speeds must be a list of {engine_cfg.workers} numbers (one per worker), got {ws!r}"
+            )
+        object.__setattr__(engine_cfg, "worker_speeds", tuple(float(x) for x in ws))
 
 
-def heterogeneous(cfg) -> bool:
+def heterogeneous(engine_cfg) -> bool:
     """Do the workers' compute times differ at all?"""
-    st = cfg.stragglers
-    slow = st is not None and round(st.fraction * cfg.workers) > 0 and st.slowdown != 1
-    return slow or cfg.jitter > 0 or (cfg.worker_speeds is not None and len(set(cfg.worker_speeds)) > 1)
+    st = engine_cfg.stragglers
+    slow = st is not None and round(st.fraction * engine_cfg.workers) > 0 and st.slowdown != 1
+    return (
+        slow
+        or engine_cfg.jitter > 0
+        or (engine_cfg.worker_speeds is not None and len(set(engine_cfg.worker_speeds)) > 1)
+    )
 
 
-def slowdowns(cfg) -> np.ndarray:
+def slowdowns(engine_cfg) -> np.ndarray:
     """speed_i * slowdown_i per worker (P,), without jitter."""
-    p = cfg.workers
-    base = np.ones(p) if cfg.worker_speeds is None else np.asarray(cfg.worker_speeds, np.float64)
-    st = cfg.stragglers
+    p = engine_cfg.workers
+    base = np.ones(p) if engine_cfg.worker_speeds is None else np.asarray(engine_cfg.worker_speeds, np.float64)
+    st = engine_cfg.stragglers
     if st is not None:
         n = int(round(st.fraction * p))
-        idx = np.random.default_rng([int(cfg.timing_seed) % 2**63, 0]).choice(p, n, replace=False)
+        idx = np.random.default_rng([int(engine_cfg.timing_seed) % 2**63, 0]).choice(p, n, replace=False)
         base = base.copy()
         base[idx] *= st.slowdown
     return base
 
 
-def compute_times(cfg, k: int) -> np.ndarray:
+def compute_times(engine_cfg, k: int) -> np.ndarray:
     """d[:, k]: every worker's compute time at its k-th step (units of the measured step)."""
-    d = slowdowns(cfg)
-    if cfg.jitter > 0:
-        z = np.random.default_rng([int(cfg.timing_seed) % 2**63, 1, int(k)]).standard_normal(cfg.workers)
-        d = d * np.exp(cfg.jitter * z)
+    d = slowdowns(engine_cfg)
+    if engine_cfg.jitter > 0:
+        z = np.random.default_rng([int(engine_cfg.timing_seed) % 2**63, 1, int(k)]).standard_normal(engine_cfg.workers)
+        d = d * np.exp(engine_cfg.jitter * z)
     return d
 
 
@@ -114,10 +120,10 @@ class SSPSchedule:
 
     ``version(t)`` -> v(:, t) (P,), ``span(t)`` -> V[t+1] - V[t] (the clock's duration)."""
 
-    def __init__(self, cfg, staleness: int):
-        self.cfg, self.s = cfg, int(staleness)
+    def __init__(self, engine_cfg, staleness: int):
+        self.engine_cfg, self.s = engine_cfg, int(staleness)
         self.V = [0.0]  # V[v]: when version v exists
-        self.F = np.zeros(cfg.workers)  # F[:, t-1] of the last clock computed
+        self.F = np.zeros(engine_cfg.workers)  # F[:, t-1] of the last clock computed
         self.versions: list[np.ndarray] = []
 
     def _extend(self, t: int) -> None:
@@ -125,7 +131,7 @@ class SSPSchedule:
             c = len(self.versions)
             start = np.maximum(self.F, self.V[max(c - self.s, 0)])
             v = np.array([max(u for u in range(max(c - self.s, 0), c + 1) if self.V[u] <= x) for x in start])
-            self.F = start + compute_times(self.cfg, c)
+            self.F = start + compute_times(self.engine_cfg, c)
             self.V.append(float(self.F.max()))
             self.versions.append(v)
 
@@ -142,10 +148,10 @@ class ASPSchedule:
     """The ASP event schedule (module docstring): arrival n's worker, base version and finish
     time, extended lazily (a heap of the workers' next finish times)."""
 
-    def __init__(self, cfg, max_staleness: int):
-        self.cfg, self.cap = cfg, int(max_staleness)
-        p = cfg.workers
-        d0 = compute_times(cfg, 0)
+    def __init__(self, engine_cfg, max_staleness: int):
+        self.engine_cfg, self.cap = engine_cfg, int(max_staleness)
+        p = engine_cfg.workers
+        d0 = compute_times(engine_cfg, 0)
         self._heap = [(float(d0[i]), i) for i in range(p)]
         heapq.heapify(self._heap)
         self._k = np.zeros(p, np.int64)  # steps each worker has finished
@@ -163,7 +169,7 @@ class ASPSchedule:
             self.time.append(t)
             self._pulled[i] = a + 1  # push, then pull the version this arrival produced
             self._k[i] += 1
-            d = compute_times(self.cfg, int(self._k[i]))[i]
+            d = compute_times(self.engine_cfg, int(self._k[i]))[i]
             heapq.heappush(self._heap, (t + float(d), i))
 
     def arrivals(self, step: int, p: int) -> tuple[np.ndarray, np.ndarray]:

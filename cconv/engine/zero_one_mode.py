@@ -117,10 +117,10 @@ class ZeroOne(SyncMode):
 
     name = "zero_one"
 
-    def check(self, cfg):
-        if cfg.model_averaging:
+    def check(self, engine_cfg):
+        if engine_cfg.model_averaging:
             raise ValueError("sync='zero_one' decides its own local steps: no local_steps or post_local_switch")
-        if cfg.warmup is not None:
+        if engine_cfg.warmup is not None:
             raise ValueError("sync='zero_one' (optimizer zero_one_adam) decides which steps travel dense: no warmup")
 
     def check_optimizer(self, optimizer) -> None:
@@ -129,20 +129,20 @@ class ZeroOne(SyncMode):
                 "sync='zero_one' runs 0/1 Adam's rules: it needs the optimizer zero_one_adam, which sets it"
             )
 
-    def host(self, cfg, optimizer=None):
+    def host(self, engine_cfg, optimizer=None):
         self.check_optimizer(optimizer)
         return ZeroOneHost(optimizer.schedule)
 
-    def phase(self, cfg, step):
+    def phase(self, engine_cfg, step):
         raise ValueError("0/1 Adam's phases come from its optimizer's schedule: ask Trainer.phase")
 
-    def compresses(self, cfg, phase):
+    def compresses(self, engine_cfg, phase):
         return phase.kind in (ONE_BIT, SYNC, FIRST_SYNC)
 
     def communicates(self, phase):
         return phase.kind != LOCAL
 
-    def average_view(self, cfg):
+    def average_view(self, engine_cfg):
         return True
 
     def step(self, comm, ctx, phase, s, batch, key, host=None):

@@ -127,7 +127,7 @@ def problem(cfg: RunConfig) -> Problem:
     optimizer = make_optimizer(cfg, params)
     shapes = [x.shape for x in jax.tree.leaves(params)]
     compression = make_compression(cfg, shapes)
-    ecfg = make_engine_config(cfg, compression, shapes, launcher=launcher_for(cfg), optimizer=optimizer)
+    engine_cfg = make_engine_config(cfg, compression, shapes, launcher=launcher_for(cfg), optimizer=optimizer)
     return Problem(
         cfg=cfg,
         ds=run_data.ds,
@@ -135,8 +135,8 @@ def problem(cfg: RunConfig) -> Problem:
         loss_fn=nets.loss_fn,
         eval_fn=nets.eval_fn,
         optimizer=optimizer,
-        engine_cfg=ecfg,
-        trainer=make_trainer(cfg, nets, optimizer, ecfg),
+        engine_cfg=engine_cfg,
+        trainer=make_trainer(cfg, nets, optimizer, engine_cfg),
         batchers=run_data.batchers,
         seeds=cfg.seeds(),
     )
@@ -448,13 +448,15 @@ def _warmup(cfg: RunConfig) -> engine.Warmup | None:
     return engine.Warmup(engine.DGC_WARMUP if d == "dgc" else tuple(d), **rest)
 
 
-def _check_servers(cfg: RunConfig, ecfg: EngineConfig) -> None:
+def _check_servers(cfg: RunConfig, engine_cfg: EngineConfig) -> None:
     """``servers`` on an all-to-all engine simulates its all-reduce through parameter servers
     (``cconv.theory.schedule.runs``); other exchanges (gathered payloads, gossip) have no server
     form there: refused (they go through servers with ``architecture: parameter-server``)."""
-    if cfg.servers is None or TRANSPORTS[ecfg.architecture].via_server:
+    if cfg.servers is None or TRANSPORTS[engine_cfg.architecture].via_server:
         return
-    method = "gossip" if cfg.sync == "gossip" else method_of(ecfg.compressor, ecfg.collective, ecfg.vote)
+    method = (
+        "gossip" if cfg.sync == "gossip" else method_of(engine_cfg.compressor, engine_cfg.collective, engine_cfg.vote)
+    )
     if method != AllReduce.name:
         raise ConfigError(
             f"servers: {cfg.servers} simulates an all-reduce through parameter servers; this run's exchange is "
@@ -508,15 +510,17 @@ def make_engine_config(
             "timing_seed": cfg.seeds()[0],
             "launcher": launcher or cfg.launcher,
         }
-        ecfg = engine.EngineConfig(**{**fields, **own})
+        engine_cfg = engine.EngineConfig(**{**fields, **own})
         if optimizer is not None:
-            optimizers.check(ecfg, optimizer)  # e.g. 1-bit Adam's messages need a mode that averages them every step
+            optimizers.check(
+                engine_cfg, optimizer
+            )  # e.g. 1-bit Adam's messages need a mode that averages them every step
         if shapes is not None and cfg.sync == "gossip":
-            check_gamma(ecfg, list(shapes))  # gossip compresses every tensor; before anything is written
+            check_gamma(engine_cfg, list(shapes))  # gossip compresses every tensor; before anything is written
     except ValueError as e:
         raise ConfigError(_first_line(e)) from None
-    _check_servers(cfg, ecfg)
-    return ecfg
+    _check_servers(cfg, engine_cfg)
+    return engine_cfg
 
 
 def check_devices(workers: int, launcher: str = default_of("launcher")) -> None:
@@ -568,11 +572,13 @@ def network_label(spec: str | dict) -> str:
 # --------------------------------------------------------------------------- 6. trainer
 
 
-def make_trainer(cfg: RunConfig, nets: Models, optimizer: optax.GradientTransformation, ecfg: EngineConfig) -> Trainer:
+def make_trainer(
+    cfg: RunConfig, nets: Models, optimizer: optax.GradientTransformation, engine_cfg: EngineConfig
+) -> Trainer:
     """Stage 6: the engine's trainer on the first seed's model; several seeds: one program that
     carries a leading seed axis (the engine's ``build(seeds=S)``)."""
     n = len(cfg.seeds())
     spec = nets.specs[0]
     return engine.build(
-        nets.loss_fn, spec.params, optimizer, ecfg, model_state=spec.model_state, seeds=n if n > 1 else None
+        nets.loss_fn, spec.params, optimizer, engine_cfg, model_state=spec.model_state, seeds=n if n > 1 else None
     )
