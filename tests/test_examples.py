@@ -76,10 +76,8 @@ def test_linen_recipe_warns_once_when_batch_statistics_drift_apart():
         warnings.simplefilter("always")
         flax_linen.main(steps=2, workers=W, stats="check", log=quiet)
         jax.effects_barrier()
-    ModelStateDivergenceWarning_seen = [w for w in caught if issubclass(w.category, ModelStateDivergenceWarning)]
-    assert len(ModelStateDivergenceWarning_seen) == 1 and "BatchNorm" in str(
-        ModelStateDivergenceWarning_seen[0].message
-    )
+    divergence_warnings = [w for w in caught if issubclass(w.category, ModelStateDivergenceWarning)]
+    assert len(divergence_warnings) == 1 and "BatchNorm" in str(divergence_warnings[0].message)
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 from jax import lax
-from jax.sharding import PartitionSpec as PS
+from jax.sharding import PartitionSpec
 
 from cconv import cli
 from cconv.compressors.packing import packed_size
@@ -108,7 +108,13 @@ def test_under_shard_map():
         return jnp.concatenate(outs)[None]
 
     got = jax.jit(
-        jax.shard_map(run, mesh=mesh, in_specs=(PS("data"), PS("data")), out_specs=PS("data"), check_vma=False)
+        jax.shard_map(
+            run,
+            mesh=mesh,
+            in_specs=(PartitionSpec("data"), PartitionSpec("data")),
+            out_specs=PartitionSpec("data"),
+            check_vma=False,
+        )
     )(A, b)
     _, _, ref = _run(tx, A, b, 4)
     np.testing.assert_allclose(np.asarray(got)[0], np.stack([r[0] for r in ref]), rtol=1e-5, atol=1e-7)

@@ -101,7 +101,7 @@ MIXINGS = [
 
 
 @pytest.mark.parametrize("name, p, kw", MIXINGS, ids=[f"{n}{p}" for n, p, _ in MIXINGS])
-def test_mix_under_shard_map_is_W_times_X(name, p, kw):
+def test_mix_under_shard_map_is_w_times_x(name, p, kw):
     m = T.get(name, p, **kw)
     x = jax.random.normal(jax.random.PRNGKey(0), (p, 5))
     ledgers = []

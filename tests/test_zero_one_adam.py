@@ -146,7 +146,7 @@ def test_bad_options_are_one_line(kw, match):
 def test_under_shard_map_equals_vmap():
     """The same transformation inside jax.shard_map over a 4-device mesh (the step's kind is a
     lax.switch whose branches hold the collectives): the updates equal the vmapped run's."""
-    from jax.sharding import PartitionSpec as PS
+    from jax.sharding import PartitionSpec
 
     A, b = _problem()
     kw = dict(var_freeze_step=2, var_update_scaler=1, local_step_scaler=2, local_step_clipper=2)
@@ -160,7 +160,12 @@ def test_under_shard_map_equals_vmap():
             w, outs = w + u, outs + [u[None]]
         return jnp.concatenate(outs)[None]
 
-    spec = dict(mesh=mesh, in_specs=(PS("data"), PS("data")), out_specs=PS("data"), check_vma=False)
+    spec = dict(
+        mesh=mesh,
+        in_specs=(PartitionSpec("data"), PartitionSpec("data")),
+        out_specs=PartitionSpec("data"),
+        check_vma=False,
+    )
     got = np.asarray(jax.jit(jax.shard_map(run, **spec))(A, b))
     _, rows = _run(zero_one_adam(0.01, **kw), A, b, 8)
     np.testing.assert_allclose(got, np.stack([r[2] for r in rows], axis=1), rtol=1e-5, atol=1e-7)

@@ -494,7 +494,7 @@ def is_finished(run_dir: str) -> bool:
     return bool(s) and s.get("status") in FINISHED
 
 
-class RunLocked(ValueError):
+class RunLocked(ValueError):  # noqa: N818 (a state of the run directory, caught by name in the CLI and sweeps)
     """The run directory is held by another process (``run_lock``)."""
 
 

@@ -42,7 +42,7 @@ class Stop(NamedTuple):
         return any(x is not None and step >= x for x in self)
 
 
-class Stopped(Exception):
+class Stopped(Exception):  # noqa: N818 (control flow, as StopIteration: where the loop ended, not an error)
     """The loop ended where ``Stop`` said: ``paused_at`` the checkpointed step of a pause (None:
     ``after``, no checkpoint)."""
 
