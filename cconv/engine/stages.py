@@ -86,7 +86,7 @@ def stages(cfg: EngineConfig, steps: int, shapes: Sequence[tuple[int, ...]], opt
         if phase not in seen:
             seen[phase] = _what(cfg, mode, phase, shapes)
         sends, comp, mask, fused = seen[phase]
-        key = (sends, None if comp is None else (comp.name, repr(sorted(dict(comp.hparams).items()))), mask, fused)
+        key = (sends, id(comp), mask, fused)  # a compressor per phase (``seen`` keeps it): the same one, the same id
         g = groups.setdefault(key, [step, 0, [], seen[phase]])
         g[1] += 1
         if phase.kind not in g[2]:

@@ -550,7 +550,7 @@ def _refuse_outside_mode(args: argparse.Namespace) -> None:
         if args.workers is None or args.network is None:
             raise ValueError("give --workers P and --network NAME, or --cluster NODESxGPUS (e.g. --cluster 8x8)")
     else:
-        _refuse_optimizers(args, "with --cluster")
+        _refuse_optimizers(args, "--cluster")
         given = [
             f"--{k.replace('_', '-')}"
             for k in ("params", "flops_per_sample", "device_flops", "granularity", "bytes", "alpha", "beta")
@@ -722,13 +722,13 @@ def _dispatch(args: argparse.Namespace) -> str:
         return run_cluster(args)
     _legacy_defaults(args)
     if args.per_layer_ratios is not None:
-        _refuse_optimizers(args, "with --per-layer-ratios")
+        _refuse_optimizers(args, "--per-layer-ratios")
         return run_per_layer_ratios(args)
     sets = [m for m in args.methods or [] if m in METHOD_SETS]
     if sets:
         if len(args.methods) != 1:
             raise ValueError(f"--methods {sets[0]} is a method set: give it alone")
-        _refuse_optimizers(args, f"with the method set {sets[0]}")
+        _refuse_optimizers(args, f"the method set {sets[0]}")
         return run_method_set(args, sets[0])
     if args.interference is not None or args.topology is not None:
         raise ValueError(
@@ -751,7 +751,7 @@ def _refuse_optimizers(args: argparse.Namespace, where: str) -> None:
     opts = [m for m in args.methods or [] if m in PL.optimizer_methods()]
     if opts:
         raise ValueError(
-            f"--methods {shown_names(opts)}: an optimizer is planned with --workers and --network, not {where}"
+            f"--methods {shown_names(opts)}: an optimizer is planned with --workers and --network, not with {where}"
         )
     if args.steps is not None:
         raise ValueError(f"--steps is the run length of an optimizer method: it cannot be combined with {where}")
