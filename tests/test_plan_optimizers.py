@@ -192,3 +192,15 @@ def test_cli_refusals_one_line_exit_2(extra, match, capsys):
 def test_cli_refuses_optimizers_outside_the_flat_model(argv, match, capsys):
     rc, out, err = _main(["plan", "--workload", "bert-base", *argv], capsys)
     assert rc == 2 and out == "" and len(err) == 1 and match in err[0], err
+
+
+def test_docs_example_prints_as_shown(capsys):
+    """docs/planner.md's optimizer example: the command's output is the page's text block."""
+    import os
+    import re
+
+    page = open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner.md"), encoding="utf-8").read()
+    m = re.search(r"```bash\n(cconv plan [^\n]*--steps [^\n]*)\n```\n\n```text\n(.*?)\n```", page, re.S)
+    assert m, "the optimizer example (a cconv plan --steps command and its output) is not in docs/planner.md"
+    rc, out, _ = _main(m.group(1).split()[1:], capsys)
+    assert rc == 0 and out.rstrip("\n") == m.group(2)

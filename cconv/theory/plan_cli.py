@@ -62,14 +62,17 @@ def format_plan(p: PL.Plan, overlap: bool = False, granularity: str = "fused") -
         f"network {_describe(net)}; device {p.device_flops:.4g} FLOP/s",
         f"compute {p.compute_s * 1e3:.1f} ms/iteration; granularity {granularity}; "
         f"overlap {'WFBP' if overlap else 'none (BSP)'}; compression compute not modelled",
-        "",
-        f"{'method':<12} {'setting':<12} {'payload/worker':>14} {'sent/worker':>12} "
-        f"{'comm ms':>9} {'iter ms':>9} {'speedup':>8}  {'constant':<14}",
     ]
     whole = [r for r in p.rows if r.phase in ("", PL.MEAN)]  # a method's step, or an optimizer's mean step
+    wm, ws = max(12, *(len(r.method) for r in whole)), max(12, *(len(r.setting) for r in whole))
+    lines += [
+        "",
+        f"{'method':<{wm}} {'setting':<{ws}} {'payload/worker':>14} {'sent/worker':>12} "
+        f"{'comm ms':>9} {'iter ms':>9} {'speedup':>8}  {'constant':<14}",
+    ]
     for r in whole:
         lines.append(
-            f"{r.method:<12} {r.setting:<12} {human_bytes(r.payload_bytes):>14} "
+            f"{r.method:<{wm}} {r.setting:<{ws}} {human_bytes(r.payload_bytes):>14} "
             f"{human_bytes(r.sent_bytes):>12} {r.comm_s * 1e3:>9.2f} {r.iter_s * 1e3:>9.1f} "
             f"{r.speedup:>7.2f}x  {r.constant:<14}"
         )
