@@ -5,6 +5,8 @@ over a run, and the CLI's refusals."""
 import json
 import math
 
+import jax
+import jax.numpy as jnp
 import pytest
 import registry_cases as R
 
@@ -103,6 +105,29 @@ def test_zero_one_adam_rows_hand_computed():
     assert mean.speedup == pytest.approx(P * COMPUTE / (COMPUTE + comm))
 
 
+@pytest.mark.parametrize("which", ["onebit_adam", "zero_one_adam"])
+def test_planned_bytes_are_the_engines_traced_collectives(which):
+    """Over 12 steps, the bytes the planner's stages move per collective kind are the bytes a built
+    trainer hands to its collectives (``Trainer.collectives``: the engine's trace-time ledger, which
+    the HLO tests check against the compiled program), step by step summed."""
+    from cconv.engine import EngineConfig, build
+
+    tx = onebit_adam_engine(0.1, warmup_steps=4) if which == "onebit_adam" else zero_one_adam_engine(0.1, **ZERO_ONE)
+    params = {"w": jnp.zeros((10, 20)), "b": jnp.zeros((20,))}  # TOY's shapes, in the order jax flattens them
+    toy = TOY._replace(shapes=tuple(x.shape for x in jax.tree.leaves(params)))
+    loss = lambda p, ms, batch, key: (jnp.sum((batch @ p["w"] + p["b"]) ** 2), (ms, {}))
+    trainer = build(loss, params, tx, EngineConfig(workers=P, launcher="vmap", **tx.engine))
+    engine: dict[str, float] = {}
+    for step in range(12):
+        for c in trainer.collectives(step):
+            engine[c.kind] = engine.get(c.kind, 0.0) + c.bytes * c.count
+    planned: dict[str, float] = {}
+    for st in ST.of_optimizer(tx, 12, toy.shapes, workers=P):
+        for kind, nbytes, _ in PL.stage_calls(st, toy, "fused"):
+            planned[kind] = planned.get(kind, 0.0) + nbytes * st.steps
+    assert planned == engine and engine["allgather"] > 0 and engine["allreduce"] > 0
+
+
 def test_the_planner_reads_the_object_not_the_name():
     """An optimizer registered from user code is planned by its registry name with what its object
     says: its compressor's payloads after its dense warm-up (no planner code names it)."""
@@ -120,6 +145,15 @@ def test_the_planner_reads_the_object_not_the_name():
     rows = _by_phase(p.rows[1:])
     assert (rows["dense"].steps, rows["topk"].steps) == (2, 3)
     assert rows["topk"].payload_bytes == comp.wire_bytes((10, 20)) + comp.wire_bytes((20,))
+
+
+def test_every_new_method_is_planned_by_name():
+    """Issue 37's methods in one plan: the compressors by their names, the optimizers over a run;
+    every row finite.  (EF21's memories send their compressor's payloads: no method of their own.)"""
+    names = ["drive", "eden", "thc", "onebit_adam", "zero_one_adam"]
+    p = PL.plan(W.get("resnet50"), 16, N.get("10GbE"), methods=names, steps=300, fixed=ZERO_ONE)
+    assert {r.method for r in p.rows} == set(names)
+    assert all(math.isfinite(v) and v >= 0 for r in p.rows for v in (r.payload_bytes, r.comm_s, r.iter_s, r.speedup))
 
 
 def test_steps_are_needed_by_and_only_by_optimizers():
