@@ -54,6 +54,7 @@ Methods come from the compressor registry (``all_methods()``), nothing here name
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -329,11 +330,19 @@ def optimizer_params(factory: Callable) -> dict[str, Any]:
 def optimizer_stages(factory: Callable, knobs: Mapping[str, Any], steps: int, workload: W.Workload, workers: int):
     """(the optimizer object, its run's ``cconv.engine.stages.Stage`` list): what each of the first
     ``steps`` steps sends, from the engine fields and schedule the object carries (the learning rate
-    does not change what travels)."""
+    does not change what travels).  Cached: a plan on several networks walks the run once."""
+    bad = [k for k, v in knobs.items() if not isinstance(v, (bool, int, float, np.number))]
+    if bad:
+        raise ValueError(f"{', '.join(bad)}: an optimizer's hyper-parameter set by the plan is a number or a flag")
+    return _stages(factory, tuple(knobs.items()), steps, tuple(workload.shapes), workers)
+
+
+@functools.lru_cache(maxsize=16)
+def _stages(factory: Callable, knobs: tuple, steps: int, shapes: tuple, workers: int):
     from cconv.engine.stages import of_optimizer
 
-    tx = factory(0.0, **knobs)
-    return tx, of_optimizer(tx, steps, workload.shapes, workers=workers)
+    tx = factory(0.0, **dict(knobs))
+    return tx, tuple(of_optimizer(tx, steps, shapes, workers=workers))
 
 
 def stage_calls(stage, workload: W.Workload, granularity: str, nbytes: str = "moved") -> list[tuple[str, float, int]]:
