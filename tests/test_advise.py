@@ -209,6 +209,15 @@ def test_zero_one_adam_config_is_advised_with_its_refused_candidates_skipped(tmp
     assert not os.path.exists(tmp_path / "a")
 
 
+def test_the_dense_model_under_each_sync_mode_with_the_default_memory():
+    """memory left out (``paired``: none around the dense model): the dense model is a candidate
+    under every listed sync mode (before: only under the first, the baseline, unless the block
+    listed memory none)."""
+    block = {"compressors": ["none"], "sync": ["bsp", {"local_steps": 4}]}
+    names = [c.name for c in SP.candidates(SP.parse(block, _cfg(advise=block)))]
+    assert names == ["dense", "dense, local SGD H=4"]
+
+
 def test_candidates_from_an_advise_block():
     block = {
         "compressors": ["none", {"name": "topk", "ratio": [0.1, 0.01]}, "signsgd"],
