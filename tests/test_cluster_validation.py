@@ -294,6 +294,16 @@ def test_redeclared_cases_and_the_before_after_table():
     assert V.before_after() in doc
 
 
+def test_docs_near_tie_numbers_are_the_models(rows):
+    """docs/clusters.md's random-k 50 % near tie quotes the published changes of both runs."""
+    import pathlib
+
+    doc = " ".join((pathlib.Path(__file__).resolve().parents[1] / "docs" / "clusters.md").read_text().split())
+    pub = {c.name: p for c, p, _ in V.signs(rows)}
+    ef, plain = (pub[f"GRACE 8x1 10 Gbit/s random-k 0.5{m} (MPI)"] for m in (" EF", ""))
+    assert f"ran {_pct(plain, True)} against dense where this one ran {_pct(ef, True)}" in doc
+
+
 def test_horovod_2017_ticks_and_their_effect_in_the_docs(rows):
     """Horovod's chart cases run the 2017 background loop (``fusion-2017``); docs/clusters.md quotes
     its tick at 512 and 128 GPUs and each chart case's error with and without it, from the model."""
