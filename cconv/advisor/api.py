@@ -82,6 +82,7 @@ class Advice(NamedTuple):
     outputs: dict
     build_wait_s: float = 0.0  # of wall_s: building programs, or waiting for those built ahead
     build_threads: int = 1  # threads that built programs ahead of the race
+    programs_reused: int = 0  # of programs: loaded from the compilation cache, already built
     timing: str = "modelled"  # modelled | measured (``cconv.advisor.steptime``)
 
 
@@ -432,11 +433,11 @@ def advise(
     ``"NODESxGPUS"``; ``timing``: modelled on the cluster or measured here (``repeats`` steps per
     phase; ``cconv.advisor.steptime``).  Writes ``<out>/probes/``, ``advice.json`` and ``advice.png``."""
     from cconv.experiments import io
-    from cconv.experiments.compiletime import CompileMeter
+    from cconv.experiments.compiletime import CompileMeter, shared_programs
 
     t0 = time.perf_counter()
     kw = dict(target=target, budget=budget, seeds=seeds, out=out, overrides=overrides, timing=timing)
-    with CompileMeter() as built:
+    with shared_programs(), CompileMeter() as built:
         plan = prepare(config, cluster, repeats=repeats, **kw)
         byname, merged, result, seen = run_race(plan)
         race_wall = time.perf_counter() - t0
@@ -468,6 +469,7 @@ def advise(
         programs=built.programs,
         build_wait_s=built.blocked,
         build_threads=build_threads(),
+        programs_reused=built.shared,
         outputs=outputs,
         timing=plan.timing,
     )
