@@ -24,9 +24,9 @@ from typing import Any, NamedTuple
 
 from cconv import compressors as C
 from cconv.compressors.base import Compressor
-from cconv.engine.config import EngineConfig, Phase, compressor_at
+from cconv.engine.config import EngineConfig, Phase, phase_exchange
 from cconv.engine.exchange import make_plan
-from cconv.engine.modes import sync_mode
+from cconv.engine.modes import phase_at, sync_mode
 
 DENSE, COMPRESSED, NOTHING = "dense", "compressed", "nothing"  # what a stage's steps send
 MAX_STEPS = 10**7  # steps ``stages`` walks (one host decision each)
@@ -52,10 +52,10 @@ class Stage(NamedTuple):
 
 
 def _phase_fn(cfg: EngineConfig, optimizer: Any):
-    """(mode, step -> Phase): as ``Trainer.phase`` (the mode's host decides when it has one)."""
+    """(mode, step -> Phase): ``Trainer.phase``'s rule (``modes.phase_at``)."""
     mode = sync_mode(cfg)
     host = mode.host(cfg, optimizer)
-    return mode, (lambda step: mode.phase(cfg, step)) if host is None else host.phase
+    return mode, lambda step: phase_at(mode, cfg, host, step)
 
 
 def _what(cfg: EngineConfig, mode, phase: Phase, shapes: Sequence[tuple[int, ...]]) -> tuple:
@@ -63,10 +63,10 @@ def _what(cfg: EngineConfig, mode, phase: Phase, shapes: Sequence[tuple[int, ...
     none = (False,) * len(shapes)
     if not mode.communicates(phase):
         return NOTHING, None, none, False
-    if not mode.compresses(cfg, phase):
+    base, memory = phase_exchange(cfg, mode, phase)
+    if base is None:
         return DENSE, None, none, False
-    base = compressor_at(cfg, phase.density)
-    plan = make_plan(cfg, base, shapes, memory=cfg.memory)
+    plan = make_plan(cfg, base, shapes, memory=memory)
     if plan.comp is None or C.registered_name(base) == C.IDENTITY or not any(plan.compressed):
         return DENSE, None, none, False
     return COMPRESSED, base, tuple(plan.compressed), bool(plan.fused)
