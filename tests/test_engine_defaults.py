@@ -44,6 +44,7 @@ BELOW_THE_ENGINE = {
     "cconv/memory/error_feedback.py:error_feedback.ef_scale": "error feedback's compressor wrapper",
     "cconv/comm/aggregation.py:method_of.collective": "the aggregation method of a compressor alone",
     "cconv/comm/aggregation.py:method_of.vote": "the aggregation method of a compressor alone",
+    "cconv/theory/schedule/arch.py:getattr.workers": "a planner architecture's own worker count, not the engine's",
 }
 # engine settings a module sets on purpose (a choice, not a default) to the default's value
 CHOSEN = {

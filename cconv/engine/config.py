@@ -295,3 +295,13 @@ def compressor_at(engine_cfg: EngineConfig, density: float | None) -> Compressor
     entry = C.entry_of(c)
     hp = {k: v for k, v in c.hparams.items() if k in entry.schema.names}
     return entry.build(**entry.at_density(hp, density))
+
+
+def phase_exchange(engine_cfg: EngineConfig, mode, phase: Phase) -> tuple[Compressor | None, str]:
+    """(compressor, memory) that phase ``phase`` of sync mode ``mode`` exchanges with: the
+    compressor at the phase's density (``compressor_at``) and the config's memory when the mode
+    compresses the phase, else (None, no memory): dense.  ``Trainer.exchange`` builds its
+    ``Exchange`` from it, and ``cconv.engine.stages`` plans from it."""
+    if mode.compresses(engine_cfg, phase):
+        return compressor_at(engine_cfg, phase.density), engine_cfg.memory
+    return None, M.NONE
