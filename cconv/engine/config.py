@@ -178,7 +178,7 @@ class EngineConfig:
     compress_delta: bool = _field(False, R.flag())
     granularity: str = _field("layerwise", R.choice(lambda: GRANULARITIES))
     min_compress_size: int = _field(0, R.integer(0))
-    compress_vectors: bool = _field(True, R.flag())
+    compress_vectors: bool = _field(False, R.flag())
     architecture: str = "all-to-all"
     collective: str = _field("auto", R.choice(lambda: COLLECTIVES))
     vote: bool = _field(False, R.flag())

@@ -129,7 +129,7 @@ class Exchange:
         vote: bool = False,
         granularity: str = "layerwise",
         min_compress_size: int = 0,
-        compress_vectors: bool = True,
+        compress_vectors: bool = EngineConfig.compress_vectors,
         architecture: str = "all-to-all",
         ps_downlink: Compressor | str | None = None,
         momentum: float = 0.9,
