@@ -255,7 +255,7 @@ def test_a_compressor_registered_at_test_time_trains_with_error_feedback():
         loss_fn,
         make_params(),
         optax.sgd(0.1),
-        EngineConfig(workers=W, compressor=c, memory="ef"),
+        EngineConfig(workers=W, compressor=c, memory="ef", compress_vectors=True),  # b1 too
         model_state=make_model_state(),
     )
     assert tr.plan(tr.phase(0)).mode == "allgather"
