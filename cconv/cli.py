@@ -15,7 +15,7 @@
                [--sweep KNOB=v1,v2 ...] [--ratios R1,R2] [--ranks R1,R2] [--levels S1,S2] [--hparam NAME=VALUE ...]
                [--granularity fused|layerwise] [--overlap] [--gossip] [--servers N] [--bytes moved|encoded]
                [--interference KAPPA] [--topology NAME] [--per-layer-ratios METHOD=VALUE [--ratio-method NAME]]
-               [--json]
+               [--steps N (optimizer methods: onebit_adam, zero_one_adam)] [--json]
     cconv plan --workload NAME --cluster NODESxGPUS [--intra LINK] [--network NET] [--device GPU]
                [--schedule NAME] [--architecture hierarchical|ring|tree|two-level]
                [--implementation fused|per-tensor|mpi|ddp-hook] [--device-profile FILE] [--interference KAPPA] [--json]

@@ -191,6 +191,33 @@ def test_an_optimizer_that_sends_its_own_messages_names_the_uncompressed_candida
     assert plain[0].name == "dense"
 
 
+@pytest.mark.slow
+def test_zero_one_adam_config_is_advised_with_its_refused_candidates_skipped(tmp_path):
+    """0/1 Adam decides its own local steps (sync ``zero_one``): the default search's dense local-SGD
+    candidate is refused by its mode and skipped with that reason; the baseline is 0/1 Adam (before:
+    any refused candidate without a compressor stopped the whole advice, as if it were the baseline)."""
+    from cconv.advisor.api import prepare
+
+    opt = {"name": "zero_one_adam", "var_freeze_step": 10, "var_update_scaler": 2, "local_step_scaler": 8}
+    raw = {**TINY_ADVISE, "optimizer": {**opt, "local_step_clipper": 4, "eps": 1e-3}, "lr": 0.003, "steps": 60}
+    raw["advise"] = {"compressors": ["none"]}
+    plan = prepare(raw, "1x4", target="test_accuracy=0.5", seeds=1, out=str(tmp_path / "a"))
+    assert [c.name for c in plan.candidates] == ["0/1 Adam"]
+    assert [why for _, why in plan.skipped] == [
+        "sync='zero_one' decides its own local steps: no local_steps or post_local_switch"
+    ]
+    assert not os.path.exists(tmp_path / "a")
+
+
+def test_the_dense_model_under_each_sync_mode_with_the_default_memory():
+    """memory left out (``paired``: none around the dense model): the dense model is a candidate
+    under every listed sync mode (before: only under the first, the baseline, unless the block
+    listed memory none)."""
+    block = {"compressors": ["none"], "sync": ["bsp", {"local_steps": 4}]}
+    names = [c.name for c in SP.candidates(SP.parse(block, _cfg(advise=block)))]
+    assert names == ["dense", "dense, local SGD H=4"]
+
+
 def test_candidates_from_an_advise_block():
     block = {
         "compressors": ["none", {"name": "topk", "ratio": [0.1, 0.01]}, "signsgd"],

@@ -50,3 +50,53 @@ def test_a_program_built_in_another_thread_counts_as_built_not_as_this_threads_t
     with CompileMeter() as here:
         jax.jit(lambda x: x / 3.0)(x).block_until_ready()
     assert here.programs == 1 and here.seconds > 0 and abs(here.blocked - here.seconds) < 1e-6
+
+
+SHARED = """
+import glob, json, os, tempfile
+import jax, jax.numpy as jnp
+from cconv.experiments.compiletime import CompileMeter, shared_programs
+
+def make():  # a new closure each call: JAX's in-memory caches cannot share its program
+    return jax.jit(lambda x: jnp.sin(x) * 3.0 + x.sum())
+
+x = jnp.arange(7.0)
+with shared_programs():
+    where = jax.config.jax_compilation_cache_dir
+    mode = os.stat(where).st_mode & 0o777
+    with CompileMeter() as first:
+        a = make()(x)
+    with CompileMeter() as second:
+        b = make()(x)
+    with CompileMeter() as other:
+        jax.jit(lambda x: jnp.cos(x) - 1.0)(x).block_until_ready()
+after = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs,
+         jax.config.jax_compilation_cache_max_size)
+with CompileMeter() as outside:
+    make()(x).block_until_ready()
+mine = tempfile.mkdtemp()
+jax.config.update("jax_compilation_cache_dir", mine)
+with shared_programs():
+    kept = jax.config.jax_compilation_cache_dir
+print(json.dumps(dict(first=first.shared, second=second.shared, other=other.shared,
+    outside=outside.shared, same=bool((a == b).all()), gone=not os.path.exists(where),
+    private=mode == 0o700,
+    after=after, kept=kept == mine)))
+"""
+
+
+def test_shared_programs_loads_a_program_another_closure_built_and_leaves_nothing_behind():
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_") and not k.startswith("CCONV_TEST")}
+    res = subprocess.run([sys.executable, "-c", SHARED], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    r = json.loads(res.stdout.strip().splitlines()[-1])
+    assert (r["first"], r["second"], r["other"]) == (0, 1, 0)  # the same HLO once, a new one compiled
+    assert r["same"] and r["gone"] and r["private"]
+    assert r["after"] == [None, 1.0, -1]  # JAX's settings as they were
+    assert r["outside"] == 0  # no cache after the block
+    assert r["kept"]  # a cache the process already had is left alone

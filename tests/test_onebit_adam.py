@@ -213,7 +213,7 @@ OPT = "optimizer: {name: onebit_adam, warmup_steps: 1}\n"
         ("optimizer: {name: onebit_adam, beta1: 0.9}\n", "unknown argument(s) beta1"),
         ("optimizer: {name: onebit_adam, compressor: {name: topk, ratio: 2}}\n", "ratio must be in (0, 1]"),
         (OPT + "compressor: {name: topk, ratio: 0.1}\n", "sets the engine's compressor itself"),
-        (OPT + "memory: ef\n", "sets the engine's memory itself"),
+        (OPT + "memory: ef21\n", "sets the engine's memory itself"),
         (OPT + "local_steps: 4\n", "needs a synchronization mode that averages them each step"),
         (
             OPT + "sync: asp\narchitecture: parameter-server\n",

@@ -96,6 +96,20 @@ def test_fusion_hand_computed():
     assert _comm(S.run(THREE, S.Fusion(2, 4.0), RING)) == [(8, 12), (12, 16)]
 
 
+def test_fusion_2017_serial_negotiation_hand_computed():
+    """Horovod 2017's tick: 5 ms of sleep, then rank 0 receives each worker's requests and sends each
+    response and a DONE to every worker in turn: cycle + 3 x (one small message to each of the P - 1
+    peers).  On RING (P = 2, alpha 1): period 1.5 + 3 = 4.5, all three gradients (ready 5, 7, 8) go
+    in one message at the tick 9: 9 + T(4) = 15, where ``fusion`` (ticks every 1.5) sends three
+    messages and ends at 16."""
+    slow = S.Fusion(1e9, 1.5, serial_negotiation=True)
+    assert slow.period_s(RING) == 4.5 and S.Fusion(1e9, 1.5).period_s(RING) == 1.5
+    assert _comm(S.run(THREE, slow, RING)) == [(9, 15)]
+    two = N.Hierarchical("h", N.Network("i", 1.0, 1.0), N.Network("e", 10.0, 1.0), 4)
+    assert A.peer_latency_s(A.get("ring", two, 16)) == 3 * 1.0 + 12 * 10.0  # 3 peers in the node, 12 outside
+    assert S.get("fusion-2017").serial_negotiation and not S.get("fusion").serial_negotiation
+
+
 def test_bytescheduler_hand_computed_steady_state():
     # Iteration 0: j0 5-8 (alone); at 8 j2 (forward-first) before j1: 8-12, 12-15.  Iteration 1's
     # forward of j2 waits only for j2 (12), j1's for 15: fwd 12-13, 15-16, 16-17, bwd 17-22, comm

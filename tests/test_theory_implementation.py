@@ -58,6 +58,36 @@ def test_powersgd_matmuls_by_hand():
     assert IM.compress_s(c, (64,), IMPL, DEV) == pytest.approx(6 * 1e-5 + 4 * 64 / 1e9)
 
 
+def test_powersgd_matrix_view_by_framework_layout():
+    """Framework PowerSGD factorises (shape[0], rest) of the tensor as its framework lays it out
+    (GRACE's ``tf.reshape(tensor, [tensor_shape[0], -1])``, PyTorch's hook ``tensor.view(shape[0], -1)``):
+    on TensorFlow's (kh, kw, in, out) kernels that is (kernel height x rest), on PyTorch's (out, in, kh, kw)
+    (out x rest); cconv's fused program keeps its own (rest x out) view; a compressor without a view is
+    unchanged."""
+    c = C.get("powersgd", rank=1)
+    tf, pt, fused = IM.get("per-tensor"), IM.get("ddp-hook"), IM.get("fused")
+    assert IM.get("mpi").layout == tf.layout == IM.TENSORFLOW and pt.layout == IM.PYTORCH
+    assert IM.tensor_view(c, (3, 3, 64, 128), tf) == (3, 3 * 64 * 128)
+    assert IM.tensor_view(c, (3, 3, 64, 128), pt) == (128, 64 * 3 * 3)
+    assert IM.tensor_view(c, (3, 3, 64, 128), fused) == (3, 3, 64, 128)
+    assert IM.tensor_view(c, (2048, 1000), tf) == (2048, 1000) and IM.tensor_view(c, (2048, 1000), pt) == (1000, 2048)
+    assert IM.tensor_view(c, (64,), tf) == (64,)
+    assert IM.tensor_view(C.get("topk", ratio=0.01), (3, 3, 64, 128), tf) == (3, 3, 64, 128)
+    # the message bytes of one layer, by hand (rank 1, fp32): a 3x3 kernel sends P (3) and Q (3 * 64 * 128)
+    # under TensorFlow's layout, P (128) and Q (576) under PyTorch's; a 1x1 kernel (1 x 8192: min(n, m) = 1
+    # <= rank) goes dense, where cconv's own view factorises it into 64 + 128 values
+    method = PL.all_methods()["powersgd"]
+
+    def nbytes(shape, impl):
+        d = math.prod(shape)
+        return CC.layer_cost("l", 0.0, 0.0, d, method, c, 8, DEV, CC.load_bench(), (shape,), impl).nbytes
+
+    assert nbytes((3, 3, 64, 128), tf) == 4 * (3 + 3 * 64 * 128)
+    assert nbytes((3, 3, 64, 128), pt) == 4 * (128 + 576)
+    assert nbytes((1, 1, 64, 128), tf) == 4 * 64 * 128
+    assert nbytes((1, 1, 64, 128), fused) == 4 * (64 + 128)
+
+
 def test_host_staging_by_hand():
     assert IM.staging_s(IMPL, "allgather", 1e6, 8) == pytest.approx((1e-3, 8e-3))  # P payloads come back
     assert IM.staging_s(IMPL, "allreduce", 1e6, 8) == pytest.approx((1e-3, 1e-3))  # their sum comes back

@@ -116,7 +116,7 @@ OPT = "optimizer: {name: zero_one_adam, var_freeze_step: 1}\n"
         ("optimizer: {name: zero_one_adam, b1: 1.5}\n", "b1 must be in [0, 1)"),
         ("optimizer: {name: zero_one_adam, local_step_clipper: 0}\n", "local_step_clipper must be an integer >= 1"),
         (OPT + "sync: ssp\n", "sets the engine's sync itself"),
-        (OPT + "memory: ef\n", "sets the engine's memory itself"),
+        (OPT + "memory: ef21\n", "sets the engine's memory itself"),
         (OPT + "local_steps: 4\n", "decides its own local steps"),
         (OPT + "warmup: {dense_steps: 2}\n", "no warmup"),
         ("sync: zero_one\n", "needs the optimizer zero_one_adam"),  # only its optimizer sets it
@@ -131,6 +131,17 @@ def test_bad_configs_are_one_line_exit_2_before_anything_is_written(extra, says,
     err = err.getvalue().strip()
     assert rc == 2 and len(err.splitlines()) == 1 and err.startswith("cconv: error: ") and says in err, err
     assert os.listdir(tmp_path) == ["c.yaml"]
+
+
+def test_a_config_may_name_the_sync_mode_its_optimizer_sets():
+    import yaml
+
+    from cconv.experiments import build
+    from cconv.experiments.config import from_dict
+
+    build.check_names(from_dict(yaml.safe_load(BASE + OPT + "sync: zero_one\n"), source="test"))  # accepted
+    with pytest.raises(build.ConfigError, match="sets the engine's sync itself"):
+        build.check_names(from_dict(yaml.safe_load(BASE + OPT + "sync: ssp\n"), source="test"))
 
 
 @pytest.mark.slow  # a real cconv process (~20 s)

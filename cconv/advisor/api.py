@@ -82,6 +82,7 @@ class Advice(NamedTuple):
     outputs: dict
     build_wait_s: float = 0.0  # of wall_s: building programs, or waiting for those built ahead
     build_threads: int = 1  # threads that built programs ahead of the race
+    programs_reused: int = 0  # of programs: loaded from the compilation cache, already built
     timing: str = "modelled"  # modelled | measured (``cconv.advisor.steptime``)
 
 
@@ -154,11 +155,11 @@ def prepare(
             f"(set batch_size to a multiple of {cl.workers})"
         )
     cands, skipped, first = [], [], None
-    for c in space.candidates(sp):
+    for i, c in enumerate(space.candidates(sp)):
         try:
             rc = probes.probe_config(cfg, c, n_seeds, cl.workers, 1, rules)
         except ValueError as e:
-            if c.dense:
+            if i == 0:  # the baseline (``space.candidates`` puts it first); another dense one (local SGD) is skipped
                 raise
             skipped.append((c.name, str(e).splitlines()[0][:200]))
             continue
@@ -432,11 +433,11 @@ def advise(
     ``"NODESxGPUS"``; ``timing``: modelled on the cluster or measured here (``repeats`` steps per
     phase; ``cconv.advisor.steptime``).  Writes ``<out>/probes/``, ``advice.json`` and ``advice.png``."""
     from cconv.experiments import io
-    from cconv.experiments.compiletime import CompileMeter
+    from cconv.experiments.compiletime import CompileMeter, shared_programs
 
     t0 = time.perf_counter()
     kw = dict(target=target, budget=budget, seeds=seeds, out=out, overrides=overrides, timing=timing)
-    with CompileMeter() as built:
+    with shared_programs(), CompileMeter() as built:
         plan = prepare(config, cluster, repeats=repeats, **kw)
         byname, merged, result, seen = run_race(plan)
         race_wall = time.perf_counter() - t0
@@ -468,6 +469,7 @@ def advise(
         programs=built.programs,
         build_wait_s=built.blocked,
         build_threads=build_threads(),
+        programs_reused=built.shared,
         outputs=outputs,
         timing=plan.timing,
     )

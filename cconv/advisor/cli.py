@@ -29,8 +29,8 @@ def _header(adv) -> str:
         f"{adv.config}: {adv.target} on {adv.cluster} ({adv.workers} workers), step budget {adv.steps}; "
         f"{len({r.candidate for r in adv.rows})} candidates x {adv.seeds} seeds raced in {len(adv.rungs)} rungs, "
         f"spent {adv.spent:.2f} of --budget {adv.budget:g} dense runs of steps ({adv.wall_s:.0f} s in all, "
-        f"{adv.build_wait_s:.0f} s of it building {adv.programs} programs: {adv.compile_s:.0f} s of compilation "
-        f"on {adv.build_threads} thread{'s' if adv.build_threads > 1 else ''})"
+        f"{adv.build_wait_s:.0f} s of it building {adv.programs} programs ({adv.programs_reused} reused): "
+        f"{adv.compile_s:.0f} s of compilation on {adv.build_threads} thread{'s' if adv.build_threads > 1 else ''})"
     )
 
 

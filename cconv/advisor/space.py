@@ -311,7 +311,7 @@ def candidates(space: Space) -> list[Candidate]:
 
     add(dense, "none", sync0, arch0)
     for comp, memory, sync, arch in itertools.product(space.compressors, space.memory, space.sync, space.architectures):
-        if comp["name"] == DENSE and memory != "none":
+        if comp["name"] == DENSE and memory not in ("none", PAIRED):  # paired: none around dense
             continue
         add(comp, paired_memory(comp) if memory == PAIRED else memory, sync, arch)
     for inc in space.include:

@@ -146,6 +146,19 @@ def _flops(shape, rank: int) -> tuple[float, float]:
     return 4.0 * n * m * rank + 2.0 * n * rank * rank, 2.0 * n * m * rank
 
 
+def framework_matrix(shape) -> tuple[int, ...]:
+    """The matrix framework implementations of PowerSGD factorise: (shape[0], the rest), from the
+    tensor as the framework lays it out; a vector stays a vector.  GRACE's TensorFlow compressor:
+    ``tf.reshape(tensor, [tensor_shape[0], -1])`` (grace_dl/tensorflow/compressor/powersgd.py);
+    PyTorch's DDP hook: ``tensor.view(tensor.shape[0], -1)``
+    (torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py, ``powerSGD_hook``).  On
+    PyTorch's (out, in, kh, kw) kernels that is the paper's (out x rest) view, whose factors have
+    the sizes of this module's own; on TensorFlow's (kh, kw, in, out) kernels it is (kernel height
+    x rest): Q holds a third of a 3x3 kernel and all of a 1x1 one."""
+    shape = tuple(int(v) for v in shape)
+    return shape if len(shape) < 2 else (shape[0], size_of(shape[1:]))
+
+
 def _wire_bytes(c, shape, isz):
     nm = _factorised(shape, c.hparams["rank"])
     return size_of(shape) * isz if nm is None else c.hparams["rank"] * (nm[0] + nm[1]) * isz
@@ -243,6 +256,7 @@ powersgd = register(
             decompress_passes=1.0,
             flops=lambda c, shape: _flops(shape, c.hparams["rank"])[0],
             decompress_flops=lambda c, shape: _flops(shape, c.hparams["rank"])[1],
+            view=framework_matrix,
         ),
         example={"rank": 2},
         bench=Bench(lambda r: {"rank": 4}),

@@ -292,6 +292,10 @@ class Cost(NamedTuple):
                       count is within bounds); None: no loop.  Each round costs the implementation's
                       ``round_s`` (``cconv.theory.implementation``) and ``round_passes``
     round_passes      passes over memory per round (in fp32 reads of the tensor)
+    view              ``shape -> shape``: the matrix a framework implementation of the compressor
+                      factorises, from the tensor as the framework lays it out
+                      (``cconv.theory.implementation.Implementation.layout``); None: the compressor
+                      treats every tensor as its elements (the view changes nothing)
     """
 
     compress_ops: int = 2
@@ -304,6 +308,7 @@ class Cost(NamedTuple):
     code_bytes: float = 0.0
     rounds: Callable[[Compressor, tuple], float] | None = None
     round_passes: float = 0.0
+    view: Callable[[tuple], tuple] | None = None
 
 
 SELECTIONS = (None, "sort", "radix", "compare", "sample")

@@ -289,3 +289,13 @@ def compressor_at(cfg: EngineConfig, density: float | None) -> Compressor:
     entry = C.entry_of(c)
     hp = {k: v for k, v in c.hparams.items() if k in entry.schema.names}
     return entry.build(**entry.at_density(hp, density))
+
+
+def phase_exchange(cfg: EngineConfig, mode, phase: Phase) -> tuple[Compressor | None, str]:
+    """(compressor, memory) that phase ``phase`` of sync mode ``mode`` exchanges with: the
+    compressor at the phase's density (``compressor_at``) and the config's memory when the mode
+    compresses the phase, else (None, no memory): dense.  ``Trainer.exchange`` builds its
+    ``Exchange`` from it, and ``cconv.engine.stages`` plans from it."""
+    if mode.compresses(cfg, phase):
+        return compressor_at(cfg, phase.density), cfg.memory
+    return None, M.NONE

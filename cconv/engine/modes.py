@@ -31,3 +31,9 @@ def sync_mode(cfg) -> Any:
     if mode.name != BSP or not cfg.model_averaging:
         return mode
     return SYNC_MODES[ADACOMM if cfg.local_steps == ADAPTIVE else LOCAL]
+
+
+def phase_at(mode, cfg, host, step: int):
+    """The ``Phase`` of step ``step``: the one the mode's host decides (AdaComm, 0/1 Adam), or
+    the mode's own rule when it has none (``Trainer.phase``; ``cconv.engine.stages``)."""
+    return mode.phase(cfg, step) if host is None else host.phase(step)

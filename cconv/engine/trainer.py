@@ -20,12 +20,11 @@ from typing import Any, NamedTuple
 import jax
 import optax
 
-from cconv import memory as M
 from cconv.comm.accounting import Collective, merge, total_traffic
 from cconv.comm.aggregation import TRANSPORTS
 from cconv.comm.backend import DryComm
-from cconv.engine import optimizers
-from cconv.engine.config import IDENTITY, EngineConfig, Phase, compressor_at
+from cconv.engine import modes, optimizers
+from cconv.engine.config import IDENTITY, EngineConfig, Phase, compressor_at, phase_exchange
 from cconv.engine.dropin import Exchange
 from cconv.engine.launchers import LAUNCHERS, Launcher
 from cconv.engine.step import StepContext, WorkerState, worker_step
@@ -110,7 +109,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ phases and plans
     def phase(self, step: int) -> Phase:
-        return self.sync.phase(self.cfg, step) if self._host is None else self._host.phase(step)
+        return modes.phase_at(self.sync, self.cfg, self._host, step)
 
     def host_state(self) -> dict | None:
         """The synchronization mode's host state (AdaComm's period), for checkpoints; None: none."""
@@ -123,12 +122,8 @@ class Trainer:
     def exchange(self, phase: Phase) -> Exchange:
         """The ``Exchange`` phase ``phase`` averages gradients (or model deltas) with."""
         if phase not in self._exchanges:
-            cfg = self.cfg
-            if self.sync.compresses(cfg, phase):
-                base, memory = compressor_at(cfg, phase.density), cfg.memory
-            else:
-                base, memory = None, M.NONE
-            self._exchanges[phase] = Exchange.from_config(cfg, base, memory)
+            base, memory = phase_exchange(self.cfg, self.sync, phase)
+            self._exchanges[phase] = Exchange.from_config(self.cfg, base, memory)
         return self._exchanges[phase]
 
     def plan(self, phase: Phase):

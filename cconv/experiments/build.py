@@ -467,10 +467,12 @@ def _check_servers(cfg: RunConfig, ecfg: EngineConfig) -> None:
 def _optimizer_fields(cfg: RunConfig, optimizer: Any) -> dict:
     """The ``EngineConfig`` fields an optimizer sets itself (``MessageTransformation.engine``: 1-bit
     Adam's compressor, memory and dense warm-up); a config key of the same name left at its default
-    or a one-line ConfigError."""
+    (or naming the value the optimizer sets, ``sync: zero_one`` beside 0/1 Adam) or a one-line
+    ConfigError."""
     fields = getattr(optimizer, "engine", None) or {}
-    for k in fields:
-        if k in FIELDS and getattr(cfg, k) != default_of(k):
+    for k, own in fields.items():
+        given = getattr(cfg, k) if k in FIELDS else None
+        if k in FIELDS and given != default_of(k) and not (isinstance(own, str) and given == own):
             raise ConfigError(
                 f"optimizer {cfg.optimizer['name']} sets the engine's {k} itself (from its own knobs); "
                 f"remove {k}: {shown(getattr(cfg, k))} from the config"

@@ -16,12 +16,23 @@ Programs built in other threads (``cconv.experiments.warm`` in a pool) count in 
 can then exceed the wall time; ``blocked`` is the wall time the metered thread lost to building.
 One listener is registered on first use (``jax.monitoring`` has no public way to remove one) and
 meters read the running totals, so meters nest and cost nothing when no program is built.
-Persistent-cache hits (``JAX_COMPILATION_CACHE_DIR``) record no backend compilation.
+A persistent-cache hit (``JAX_COMPILATION_CACHE_DIR``, or ``shared_programs()``) counts as a
+program whose build time is the time to load it; ``shared`` counts those hits.
+
+``shared_programs()`` builds each distinct XLA program once per process: candidates of one advise
+(or runs of one sweep) that trace to the same HLO (the evaluator, the initial state, any program
+that does not depend on the compressor) load the first one's executable instead of compiling it
+again.  It is JAX's own persistent compilation cache, pointed at a private temporary directory for
+the block: JAX keys an entry on the HLO, the devices, the flags and the jaxlib version, so a hit is
+the same executable, bit for bit.  A cache that already exists in the process (a user's
+``JAX_COMPILATION_CACHE_DIR``; the test session's) is left alone.  JAX's in-memory caches are keyed
+on the Python function, and each candidate's programs are distinct closures, so they cannot share.
 """
 
 from __future__ import annotations
 
 import contextlib
+import tempfile
 import threading
 import time
 
@@ -31,7 +42,8 @@ EVENTS = (
     "/jax/core/compile/backend_compile_duration",
 )
 _BACKEND = EVENTS[2]
-_totals = {"seconds": 0.0, "programs": 0}
+_HIT = "/jax/compilation_cache/cache_hits"
+_totals = {"seconds": 0.0, "programs": 0, "shared": 0}
 _traced: list[str] = []  # the functions traced, in order (JAX's ``fun_name``)
 _blocked: dict[int, float] = {}  # thread id -> seconds it built programs or waited for them
 _lock = threading.Lock()
@@ -65,13 +77,54 @@ def waiting():
         _block(time.perf_counter() - t)
 
 
+def _count(event: str, **kw) -> None:
+    if event == _HIT:
+        with _lock:
+            _totals["shared"] += 1
+
+
 def _register() -> None:
     global _registered
     if not _registered:
         import jax
 
         jax.monitoring.register_event_duration_secs_listener(_listen)
+        jax.monitoring.register_event_listener(_count)
         _registered = True
+
+
+@contextlib.contextmanager
+def shared_programs():
+    """Inside the block, a program whose HLO was already compiled in this process is loaded, not
+    compiled again (module docstring).  The cache lives in a private temporary directory (mode
+    0700, removed at the end); a cache the process already has is used as it is."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
+    if jax.config.jax_compilation_cache_dir:
+        yield
+        return
+    knobs = (
+        "jax_persistent_cache_min_compile_time_secs",
+        "jax_persistent_cache_min_entry_size_bytes",
+        "jax_compilation_cache_max_size",
+    )
+    before = {k: getattr(jax.config, k) for k in knobs}
+    with tempfile.TemporaryDirectory(prefix="cconv-programs-") as where:
+        jax.config.update(knobs[0], 0.0)  # every program, however quick to compile
+        jax.config.update(knobs[1], -1)
+        # a size bound turns on JAX's file lock around each entry: a build thread never reads an
+        # entry another thread is still writing (a torn read is a warning and a recompile)
+        jax.config.update(knobs[2], 8 << 30)
+        cc.set_cache_dir(where)
+        cc.reset_cache()  # JAX decides whether a cache is used once per process: decide again
+        try:
+            yield
+        finally:
+            cc.set_cache_dir(None)
+            for k, v in before.items():
+                jax.config.update(k, v)
+            cc.reset_cache()
 
 
 class CompileMeter:
@@ -79,14 +132,15 @@ class CompileMeter:
     wall time the metering thread spent building or ``waiting()`` for programs, inside a block."""
 
     def __init__(self) -> None:
-        self.seconds, self.programs, self.blocked = 0.0, 0, 0.0
+        self.seconds, self.programs, self.blocked, self.shared = 0.0, 0, 0.0, 0
         self.traced: list[str] = []  # names of the functions traced in the block (every thread)
-        self._start = (0.0, 0, 0.0, 0)
+        self._start = (0.0, 0, 0.0, 0, 0)
 
     def __enter__(self) -> CompileMeter:
         _register()
         me = threading.get_ident()
-        self._start = (_totals["seconds"], _totals["programs"], _blocked.get(me, 0.0), len(_traced))
+        t = _totals
+        self._start = (t["seconds"], t["programs"], _blocked.get(me, 0.0), len(_traced), t["shared"])
         return self
 
     def __exit__(self, *exc) -> None:
@@ -94,6 +148,7 @@ class CompileMeter:
         self.programs = _totals["programs"] - self._start[1]
         self.blocked = _blocked.get(threading.get_ident(), 0.0) - self._start[2]
         self.traced = _traced[self._start[3] :]
+        self.shared = _totals["shared"] - self._start[4]  # programs loaded from the cache
 
 
-__all__ = ["CompileMeter", "EVENTS", "waiting"]
+__all__ = ["CompileMeter", "EVENTS", "shared_programs", "waiting"]

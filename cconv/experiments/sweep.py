@@ -333,6 +333,7 @@ def _log(msg: str, file: Any = None) -> None:
 def run_sweep(path: str, out: str | None = None, figure: bool = True, log: Callable[..., None] = _log) -> dict:
     """Run a sweep file; returns counts {completed, diverged, failed, skipped, busy} and the outputs."""
     from cconv.experiments import build, runner
+    from cconv.experiments.compiletime import shared_programs
     from cconv.experiments.loggers import progress
 
     name, runs = load_sweep(path)
@@ -350,33 +351,34 @@ def run_sweep(path: str, out: str | None = None, figure: bool = True, log: Calla
     errors = []
     bar = progress(len(runs), f"sweep {name}", leave=True, position=0)
     bar.unit = "run"
-    for i, r in enumerate(runs):
-        signals.check()  # a signal between two runs: stop before the next
-        rd = os.path.join(out, r.name)
-        if io.is_finished(rd):
-            counts["skipped"] += 1
-            bar.update(1)
-            continue
-        try:
-            res = runner.execute(r.config, rd, desc=r.name, nested=True)
-            if res.trained:
-                counts[res.status] = counts.get(res.status, 0) + 1
-                log(f"[{i + 1}/{len(runs)}] {r.name}: {res.status}")
-            else:  # another process finished it meanwhile
+    with shared_programs():  # runs that trace to one program build it once
+        for i, r in enumerate(runs):
+            signals.check()  # a signal between two runs: stop before the next
+            rd = os.path.join(out, r.name)
+            if io.is_finished(rd):
                 counts["skipped"] += 1
-        except signals.Interrupted as e:  # checkpointed and marked interrupted: resumed by the next sweep
-            log(f"[{i + 1}/{len(runs)}] {r.name}: interrupted ({e.name}) at step {e.step}", file=sys.stderr)
-            bar.close()
-            raise
-        except io.RunLocked:
-            counts["busy"] += 1
-            log(f"[{i + 1}/{len(runs)}] {r.name}: skipped, in use by another cconv process")
-        except Exception as e:  # recorded in the run's summary.json by runner.execute
-            counts["failed"] += 1
-            errors.append(f"{r.name}: {type(e).__name__}: {e}")
-            first = str(e).splitlines()[0] if str(e) else ""
-            log(f"[{i + 1}/{len(runs)}] {r.name}: failed ({type(e).__name__}: {first})", file=sys.stderr)
-        bar.update(1)
+                bar.update(1)
+                continue
+            try:
+                res = runner.execute(r.config, rd, desc=r.name, nested=True)
+                if res.trained:
+                    counts[res.status] = counts.get(res.status, 0) + 1
+                    log(f"[{i + 1}/{len(runs)}] {r.name}: {res.status}")
+                else:  # another process finished it meanwhile
+                    counts["skipped"] += 1
+            except signals.Interrupted as e:  # checkpointed and marked interrupted: resumed by the next sweep
+                log(f"[{i + 1}/{len(runs)}] {r.name}: interrupted ({e.name}) at step {e.step}", file=sys.stderr)
+                bar.close()
+                raise
+            except io.RunLocked:
+                counts["busy"] += 1
+                log(f"[{i + 1}/{len(runs)}] {r.name}: skipped, in use by another cconv process")
+            except Exception as e:  # recorded in the run's summary.json by runner.execute
+                counts["failed"] += 1
+                errors.append(f"{r.name}: {type(e).__name__}: {e}")
+                first = str(e).splitlines()[0] if str(e) else ""
+                log(f"[{i + 1}/{len(runs)}] {r.name}: failed ({type(e).__name__}: {first})", file=sys.stderr)
+            bar.update(1)
     bar.close()
     outputs = finish(out, runs, figure=figure)
     return {**counts, "errors": errors, "out": out, "outputs": outputs}

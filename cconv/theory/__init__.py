@@ -19,7 +19,9 @@
 
 Derivations: ``theory/*.md`` in the repository; each claim names the test that checks it.
 Depends only on ``cconv.compressors`` (and ``cconv.memory`` in ``simulate``; ``device_profile`` reads
-and writes its file with ``cconv.experiments.io``).
+and writes its file with ``cconv.experiments.io``; the planner reads the run-config optimizers and
+their phases from ``cconv.engine.optimizers`` / ``cconv.engine.stages``, lazily, only when one is
+planned).
 """
 
 from cconv.theory import constants, network, workloads

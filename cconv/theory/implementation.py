@@ -131,6 +131,19 @@ FIT_SOURCE = (
 )
 
 
+# How a framework lays out a parameter tensor, from a profile's shape (cconv.theory.profiles: Flax's
+# order, kernels (kh, kw, in, out), dense kernels (in, out)).  TensorFlow's is the same: tf.nn.conv2d's
+# filter is [filter_height, filter_width, in_channels, out_channels] and a Dense kernel (input_dim, units)
+# (TensorFlow API docs).  PyTorch's puts the outputs first: Conv2d.weight (out_channels, in_channels, kH,
+# kW), Linear.weight (out_features, in_features) (PyTorch docs, torch.nn).
+FLAX, TENSORFLOW, PYTORCH = "flax", "tensorflow", "pytorch"
+LAYOUTS = {
+    FLAX: lambda s: s,
+    TENSORFLOW: lambda s: s,
+    PYTORCH: lambda s: s if len(s) < 2 else (s[-1], s[-2], *s[:-2]),
+}
+
+
 class Implementation(NamedTuple):
     """How compress/decompress run: ``per_tensor`` (framework ops, on each tensor or, with
     ``bucket_limits``, on each DDP bucket; else cconv's fused program), ``op_s`` seconds per op,
@@ -138,7 +151,8 @@ class Implementation(NamedTuple):
     staging (0: payloads stay on the GPU), ``bucket_limits`` the byte limits of DDP's buckets, the
     last repeated (``buckets``; (): no buckets, a compressor sees each tensor), ``queued`` whether
     the framework queues its operations asynchronously on the GPU (``op_cost``), ``round_s`` seconds
-    per round of a data-dependent loop (``Cost.rounds``: the host reads the loop's predicate)."""
+    per round of a data-dependent loop (``Cost.rounds``: the host reads the loop's predicate),
+    ``layout`` how the framework lays out a parameter tensor (``LAYOUTS``; ``tensor_view``)."""
 
     name: str
     per_tensor: bool
@@ -149,6 +163,12 @@ class Implementation(NamedTuple):
     bucket_limits: tuple[float, ...] = ()
     queued: bool = False
     round_s: float = 0.0
+    layout: str = FLAX
+
+    def framework_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """``shape`` (a profile's, Flax's axis order: kernels (kh, kw, in, out), dense (in, out)) as
+        this implementation's framework lays the tensor out (``LAYOUTS``)."""
+        return LAYOUTS[self.layout](tuple(shape))
 
     def op_cost(self, device: Device) -> float:
         """Seconds one framework operation holds the compute stream: ``op_s`` (dispatch and launch,
@@ -166,10 +186,21 @@ class Implementation(NamedTuple):
 
 IMPLEMENTATIONS: dict[str, Implementation] = {
     "fused": Implementation("fused", False, source="cconv's jitted program: its benchmarked cost (schedule.compress)"),
-    "per-tensor": Implementation("per-tensor", True, OP_S, SORT_PASSES, 0.0, FIT_SOURCE, round_s=ROUND_S),
-    "mpi": Implementation("mpi", True, OP_S, SORT_PASSES, HOST_BW, FIT_SOURCE, round_s=ROUND_S),
+    "per-tensor": Implementation(
+        "per-tensor", True, OP_S, SORT_PASSES, 0.0, FIT_SOURCE, round_s=ROUND_S, layout=TENSORFLOW
+    ),
+    "mpi": Implementation("mpi", True, OP_S, SORT_PASSES, HOST_BW, FIT_SOURCE, round_s=ROUND_S, layout=TENSORFLOW),
     "ddp-hook": Implementation(
-        "ddp-hook", True, OP_S, SORT_PASSES, 0.0, DDP_SOURCE, DDP_BUCKET_LIMITS, queued=True, round_s=ROUND_S
+        "ddp-hook",
+        True,
+        OP_S,
+        SORT_PASSES,
+        0.0,
+        DDP_SOURCE,
+        DDP_BUCKET_LIMITS,
+        queued=True,
+        round_s=ROUND_S,
+        layout=PYTORCH,
     ),
 }
 DEFAULT = "fused"
@@ -219,6 +250,18 @@ def buckets(nbytes: Sequence[float], limits: Sequence[float] = DDP_BUCKET_LIMITS
     if cur:
         out.append(tuple(cur))
     return out
+
+
+def tensor_view(c: Compressor, shape: tuple[int, ...], impl: Implementation) -> tuple[int, ...]:
+    """The shape compressor ``c`` works on when ``impl`` runs it on a tensor of (profile) ``shape``:
+    a framework implementation (``per_tensor``) applies the entry's ``Cost.view`` to the tensor as
+    its framework lays it out (``Implementation.layout``: PowerSGD factorises (shape[0], rest), so
+    on TensorFlow's (kh, kw, in, out) kernels the kernel height x rest); cconv's fused program, and
+    a compressor without a view, see ``shape`` itself."""
+    view = C.entry_of(c).cost.view
+    if view is None or not impl.per_tensor:
+        return tuple(shape)
+    return tuple(view(impl.framework_shape(tuple(shape))))
 
 
 def select_s(select: str | None, n: float, impl: Implementation, device: Device) -> float:
@@ -276,6 +319,8 @@ __all__ = [
     "get",
     "decodes",
     "buckets",
+    "tensor_view",
+    "LAYOUTS",
     "select_s",
     "compress_s",
     "decompress_s",

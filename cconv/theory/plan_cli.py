@@ -62,22 +62,26 @@ def format_plan(p: PL.Plan, overlap: bool = False, granularity: str = "fused") -
         f"network {_describe(net)}; device {p.device_flops:.4g} FLOP/s",
         f"compute {p.compute_s * 1e3:.1f} ms/iteration; granularity {granularity}; "
         f"overlap {'WFBP' if overlap else 'none (BSP)'}; compression compute not modelled",
+    ]
+    whole = [r for r in p.rows if r.phase in ("", PL.MEAN)]  # a method's step, or an optimizer's mean step
+    wm, ws = max(12, *(len(r.method) for r in whole)), max(12, *(len(r.setting) for r in whole))
+    lines += [
         "",
-        f"{'method':<12} {'setting':<12} {'payload/worker':>14} {'sent/worker':>12} "
+        f"{'method':<{wm}} {'setting':<{ws}} {'payload/worker':>14} {'sent/worker':>12} "
         f"{'comm ms':>9} {'iter ms':>9} {'speedup':>8}  {'constant':<14}",
     ]
-    for r in p.rows:
+    for r in whole:
         lines.append(
-            f"{r.method:<12} {r.setting:<12} {human_bytes(r.payload_bytes):>14} "
+            f"{r.method:<{wm}} {r.setting:<{ws}} {human_bytes(r.payload_bytes):>14} "
             f"{human_bytes(r.sent_bytes):>12} {r.comm_s * 1e3:>9.2f} {r.iter_s * 1e3:>9.1f} "
             f"{r.speedup:>7.2f}x  {r.constant:<14}"
         )
     best = p.best()
     winners = [f"fastest: {best.method} ({best.setting}) {best.speedup:.2f}x"]
-    if any(r.lossless or r.constant.startswith("delta=") for r in p.rows):
+    if any(r.lossless or r.constant.startswith("delta=") for r in whole):
         best_c = p.best(contractive_only=True)
         winners.append(f"fastest contractive (EF-compatible): {best_c.method} ({best_c.setting}) {best_c.speedup:.2f}x")
-    if any(r.lossless for r in p.rows):
+    if any(r.lossless for r in whole):
         best_ll = p.best(lossless_only=True)
         winners.append(f"fastest lossless: {best_ll.method} {best_ll.speedup:.2f}x")
     lines.append("")
@@ -86,8 +90,32 @@ def format_plan(p: PL.Plan, overlap: bool = False, granularity: str = "fused") -
         "lossy speedups are per iteration, not time-to-accuracy: see the constant column "
         "(omega = variance factor, delta = contraction; theory/compressors.md)"
     )
+    lines += format_phases(p)
     lines += [f"note: {n}" for n in p.notes]
     return "\n".join(lines)
+
+
+def format_phases(p: PL.Plan) -> list[str]:
+    """Each optimizer method's phases: the seconds and bytes of one step of each (what it sends:
+    dense, its compressor's payloads, or nothing), and how many of the run's steps it covers; the
+    table's row of that method is their mean over the run (total time / steps)."""
+    lines = []
+    for mean in (r for r in p.rows if r.phase == PL.MEAN):
+        rows = [r for r in p.rows if r.method == mean.method and r.knobs == mean.knobs and r.phase != PL.MEAN]
+        lines += [
+            "",
+            f"{mean.method} ({mean.setting}) over {mean.steps:,} steps: one step of each phase; its row above is "
+            "their mean over the run (total time / steps)",
+            f"  {'sends':<12} {'steps':>9} {'share':>7} {'payload/worker':>14} {'sent/worker':>12} {'comm ms':>9} "
+            f"{'iter ms':>9} {'speedup':>8}  step kinds",
+        ]
+        for r in rows:
+            lines.append(
+                f"  {r.phase:<12} {r.steps:>9,} {100 * r.steps / mean.steps:>6.1f}% {human_bytes(r.payload_bytes):>14} "
+                f"{human_bytes(r.sent_bytes):>12} {r.comm_s * 1e3:>9.2f} {r.iter_s * 1e3:>9.1f} {r.speedup:>7.2f}x  "
+                f"{', '.join(r.kinds)}"
+            )
+    return lines
 
 
 # --------------------------------------------------------------------------- arguments
@@ -244,11 +272,31 @@ def fixed_of(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(
                 f"--hparam {shown_name(name)}: the knob is swept too; give its values once (--sweep or --hparam)"
             )
+        own = {k: v for f in PL.optimizer_methods().values() for k, v in PL.optimizer_params(f).items()}
+        if name in own and not any(p.name == name for e in C.entries() for p in e.schema.params):
+            out[name] = _optimizer_value(name, text, own[name])
+            continue
         out[name] = knob_value(name, text, "--hparam", knobs_only=False)
         choices = {c for e in C.entries() for p in e.schema.params if p.name == name for c in (p.choices or ())}
         if choices and out[name] not in choices:
             raise ValueError(f"--hparam {name}: {text!r} is not one of {', '.join(sorted(map(str, choices)))}")
     return out
+
+
+def _optimizer_value(name: str, text: str, default: Any) -> Any:
+    """``--hparam NAME=TEXT`` for an optimizer's hyper-parameter, typed by its default."""
+    kind = "bool" if isinstance(default, bool) else type(default).__name__
+    try:
+        if kind == "bool":
+            if text.lower() not in ("true", "false"):
+                raise ValueError
+            return text.lower() == "true"
+        v = float(text)
+        if not math.isfinite(v) or abs(v) > MAX_INT or (kind == "int" and not v.is_integer()):
+            raise ValueError
+        return int(v) if kind == "int" else v
+    except ValueError:
+        raise ValueError(f"--hparam {name}: bad value {text[:_SHOWN]!r} (expected {kind})") from None
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -318,9 +366,16 @@ OPTIONS: tuple[Option, ...] = (
         "--methods",
         type=_list(str),
         help=lambda: (
-            f"subset of: {', '.join(PL.all_methods())}; or a method set: survey (the survey's seven "
+            f"subset of: {', '.join(PL.all_methods())}; optimizers (planned per phase over --steps): "
+            f"{', '.join(PL.optimizer_methods())}; or a method set: survey (the survey's seven "
             "lossless schedule x architecture methods, simulated per layer)"
         ),
+    ),
+    Option(
+        "--steps",
+        type=_int_in(PL.MAX_STEPS),
+        help="the run's length over which an optimizer method is planned (the share of its dense, compressed "
+        "and silent phases); without --methods it adds the optimizers to the plan",
     ),
     # how the exchange is modelled, and the output
     Option("--granularity", choices=("fused", "layerwise"), help="default fused"),
@@ -498,6 +553,7 @@ def _refuse_outside_mode(args: argparse.Namespace) -> None:
         if args.workers is None or args.network is None:
             raise ValueError("give --workers P and --network NAME, or --cluster NODESxGPUS (e.g. --cluster 8x8)")
     else:
+        _refuse_optimizers(args, "--cluster")
         given = [
             f"--{k.replace('_', '-')}"
             for k in ("params", "flops_per_sample", "device_flops", "granularity", "bytes", "alpha", "beta")
@@ -620,6 +676,9 @@ def plan_records(p: PL.Plan) -> list[dict]:
                 "sent_bytes": r.sent_bytes,
                 "lossless": r.lossless,
                 "constant": r.constant,
+                "phase": r.phase,
+                "steps": r.steps,
+                "kinds": list(r.kinds),
             }
         )
     return out
@@ -650,6 +709,7 @@ def run_plan(args: argparse.Namespace) -> str:
             servers=args.servers,
             nbytes=args.bytes,
             fixed=fixed,
+            steps=args.steps,
         )
         records += plan_records(p)
         out.append(format_plan(p, args.overlap, args.granularity))
@@ -665,17 +725,21 @@ def _dispatch(args: argparse.Namespace) -> str:
         return run_cluster(args)
     _legacy_defaults(args)
     if args.per_layer_ratios is not None:
+        _refuse_optimizers(args, "--per-layer-ratios")
         return run_per_layer_ratios(args)
     sets = [m for m in args.methods or [] if m in METHOD_SETS]
     if sets:
         if len(args.methods) != 1:
             raise ValueError(f"--methods {sets[0]} is a method set: give it alone")
+        _refuse_optimizers(args, f"the method set {sets[0]}")
         return run_method_set(args, sets[0])
     if args.interference is not None or args.topology is not None:
         raise ValueError(
             f"--interference and --topology need a method set (--methods {', '.join(METHOD_SETS)}) or --cluster"
         )
-    table = PL.all_methods()
+    table = list(PL.all_methods())
+    if any(m not in table for m in args.methods or []):  # the optimizers are read only when named
+        table += list(PL.optimizer_methods())
     unknown = [m for m in args.methods or [] if m not in table]
     if unknown:
         raise ValueError(
@@ -683,6 +747,17 @@ def _dispatch(args: argparse.Namespace) -> str:
             f"or one method set: {', '.join(METHOD_SETS)}"
         )
     return run_plan(args)
+
+
+def _refuse_optimizers(args: argparse.Namespace, where: str) -> None:
+    """An optimizer method (and --steps, its run length) is planned by the flat model only."""
+    opts = [m for m in args.methods or [] if m in PL.optimizer_methods()]
+    if opts:
+        raise ValueError(
+            f"--methods {shown_names(opts)}: an optimizer is planned with --workers and --network, not with {where}"
+        )
+    if args.steps is not None:
+        raise ValueError(f"--steps is the run length of an optimizer method: it cannot be combined with {where}")
 
 
 # a number printed as inf or nan (Python's formats; ``allow_nan=False`` keeps them out of --json)

@@ -54,8 +54,10 @@ Methods come from the compressor registry (``all_methods()``), nothing here name
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -74,6 +76,8 @@ PS = "ps"  # the parameter-server variant of the identity baseline
 SINGLE_COLLECTIVES = ("allreduce", "allgather")  # aggregations that are one network collective
 EXTRA_COLLECTIVES = {"gtopk": "recursive_doubling"}  # Entry.collectives -> network cost kind
 ALIASES = {"ratios": "ratio", "ranks": "rank", "levels": "levels"}  # plan(...) keyword -> knob
+MEAN = "mean"  # Row.phase of an optimizer's mean over the run's steps
+MAX_STEPS = 10**6  # an optimizer method's run length (each step's phase is decided on the host: ~5 s at the cap)
 
 
 class Method(NamedTuple):
@@ -101,6 +105,9 @@ class Row(NamedTuple):
     lossless: bool
     constant: str = ""  # the compressor's class on a D-vector: omega=..., delta=..., biased
     knobs: tuple = ()  # (name, value) pairs of the setting's hyper-parameters
+    phase: str = ""  # "": the method's every step; MEAN: an optimizer's mean over the run; else one of its phases
+    steps: int = 0  # an optimizer's rows: the run's steps the row covers (its phase's, or all for MEAN)
+    kinds: tuple = ()  # a phase row: the synchronization mode's kinds of its steps
 
 
 class Plan(NamedTuple):
@@ -116,7 +123,7 @@ class Plan(NamedTuple):
         """The fastest row; ``lossless_only``: dense methods; ``contractive_only``: methods with a
         contraction delta > 0 (error feedback's guarantee, theory/convergence.md) or lossless.
         Ties (equal speedup and bytes sent) go to the larger delta, then to the earlier row."""
-        rows = [r for r in self.rows if r.lossless or not lossless_only]
+        rows = [r for r in self.rows if (r.lossless or not lossless_only) and r.phase in ("", MEAN)]
         if contractive_only:
             rows = [r for r in rows if r.lossless or r.constant.startswith("delta=")]
         if not rows:
@@ -296,6 +303,108 @@ def constant(c: Compressor, workload: W.Workload, tensors: bool = False) -> str:
     return "delta>=0" if value == 0.0 else "biased"
 
 
+# --------------------------------------------------------------------------- optimizers
+
+
+def optimizer_methods() -> dict[str, Callable]:
+    """The run-config optimizers whose workers send something else than their gradient (1-bit Adam,
+    0/1 Adam: ``cconv.engine.optimizers.OPTIMIZERS``), name -> factory, each planned phase by phase
+    (``optimizer_rows``); a name a compressor method has stays the compressor's.  Read lazily: the
+    engine sits above the theory, and only these methods need it."""
+    from cconv.engine.optimizers import OPTIMIZERS  # importing cconv.engine registers them
+
+    taken = all_methods()
+    return {n: f for n, f in OPTIMIZERS.items() if n not in taken}
+
+
+def optimizer_params(factory: Callable) -> dict[str, Any]:
+    """A factory's hyper-parameters that ``fixed`` may set: name -> default, for those whose default
+    is a number or a flag (``learning_rate`` and object-valued ones, a compressor, a mask, are not)."""
+    out = {}
+    for i, p in enumerate(inspect.signature(factory).parameters.values()):
+        if i and isinstance(p.default, (bool, int, float)):
+            out[p.name] = p.default
+    return out
+
+
+def optimizer_stages(factory: Callable, knobs: Mapping[str, Any], steps: int, workload: W.Workload, workers: int):
+    """(the optimizer object, its run's ``cconv.engine.stages.Stage`` list): what each of the first
+    ``steps`` steps sends, from the engine fields and schedule the object carries (the learning rate
+    does not change what travels).  Cached: a plan on several networks walks the run once."""
+    bad = [k for k, v in knobs.items() if not isinstance(v, (bool, int, float, np.number))]
+    if bad:
+        raise ValueError(f"{', '.join(bad)}: an optimizer's hyper-parameter set by the plan is a number or a flag")
+    return _stages(factory, tuple(knobs.items()), steps, tuple(workload.shapes), workers)
+
+
+@functools.lru_cache(maxsize=16)
+def _stages(factory: Callable, knobs: tuple, steps: int, shapes: tuple, workers: int):
+    from cconv.engine.stages import of_optimizer
+
+    tx = factory(0.0, **dict(knobs))
+    return tx, tuple(of_optimizer(tx, steps, shapes, workers=workers))
+
+
+def stage_calls(stage, workload: W.Workload, granularity: str, nbytes: str = "moved") -> list[tuple[str, float, int]]:
+    """(kind, bytes, tensor index) of the calls of one step of ``stage``: none for a step that
+    sends nothing; the dense all-reduce; or the compressor's payloads as the engine packs them
+    (``Stage.compressed``/``fused``: one payload per compressed tensor, or one of their
+    concatenation, each with its own scale, ``wire_bytes``), exchanged by its aggregation, and the
+    tensors it leaves dense in an all-reduce.  ``granularity`` fused: one call per kind (their
+    bytes summed, tensor fusion); layerwise: one per payload."""
+    if stage.sends == "nothing":
+        return []
+    ident = identity_name()
+    if stage.sends == "dense":
+        return calls(Method(ident, ident, None, True, None), C.get(ident), workload, granularity, nbytes)
+    c = stage.compressor
+    kind = kind_of(Method(c.name, c.name, None, False, None), c)
+    if per_tensor(kind):
+        raise ValueError(f"{c.name}'s aggregation {kind!r} is not a network collective: not planned for an optimizer")
+    shapes, mask = workload.shapes, stage.compressed
+    units = [(i, s) for i, (s, m) in enumerate(zip(shapes, mask)) if m]
+    if stage.fused:
+        units = [(0, (sum(math.prod(s) for _, s in units),))]
+    size = (lambda u: K.encoded_bytes(c, u)) if nbytes == "encoded" else (lambda u: c.wire_bytes(u, "float32"))
+    out = [(kind, float(size(u)), i) for i, u in units]
+    out += [("allreduce", 4.0 * math.prod(s), i) for i, (s, m) in enumerate(zip(shapes, mask)) if not m]
+    if granularity == "layerwise":
+        return out
+    kinds = list(dict.fromkeys(k for k, _, _ in out))
+    return [(k, sum(b for kk, b, _ in out if kk == k), 0) for k in kinds]
+
+
+def _priced(su: _Setup, cs: list[tuple[str, float, int]]) -> tuple[float, float, float]:
+    """(payload, sent bytes, communication seconds) of one step's calls."""
+    payload = sum(b for k, b, _ in cs if k != "ps_pull")
+    sent = sum(N.bytes_sent(k, b, su.workers, servers=su.servers) for k, b, _ in cs)
+    return payload, sent, (_comm_time(su, cs) if cs else 0.0)
+
+
+def optimizer_rows(su: _Setup, name: str, factory: Callable, knobs: dict, steps: int) -> list[Row]:
+    """An optimizer's rows: one per stage of its run of ``steps`` steps (the seconds and bytes of
+    one of its steps) and their mean over the run (``MEAN``: total seconds / steps, bytes likewise;
+    its speedup P t_comp / mean step, the run's throughput).  Constant: its compressor's."""
+    tx, stages = optimizer_stages(factory, knobs, steps, su.workload, su.workers)
+    setting = ", ".join(f"{k}={v}" for k, v in knobs.items()) or "-"
+    out, const = [], "omega=0"
+    for st in stages:
+        payload, sent, comm = _priced(su, stage_calls(st, su.workload, su.granularity, su.nbytes))
+        it = su.compute + comm
+        label = st.compressor.name if st.compressor is not None else st.sends
+        own = "omega=0" if st.sends == "dense" else ""  # the identity's; a step that sends nothing has none
+        if st.compressor is not None:
+            const = own = constant(st.compressor, su.workload)
+        row = Row(name, setting, payload, sent, comm, it, su.workers * su.compute / it, st.compressor is None, own)
+        out.append(row._replace(knobs=tuple(knobs.items()), phase=label, steps=st.steps, kinds=st.kinds))
+    mean = {f: sum(getattr(r, f) * r.steps for r in out) / steps for f in ("payload_bytes", "sent_bytes", "comm_s")}
+    it = su.compute + mean["comm_s"]
+    lossless = all(r.lossless for r in out)
+    speedup = su.workers * su.compute / it
+    head = Row(name, setting, mean["payload_bytes"], mean["sent_bytes"], mean["comm_s"], it, speedup, lossless, const)
+    return [head._replace(knobs=tuple(knobs.items()), phase=MEAN, steps=steps), *out]
+
+
 # --------------------------------------------------------------------------- the plan
 
 
@@ -345,6 +454,23 @@ def _build(
         notes.append(f"{method.name} needs the tensor shapes (use --workload); omitted")
         return None
     return built
+
+
+def _check_steps(steps: int | None, planned: list[str], optimizers: list[str]) -> None:
+    """An optimizer method needs the run's length, which only such a method reads (one-line ValueErrors)."""
+    if steps is None:
+        if planned:
+            raise ValueError(
+                f"{', '.join(planned)} {'is' if len(planned) == 1 else 'are'} planned over a run: give its length "
+                "(steps; cconv plan --steps N), which sets the share of each phase"
+            )
+        return
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not 1 <= steps <= MAX_STEPS:
+        raise ValueError(f"steps must be an integer in [1, {MAX_STEPS}], got {steps!r}")
+    if not planned:
+        raise ValueError(
+            f"steps is the run length of an optimizer method ({', '.join(optimizers)}): none is among the methods"
+        )
 
 
 class _Setup(NamedTuple):
@@ -415,28 +541,40 @@ def plan(
     servers: int | None = None,
     nbytes: str = "moved",
     fixed: Mapping[str, Any] | None = None,
+    steps: int | None = None,
 ) -> Plan:
     """Predict every method's iteration time on ``net`` (see the module docstring for the model).
 
     ``sweep``: knob name -> values (overrides ``Entry.knob``'s); ``ratios``, ``ranks``,
     ``levels`` are aliases of ``sweep["ratio"]``, ``sweep["rank"]``, ``sweep["levels"]``.
     ``nbytes``: ``moved`` (payload buffers) or ``encoded`` (expected encoded messages), see ``calls``.
-    ``fixed``: hyper-parameters set for every method that has them (``settings``).
+    ``fixed``: hyper-parameters set for every method that has them (``settings``; an optimizer's
+    ``optimizer_params``).  ``steps``: the run's length, over which an optimizer method
+    (``optimizer_methods``) is planned phase by phase; without ``methods``, it adds them all.
     """
     _check(workers, device_flops, granularity, nbytes)
     table = all_methods()
     sweep = _sweep(sweep, {"ratios": ratios, "ranks": ranks, "levels": levels})
     chosen = list(table) if methods is None else list(methods)
-    unknown = [m for m in chosen if m not in table]
+    opts = optimizer_methods() if steps is not None or any(m not in table for m in chosen) else {}
+    chosen += list(opts) if methods is None else []
+    unknown = [m for m in chosen if m not in table and m not in opts]
     if unknown:
-        raise ValueError(f"unknown method(s) {', '.join(unknown)}; valid: {', '.join(table)}")
+        raise ValueError(f"unknown method(s) {', '.join(unknown)}; valid: {', '.join([*table, *opts])}")
+    _check_steps(steps, [m for m in chosen if m in opts], list(opts))
     su = _setup(workload, workers, net, device_flops, servers, granularity, overlap, nbytes)
     notes = []
     layered = len(workload.shapes) > 1
     if granularity == "layerwise" and not layered:
         notes.append("layerwise granularity without tensor shapes: the model is one tensor")
-    planned = [(table[m], _build(table[m], sweep, fixed, methods is not None, layered, notes)) for m in chosen]
-    rows = [_row(su, method, hp, c) for method, built in planned for hp, c in built or ()]
+    rows = []
+    for m in chosen:
+        if m in opts:
+            knobs = {k: v for k, v in (fixed or {}).items() if k in optimizer_params(opts[m])}
+            rows += optimizer_rows(su, m, opts[m], knobs, steps)
+            continue
+        built = _build(table[m], sweep, fixed, methods is not None, layered, notes)
+        rows += [_row(su, table[m], hp, c) for hp, c in built or ()]
     if not rows:
         raise ValueError("no method left to plan")
     return Plan(workload, net, workers, float(device_flops), su.compute, rows, notes)
@@ -459,4 +597,11 @@ __all__ = [
     "BACKWARD_SHARE",
     "FUSION_BYTES",
     "EXTRA_COLLECTIVES",
+    "MEAN",
+    "MAX_STEPS",
+    "optimizer_methods",
+    "optimizer_params",
+    "optimizer_stages",
+    "optimizer_rows",
+    "stage_calls",
 ]

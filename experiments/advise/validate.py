@@ -223,6 +223,8 @@ def replay(task: str, truth: dict, target, steps: int, budget: float = 1.0, sett
     from cconv.advisor.extrapolate import Curve, Settings
 
     arms = [race.Arm(n, d["step_s"]) for n, d in truth.items()]
+    if len(arms) * race.MIN_STEPS > budget * steps:  # what ``cconv advise`` refuses (``api.prepare``)
+        raise ValueError(f"{len(arms)} candidates need {len(arms) * race.MIN_STEPS} steps, budget {budget * steps:.0f}")
     every = api.log_every(int(budget * steps), steps, arms)
 
     def observe(name: str, upto: int) -> race.Observation:
@@ -568,6 +570,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--seeds", type=int, default=SEEDS, choices=range(1, SEEDS + 1), help="seeds the replayed race sees"
     )
+    ap.add_argument("--budget", type=float, default=1.0, help="the replayed race's budget (dense runs of steps)")
     args = ap.parse_args(argv)
     only = [int(i) for i in args.candidates.split(",")] if args.candidates else None
     if args.truth:
@@ -588,7 +591,11 @@ def main(argv=None) -> int:
     results = []
     for task in args.tasks:
         tgt = _target(task, args.out)
-        b = score(task, truths[task], tgt, TASKS[task]["base"]["steps"], settings=settings, seeds=args.seeds)
+        try:
+            b = score(task, truths[task], tgt, TASKS[task]["base"]["steps"], args.budget, settings, args.seeds)
+        except ValueError as e:
+            print(f"{task}: refused, as cconv advise would: {e}", flush=True)
+            continue
         wall = (
             wall_times(task, args.out)
             if args.wall or os.path.exists(os.path.join(args.out, task, "wall.json"))

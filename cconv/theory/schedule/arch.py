@@ -119,6 +119,14 @@ def _levels(net: N.Network | N.Hierarchical, workers: int) -> tuple[int, int, N.
     return 1, workers, link, link
 
 
+def peer_latency_s(arch: Architecture) -> float:
+    """Seconds of one small point-to-point message from one rank to each of the P - 1 others in
+    turn: (g - 1) alpha_i + (P - g) alpha_e (g - 1 peers in its node, the rest across the nodes)."""
+    workers = int(getattr(arch, "workers", 1))
+    g, _, i, e = _levels(arch.net, workers)  # type: ignore[attr-defined]
+    return (g - 1) * i.alpha + (workers - g) * e.alpha
+
+
 class AllToAll(NamedTuple):
     """All-reduce by ``algorithm`` (ring, tree, hierarchical) on one channel ``"comm"``."""
 
@@ -337,4 +345,5 @@ __all__ = [
     "get_topology",
     "names",
     "cost",
+    "peer_latency_s",
 ]

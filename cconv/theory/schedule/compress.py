@@ -222,6 +222,8 @@ def layer_cost(
     if C.registered_name(c) == PL.identity_name():  # no compression; over MPI the gradient is staged through the host
         out, back = IM.staging_s(impl, "allreduce", FLOAT_BYTES * float(d), workers)
         return LayerCost(name, fwd_s, bwd_s, FLOAT_BYTES * float(d), share * out, share * back, kind)
+    if impl.per_tensor:  # the matrices a framework implementation factorises (PowerSGD: shape[0] x rest)
+        shapes = tuple(IM.tensor_view(c, s, impl) for s in shapes)
     sizes = [_message(c, kind, (s,), int(math.prod(s)), impl) for s in shapes]
     nbytes = _message(c, kind, shapes, d, impl)
     if PL.per_tensor(kind):  # not one network collective: all-reduce of the summed payload leaves

@@ -195,22 +195,39 @@ class WFBP(NamedTuple):
 
 class Fusion(NamedTuple):
     """Horovod's tensor fusion: ``buffer_bytes`` (HOROVOD_FUSION_THRESHOLD, 64 MiB) and
-    ``cycle_s`` (HOROVOD_CYCLE_TIME, 5 ms in the Horovod of the survey's time)."""
+    ``cycle_s`` (HOROVOD_CYCLE_TIME, 5 ms in the Horovod of the survey's time).
+
+    ``serial_negotiation`` (``fusion-2017``): the background loop of the Horovod of 2017 (its
+    benchmark charts; horovod/tensorflow/mpi_ops.cc, ``BackgroundThreadLoop``) sleeps a fixed 5 ms,
+    then negotiates the tick with point-to-point MPI messages through rank 0: each worker sends its
+    requests and a DONE to rank 0, which receives them one by one (``MPI_Probe``/``MPI_Recv`` until
+    it has size DONEs), then ``MPI_Send``s each fused response and a DONE to every worker in turn.
+    A tick carrying one message therefore lasts cycle_s + 3 x ``arch.peer_latency_s`` (rank 0's
+    P - 1 receives and 2 (P - 1) sends, each a small message at the link's alpha), a term linear in
+    P: at 512 GPUs the ticks are longer and fuse more gradients into each message.  Later Horovods
+    negotiate with collectives (MPI_Gather/Bcast, then a cached bit-vector all-reduce), so
+    ``fusion`` leaves the term out."""
 
     buffer_bytes: float = 64 * 2**20
     cycle_s: float = 5e-3
     name: str = "fusion"
     barrier: bool = True
     iterations: int = 1
+    serial_negotiation: bool = False
+
+    def period_s(self, arch) -> float:
+        """Seconds between two ticks of the background loop (class docstring)."""
+        return self.cycle_s + (3.0 * A.peer_latency_s(arch) if self.serial_negotiation else 0.0)
 
     def messages(self, layers, arch):
         if not (self.buffer_bytes > 0 and self.cycle_s > 0):
             raise ValueError("fusion: buffer_bytes and cycle_s must be > 0")
         ready = ready_times(layers)
+        period = self.period_s(arch)
         out: list[Message] = []
         open_: dict[tuple[int, str], list] = {}
         for j, (lc, r) in enumerate(zip(layers, ready)):
-            tick = math.ceil(r / self.cycle_s - 1e-12) * self.cycle_s
+            tick = math.ceil(r / period - 1e-12) * period
             key = (tick, _kind(lc))
             cur = open_.get(key)
             if cur is not None and cur[1] + lc.nbytes <= self.buffer_bytes:
@@ -307,7 +324,14 @@ class ByteScheduler(NamedTuple):
         return {"credit": self.credit}
 
 
-SCHEDULES = {"bsp": BSP(), "wfbp": WFBP(), "fusion": Fusion(), "mg-wfbp": MGWFBP(), "bytescheduler": ByteScheduler()}
+SCHEDULES = {
+    "bsp": BSP(),
+    "wfbp": WFBP(),
+    "fusion": Fusion(),
+    "fusion-2017": Fusion(name="fusion-2017", serial_negotiation=True),
+    "mg-wfbp": MGWFBP(),
+    "bytescheduler": ByteScheduler(),
+}
 
 
 def get(name: str) -> Schedule:
