@@ -120,7 +120,7 @@ CASES = [
 @pytest.mark.parametrize("arch", ["all-to-all", "parameter-server"])
 @pytest.mark.parametrize("method, kw, c", CASES, ids=[f"{m}-{c.name}" for m, _, c in CASES])
 def test_every_method_and_architecture_gives_the_promised_average(method, kw, c, arch):
-    cfg = EngineConfig(workers=W, compressor=c, architecture=arch, **kw)
+    cfg = EngineConfig(workers=W, compressor=c, architecture=arch, compress_vectors=True, **kw)  # every tensor
     rng = np.random.default_rng(0)
     trees = [[jnp.asarray(rng.normal(size=s), jnp.float32) for s in SHAPES] for _ in range(W)]
     key = jax.random.PRNGKey(3)
@@ -163,7 +163,7 @@ def test_parameter_server_equals_all_to_all(kw):
 def test_gtopk_gives_back_through_the_memory_hook():
     """With EF, gTop-k's dropped entries reach the residual: update + sum of residuals == sum of
     gradients (nothing lost); without memory they are dropped."""
-    cfg = EngineConfig(workers=W, compressor=C.topk(ratio=0.2), memory="ef", collective="gtopk")
+    cfg = EngineConfig(workers=W, compressor=C.topk(ratio=0.2), memory="ef", collective="gtopk", compress_vectors=True)
     rng = np.random.default_rng(1)
     trees = [[jnp.asarray(rng.normal(size=s), jnp.float32) for s in SHAPES] for _ in range(W)]
     plan = make_plan(cfg, cfg.compressor, SHAPES, memory="ef")
@@ -255,7 +255,7 @@ def test_a_compressor_registered_at_test_time_trains_with_error_feedback():
         loss_fn,
         make_params(),
         optax.sgd(0.1),
-        EngineConfig(workers=W, compressor=c, memory="ef"),
+        EngineConfig(workers=W, compressor=c, memory="ef", compress_vectors=True),  # b1 too
         model_state=make_model_state(),
     )
     assert tr.plan(tr.phase(0)).mode == "allgather"
@@ -319,7 +319,7 @@ def test_every_architecture_follows_the_declared_algebra(arch, collective):
     payloads all compute decode(sum_w payload_w) / P (before, the server and the all-gather
     computed sum_w decode(payload_w) / P: another algorithm, picked by the architecture)."""
     c = _signed_square()
-    cfg = EngineConfig(workers=W, compressor=c, architecture=arch, collective=collective)
+    cfg = EngineConfig(workers=W, compressor=c, architecture=arch, collective=collective, compress_vectors=True)
     rng = np.random.default_rng(2)
     trees = [[jnp.asarray(rng.normal(size=s), jnp.float32) for s in SHAPES] for _ in range(W)]
     out, plan = _run_exchange(cfg, c, "none", trees, jax.random.PRNGKey(0))

@@ -122,7 +122,9 @@ def test_trainer_states_its_steps_work():
     assert w.compressor is None and w.communicates and w.span == 1.0 and not w.via_server
     assert list(w.collectives) == [c for c in dense.collectives(0) if not c.control]
     fused = mk(compressor=C.topk(ratio=0.5), granularity="fused").step_work(0)
-    assert fused.compressor.name == "topk" and fused.units == ((54,),)
+    assert fused.compressor.name == "topk" and fused.units == ((48,),)  # the bias travels dense (by default)
+    every = mk(compressor=C.topk(ratio=0.5), granularity="fused", compress_vectors=True).step_work(0)
+    assert every.units == ((54,),)
     ps = mk(compressor=C.get("powersgd", rank=1)).step_work(0)
     assert ps.units == ((8, 6),)  # the bias vector travels dense
     local = mk(local_steps=2)

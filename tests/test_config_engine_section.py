@@ -99,6 +99,7 @@ STORED = {
             "gossip_gamma": 0.5,
             "compressor": {"name": "topk", "ratio": 0.1},
             "jitter": 0.1,
+            "compress_vectors": True,  # the default when it was written (OLD_DEFAULTS)
         },
         "f0cf37eec03e",
     ),
@@ -140,10 +141,16 @@ STORED = {
             "compressor": "signsgd",
             "memory": "ef",
             "ef_scale": 0.5,
+            "compress_vectors": True,  # the default when it was written (OLD_DEFAULTS)
         },
         "94f81ddbaa88",
     ),
 }
+
+
+# engine defaults changed since the stored configs were written: (key, then, now); a stored
+# config.yaml records every key, so it keeps meaning what it meant
+OLD_DEFAULTS = [("compress_vectors", True, False)]  # 1-D tensors dense by default (issue 35)
 
 
 @pytest.mark.parametrize("name", STORED)
@@ -158,6 +165,25 @@ def test_a_run_directory_written_before_resumes(tmp_path, name):
     assert rundir.stored_config_diff(str(run), cfg) == []
     assert rundir.stored_run(str(run), cfg) == "resume"
     assert C.from_dict(C.read_stored(str(run / io.CONFIG))) == cfg
+
+
+@pytest.mark.parametrize("name", ["gossip", "adacomm"])
+def test_a_run_written_under_an_old_default_keeps_it_and_is_not_mixed_with_todays(tmp_path, name):
+    """The stored ``config.yaml`` says ``compress_vectors: true`` and means it; the same file
+    without the key now means today's default, a different run: refused in one line naming the key,
+    not resumed into the old directory."""
+    raw = dict(STORED[name][0])
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copyfile(ROOT / "tests" / "stored_configs" / f"{name}.yaml", run / io.CONFIG)
+    stored = C.from_dict(C.read_stored(str(run / io.CONFIG)))
+    for key, then, now in OLD_DEFAULTS:
+        assert raw.pop(key) == then == getattr(stored, key) != now == C.default_of(key) == getattr(EngineConfig, key)
+        assert getattr(build.make_engine_config(stored), key) is then
+    today = C.from_dict(raw)
+    assert rundir.stored_config_diff(str(run), today) == [f"{k}: {a} -> {b}" for k, a, b in OLD_DEFAULTS]
+    with pytest.raises(C.ConfigError, match="different config .*compress_vectors"):
+        rundir.stored_run(str(run), today)
 
 
 def _tuple(v):
@@ -181,7 +207,8 @@ EXPERIMENTS = {
     "experiments/frontier_digits.yaml": (12, "266f6136db0b2425"),  # + 1-bit and 0/1 Adam (issue 37)
     "experiments/onebit_adam_digits.yaml": (1, "d2f15b6397cfc2b8"),
     "experiments/paper_digits.yaml": (31, "36f7cd115f617c00"),
-    "experiments/quickstart.yaml": (29, "6537a7aa5e84fa02"),
+    # the quickstart shows the defaults: 6537a7aa5e84fa02 until 1-D tensors became dense by default (issue 35)
+    "experiments/quickstart.yaml": (29, "67ac1b4402391def"),
     "experiments/seeds_bench.yaml": (1, "a256bfc11b40dc3a"),
     "experiments/sync.yaml": (20, "9e34969bac845ced"),
     "experiments/wire_formats.yaml": (11, "ef9550c61468fbb2"),

@@ -343,3 +343,51 @@ def test_sign_method_under_sgd_with_an_sgd_learning_rate_warns_once():
     msgs = [str(x.message) for x in w if issubclass(x.category, B.SignLearningRateWarning)]
     assert len(msgs) == 1 and "\n" not in msgs[0], msgs
     assert msgs[0].startswith("signsgd is not scaled to the gradient") and "lr 0.1" in msgs[0]
+
+
+# ----------------------------------------------------------------------------- 1-D tensors (biases, norm scales)
+
+
+def exchanged_traffic(ex, grads):
+    """The traffic of one drop-in exchange of ``grads`` (the same tree on every worker)."""
+
+    @jax.jit
+    @partial(jax.shard_map, mesh=mesh(), in_specs=(P(), P()), out_specs=P(), check_vma=False)
+    def f(g, key):
+        return ex(g, ex.init(g), key)[2]
+
+    return {k: float(v) for k, v in f(grads, comm_key()).items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", [{}, {"compress_vectors": True}], ids=["default", "compress_vectors"])
+def test_vectors_travel_dense_by_default_in_the_engine_and_the_dropin_alike(setting):
+    """DDP's PowerSGD hook and DGC leave 1-D tensors dense; so does cconv unless told otherwise:
+    the bias ``b1`` travels in the dense all-reduce (its bytes its dense bytes) in the engine and
+    the drop-in alike, and ``compress_vectors=True`` compresses it again (top-k with k = 2 of 16)."""
+    kw = dict(compressor=C.topk(ratio=0.1), memory="ef", **setting)
+    ex = cconv.Exchange(axis_name="data", **kw)
+    params = make_params()
+    shapes = [x.shape for x in jax.tree.leaves(params)]
+    dense = not setting.get("compress_vectors", False)
+    assert EngineConfig(**kw).compress_vectors == ex.config.compress_vectors == (not dense)
+    assert list(ex.plan(shapes).compressed) == [len(s) > 1 or not dense for s in shapes]  # b1, w1, w2
+    assert_same(engine_step(kw), dropin_step(ex, mesh()))  # same averages, same bytes
+    # the bytes: the matrices' top-k payloads plus the bias, dense (its own exchange without compressor)
+    # or compressed (the same top-k)
+    bias, matrices = {"b1": params["b1"]}, {k: v for k, v in params.items() if k != "b1"}
+    got = exchanged_traffic(ex, params)
+    whole = exchanged_traffic(cconv.Exchange(axis_name="data", **kw), matrices)
+    part = exchanged_traffic(cconv.Exchange(axis_name="data", **({} if dense else kw)), bias)
+    for k in ("bytes_sent", "bytes_received"):
+        assert got[k] == whole[k] + part[k], k
+    # a ring all-reduce of 16 floats | an all-gather of 2 values and 2 indices
+    assert part["bytes_sent"] == (2 * (W - 1) / W * 4 * 16 if dense else (W - 1) * 2 * 8)
+
+
+def test_the_dropin_reads_the_engines_default_for_vectors():
+    import inspect
+
+    default = inspect.signature(cconv.Exchange).parameters["compress_vectors"].default
+    assert default is EngineConfig.compress_vectors is False
+    assert cconv.Exchange(C.topk(ratio=0.1), axis_name="data").config.compress_vectors is False

@@ -16,9 +16,10 @@ PARAMS, MSTATE = make_params(), make_model_state()
 
 
 def trainer(workers=4, opt=None, **kw):
-    return build(
-        loss_fn, PARAMS, opt or optax.sgd(0.1, momentum=0.9), EngineConfig(workers=workers, **kw), model_state=MSTATE
-    )
+    """The references here compress every leaf, the bias b1 too: ``compress_vectors=True`` unless a
+    test says otherwise (the default, b1 dense: ``test_dropin.py::test_vectors_travel_dense_...``)."""
+    cfg = EngineConfig(workers=workers, **{"compress_vectors": True, **kw})
+    return build(loss_fn, PARAMS, opt or optax.sgd(0.1, momentum=0.9), cfg, model_state=MSTATE)
 
 
 def close(a, b, rtol):

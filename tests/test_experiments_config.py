@@ -364,8 +364,10 @@ def test_ef_scale_values_and_errors():
     qsgd = {"memory": "ef", "compressor": {"name": "qsgd", "levels": 2}}
     assert scale(**qsgd, ef_scale="auto") == pytest.approx(1 / 17)
     assert scale(**qsgd, ef_scale="auto", compress_vectors=False, min_compress_size=200) == pytest.approx(1 / 17)
-    fused = (1024 + 16 + 160 + 10) ** 0.5 / 2  # one flat buffer
+    fused = (1024 + 160) ** 0.5 / 2  # one flat buffer of the matrices (the biases travel dense by default)
     assert scale(**qsgd, ef_scale="auto", granularity="fused") == pytest.approx(1 / (1 + fused))
+    fused = (1024 + 16 + 160 + 10) ** 0.5 / 2  # and of every tensor
+    assert scale(**qsgd, ef_scale="auto", granularity="fused", compress_vectors=True) == pytest.approx(1 / (1 + fused))
     assert scale(**qsgd) == 1.0 and scale(**qsgd, ef_scale=0.25) == 0.25
     assert scale(memory="ef", compressor={"name": "topk", "ratio": 0.1}, ef_scale="auto") == 1.0  # contractive
     eng = B.make_engine_config(C.from_dict({**qsgd, "workers": 2, "batch_size": 8, "ef_scale": "auto"}), shapes=shapes)

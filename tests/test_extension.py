@@ -130,7 +130,8 @@ def trees():
 )
 def test_every_architecture_sums_the_sketches_then_decodes_once(trees, arch, collective):
     c = X.count_sketch(ratio=0.5)
-    cfg = EngineConfig(workers=W, compressor=c, architecture=arch, collective=collective)
+    # every leaf sketched, the 1-D ones too (by default they travel dense)
+    cfg = EngineConfig(workers=W, compressor=c, architecture=arch, collective=collective, compress_vectors=True)
     key = jax.random.PRNGKey(3)
     out, plan = _exchange(cfg, trees, key)
     assert plan.mode == ("allgather" if collective == "allgather" else "allreduce")
@@ -148,7 +149,7 @@ def test_a_custom_aggregation_selected_by_collective(trees, arch):
     hitters of the once-decoded sum, the same on every worker and on both architectures."""
     assert "sketch_topk" in COLLECTIVES
     c = X.count_sketch(ratio=0.5, heavy=0.25)
-    cfg = EngineConfig(workers=W, compressor=c, architecture=arch, collective="sketch_topk")
+    cfg = EngineConfig(workers=W, compressor=c, architecture=arch, collective="sketch_topk", compress_vectors=True)
     key = jax.random.PRNGKey(5)
     out, plan = _exchange(cfg, trees, key)
     assert plan.mode == "sketch_topk"

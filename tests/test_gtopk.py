@@ -96,7 +96,7 @@ def test_engine_gtopk_conserves_residual_mass():
         loss_fn,
         make_params(),
         optax.sgd(1.0),
-        EngineConfig(workers=P, compressor=c, memory="ef", collective="gtopk"),
+        EngineConfig(workers=P, compressor=c, memory="ef", collective="gtopk", compress_vectors=True),  # b1 too
         model_state=make_model_state(),
     )
     s0 = tr.init()

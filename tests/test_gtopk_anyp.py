@@ -155,7 +155,7 @@ def test_engine_any_p_conserves_residual_mass_and_hlo_bytes_match(p):
         loss_fn,
         make_params(),
         optax.sgd(1.0),
-        EngineConfig(workers=p, compressor=c, memory="ef", collective="gtopk"),
+        EngineConfig(workers=p, compressor=c, memory="ef", collective="gtopk", compress_vectors=True),  # b1 too
         model_state=make_model_state(),
     )
     s0 = tr.init()

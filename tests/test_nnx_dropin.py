@@ -2,6 +2,7 @@
 fails loudly, an optimizer state replicated to every worker is refused (``check_specs`` and
 ``as_optax``), ``cconv.nnx_shard`` keeps the model live, ``cconv.traffic`` reads a step's bytes."""
 
+import math
 from functools import partial
 
 import jax
@@ -136,15 +137,18 @@ def test_nnx_shard_trains_the_model_in_place_and_traffic_reads_its_bytes():
     count = jax.tree.leaves(optimizer.opt_state[0].count)[0]
     assert count.shape == (W,) and (np.asarray(count) == 3).all()  # one row per worker, each stepped
     tr = cconv.traffic(optimizer)
-    wire = sum(C.topk(ratio=0.25).wire_bytes(p.shape) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
-    assert tr.workers == W and tr.payload == wire > 0
-    assert tr.sent == tr.received == (W - 1) * tr.payload  # moved: an all-gather ring
+    shapes = [p.shape for p in jax.tree.leaves(nnx.state(model, nnx.Param))]
+    wire = sum(C.topk(ratio=0.25).wire_bytes(s) for s in shapes if len(s) > 1)
+    dense = sum(4 * math.prod(s) for s in shapes if len(s) <= 1)  # biases, norm scales: dense by default
+    assert tr.workers == W and tr.payload == wire + dense and wire > 0 and dense > 0
+    assert tr.sent == tr.received == (W - 1) * wire + 2 * (W - 1) / W * dense  # all-gather + all-reduce rings
     assert cconv.traffic((model, optimizer)) == tr == cconv.traffic(nnx.state(optimizer))
 
 
 @pytest.mark.slow  # the fast tier keeps check_specs' refusal
 def test_traffic_of_an_optax_state_over_eight_workers_is_seven_payloads():
-    """docs/dropin.md: the bytes moved are 7x the payload for an all-gather over 8 workers."""
+    """docs/dropin.md: the bytes moved are 7x the payload for an all-gather over 8 workers (top-k's),
+    2 (P - 1) / P x for an all-reduce ring (the bias's, dense by default)."""
     m = mesh(8)
     tx = optax.chain(cconv.as_optax(C.topk(ratio=0.1), memory="ef"), optax.sgd(0.1))
     params = {"w": jnp.ones((32, 4)), "b": jnp.ones((4,))}
@@ -157,8 +161,8 @@ def test_traffic_of_an_optax_state_over_eight_workers_is_seven_payloads():
         return tx.update(grads, opt_state, params)[1]
 
     tr = cconv.traffic(step(params, opt_state, jax.random.normal(jax.random.PRNGKey(0), (64, 32))))
-    wire = C.topk(ratio=0.1).wire_bytes((32, 4)) + C.topk(ratio=0.1).wire_bytes((4,))
-    assert (tr.workers, tr.payload, tr.sent) == (8, wire, 7 * wire)
+    wire, dense = C.topk(ratio=0.1).wire_bytes((32, 4)), 4 * 4  # the bias travels dense (by default)
+    assert (tr.workers, tr.payload, tr.sent) == (8, wire + dense, 7 * wire + 2 * 7 / 8 * dense)
     with pytest.raises(ValueError, match="found 0 cconv.as_optax states"):
         cconv.traffic(optax.sgd(0.1).init(params))
 

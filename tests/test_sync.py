@@ -41,7 +41,8 @@ def shard(batch, j, p):
 
 
 def linear_trainer(**kw):
-    cfg = EngineConfig(workers=P4, **kw)
+    # w is one 1-D tensor: compressed only with compress_vectors=True (1-D tensors travel dense by default)
+    cfg = EngineConfig(workers=P4, **{"compress_vectors": True, **kw})
     return build(linear_loss, {"w": jnp.zeros(D)}, optax.sgd(ETA), cfg)
 
 

@@ -129,7 +129,9 @@ class EngineConfig:
     compress_delta     under local SGD, compress the model delta with ``compressor`` (+ memory)
     granularity        "layerwise" (one payload per tensor) | "fused" (one flat buffer)
     min_compress_size  tensors with fewer elements are sent dense
-    compress_vectors   False: tensors with ndim <= 1 (biases, norms) are sent dense
+    compress_vectors   True: tensors with ndim <= 1 (biases, norm scales) are compressed too; False
+                       (default): they are sent dense in the fused all-reduce and counted as dense
+                       bytes, as DDP's PowerSGD hook and DGC's reference code leave them
     architecture       "all-to-all" | "parameter-server" (server co-located with worker 0)
     collective         "auto" (the compressor's aggregation) | "allgather" | "gtopk"
                        (recursive-doubling global top-k; compressors whose registry entry lists
@@ -179,7 +181,7 @@ class EngineConfig:
     compress_delta: bool = _field(False, R.flag())
     granularity: str = _field("layerwise", R.choice(lambda: GRANULARITIES))
     min_compress_size: int = _field(0, R.integer(0))
-    compress_vectors: bool = _field(True, R.flag())
+    compress_vectors: bool = _field(False, R.flag())
     architecture: str = "all-to-all"
     collective: str = _field("auto", R.choice(lambda: COLLECTIVES))
     vote: bool = _field(False, R.flag())

@@ -400,7 +400,7 @@ class RunConfig:
     compress_delta: bool = engine_key("local SGD: compress the averaged model delta")
     granularity: str = engine_key("layerwise | fused (one flat buffer)")
     min_compress_size: int = engine_key("tensors with fewer elements are sent dense")
-    compress_vectors: bool = engine_key("false: biases and other 1-D tensors are sent dense")
+    compress_vectors: bool = engine_key("true: compress 1-D tensors (biases, norm scales) too; false: sent dense")
     architecture: str = engine_key(
         "all-to-all | parameter-server | ps (= parameter-server) | gtopk (= all-to-all with collective gtopk)",
         choice(lambda: (*ARCHITECTURES, *ARCHITECTURE_ALIASES)),

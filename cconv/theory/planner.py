@@ -342,7 +342,10 @@ def _stages(factory: Callable, knobs: tuple, steps: int, shapes: tuple, workers:
     from cconv.engine.stages import of_optimizer
 
     tx = factory(0.0, **dict(knobs))
-    return tx, tuple(of_optimizer(tx, steps, shapes, workers=workers))
+    # a workload known only by D is one flat vector standing for all its tensors, not a bias: it is
+    # compressed as a whole (the engine leaves real 1-D tensors dense, ``compress_vectors``)
+    flat = {"compress_vectors": True} if len(shapes) == 1 and len(shapes[0]) == 1 else {}
+    return tx, tuple(of_optimizer(tx, steps, shapes, workers=workers, **flat))
 
 
 def stage_calls(stage, workload: W.Workload, granularity: str, nbytes: str = "moved") -> list[tuple[str, float, int]]:

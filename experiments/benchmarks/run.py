@@ -449,6 +449,9 @@ def _engine_cfg(workers, spec):
     name, hp = (comp, {}) if isinstance(comp, str) else comp
     momentum = 0.9 if spec.get("memory") == "dgc" else None
     kw = {"momentum": momentum} if momentum is not None else {}
+    # compress_vectors pinned: results/ were measured when 1-D tensors (biases) were compressed too, the
+    # default until 2026-11-27 (today's default: dense); a rerun compares with them
+    spec.setdefault("compress_vectors", True)
     return EngineConfig(workers=workers, compressor=C.get(name, **hp), **kw, **spec)
 
 

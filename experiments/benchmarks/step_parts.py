@@ -89,7 +89,9 @@ def programs(model: str, workers: int):
     out = {"reference": (_reference(loss, opt, workers), [params, opt.init(params), rows], (0, 1))}
     variants = [("dense", C.get("none"), "none"), *_ablations(C.get("topk", ratio=0.01))]
     for label, comp, memory in variants:
-        cfg = EngineConfig(workers=workers, compressor=comp, memory=memory)
+        # compress_vectors pinned: results/ were measured when biases were compressed too (the default until
+        # 2026-11-27; today's default: dense)
+        cfg = EngineConfig(workers=workers, compressor=comp, memory=memory, compress_vectors=True)
         tr = build(loss, spec.params, opt, cfg, model_state=spec.model_state)
         phase = tr.phase(0)
         ctx = tr._ctx(phase)
