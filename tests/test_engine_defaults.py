@@ -144,7 +144,7 @@ class Combo:
     memory: str = NONE
     launcher: str = LAUNCHER
     vote: bool = ENGINE_DEFAULTS["vote"]
-def exchange(granularity="layerwise", momentum=0.5, *, compress_vectors=True, clip=None, axis_name="data"):
+def exchange(granularity="layerwise", momentum=0.5, *, compress_vectors=False, clip=None, axis_name="data"):
     return cfg.get("min_compress_size", 0), getattr(cfg, "collective", "auto"), cfg.get("sync", default_of("sync"))
 def check(cfg):
     return {"local_steps": (cfg.local_steps, 1), "staleness": ENGINE_DEFAULTS["staleness"], "jitter": 0.5}
@@ -154,7 +154,7 @@ def check(cfg):
         [
             "x.py:Combo.memory = NONE",
             "x.py:exchange.granularity = 'layerwise'",
-            "x.py:exchange.compress_vectors = True",
+            "x.py:exchange.compress_vectors = False",
             "x.py:get.min_compress_size = 0",
             "x.py:getattr.collective = 'auto'",
             "x.py:dict.local_steps = 1",
