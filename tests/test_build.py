@@ -94,3 +94,23 @@ def test_the_scale_asks_only_for_the_compressed_shapes(monkeypatch, extra, compr
     assert asked == compressed
     omega = max(real("qsgd", s, levels=2).omega for s in compressed)
     assert omega > 1 and scale == pytest.approx(1 / (1 + omega))
+
+
+def test_a_compressor_that_reaches_no_tensor_warns_that_the_run_is_dense():
+    """A linear model's only tensors are 1-D: with the default ``compress_vectors: false`` top-k
+    would compress nothing, silently; it warns (and does not with ``compress_vectors`` or matrices)."""
+    from cconv.compressors import get
+    from cconv.engine import EngineConfig
+
+    vectors = [(12,), (1,)]
+    for engine_cfg, shapes, warns in [
+        (EngineConfig(workers=4, compressor=get("topk", ratio=0.1)), vectors, True),
+        (EngineConfig(workers=4, compressor=get("topk", ratio=0.1), compress_vectors=True), vectors, False),
+        (EngineConfig(workers=4, compressor=get("topk", ratio=0.1)), SHAPES, False),
+        (EngineConfig(workers=4), vectors, False),  # dense: nothing to say
+    ]:
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            build.warn_if_nothing_compressed(engine_cfg, shapes)
+        got = [x for x in w if x.category is build.NothingCompressedWarning]
+        assert len(got) == warns and (not warns or "compress_vectors: true" in str(got[0].message))

@@ -18,7 +18,7 @@ from cconv.compressors.packing import packed_size
 from cconv.engine import EngineConfig, as_optax, build, onebit_adam
 from cconv.engine.onebit_adam import onebit_adam_engine
 
-P, D, N = 4, 12, 20  # w: one 1-D tensor of D, compress_vectors=True to compress it (1-D is dense by default)
+P, D, N = 4, 12, 20
 
 
 def _problem(seed=0):
@@ -55,7 +55,7 @@ def _run(tx, A, b, steps, record=()):
 @pytest.mark.slow  # a traced optimizer run over the warm-up switch (~7 s)
 def test_warmup_is_adam_then_the_variance_freezes_and_one_bit_travels():
     A, b = _problem()
-    tx = onebit_adam(0.01, warmup_steps=5, axis_name="data", compress_vectors=True)
+    tx = onebit_adam(0.01, warmup_steps=5, axis_name="data")
     _, states, updates = _run(tx, A, b, 8, record=(3, 4, 5, 7))
     # warm-up: optax.adam on the averaged gradient, step for step
     ref, params = optax.adam(0.01), {"w": jnp.zeros(D)}
@@ -86,7 +86,7 @@ def test_converges_next_to_adam_on_least_squares():
     f = lambda w: float(jnp.mean(jax.vmap(lambda a, bb: 0.5 * jnp.sum((a @ w - bb) ** 2))(A, b)))
     xstar = jnp.linalg.lstsq(A.reshape(-1, D), b.reshape(-1))[0]
     gap0 = f(jnp.zeros(D)) - f(xstar)
-    params, _, _ = _run(onebit_adam(0.01, warmup_steps=50, axis_name="data", compress_vectors=True), A, b, 600)
+    params, _, _ = _run(onebit_adam(0.01, warmup_steps=50, axis_name="data"), A, b, 600)
     assert f(params["w"]) - f(xstar) < 0.02 * gap0, (f(params["w"]) - f(xstar)) / gap0
 
 
@@ -94,7 +94,7 @@ def test_under_shard_map():
     """The same transformation inside jax.shard_map over a 4-device mesh (the switch is a
     lax.cond whose branches hold the collectives)."""
     A, b = _problem()
-    tx = onebit_adam(0.01, warmup_steps=2, axis_name="data", compress_vectors=True)
+    tx = onebit_adam(0.01, warmup_steps=2, axis_name="data")
     mesh = jax.make_mesh((P,), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:P])
     params = {"w": jnp.zeros(D)}
 
@@ -189,9 +189,9 @@ def test_engine_step_equals_the_dropin_and_logs_each_stage_bytes():
     per tensor, gathered from the P - 1 other workers."""
     A, b = _problem()
     tx = onebit_adam_engine(0.01, warmup_steps=5)
-    trainer = build(_ls_loss, {"w": jnp.zeros(D)}, tx, EngineConfig(workers=P, compress_vectors=True, **tx.engine))
+    trainer = build(_ls_loss, {"w": jnp.zeros(D)}, tx, EngineConfig(workers=P, **tx.engine))
     state, batch = trainer.init(), {"a": A.reshape(P * N, D), "b": b.reshape(-1)}
-    _, _, ref = _run(onebit_adam(0.01, warmup_steps=5, axis_name="data", compress_vectors=True), A, b, 8)
+    _, _, ref = _run(onebit_adam(0.01, warmup_steps=5, axis_name="data"), A, b, 8)
     nu, sent = {}, []
     for t in range(8):
         before = np.asarray(trainer.params(state)["w"])
@@ -264,8 +264,7 @@ def test_cconv_run_with_onebit_adam_logs_dense_then_one_bit_bytes(tmp_path):
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     sizes = [64 * 8, 8, 8 * 10, 10]  # digits 8x8 -> 8 -> 10 classes: weights and biases
     dense = 2 * (2 - 1) / 2 * 4 * sum(sizes)
-    # the weights' 1-bit payloads; the biases travel dense (compress_vectors: false, the default)
-    one_bit = (2 - 1) * sum(packed_size(n, 1) + 4 for n in sizes[::2]) + 2 * (2 - 1) / 2 * 4 * sum(sizes[1::2])
+    one_bit = (2 - 1) * sum(packed_size(n, 1) + 4 for n in sizes)  # every tensor, biases too (as DeepSpeed)
     assert [r["bytes_sent"] for r in rows] == [dense] * 4 + [one_bit] * 4
     assert all(math.isfinite(r["loss"]) for r in rows)
 
@@ -311,9 +310,7 @@ def test_minibatch_convergence_next_to_adam_within_the_seed_noise():
     A, b = _problem(2)
     key = jax.random.PRNGKey(7)
     adam, gap0 = _stochastic_gaps(optax.chain(as_optax(None, axis_name="data"), optax.adam(0.01)), A, b, 400, key)
-    one, _ = _stochastic_gaps(
-        onebit_adam(0.01, warmup_steps=50, axis_name="data", compress_vectors=True), A, b, 400, key
-    )
+    one, _ = _stochastic_gaps(onebit_adam(0.01, warmup_steps=50, axis_name="data"), A, b, 400, key)
     assert adam.mean() < 0.05 * gap0 and one.mean() < 0.05 * gap0, (adam / gap0, one / gap0)
     d = one - adam
     bound = 3 * d.std(ddof=1) / math.sqrt(S)
@@ -330,9 +327,7 @@ def test_a_coordinate_without_gradient_moves_by_scale_over_eps_after_the_switch(
     A = A.at[:, :, 0].set(0.0)  # w[0] never has a gradient
     moved = {}
     for eps in (1e-8, 1e-3):
-        _, states, updates = _run(
-            onebit_adam(0.01, eps=eps, warmup_steps=3, axis_name="data", compress_vectors=True), A, b, 5, record=(3,)
-        )
+        _, states, updates = _run(onebit_adam(0.01, eps=eps, warmup_steps=3, axis_name="data"), A, b, 5, record=(3,))
         assert all(u[0, 0] == 0 for u in updates[:3])  # Adam leaves it alone
         m0 = abs(float(states[3].mu["w"][0, 0, 0]))  # worker 0, its row, w[0]
         assert m0 > 0 and abs(updates[3][0, 0]) == pytest.approx(0.01 * m0 / eps, rel=1e-3)
@@ -350,10 +345,8 @@ def test_exp_avg_mask_keeps_a_masked_coordinate_still_after_the_switch():
     A, b = _problem()
     A = A.at[:, :, 0].set(0.0)
     mask = {"w": jnp.ones(D).at[0].set(0.0)}
-    _, _, free = _run(onebit_adam(0.01, warmup_steps=3, axis_name="data", compress_vectors=True), A, b, 6)
-    _, states, held = _run(
-        onebit_adam(0.01, warmup_steps=3, axis_name="data", compress_vectors=True, exp_avg_mask=mask), A, b, 6, (5,)
-    )
+    _, _, free = _run(onebit_adam(0.01, warmup_steps=3, axis_name="data"), A, b, 6)
+    _, states, held = _run(onebit_adam(0.01, warmup_steps=3, axis_name="data", exp_avg_mask=mask), A, b, 6, (5,))
     assert abs(free[3][0, 0]) > 1e3 and all(u[0, 0] == 0 for u in held)
     np.testing.assert_array_equal(held[3][0, 1:], free[3][0, 1:])
     np.testing.assert_array_equal(held[2], free[2])  # the warm-up is not masked

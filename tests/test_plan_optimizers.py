@@ -29,10 +29,6 @@ P = 4
 COMPUTE = 1e-6
 DENSE_B = 4 * 220  # float32 all-reduce
 ONE_BIT_B = (25 + 4) + (3 + 4)  # per tensor (the engine's layerwise packing): ceil(d/8) sign bytes + a float32 scale
-# by default the bias (20,) travels dense (compress_vectors: false): the weight's 1-bit payload, gathered, beside
-# the bias's all-reduce
-ONE_BIT_W, BIAS_B = 25 + 4, 4 * 20
-STAGE_B, STAGE_SENT = ONE_BIT_W + BIAS_B, 3 * ONE_BIT_W + 2 * 3 / 4 * BIAS_B
 ZERO_ONE = dict(var_freeze_step=2, var_update_scaler=1, local_step_scaler=2, local_step_clipper=2)
 
 
@@ -45,9 +41,7 @@ def test_onebit_adam_stages_are_its_warmup_then_its_compressor():
     dense, comp = ST.of_optimizer(tx, 10, TOY.shapes)
     assert (dense.sends, dense.steps, dense.first, dense.compressor) == ("dense", 4, 0, None)
     assert (comp.sends, comp.steps, comp.first) == ("compressed", 6, 4)
-    assert comp.compressor is tx.engine["compressor"] and comp.compressed == (True, False) and not comp.fused
-    every = ST.of_optimizer(tx, 10, TOY.shapes, compress_vectors=True)[1]
-    assert every.compressed == (True, True)
+    assert comp.compressor is tx.engine["compressor"] and comp.compressed == (True, True) and not comp.fused
 
 
 def test_zero_one_adam_stages_follow_its_policies():
@@ -66,7 +60,7 @@ def test_zero_one_adam_stages_follow_its_policies():
 
 def test_stage_calls_each_cost_term():
     tx = onebit_adam_engine(0.1, warmup_steps=4)
-    dense, comp = ST.of_optimizer(tx, 10, TOY.shapes, compress_vectors=True)
+    dense, comp = ST.of_optimizer(tx, 10, TOY.shapes)
     assert PL.stage_calls(dense, TOY, "fused") == [("allreduce", DENSE_B, 0)]
     assert PL.stage_calls(comp, TOY, "fused") == [("allgather", ONE_BIT_B, 0)]  # scaled_sign gathers
     assert PL.stage_calls(comp, TOY, "layerwise") == [("allgather", 29.0, 0), ("allgather", 7.0, 1)]
@@ -84,12 +78,12 @@ def test_onebit_adam_rows_hand_computed():
     assert (dense.steps, comp.steps, mean.steps, mean.phase) == (4, 6, 10, PL.MEAN)
     assert dense.payload_bytes == DENSE_B and dense.sent_bytes == pytest.approx(2 * 3 / 4 * DENSE_B)
     assert dense.comm_s == pytest.approx(2 * 3 / 4 * DENSE_B * 1e-9) and dense.constant == "omega=0"
-    assert comp.payload_bytes == STAGE_B and comp.sent_bytes == STAGE_SENT
-    assert comp.comm_s == pytest.approx(STAGE_SENT * 1e-9) and comp.iter_s == pytest.approx(COMPUTE + comp.comm_s)
+    assert comp.payload_bytes == ONE_BIT_B and comp.sent_bytes == 3 * ONE_BIT_B
+    assert comp.comm_s == pytest.approx(3 * ONE_BIT_B * 1e-9) and comp.iter_s == pytest.approx(COMPUTE + comp.comm_s)
     assert comp.speedup == pytest.approx(P * COMPUTE / comp.iter_s)
-    assert mean.payload_bytes == pytest.approx((4 * DENSE_B + 6 * STAGE_B) / 10)
-    assert mean.sent_bytes == pytest.approx((4 * 1.5 * DENSE_B + 6 * STAGE_SENT) / 10)
-    t = COMPUTE + (4 * 1.5 * DENSE_B + 6 * STAGE_SENT) * 1e-9 / 10
+    assert mean.payload_bytes == pytest.approx((4 * DENSE_B + 6 * ONE_BIT_B) / 10)
+    assert mean.sent_bytes == pytest.approx((4 * 1.5 * DENSE_B + 6 * 3 * ONE_BIT_B) / 10)
+    t = COMPUTE + (4 * 1.5 * DENSE_B + 6 * 3 * ONE_BIT_B) * 1e-9 / 10
     assert mean.iter_s == pytest.approx(t) and mean.speedup == pytest.approx(P * COMPUTE / t)
     assert mean.constant == comp.constant == f"delta={1 / 220:.3g}" and not mean.lossless  # scaled sign: 1/d
     assert mean.knobs == (("warmup_steps", 4),) and mean.setting == "warmup_steps=4"
@@ -104,8 +98,10 @@ def test_zero_one_adam_rows_hand_computed():
     silent = rows["nothing"]
     assert (silent.payload_bytes, silent.sent_bytes, silent.comm_s, silent.iter_s) == (0, 0, 0, COMPUTE)
     assert silent.speedup == pytest.approx(P)
-    comm = (2 * 1.5 * DENSE_B + 7 * STAGE_SENT) * 1e-9 / 12
-    assert mean.comm_s == pytest.approx(comm) and mean.payload_bytes == pytest.approx((2 * DENSE_B + 7 * STAGE_B) / 12)
+    comm = (2 * 1.5 * DENSE_B + 7 * 3 * ONE_BIT_B) * 1e-9 / 12
+    assert mean.comm_s == pytest.approx(comm) and mean.payload_bytes == pytest.approx(
+        (2 * DENSE_B + 7 * ONE_BIT_B) / 12
+    )
     assert mean.speedup == pytest.approx(P * COMPUTE / (COMPUTE + comm))
 
 

@@ -16,7 +16,7 @@ from cconv.compressors.packing import packed_size
 from cconv.engine import zero_one_adam
 from cconv.engine.zero_one_adam import sync_steps, variance_steps
 
-P, D, N = 4, 12, 20  # w: one 1-D tensor of D, compress_vectors=True to compress it (1-D is dense by default)
+P, D, N = 4, 12, 20
 
 
 def _problem(seed=0):
@@ -69,12 +69,7 @@ def test_variance_changes_exactly_on_tv_and_bytes_follow_each_step_kind():
     A, b = _problem()
     freeze, kappa, scaler, clip, steps = 9, 2, 3, 4, 30
     tx = zero_one_adam(
-        0.01,
-        compress_vectors=True,
-        var_freeze_step=freeze,
-        var_update_scaler=kappa,
-        local_step_scaler=scaler,
-        local_step_clipper=clip,
+        0.01, var_freeze_step=freeze, var_update_scaler=kappa, local_step_scaler=scaler, local_step_clipper=clip
     )
     _, rows = _run(tx, A, b, steps)
     nu = [np.zeros(D)] + [r[0] for r in rows]
@@ -97,7 +92,7 @@ def test_dense_steps_are_adams_rule_on_the_average():
     """With kappa >= the steps run, every step is in T_v: m, v of Adam (without bias correction,
     as DeepSpeed) on the average gradient, x <- x - lr m / (sqrt(v) + eps); every worker the same."""
     A, b = _problem()
-    _, rows = _run(zero_one_adam(0.01, compress_vectors=True, var_freeze_step=100, var_update_scaler=100), A, b, 5)
+    _, rows = _run(zero_one_adam(0.01, var_freeze_step=100, var_update_scaler=100), A, b, 5)
     w, m, v = jnp.zeros(D), jnp.zeros(D), jnp.zeros(D)
     for k in range(5):
         g = jnp.mean(jax.vmap(jax.grad(_local_loss), in_axes=(None, 0, 0))(w, A, b), axis=0)
@@ -123,13 +118,11 @@ def test_converges_next_to_adam_on_least_squares():
     xstar = jnp.linalg.lstsq(A.reshape(-1, D), b.reshape(-1))[0]
     gap0 = f(jnp.zeros(D)) - f(xstar)
     lr = optax.cosine_decay_schedule(0.01, 600)
-    tx = zero_one_adam(
-        lr, compress_vectors=True, var_freeze_step=100, var_update_scaler=8, local_step_scaler=50, local_step_clipper=4
-    )
+    tx = zero_one_adam(lr, var_freeze_step=100, var_update_scaler=8, local_step_scaler=50, local_step_clipper=4)
     W, rows = _run(tx, A, b, 600)
     assert f(W.mean(0)) - f(xstar) < 0.02 * gap0, (f(W.mean(0)) - f(xstar)) / gap0
     assert sum(r[1] == 0 for r in rows) > 200  # local steps: nothing sent
-    W, _ = _run(zero_one_adam(lr, compress_vectors=True, var_freeze_step=1000, var_update_scaler=1000), A, b, 600)
+    W, _ = _run(zero_one_adam(lr, var_freeze_step=1000, var_update_scaler=1000), A, b, 600)
     assert f(W.mean(0)) - f(xstar) < 1e-3 * gap0
 
 
@@ -158,7 +151,7 @@ def test_under_shard_map_equals_vmap():
     A, b = _problem()
     kw = dict(var_freeze_step=2, var_update_scaler=1, local_step_scaler=2, local_step_clipper=2)
     mesh = jax.make_mesh((P,), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:P])
-    tx = zero_one_adam(0.01, compress_vectors=True, **kw)
+    tx = zero_one_adam(0.01, **kw)
 
     def run(a, bb):
         w, st, outs = jnp.zeros(D), tx.init(jnp.zeros(D)), []
@@ -174,5 +167,5 @@ def test_under_shard_map_equals_vmap():
         check_vma=False,
     )
     got = np.asarray(jax.jit(jax.shard_map(run, **spec))(A, b))
-    _, rows = _run(zero_one_adam(0.01, compress_vectors=True, **kw), A, b, 8)
+    _, rows = _run(zero_one_adam(0.01, **kw), A, b, 8)
     np.testing.assert_allclose(got, np.stack([r[2] for r in rows], axis=1), rtol=1e-5, atol=1e-7)

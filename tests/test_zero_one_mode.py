@@ -21,7 +21,7 @@ from cconv.engine import EngineConfig, build, zero_one_adam
 from cconv.engine.zero_one_adam import sync_steps, variance_steps
 from cconv.engine.zero_one_mode import Schedule, ZeroOneHost, zero_one_adam_engine
 
-P, D, N = 4, 12, 20  # w: one 1-D tensor of D, compress_vectors=True to compress it (1-D is dense by default)
+P, D, N = 4, 12, 20
 KNOBS = dict(var_freeze_step=9, var_update_scaler=2, local_step_scaler=3, local_step_clipper=4)
 
 
@@ -60,7 +60,7 @@ def _ls_loss(params, model_state, batch, key):
 
 def _dropin(A, b, steps, **knobs):
     """The drop-in's per-worker parameters (P, D) after each step (vmapped workers)."""
-    tx = zero_one_adam(0.01, axis_name="data", compress_vectors=True, **knobs)
+    tx = zero_one_adam(0.01, axis_name="data", **knobs)
     loss = lambda w, a, bb: 0.5 * jnp.sum((a @ w - bb) ** 2)
     W, state = jnp.zeros((P, D)), jax.vmap(lambda a: tx.init(jnp.zeros(D)), axis_name="data")(A)
     step = jax.jit(
@@ -86,7 +86,7 @@ def test_engine_steps_equal_the_dropin_variance_frozen_bytes_per_kind():
     A, b = _problem()
     steps = 30
     tx = zero_one_adam_engine(0.01, **KNOBS)
-    trainer = build(_ls_loss, {"w": jnp.zeros(D)}, tx, EngineConfig(workers=P, compress_vectors=True, **tx.engine))
+    trainer = build(_ls_loss, {"w": jnp.zeros(D)}, tx, EngineConfig(workers=P, **tx.engine))
     state, batch = trainer.init(), {"a": A.reshape(P * N, D), "b": b.reshape(-1)}
     ref = _dropin(A, b, steps, **KNOBS)
     nu, sent = [np.zeros((P, D))], []
@@ -168,8 +168,7 @@ def test_cconv_run_with_zero_one_adam_logs_each_kind_of_step(tmp_path):
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     sizes = [64 * 8, 8, 8 * 10, 10]  # digits 8x8 -> 8 -> 10 classes: weights and biases
     dense = 2 * (2 - 1) / 2 * 4 * sum(sizes)
-    # the weights' 1-bit payloads; the biases travel dense (compress_vectors: false, the default)
-    one_bit = (2 - 1) * sum(packed_size(n, 1) + 4 for n in sizes[::2]) + 2 * (2 - 1) / 2 * 4 * sum(sizes[1::2])
+    one_bit = (2 - 1) * sum(packed_size(n, 1) + 4 for n in sizes)  # every tensor, biases too (as DeepSpeed)
     kinds = _kinds(*knobs.values(), 8)
     assert kinds == ["dense", "dense", "one_bit", "first_sync", "sync", "sync", "local", "sync"]
     want = {"dense": dense, "one_bit": one_bit, "first_sync": one_bit, "sync": one_bit, "local": 0}

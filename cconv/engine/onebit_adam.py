@@ -71,6 +71,11 @@ class OneBitAdamState(NamedTuple):
     traffic: dict  # the last update's bytes, each (1,) float32
 
 
+EVERY_TENSOR = True  # compress_vectors: the momentum of every tensor travels as 1 bit, biases included
+# (DeepSpeed's OnebitAdam and ZeroOneAdam compress the whole flattened momentum buffer), unlike the
+# engine's default for gradient compressors, which leaves 1-D tensors dense
+
+
 def _check(b1, b2, eps, warmup_steps, seed) -> None:
     """One-line ValueErrors for bad hyper-parameters."""
     for name, v in (("b1", b1), ("b2", b2)):
@@ -145,10 +150,12 @@ def onebit_adam(
     **options,
 ) -> optax.GradientTransformation:
     """1-bit Adam (module docstring); ``options`` go to the compressed ``Exchange``
-    (``architecture``, ``ps_downlink``, ``granularity``, ...); ``compressor`` defaults to the
+    (``architecture``, ``ps_downlink``, ``granularity``, ...; ``compress_vectors`` defaults to
+    True here, ``EVERY_TENSOR``: DeepSpeed compresses biases too); ``compressor`` defaults to the
     paper's sign with one scale per tensor; ``exp_avg_mask``: DeepSpeed's momentum mask (module
     docstring).  Bad values: one-line ValueError."""
     _check(b1, b2, eps, warmup_steps, seed)
+    options = {"compress_vectors": EVERY_TENSOR, **options}
     dense = Exchange(None, axis_name=axis_name, **{k: v for k, v in options.items() if k == "architecture"})
     comp = Exchange(compressor if compressor is not None else one_bit(), memory="ef", axis_name=axis_name, **options)
     keys = TRAFFIC_KEYS + (SERVER_KEYS if comp.config.architecture != "all-to-all" else ())
@@ -256,7 +263,12 @@ def onebit_adam_engine(
         out = adam_updates(mu, nu, avg, t, lr(t), b1, b2, eps, warmup_steps)
         return out, OneBitAdamEngineState(t + 1, mu, nu)
 
-    engine = {"compressor": comp, "memory": "ef", "warmup": Warmup((), dense_steps=warmup_steps)}
+    engine = {
+        "compressor": comp,
+        "memory": "ef",
+        "warmup": Warmup((), dense_steps=warmup_steps),
+        "compress_vectors": EVERY_TENSOR,
+    }
     return MessageTransformation(init_fn, update_fn, message, engine, label="1-bit Adam")
 
 

@@ -50,7 +50,7 @@ from jax import lax
 
 from cconv.compressors.base import Compressor
 from cconv.engine.dropin import SERVER_KEYS, TRAFFIC_KEYS, Exchange
-from cconv.engine.onebit_adam import compressor_of
+from cconv.engine.onebit_adam import EVERY_TENSOR, compressor_of
 
 DENSE, ONE_BIT, LOCAL, SYNC = 0, 1, 2, 3  # a step's branch
 
@@ -186,6 +186,7 @@ def zero_one_adam(
     ``Exchange``s (``architecture``, ``granularity``, ...).  Bad values: one-line ValueError."""
     _check(b1, b2, eps, var_freeze_step, var_update_scaler, local_step_scaler, local_step_clipper, seed)
     comp = compressor_of(compressor)
+    options = {"compress_vectors": EVERY_TENSOR, **options}  # as DeepSpeed: biases too
     arch = {k: v for k, v in options.items() if k == "architecture"}
     ex = {
         "dense": Exchange(None, axis_name=axis_name, **arch),

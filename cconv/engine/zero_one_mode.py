@@ -47,7 +47,7 @@ import optax
 
 from cconv.compressors.base import Compressor
 from cconv.engine.config import Phase
-from cconv.engine.onebit_adam import compressor_of
+from cconv.engine.onebit_adam import EVERY_TENSOR, compressor_of
 from cconv.engine.optimizers import MessageTransformation, register
 from cconv.engine.step import apply_update, local_grad, reduce_metrics
 from cconv.engine.sync import SYNC_MODES, SyncMode, gradient_step
@@ -233,7 +233,12 @@ def zero_one_adam_engine(
             jnp.zeros((), jnp.int32), zeros, zeros, zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)
         )
 
-    engine = {"sync": ZeroOne.name, "compressor": compressor_of(compressor), "memory": "ef"}
+    engine = {
+        "sync": ZeroOne.name,
+        "compressor": compressor_of(compressor),
+        "memory": "ef",
+        "compress_vectors": EVERY_TENSOR,  # as DeepSpeed: biases too
+    }
     schedule = Schedule(var_freeze_step, var_update_scaler, local_step_scaler, local_step_clipper)
     return MessageTransformation(init_fn, update, message, engine, label="0/1 Adam", schedule=schedule)
 

@@ -287,6 +287,34 @@ class ErrorFeedbackWarning(UserWarning):
     one_line = True
 
 
+class NothingCompressedWarning(UserWarning):
+    """A compressor that this model's tensors never reach: every tensor is 1-D (dense by default,
+    ``compress_vectors``) or under ``min_compress_size``, so the run is dense under another name
+    (the CLI prints it as one line)."""
+
+    one_line = True
+
+
+def warn_if_nothing_compressed(engine_cfg: Any, shapes: Iterable) -> None:
+    """``NothingCompressedWarning`` when ``engine_cfg``'s compressor compresses none of ``shapes``
+    (the exchange's own plan, ``cconv.engine.exchange.make_plan``); gossip compresses every tensor."""
+    from cconv import compressors as C
+    from cconv.engine.exchange import make_plan
+
+    comp, shapes = engine_cfg.compressor, [tuple(s) for s in shapes]
+    if engine_cfg.sync == "gossip" or not shapes or C.registered_name(comp) == C.IDENTITY:
+        return
+    if any(make_plan(engine_cfg, comp, shapes, memory=engine_cfg.memory).compressed):
+        return
+    warnings.warn(
+        f"compressor {C.registered_name(comp)} compresses none of this model's {len(shapes)} tensors (1-D tensors "
+        f"travel dense by default, and those under min_compress_size): the run is dense; set "
+        f"compress_vectors: true to compress 1-D tensors",
+        NothingCompressedWarning,
+        stacklevel=2,
+    )
+
+
 class SignLearningRateWarning(UserWarning):
     """A compressor whose output is not bounded by its input (signSGD's +-1 per coordinate) under
     plain SGD with a learning rate of SGD's range (the CLI prints it as one line)."""
@@ -472,7 +500,7 @@ def _optimizer_fields(cfg: RunConfig, optimizer: Any) -> dict:
     fields = getattr(optimizer, "engine", None) or {}
     for k, own in fields.items():
         given = getattr(cfg, k) if k in FIELDS else None
-        if k in FIELDS and given != default_of(k) and not (isinstance(own, str) and given == own):
+        if k in FIELDS and given != default_of(k) and not (isinstance(own, (str, bool, int, float)) and given == own):
             raise ConfigError(
                 f"optimizer {cfg.optimizer['name']} sets the engine's {k} itself (from its own knobs); "
                 f"remove {k}: {shown(getattr(cfg, k))} from the config"
@@ -519,6 +547,8 @@ def make_engine_config(
             )  # e.g. 1-bit Adam's messages need a mode that averages them every step
         if shapes is not None and cfg.sync == "gossip":
             check_gamma(engine_cfg, list(shapes))  # gossip compresses every tensor; before anything is written
+        if shapes is not None:
+            warn_if_nothing_compressed(engine_cfg, list(shapes))
     except ValueError as e:
         raise ConfigError(_first_line(e)) from None
     _check_servers(cfg, engine_cfg)
