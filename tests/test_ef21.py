@@ -16,6 +16,7 @@ import cconv.memory as M
 from cconv.engine import EngineConfig
 
 P = 4
+VECTOR = True  # x is one 1-D tensor: compressed only with compress_vectors (1-D tensors are dense by default)
 
 
 def _run(ex, grads_fn, x0, steps, lr):
@@ -50,7 +51,7 @@ def test_identity_compressor_is_exact_sgd(memory):
     """C = identity: g_i = x_i after every step, so the update is the plain average (EF21) or the
     average of the momentum buffers v_i = beta v_i + (1 - beta) x_i (EF21-SGDM)."""
     _, _, grads = _quadratic()
-    ex = cconv.Exchange(C.get("none"), memory=memory, axis_name="data", momentum=0.5)
+    ex = cconv.Exchange(C.get("none"), memory=memory, axis_name="data", momentum=0.5, compress_vectors=VECTOR)
     xs, avgs, _ = _run(ex, grads, jnp.zeros(12), 6, 0.1)
     v = np.zeros((P, 12))
     for x, avg in zip(np.asarray(xs), np.asarray(avgs)):
@@ -65,7 +66,9 @@ def test_shared_estimate_is_the_mean_of_the_workers_estimates(collective):
     differ per worker; gTop-k: what a worker sent that the global selection dropped is taken
     back out of its g_i, ``Memory.give_back``)."""
     _, _, grads = _quadratic()
-    ex = cconv.Exchange(C.get("topk", ratio=0.25), memory="ef21", axis_name="data", collective=collective)
+    ex = cconv.Exchange(
+        C.get("topk", ratio=0.25), memory="ef21", axis_name="data", collective=collective, compress_vectors=VECTOR
+    )
     _, avgs, st = _run(ex, grads, jnp.zeros(12), 8, 0.1)
     local, shared = np.asarray(st.local)[:, :, 0], np.asarray(st.shared)[:, :, 0]  # (T, P, d)
     np.testing.assert_array_equal(shared, np.broadcast_to(shared[:, :1], shared.shape))
@@ -97,7 +100,7 @@ def test_topk_converges_linearly_on_least_squares_at_the_theorems_step():
     g0 = float(np.linalg.norm(np.asarray(grads(jnp.zeros(12))).mean(0)))
     out = {}
     for memory in ("ef21", "none"):
-        ex = cconv.Exchange(C.get("topk", k=3), memory=memory, axis_name="data")
+        ex = cconv.Exchange(C.get("topk", k=3), memory=memory, axis_name="data", compress_vectors=VECTOR)
         xs, _, _ = _run(ex, grads, jnp.zeros(12), 3000, gamma)
         out[memory] = float(np.linalg.norm(np.asarray(grads(xs[-1])).mean(0))) / g0
     assert out["ef21"] < 1e-4, out

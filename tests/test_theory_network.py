@@ -242,7 +242,8 @@ def test_step_comm_time_of_real_engine_collectives():
     topk = C.get("topk", ratio=0.125)
     payload = topk.wire_bytes((64, 8)) + topk.wire_bytes((8,))  # 64 and 1 (value, index) pairs
     for collective, kind in (("auto", "allgather"), ("gtopk", "recursive_doubling")):
-        cfg = EngineConfig(workers=4, compressor=topk, memory="ef", collective=collective)
+        # the bias too (compress_vectors): the planner's per-layer payloads compress every tensor
+        cfg = EngineConfig(workers=4, compressor=topk, memory="ef", collective=collective, compress_vectors=True)
         trainer = build(loss_fn, params, optax.sgd(0.1), cfg)
         colls = trainer.collectives(0)
         assert {c.kind for c in colls} == {kind}
