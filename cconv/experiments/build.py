@@ -301,7 +301,7 @@ def warn_if_nothing_compressed(engine_cfg: Any, shapes: Iterable) -> None:
     from cconv import compressors as C
     from cconv.engine.exchange import make_plan
 
-    comp, shapes = engine_cfg.compressor, [tuple(s) for s in shapes]
+    comp, shapes = engine_cfg.compressor, list(shapes)
     if engine_cfg.sync == "gossip" or not shapes or C.registered_name(comp) == C.IDENTITY:
         return
     if any(make_plan(engine_cfg, comp, shapes, memory=engine_cfg.memory).compressed):
@@ -499,11 +499,14 @@ def _optimizer_fields(cfg: RunConfig, optimizer: Any) -> dict:
     ConfigError."""
     fields = getattr(optimizer, "engine", None) or {}
     for k, own in fields.items():
-        given = getattr(cfg, k) if k in FIELDS else None
-        if k in FIELDS and given != default_of(k) and not (isinstance(own, (str, bool, int, float)) and given == own):
+        if k not in FIELDS:
+            continue
+        given = getattr(cfg, k)
+        same = isinstance(own, (str, bool, int, float)) and given == own  # plain values; objects never equal
+        if given != default_of(k) and not same:
             raise ConfigError(
                 f"optimizer {cfg.optimizer['name']} sets the engine's {k} itself (from its own knobs); "
-                f"remove {k}: {shown(getattr(cfg, k))} from the config"
+                f"remove {k}: {shown(given)} from the config"
             )
     return dict(fields)
 
@@ -541,14 +544,13 @@ def make_engine_config(
             "launcher": launcher or cfg.launcher,
         }
         engine_cfg = engine.EngineConfig(**{**fields, **own})
-        if optimizer is not None:
-            optimizers.check(
-                engine_cfg, optimizer
-            )  # e.g. 1-bit Adam's messages need a mode that averages them every step
-        if shapes is not None and cfg.sync == "gossip":
-            check_gamma(engine_cfg, list(shapes))  # gossip compresses every tensor; before anything is written
+        if optimizer is not None:  # e.g. 1-bit Adam's messages need a mode that averages them every step
+            optimizers.check(engine_cfg, optimizer)
         if shapes is not None:
-            warn_if_nothing_compressed(engine_cfg, list(shapes))
+            shapes = list(shapes)
+            if cfg.sync == "gossip":
+                check_gamma(engine_cfg, shapes)  # gossip compresses every tensor; before anything is written
+            warn_if_nothing_compressed(engine_cfg, shapes)
     except ValueError as e:
         raise ConfigError(_first_line(e)) from None
     _check_servers(cfg, engine_cfg)

@@ -355,10 +355,12 @@ def stage_calls(stage, workload: W.Workload, granularity: str, nbytes: str = "mo
     concatenation, each with its own scale, ``wire_bytes``), exchanged by its aggregation, and the
     tensors it leaves dense in an all-reduce.  ``granularity`` fused: one call per kind (their
     bytes summed, tensor fusion); layerwise: one per payload."""
-    if stage.sends == "nothing":
+    from cconv.engine.stages import DENSE, NOTHING  # the stage's own words (engine: imported when planned)
+
+    if stage.sends == NOTHING:
         return []
     ident = identity_name()
-    if stage.sends == "dense":
+    if stage.sends == DENSE:
         return calls(Method(ident, ident, None, True, None), C.get(ident), workload, granularity, nbytes)
     c = stage.compressor
     kind = kind_of(Method(c.name, c.name, None, False, None), c)
@@ -388,6 +390,8 @@ def optimizer_rows(su: _Setup, name: str, factory: Callable, knobs: dict, steps:
     """An optimizer's rows: one per stage of its run of ``steps`` steps (the seconds and bytes of
     one of its steps) and their mean over the run (``MEAN``: total seconds / steps, bytes likewise;
     its speedup P t_comp / mean step, the run's throughput).  Constant: its compressor's."""
+    from cconv.engine.stages import DENSE
+
     tx, stages = optimizer_stages(factory, knobs, steps, su.workload, su.workers)
     setting = ", ".join(f"{k}={v}" for k, v in knobs.items()) or "-"
     out, const = [], "omega=0"
@@ -395,7 +399,7 @@ def optimizer_rows(su: _Setup, name: str, factory: Callable, knobs: dict, steps:
         payload, sent, comm = _priced(su, stage_calls(st, su.workload, su.granularity, su.nbytes))
         it = su.compute + comm
         label = st.compressor.name if st.compressor is not None else st.sends
-        own = "omega=0" if st.sends == "dense" else ""  # the identity's; a step that sends nothing has none
+        own = "omega=0" if st.sends == DENSE else ""  # the identity's; a step that sends nothing has none
         if st.compressor is not None:
             const = own = constant(st.compressor, su.workload)
         row = Row(name, setting, payload, sent, comm, it, su.workers * su.compute / it, st.compressor is None, own)
