@@ -643,3 +643,27 @@ def test_an_advice_that_ranks_nothing_removes_the_old_figure(tmp_path):
     outputs: dict = {}
     api._figure(plan, [unranked], outputs)
     assert not (tmp_path / "advice.png").exists() and "figure" not in outputs
+
+
+@pytest.mark.slow
+def test_a_probe_builds_every_program_unoptimised_on_cpu(tmp_path, monkeypatch):
+    """On CPU each program a probe builds (initial state, step, evaluator) goes to XLA with the
+    advisor's fast-build options (``probes.FAST_BUILD``), and the options are real ones: a probe
+    built with one XLA does not know fails, naming it."""
+    from cconv.advisor import probes
+    from cconv.engine.launchers import Launcher
+    from cconv.experiments.warm import warm
+
+    built, real = [], Launcher.jit
+    spy = lambda self, fn, **kw: built.append(self.compiler_options) or real(self, fn, **kw)  # noqa: E731
+    monkeypatch.setattr(Launcher, "jit", spy)
+    block = {"compressors": [{"name": "topk", "ratio": 0.1}], "memory": ["ef"]}
+    base = _cfg(model={"name": "mlp", "hidden": [16]}, data="digits", batch_size=32, steps=20, advise=block)
+    cand = next(c for c in SP.candidates(SP.parse(block, base)) if not c.dense)
+    cfg = probes.probe_config(base, cand, seeds=2, workers=4, log_every=1)
+    assert probes.compiler_options() == probes.FAST_BUILD  # the tests run on CPU
+    warm(probes.build(cfg, cand, str(tmp_path / "p")).problem, 2)
+    assert len(built) >= 3 and all(o == probes.FAST_BUILD for o in built)  # init, step, evaluator
+    monkeypatch.setattr(probes, "FAST_BUILD", {"xla_no_such_option": 1})
+    with pytest.raises(Exception, match="xla_no_such_option"):
+        warm(probes.build(cfg, cand, str(tmp_path / "q")).problem, 2)

@@ -301,3 +301,34 @@ def test_cli_run_with_launcher_vmap_needs_no_simulated_devices(tmp_path):
         timeout=240,
     )
     assert r.returncode == 0 and "completed" in r.stdout, r.stderr
+
+
+def _two_steps(compiler_options, launcher="vmap"):
+    engine_cfg = EngineConfig(workers=4, compressor=C.topk(ratio=0.25), memory="ef", launcher=launcher)
+    tr = build(loss_fn, PARAMS, optax.sgd(0.1), engine_cfg, model_state=MSTATE, compiler_options=compiler_options)
+    state = tr.init()
+    for s in range(2):
+        state, metrics = tr.step(state, make_batch(s), jax.random.key(s))
+    return tr, state, metrics
+
+
+@pytest.mark.slow
+def test_compiler_options_reach_xla_and_build_the_same_computation():
+    """``build(compiler_options=...)``: every program of the trainer is built with XLA's options
+    (an option XLA does not know fails the first build, naming it: they reach the compiler), and an
+    unoptimised build (what ``cconv advise`` uses for its probes on CPU) computes the same step up
+    to float rounding."""
+    fast_build = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+    _, ref, m_ref = _two_steps(None)
+    tr, fast, m_fast = _two_steps(fast_build)
+    assert tr.launcher.compiler_options == fast_build
+    for a, b in zip(jax.tree.leaves(tr.params(ref)), jax.tree.leaves(tr.params(fast)), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(float(m_ref["loss"]), float(m_fast["loss"]), rtol=1e-5)
+    with pytest.raises(Exception, match="xla_no_such_option"):
+        _two_steps({"xla_no_such_option": 1})
+
+
+def test_pmap_refuses_compiler_options_in_one_line():
+    with pytest.raises(ValueError, match="compiler_options need a jitted launcher"):
+        _two_steps({"xla_backend_optimization_level": 0}, launcher="pmap")

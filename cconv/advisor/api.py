@@ -174,7 +174,7 @@ def prepare(
         )
     from cconv.experiments import build as B
 
-    first = B.problem(first)  # built once: the target's metrics now, the dense candidate's probe later
+    first = B.problem(first, probes.compiler_options())  # the target's metrics now, the dense probe later
     tgt = _parse_target(_target_text(target, sp, cfg), first)
     name = os.path.splitext(os.path.basename(src))[0] if src != "config" else "config"
     out = out or os.path.join("results", "advise", name)

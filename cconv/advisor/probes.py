@@ -18,7 +18,12 @@ user would start.  Its config is the user's with the candidate's keys set and:
 * no network, wandb, TensorBoard: the advisor's timing model is ``cconv.advisor.steptime``.
 
 Candidates differ in compressor and synchronization, i.e. in program structure: each is built
-once (``build.problem``; the same Problem serves timing and every piece of training).
+once (``build.problem``; the same Problem serves timing and every piece of training).  On CPU its
+programs are built without LLVM's optimisation passes (``FAST_BUILD``): a probe trains a few
+hundred steps at most, and XLA:CPU spends most of a small model's build in those passes, so the
+unoptimised build costs less than the slower steps it runs (measured in docs/advise.md).  The
+computation is the same, up to floating-point rounding: a probe's curve is the user's run's, not
+its bits.  Elsewhere (GPU, TPU) the default build: there the program's speed matters more.
 """
 
 from __future__ import annotations
@@ -28,12 +33,20 @@ import os
 import re
 from typing import NamedTuple
 
+import jax
 import numpy as np
 
 from cconv.advisor.extrapolate import Curve
 from cconv.advisor.space import Candidate
 from cconv.experiments.build import Problem
 from cconv.experiments.config import RunConfig
+
+FAST_BUILD = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+def compiler_options() -> dict | None:
+    """XLA options for a probe's programs on this process's backend (module docstring)."""
+    return FAST_BUILD if jax.default_backend() == "cpu" else None
 
 
 class Probe(NamedTuple):
@@ -132,7 +145,7 @@ def build(cfg: RunConfig, cand: Candidate, run_dir: str, problem: Problem | None
     """The candidate's Problem, built once (data, model, compiled trainer on first use)."""
     from cconv.experiments import build as B
 
-    return Probe(cand, cfg, problem if problem is not None else B.problem(cfg), run_dir)
+    return Probe(cand, cfg, problem if problem is not None else B.problem(cfg, compiler_options()), run_dir)
 
 
 def train_to(probe: Probe, steps: int) -> Progress:

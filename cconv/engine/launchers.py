@@ -14,7 +14,8 @@ A launcher owns everything the trainer does differently per execution model:
     is_main()                         whether this process writes results
 
 ``LAUNCHERS`` maps a name to the class, built as ``cls(engine_cfg, devices=..., mpi_comm=...,
-seeds=...)``; ``supports_seeds`` says whether ``build(seeds=S)`` works with it, ``one_device``
+seeds=..., compiler_options=...)`` (XLA options every program of the run is built with; none:
+XLA's defaults); ``supports_seeds`` says whether ``build(seeds=S)`` works with it, ``one_device``
 whether P workers need only one device.  Adding a launcher is one class and one entry.
 
   shard_map  ``jax.shard_map`` over a 1-D device mesh (default); state leaves carry a leading
@@ -52,8 +53,14 @@ class Launcher(abc.ABC):
     one_process_per_worker = False  # True: started by an external launcher (mpirun), one rank each
     one_device = False  # True: all P workers run on one device (no simulated devices needed)
 
-    def __init__(self, engine_cfg, devices=None, mpi_comm=None, seeds: int | None = None):
+    def __init__(self, engine_cfg, devices=None, mpi_comm=None, seeds: int | None = None, compiler_options=None):
         self.engine_cfg, self.workers, self.seeds = engine_cfg, engine_cfg.workers, seeds
+        self.compiler_options = dict(compiler_options) if compiler_options else None
+
+    def jit(self, fn: Callable, **kw) -> Callable:
+        """``jax.jit(fn)`` with this launcher's XLA ``compiler_options`` (``build(compiler_options=...)``:
+        e.g. a fast, unoptimised backend build; every program of the run is built the same way)."""
+        return jax.jit(fn, compiler_options=self.compiler_options, **kw)
 
     @abc.abstractmethod
     def comm(self) -> Comm:
@@ -117,13 +124,14 @@ class _StackedLayout(Launcher):
                 return jax.tree.map(lambda x: jnp.broadcast_to(x, (P_, *jnp.shape(x))), worker_init(p, m))
 
             fn = per_seed if axes is None else (lambda p, m: jax.vmap(per_seed, in_axes=axes, axis_size=S)(p, m))
-            cache[key] = jax.jit(fn, out_shardings=self.sharded)
+            cache[key] = self.jit(fn, out_shardings=self.sharded)
         return cache[key]
 
     def view(self, tree, average: bool):
         if self._view_fn is None:  # compiled once per trainer (jit caches per tree structure)
             ax = 0 if self.seeds is None else 1
             pick = lambda x: x.mean(ax).astype(x.dtype) if average else jnp.take(x, 0, axis=ax)
+            # plain jax.jit: also called inside the evaluator's program, where no options may be given
             self._view_fn = jax.jit(lambda t: jax.tree.map(pick, t), out_shardings=self.replicated)
         return self._view_fn(tree)
 
@@ -131,8 +139,8 @@ class _StackedLayout(Launcher):
 class _Stacked(_StackedLayout):
     """Launchers on a device mesh: the worker axis is sharded over P devices."""
 
-    def __init__(self, engine_cfg, devices=None, mpi_comm=None, seeds=None):
-        super().__init__(engine_cfg, devices, mpi_comm, seeds)
+    def __init__(self, engine_cfg, devices=None, mpi_comm=None, seeds=None, compiler_options=None):
+        super().__init__(engine_cfg, devices, mpi_comm, seeds, compiler_options)
         devices = list(devices if devices is not None else jax.devices())
         if len(devices) < engine_cfg.workers:
             raise ValueError(
@@ -192,7 +200,7 @@ class ShardMap(_Stacked):
             block, spec = run, P(axis)
         else:  # a leading seed axis on everything: vmap inside the SPMD program
             block, spec = jax.vmap(run, in_axes=(0, 0, 0)), P(None, axis)
-        return jax.jit(jax.shard_map(block, mesh=self.mesh, in_specs=(spec, spec, P()), out_specs=(spec, P())))
+        return self.jit(jax.shard_map(block, mesh=self.mesh, in_specs=(spec, spec, P()), out_specs=(spec, P())))
 
 
 class Pmap(_Stacked):
@@ -201,6 +209,8 @@ class Pmap(_Stacked):
     name = "pmap"
 
     def compile(self, trace):
+        if self.compiler_options:
+            raise ValueError("compiler_options need a jitted launcher (jax.pmap takes none): use shard_map")
         pm = jax.pmap(
             lambda ws, batch, key: trace(self.comm(), ws, batch, key),
             axis_name=self.engine_cfg.axis_name,
@@ -238,8 +248,8 @@ class Vmap(_StackedLayout):
     supports_seeds = True
     one_device = True
 
-    def __init__(self, engine_cfg, devices=None, mpi_comm=None, seeds=None):
-        super().__init__(engine_cfg, devices, mpi_comm, seeds)
+    def __init__(self, engine_cfg, devices=None, mpi_comm=None, seeds=None, compiler_options=None):
+        super().__init__(engine_cfg, devices, mpi_comm, seeds, compiler_options)
         if jax.process_count() > 1:
             raise ValueError("launcher='vmap' runs every worker in one process (multi-process: use 'shard_map')")
         device = list(devices if devices is not None else jax.devices())[0]
@@ -258,7 +268,7 @@ class Vmap(_StackedLayout):
             new, metrics = jax.vmap(per_worker, axis_name=self.engine_cfg.axis_name)(ws, batch)
             return new, jax.tree.map(lambda m: m[0], metrics)  # metrics are all-reduced: equal
 
-        return jax.jit(run if self.seeds is None else jax.vmap(run))
+        return self.jit(run if self.seeds is None else jax.vmap(run))
 
 
 class MPI(Launcher):
@@ -267,8 +277,8 @@ class MPI(Launcher):
     name = "mpi"
     one_process_per_worker = True
 
-    def __init__(self, engine_cfg, devices=None, mpi_comm=None, seeds=None):
-        super().__init__(engine_cfg, devices, mpi_comm, seeds)
+    def __init__(self, engine_cfg, devices=None, mpi_comm=None, seeds=None, compiler_options=None):
+        super().__init__(engine_cfg, devices, mpi_comm, seeds, compiler_options)
         from cconv.comm.mpi import MPIComm
 
         self.mpi = MPIComm(mpi_comm)
@@ -284,10 +294,10 @@ class MPI(Launcher):
         return MPIComm(self.mpi.mpi_comm)
 
     def init(self, worker_init, params, mstate, like_params=None, like_mstate=None):
-        return jax.jit(worker_init)(params, mstate)
+        return self.jit(worker_init)(params, mstate)
 
     def compile(self, trace):
-        return jax.jit(lambda ws, batch, key: trace(self.comm(), ws, batch, key))
+        return self.jit(lambda ws, batch, key: trace(self.comm(), ws, batch, key))
 
     def inputs(self, batch, key):
         r, b = self.mpi.rank(), jax.tree.leaves(batch)[0].shape[0] // self.workers

@@ -83,6 +83,7 @@ class Trainer:
         devices=None,
         mpi_comm=None,
         seeds: int | None = None,
+        compiler_options: dict | None = None,
     ):
         if seeds is not None and (isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1):
             raise ValueError(f"build: seeds must be an integer >= 1 or None, got {seeds!r}")
@@ -101,7 +102,9 @@ class Trainer:
         self._work: dict[Phase, StepWork] = {}
         self._colls: dict[Phase, tuple] = {}
         self._metric_bytes: float | None = None
-        self.launcher: Launcher = launcher(engine_cfg, devices=devices, mpi_comm=mpi_comm, seeds=seeds)
+        self.launcher: Launcher = launcher(
+            engine_cfg, devices=devices, mpi_comm=mpi_comm, seeds=seeds, compiler_options=compiler_options
+        )
         self.sync: SyncMode = sync_mode(engine_cfg)
         self._host = self.sync.host(engine_cfg, optimizer)  # host-decided phases (AdaComm, 0/1 Adam), or None
         self._report_rank = TRANSPORTS[engine_cfg.architecture].report_rank(engine_cfg.workers)
@@ -313,6 +316,7 @@ def build(
     devices=None,
     mpi_comm=None,
     seeds: int | None = None,
+    compiler_options: dict | None = None,
 ) -> Trainer:
     """A data-parallel trainer.
 
@@ -324,7 +328,11 @@ def build(
     (vmapped inside the compiled step): state, batch and key then carry a leading seed axis
     (batch leaves (S, B, ...), keys (S, 2)) and metrics have shape (S,).  Prefer it to
     ``jax.jit(jax.vmap(trainer.step))``, which recompiles every step (the step counter is static).
+
+    ``compiler_options`` (XLA's, as ``jax.jit`` takes them) build every program of the trainer
+    alike, e.g. ``{"xla_backend_optimization_level": 0}``: a faster build of a slower program, the
+    same computation up to floating-point rounding (``cconv advise`` builds its probes so on CPU).
     """
     if not isinstance(engine_cfg, EngineConfig):
         raise ValueError(f"build: engine_cfg must be a cconv.engine.EngineConfig, got {type(engine_cfg).__name__}")
-    return Trainer(loss_fn, params, optimizer, engine_cfg, model_state, devices, mpi_comm, seeds)
+    return Trainer(loss_fn, params, optimizer, engine_cfg, model_state, devices, mpi_comm, seeds, compiler_options)

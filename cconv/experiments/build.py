@@ -118,9 +118,10 @@ def _first_line(e: BaseException) -> str:
 # --------------------------------------------------------------------------- the one pass
 
 
-def problem(cfg: RunConfig) -> Problem:
+def problem(cfg: RunConfig, compiler_options: dict | None = None) -> Problem:
     """Everything a run needs, stage by stage (module docstring); bad input raises a one-line
-    ValueError (``ConfigError`` where cconv checks it), and nothing is written."""
+    ValueError (``ConfigError`` where cconv checks it), and nothing is written.  ``compiler_options``:
+    XLA's, for every program of the run (``cconv.engine.build``; none: XLA's defaults)."""
     run_data = load_data(cfg)
     nets = init_models(cfg, run_data.ds)
     params = nets.specs[0].params
@@ -136,7 +137,7 @@ def problem(cfg: RunConfig) -> Problem:
         eval_fn=nets.eval_fn,
         optimizer=optimizer,
         engine_cfg=engine_cfg,
-        trainer=make_trainer(cfg, nets, optimizer, engine_cfg),
+        trainer=make_trainer(cfg, nets, optimizer, engine_cfg, compiler_options),
         batchers=run_data.batchers,
         seeds=cfg.seeds(),
     )
@@ -607,12 +608,22 @@ def network_label(spec: str | dict) -> str:
 
 
 def make_trainer(
-    cfg: RunConfig, nets: Models, optimizer: optax.GradientTransformation, engine_cfg: EngineConfig
+    cfg: RunConfig,
+    nets: Models,
+    optimizer: optax.GradientTransformation,
+    engine_cfg: EngineConfig,
+    compiler_options: dict | None = None,
 ) -> Trainer:
     """Stage 6: the engine's trainer on the first seed's model; several seeds: one program that
     carries a leading seed axis (the engine's ``build(seeds=S)``)."""
     n = len(cfg.seeds())
     spec = nets.specs[0]
     return engine.build(
-        nets.loss_fn, spec.params, optimizer, engine_cfg, model_state=spec.model_state, seeds=n if n > 1 else None
+        nets.loss_fn,
+        spec.params,
+        optimizer,
+        engine_cfg,
+        model_state=spec.model_state,
+        seeds=n if n > 1 else None,
+        compiler_options=compiler_options,
     )

@@ -28,7 +28,7 @@ def make_evaluator(problem: Problem) -> Callable[[Any, dict], dict]:
             return jax.vmap(eval_fn, in_axes=(0, 0, None))(params, mstate, chunk)
         return eval_fn(params, mstate, chunk)
 
-    return jax.jit(ev)
+    return trainer.launcher.jit(ev)  # built as the trainer's programs are
 
 
 _EVALUATORS: dict[int, tuple] = {}  # id(problem) -> (problem, evaluator): a run resumed in-process compiles once
