@@ -133,6 +133,17 @@ def _planned(methods, sweep, fixed, notes):
     return out
 
 
+def _row(method, hp, lcs, sched, arch, interference, p, t1) -> Row:
+    """The row of one method at one setting: its layers simulated under ``sched`` on ``arch``."""
+    r = S.run(lcs, sched, arch, interference=interference)
+    fb = sum(lc.fwd_s + lc.bwd_s for lc in lcs)
+    cx = sum(lc.compress_s + lc.decompress_s for lc in lcs)
+    exposed = max(0.0, r.iter_s - fb - cx)
+    nbytes = sum(lc.nbytes for lc in lcs)
+    return Row(method.name, dict(hp), sched.name, arch.name, r.iter_s, fb, exposed, cx, nbytes, p * t1 / r.iter_s,
+               t1 / r.iter_s)  # fmt: skip
+
+
 def predict(
     cluster: Cluster,
     workload: str | P.Profile,
@@ -175,24 +186,7 @@ def predict(
             if ps and any((lc.kind or "allreduce") not in GATHERABLE for lc in lcs):
                 notes.append(f"{method.name} omitted: a parameter server aggregates summable or gathered payloads")
                 break
-            r = S.run(lcs, sched, arch, interference=interference)
-            fb = sum(lc.fwd_s + lc.bwd_s for lc in lcs)
-            cx = sum(lc.compress_s + lc.decompress_s for lc in lcs)
-            rows.append(
-                Row(
-                    method.name,
-                    dict(hp),
-                    sched.name,
-                    arch.name,
-                    r.iter_s,
-                    fb,
-                    max(0.0, r.iter_s - fb - cx),
-                    cx,
-                    sum(lc.nbytes for lc in lcs),
-                    p * t1 / r.iter_s,
-                    t1 / r.iter_s,
-                )
-            )
+            rows.append(_row(method, hp, lcs, sched, arch, interference, p, t1))
     if not rows:
         raise ValueError("no method left to plan: " + "; ".join(notes[:3]))
     return rows
