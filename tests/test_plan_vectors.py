@@ -98,3 +98,26 @@ def test_plan_measure_takes_the_configs_setting(capsys):
     rc = cli.main(["plan", "--cluster", "1x2", "--measure", "missing.yaml", "--compress-vectors"])
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "the config's compress_vectors" in err
+
+
+@pytest.mark.slow  # builds two tiny runs (~2 s)
+def test_a_runs_profile_carries_its_configs_setting():
+    """``cconv plan --measure``: the run's profile carries its config's ``compress_vectors``, so the
+    model sizes the bytes the measured step sends (the MLP's biases dense, or compressed with it)."""
+    from runs_helpers import tiny
+
+    from cconv.experiments import build, clock
+    from cconv.experiments.config import from_dict
+
+    c = CL.parse("1x2", "NVLink", "10GbE", "v100")
+    out = {}
+    for setting in (False, True):
+        prof = clock.profile_of(build.problem(from_dict(tiny(compress_vectors=setting))))
+        assert prof.compress_vectors is setting
+        (row,) = PR.predict(c, prof, ["topk"], sweep={"ratio": [0.1]})
+        (want,) = PR.predict(c, prof._replace(compress_vectors=None), ["topk"], sweep={"ratio": [0.1]},
+                             compress_vectors=setting)  # fmt: skip
+        out[setting] = row.bytes
+        assert row.bytes == want.bytes
+    bias = sum(s[0] for lay in prof.layers for s in lay.shapes if len(s) == 1)
+    assert bias > 0 and out[False] > out[True]  # the biases' 4 bytes an element against their top-k share
