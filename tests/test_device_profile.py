@@ -21,14 +21,17 @@ PROFILE = {
 def test_profile_changes_the_plan_as_documented():
     """Compute = FLOPs / the profile's FLOP/s; the fused compress/decompress of a layer of d elements
     = its measured multiple x 4 d / the profile's bandwidth + the profile's launch cost (x P decodes
-    after top-k's all-gather)."""
+    after top-k's all-gather), d the layer's compressed elements: its vectors travel dense, uncompressed
+    (the engine's default)."""
     device, bench = DP.parse(PROFILE)
     c = CL.parse("4x1", "NVLink", "10GbE", device)
     prof = P.get("resnet50")
     (row,) = PR.predict(c, "resnet50", ["topk"], sweep={"ratio": [0.01]}, bench=bench)
     assert row.compute_s == pytest.approx((prof.fwd_flops + prof.bwd_flops) / 1e12)
-    n = len(prof.layers)
-    floors = 4 * prof.params / 1e10
+    n = sum(any(len(s) > 1 for s in lay.shapes) for lay in prof.layers)
+    vectors = sum(s[0] for lay in prof.layers for s in lay.shapes if len(s) == 1)
+    assert n == len(prof.layers) and vectors > 0  # each layer has a kernel; its biases and BN scales are vectors
+    floors = 4 * (prof.params - vectors) / 1e10
     assert row.compress_s == pytest.approx(3.0 * floors + n * 1e-5 + 4 * 1.0 * floors + n * 1e-5)
 
 

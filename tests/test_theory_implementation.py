@@ -16,7 +16,7 @@ from cconv.theory.schedule import compress as CC
 
 # round numbers: a read floor of n elements is 4n / 1e9 s, one op 10 us, a sort 10 floors, staging 1 GB/s
 DEV = Device("toy", 1e12, 1e9, 5e-6)
-IMPL = IM.Implementation("toy", True, op_s=1e-5, sort_passes=10.0, host_bw=1e9)
+IMPL = IM.Implementation("toy", True, op_s=1e-5, sort_passes=10.0, host_bw=1e9, compress_vectors=True)  # as GRACE
 
 
 def test_decodes_per_collective():
@@ -127,7 +127,9 @@ def test_layer_cost_sums_its_tensors_and_stages_the_dense_gradient():
 
 
 def test_unknown_implementation_is_one_line():
-    with pytest.raises(ValueError, match="unknown implementation 'gpu'; valid: fused, per-tensor, mpi, ddp-hook$"):
+    with pytest.raises(
+        ValueError, match="unknown implementation 'gpu'; valid: fused, per-tensor, mpi, ddp-hook, espresso$"
+    ):
         IM.get("gpu")
 
 
@@ -213,7 +215,9 @@ def test_docs_example_and_constants_are_the_models(capsys):
 # ---------------------------------------------------------------- ddp-hook: framework ops per DDP bucket
 
 MIB = 1024 * 1024
-DDP = IMPL._replace(name="toy-ddp", host_bw=0.0, bucket_limits=(400.0, 900.0))  # bytes: first bucket, then the rest
+DDP = IMPL._replace(
+    name="toy-ddp", host_bw=0.0, bucket_limits=(400.0, 900.0), compress_vectors=False
+)  # bytes: first bucket, then the rest
 
 
 def test_ddp_bucket_assignment_by_hand():
@@ -279,16 +283,23 @@ def test_ddp_hook_charges_ops_once_per_bucket_by_hand():
 
 def test_ddp_hook_dense_and_per_tensor_aggregations_by_hand():
     """The dense baseline sends each bucket (4 n bytes), no compression; PowerSGD's hook loops over
-    the bucket's tensors (matmuls per matrix), its factors travel in the bucket's message."""
+    the bucket's matrices (matmuls per matrix), its factors travel in the bucket's message with the
+    bucket's vectors, all-reduced uncompressed and costing no compression (PyTorch's powerSGD_hook);
+    a hook that compresses them too pays their operations."""
     prof = _toy_profile()
     dense = CC.layer_costs(prof, PL.identity_name(), 4, DEV, implementation=DDP)
     assert [(lc.nbytes, lc.compress_s, lc.decompress_s) for lc in dense] == [(880, 0, 0), (920, 0, 0), (400, 0, 0)]
     c = C.get("powersgd", rank=2)
     ps = CC.layer_costs(prof, "powersgd", 4, DEV, hparams={"rank": 2}, bench={}, implementation=DDP)
+    assert ps[1].compress_s == pytest.approx(IM.compress_s(c, (50, 4), DDP, DEV))
+    assert ps[1].decompress_s == pytest.approx(IM.decompress_s(c, (50, 4), DDP, DEV, 1))
+    assert ps[1].nbytes == pytest.approx(sum(PL.payload_leaf_bytes(c, (50, 4))) + 4 * 30)
+    assert (ps[2].nbytes, ps[2].compress_s, ps[2].decompress_s, ps[2].kind) == (400, 0, 0, "allreduce")
+    every = CC.layer_costs(prof, "powersgd", 4, DEV, hparams={"rank": 2}, bench={}, implementation=IMPL._replace(
+        host_bw=0.0, bucket_limits=DDP.bucket_limits))  # fmt: skip
     bucket1 = ((50, 4), (30,))
-    assert ps[1].compress_s == pytest.approx(sum(IM.compress_s(c, s, DDP, DEV) for s in bucket1))
-    assert ps[1].decompress_s == pytest.approx(sum(IM.decompress_s(c, s, DDP, DEV, 1) for s in bucket1))
-    assert ps[1].nbytes == pytest.approx(sum(sum(PL.payload_leaf_bytes(c, s)) for s in bucket1))
+    assert every[1].compress_s == pytest.approx(sum(IM.compress_s(c, s, DDP, DEV) for s in bucket1))
+    assert every[1].nbytes == pytest.approx(sum(sum(PL.payload_leaf_bytes(c, s)) for s in bucket1))
 
 
 def test_ddp_hook_refuses_different_hyper_parameters_in_one_bucket():

@@ -70,13 +70,15 @@ def step_cost(work, compute_s, exchange_s, workers, net, schedule=None, profile=
 
 
 def profile_of(problem: Any):
-    """The run's model as layers on its local batch (``cconv.theory.profiles.from_spec``)."""
+    """The run's model as layers on its local batch (``cconv.theory.profiles.from_spec``), carrying
+    the run's own ``compress_vectors`` (so the model sizes its vectors as the run sends them)."""
     from cconv.theory import profiles
 
     cfg = problem.cfg
     x = np.asarray(problem.ds.train["x"][:1])
     b = jax.ShapeDtypeStruct((cfg.batch_size // cfg.workers, *x.shape[1:]), x.dtype)
-    return profiles.from_spec(cfg.model["name"], problem.specs[0], b)
+    prof = profiles.from_spec(cfg.model["name"], problem.specs[0], b)
+    return prof._replace(compress_vectors=bool(problem.engine_cfg.compress_vectors))
 
 
 class Clock:

@@ -152,7 +152,11 @@ class Implementation(NamedTuple):
     last repeated (``buckets``; (): no buckets, a compressor sees each tensor), ``queued`` whether
     the framework queues its operations asynchronously on the GPU (``op_cost``), ``round_s`` seconds
     per round of a data-dependent loop (``Cost.rounds``: the host reads the loop's predicate),
-    ``layout`` how the framework lays out a parameter tensor (``LAYOUTS``; ``tensor_view``)."""
+    ``layout`` how the framework lays out a parameter tensor (``LAYOUTS``; ``tensor_view``),
+    ``compress_vectors`` whether the published implementation compresses 1-D tensors (biases, norm
+    scales) or sends them dense (None: cconv's own program, which follows the plan's setting, by
+    default the engine's ``EngineConfig.compress_vectors``; ``vectors_of``), ``vectors_source``
+    the file and function of the implementation's code that decides it."""
 
     name: str
     per_tensor: bool
@@ -164,6 +168,8 @@ class Implementation(NamedTuple):
     queued: bool = False
     round_s: float = 0.0
     layout: str = FLAX
+    compress_vectors: bool | None = None  # None: the plan's setting (cconv's engine: ``vectors_of``)
+    vectors_source: str = ""  # where the implementation's code decides it
 
     def framework_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """``shape`` (a profile's, Flax's axis order: kernels (kh, kw, in, out), dense (in, out)) as
@@ -184,12 +190,57 @@ class Implementation(NamedTuple):
         return not self.per_tensor
 
 
+# Whether each published implementation compresses 1-D tensors, read in its code (file, function):
+GRACE_VECTORS = (
+    "GRACE compresses every gradient tensor Horovod hands it, vectors included: grace_dl/tensorflow/__init__.py, "
+    "Communicator.step (compensate, compress, send_receive for any tensor); grace_dl/tensorflow/compressor/topk.py, "
+    "sparsify (k = max(1, int(n x ratio)) on any tensor).  Only its PowerSGD sends vectors dense, inside the "
+    "compressor (grace_dl/tensorflow/compressor/powersgd.py, PowerSGDCompressor.compress: tensor_dims == 1 -> "
+    "[tensor]), as cconv's powersgd entry does itself"
+)
+DDP_VECTORS = (
+    "PyTorch's PowerSGD hook all-reduces vectors uncompressed: torch/distributed/algorithms/ddp_comm_hooks/"
+    "powerSGD_hook.py (Global-QSGD's copy: gqsgd/powerSGD_hook.py), powerSGD_hook, step I: 'Rest of the tensors "
+    "will be directly allreduced without compression, including all the vector tensors (for biases)' "
+    "(_should_compress on the (n, 1) view).  An elementwise hook compresses the bucket as one flat tensor, "
+    "vectors inside it (gqsgd/ddphook.py, qsgd_hook: bucket.buffer()); the bucket model sizes that flat tensor"
+)
+ESPRESSO_VECTORS = (
+    "Espresso compresses a flat pool of every gradient, vectors included: byteps/torch/mergeComp/memory/"
+    "memory_pool.py, MemoryPool.initialize (every parameter with requires_grad in one buffer) and partition "
+    "(the pool cut into the fused tensors it compresses) (github.com/zhuangwang93/Espresso at a0294e3)"
+)
+ESPRESSO_SOURCE = (
+    "Espresso's GPU compression library (EuroSys 2023, Sec. 5.1): a compiled kernel per fused tensor, "
+    "cconv's fused program's benchmarked cost (schedule.compress) stands for it"
+)
+
 IMPLEMENTATIONS: dict[str, Implementation] = {
     "fused": Implementation("fused", False, source="cconv's jitted program: its benchmarked cost (schedule.compress)"),
     "per-tensor": Implementation(
-        "per-tensor", True, OP_S, SORT_PASSES, 0.0, FIT_SOURCE, round_s=ROUND_S, layout=TENSORFLOW
+        "per-tensor",
+        True,
+        OP_S,
+        SORT_PASSES,
+        0.0,
+        FIT_SOURCE,
+        round_s=ROUND_S,
+        layout=TENSORFLOW,
+        compress_vectors=True,
+        vectors_source=GRACE_VECTORS,
     ),
-    "mpi": Implementation("mpi", True, OP_S, SORT_PASSES, HOST_BW, FIT_SOURCE, round_s=ROUND_S, layout=TENSORFLOW),
+    "mpi": Implementation(
+        "mpi",
+        True,
+        OP_S,
+        SORT_PASSES,
+        HOST_BW,
+        FIT_SOURCE,
+        round_s=ROUND_S,
+        layout=TENSORFLOW,
+        compress_vectors=True,
+        vectors_source=GRACE_VECTORS,
+    ),
     "ddp-hook": Implementation(
         "ddp-hook",
         True,
@@ -201,6 +252,11 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
         queued=True,
         round_s=ROUND_S,
         layout=PYTORCH,
+        compress_vectors=False,
+        vectors_source=DDP_VECTORS,
+    ),
+    "espresso": Implementation(
+        "espresso", False, source=ESPRESSO_SOURCE, compress_vectors=True, vectors_source=ESPRESSO_VECTORS
     ),
 }
 DEFAULT = "fused"
@@ -218,6 +274,29 @@ def get(name: str | Implementation) -> Implementation:
     if isinstance(name, str) and name in IMPLEMENTATIONS:
         return IMPLEMENTATIONS[name]
     raise ValueError(f"unknown implementation {str(name)[:40]!r}; valid: {', '.join(names())}")
+
+
+def vectors_of(impl: Implementation, given: bool | None = None, own: bool | None = None) -> bool:
+    """Whether 1-D tensors (biases, norm scales) are compressed: ``given`` (the plan's explicit
+    setting, ``cconv plan --compress-vectors``), else what the published implementation did
+    (``Implementation.compress_vectors``), else ``own`` (a run config's own value, carried by its
+    profile, ``Profile.compress_vectors``), else the engine's default
+    (``cconv.engine.config.ENGINE_DEFAULTS``: 1-D tensors dense, as DDP's PowerSGD hook)."""
+    for value in (given, impl.compress_vectors, own):
+        if value is not None:
+            return bool(value)
+    from cconv.engine.config import ENGINE_DEFAULTS  # the engine's default, written once there
+
+    return bool(ENGINE_DEFAULTS["compress_vectors"])
+
+
+def split_vectors(shapes: Sequence[tuple[int, ...]], compress_vectors: bool) -> tuple[tuple, tuple]:
+    """(compressed, dense) tensor shapes under the engine's rule (``cconv.engine.exchange.make_plan``):
+    a tensor of ndim <= 1 is sent dense unless ``compress_vectors``."""
+    shapes = tuple(tuple(s) for s in shapes)
+    if compress_vectors:
+        return shapes, ()
+    return tuple(s for s in shapes if len(s) > 1), tuple(s for s in shapes if len(s) <= 1)
 
 
 def decodes(kind: str, workers: int) -> int:
@@ -318,6 +397,8 @@ __all__ = [
     "names",
     "get",
     "decodes",
+    "vectors_of",
+    "split_vectors",
     "buckets",
     "tensor_view",
     "LAYOUTS",

@@ -345,7 +345,8 @@ OPTIONS: tuple[Option, ...] = (
         choices=IM.names(),
         help="with --cluster: how compression runs (default fused: cconv's jitted program; per-tensor: framework "
         "ops per tensor, as GRACE/Horovod; mpi: per-tensor with payloads staged through host memory; ddp-hook: "
-        "framework ops per PyTorch DDP bucket, as DDP communication hooks)",
+        "framework ops per PyTorch DDP bucket, as DDP communication hooks; espresso: fused's cost on a pool of "
+        "every gradient, as Espresso)",
     ),
     # which methods are planned and their knob values
     Option(
@@ -379,6 +380,13 @@ OPTIONS: tuple[Option, ...] = (
     ),
     # how the exchange is modelled, and the output
     Option("--granularity", choices=("fused", "layerwise"), help="default fused"),
+    Option(
+        "--compress-vectors",
+        action="store_true",
+        help="compress the 1-D tensors (biases, norm scales) too; default: what --implementation's published code "
+        "does (per-tensor, mpi, espresso: compressed; ddp-hook: dense), else the engine's default (dense, "
+        "EngineConfig.compress_vectors); with --measure the config's compress_vectors sets it",
+    ),
     Option("--gossip", action="store_true", help="also print gossip steps (ring, torus, exponential, complete)"),
     Option(
         "--overlap",
@@ -542,6 +550,8 @@ def run_per_layer_ratios(args: argparse.Namespace) -> str:
 
 def _refuse_outside_mode(args: argparse.Namespace) -> None:
     """Options that mean something only in one mode are refused in the others (never ignored)."""
+    if getattr(args, "measure", None) is not None and args.compress_vectors:
+        raise ValueError("--compress-vectors: with --measure the config's compress_vectors sets it (one value)")
     if args.cluster is None:
         given = [
             f"--{k.replace('_', '-')}"
@@ -607,6 +617,11 @@ def format_cluster(
     return "\n".join(lines + [f"note: {n}" for n in notes])
 
 
+def _vectors(args: argparse.Namespace) -> bool | None:
+    """``--compress-vectors``: True; not given: None (the implementation's rule, else the engine's default)."""
+    return True if args.compress_vectors else None
+
+
 def run_cluster(args: argparse.Namespace) -> str:
     """``cconv plan --cluster``: every method on each named cluster (cconv.theory.predict)."""
 
@@ -646,6 +661,7 @@ def run_cluster(args: argparse.Namespace) -> str:
             notes=notes,
             implementation=impl,
             bench=bench,
+            compress_vectors=_vectors(args),
         )
         out.append(format_cluster(c, w, rows, notes, impl))
         head = {"workload": w, "cluster": f"{c.nodes}x{c.gpus_per_node}", "intra": c.intra.name}
@@ -710,6 +726,7 @@ def run_plan(args: argparse.Namespace) -> str:
             nbytes=args.bytes,
             fixed=fixed,
             steps=args.steps,
+            compress_vectors=_vectors(args),
         )
         records += plan_records(p)
         out.append(format_plan(p, args.overlap, args.granularity))

@@ -21,9 +21,12 @@ Columns: payload/worker is what one worker contributes per iteration (the compre
 ``wire_bytes``); sent/worker is what it puts on its link under the flat algorithms of
 ``cconv.theory.network.bytes_sent`` (also for two-level networks).
 
-Granularity ``fused`` (default): the gradient is one flat vector of D entries (tensor fusion,
-as Horovod and the gTop-k paper do), one call per step.  ``layerwise``: one call per tensor
-(needs the workload's tensor shapes), as each tensor's gradient becomes ready.
+Granularity ``fused`` (default): the compressed tensors are one flat vector (tensor fusion, as
+Horovod and the gTop-k paper do), one call per step.  ``layerwise``: one call per tensor (needs
+the workload's tensor shapes), as each tensor's gradient becomes ready.  Vectors follow the
+engine's rule (``compress_vectors``, default ``ENGINE_DEFAULTS``): the 1-D tensors (biases, norm
+scales) travel dense in an all-reduce of their own unless compressed; a workload known only by D
+is one flat vector, compressed whole.
 
 Methods come from the compressor registry (``all_methods()``), nothing here names a compressor:
 
@@ -67,6 +70,7 @@ import numpy as np
 from cconv import compressors as C
 from cconv.compressors.base import Compressor, payload_bytes
 from cconv.theory import constants as K
+from cconv.theory import implementation as IM
 from cconv.theory import network as N
 from cconv.theory import workloads as W
 
@@ -239,14 +243,36 @@ def payload_leaf_bytes(c: Compressor, shape: tuple[int, ...], dtype: str = "floa
 BYTES = ("moved", "encoded")  # what a payload counts: its buffer, or its expected encoded message
 
 
+def flat(workload: W.Workload) -> bool:
+    """A workload known only by D: one flat vector standing for all its tensors (not a bias)."""
+    return len(workload.shapes) == 1 and len(workload.shapes[0]) == 1
+
+
+def compressed_tensors(workload: W.Workload, compress_vectors: bool) -> list[bool]:
+    """Which of the workload's tensors are compressed under the engine's rule
+    (``cconv.engine.exchange.make_plan``): all but the 1-D ones (biases, norm scales) unless
+    ``compress_vectors``; a flat workload (``flat``) is compressed whole."""
+    return [compress_vectors or flat(workload) or len(s) > 1 for s in workload.shapes]
+
+
 def calls(
-    method: Method, c: Compressor, workload: W.Workload, granularity: str, nbytes: str = "moved"
+    method: Method,
+    c: Compressor,
+    workload: W.Workload,
+    granularity: str,
+    nbytes: str = "moved",
+    compress_vectors: bool | None = None,
 ) -> list[tuple[str, float, int]]:
     """(kind, bytes, tensor index) of every call, in forward order of the tensors.  ``nbytes``:
     ``moved`` = the payload buffers (``wire_bytes``); ``encoded`` = the expected encoded message
     (``cconv.theory.constants.encoded_bytes``, the papers' expected code lengths; equal for
-    fixed-size formats), what a transport sending only the used bits would move."""
+    fixed-size formats), what a transport sending only the used bits would move.
+    ``compress_vectors`` (None: ``cconv.theory.implementation.vectors_of``, the engine's default):
+    unless true, the 1-D tensors travel dense in an all-reduce (``fused``: one call of their 4 n
+    bytes, after the compressed vector of the other tensors' elements; ``layerwise``: one each)."""
     kind = kind_of(method, c)
+    if not per_tensor(kind) and kind != PS and C.registered_name(c) != identity_name():
+        return _split_calls(kind, c, workload, granularity, nbytes, compress_vectors)
     out: list[tuple[str, float, int]] = []
     if per_tensor(kind):
         cache: dict[tuple[int, ...], list[float]] = {}
@@ -268,6 +294,19 @@ def calls(
         else:
             out.append((kind, b, i))
     return out
+
+
+def _split_calls(kind, c, workload, granularity, nbytes, compress_vectors) -> list[tuple[str, float, int]]:
+    """``calls`` of a compressor exchanged by one collective, its vectors dense unless compressed."""
+    mask = compressed_tensors(workload, IM.vectors_of(IM.get(IM.DEFAULT), compress_vectors))
+    size = (lambda u: K.encoded_bytes(c, u)) if nbytes == "encoded" else (lambda u: c.wire_bytes(u, "float32"))
+    shapes = workload.shapes
+    if granularity == "layerwise":
+        return [(kind, float(size(s)), i) if m else ("allreduce", 4.0 * math.prod(s), i) for i, (s, m) in
+                enumerate(zip(shapes, mask))]  # fmt: skip
+    d = sum(math.prod(s) for s, m in zip(shapes, mask) if m)
+    dense = sum(math.prod(s) for s, m in zip(shapes, mask) if not m)
+    return ([(kind, float(size((d,))), 0)] if d else []) + ([("allreduce", 4.0 * dense, 0)] if dense else [])
 
 
 # --------------------------------------------------------------------------- constants
@@ -493,6 +532,7 @@ class _Setup(NamedTuple):
     compute: float  # seconds of forward + backward
     backward: float  # seconds of the backward pass
     ready_of: np.ndarray  # when each tensor's gradient is ready, from the start of the backward pass
+    compress_vectors: bool | None = None  # 1-D tensors compressed (None: the engine's default)
 
 
 def _setup(workload, workers, net, device_flops, servers, granularity, overlap, nbytes) -> _Setup:
@@ -521,7 +561,7 @@ def _comm_time(su: _Setup, cs: list[tuple[str, float, int]]) -> float:
 
 def _row(su: _Setup, method: Method, hp: dict, c: Compressor) -> Row:
     """One method at one setting."""
-    cs = calls(method, c, su.workload, su.granularity, su.nbytes)
+    cs = calls(method, c, su.workload, su.granularity, su.nbytes, su.compress_vectors)
     payload = sum(b for k, b, _ in cs if k != "ps_pull")
     sent = sum(N.bytes_sent(k, b, su.workers, servers=su.servers) for k, b, _ in cs)
     comm = _comm_time(su, cs)
@@ -549,6 +589,7 @@ def plan(
     nbytes: str = "moved",
     fixed: Mapping[str, Any] | None = None,
     steps: int | None = None,
+    compress_vectors: bool | None = None,
 ) -> Plan:
     """Predict every method's iteration time on ``net`` (see the module docstring for the model).
 
@@ -558,6 +599,7 @@ def plan(
     ``fixed``: hyper-parameters set for every method that has them (``settings``; an optimizer's
     ``optimizer_params``).  ``steps``: the run's length, over which an optimizer method
     (``optimizer_methods``) is planned phase by phase; without ``methods``, it adds them all.
+    ``compress_vectors``: whether 1-D tensors are compressed (``calls``; None: the engine's default, dense).
     """
     _check(workers, device_flops, granularity, nbytes)
     table = all_methods()
@@ -570,6 +612,7 @@ def plan(
         raise ValueError(f"unknown method(s) {', '.join(unknown)}; valid: {', '.join([*table, *opts])}")
     _check_steps(steps, [m for m in chosen if m in opts], list(opts))
     su = _setup(workload, workers, net, device_flops, servers, granularity, overlap, nbytes)
+    su = su._replace(compress_vectors=compress_vectors)
     notes = []
     layered = len(workload.shapes) > 1
     if granularity == "layerwise" and not layered:
@@ -599,6 +642,8 @@ __all__ = [
     "per_tensor",
     "payload_leaf_bytes",
     "calls",
+    "flat",
+    "compressed_tensors",
     "constant",
     "plan",
     "BACKWARD_SHARE",

@@ -32,7 +32,11 @@ through host memory, not NVLink machines; pass it explicitly to use it.
 
 Messages are sized per tensor from the profile's tensor shapes (``Layer.shapes``), so PowerSGD's
 rank-r factors of each matrix are planned (its matmuls and orthogonalisation on the compute stream
-under the per-tensor implementations).  For a profile without shapes, a compressor whose message
+under the per-tensor implementations), with the engine's rule for vectors: a 1-D tensor (a bias, a
+norm scale) is sent dense in an all-reduce and costs no compression unless ``compress_vectors``
+(``implementation.vectors_of``: the plan's setting, else what the published implementation's code
+does, ``Implementation.compress_vectors``, else the run config's own, ``Profile.compress_vectors``,
+else the engine's default, ``ENGINE_DEFAULTS``: dense).  For a profile without shapes, a compressor whose message
 of a flat layer vector is not smaller than the gradient is left out with a note, as are methods
 whose defaults do not build (a knob without default values).
 """
@@ -91,7 +95,7 @@ def profile_at(workload: str | P.Profile, batch: int | None = None) -> P.Profile
     return prof._replace(layers=layers, batch=batch)
 
 
-def _layer_costs(prof, method, hp, cluster, bench, notes, implementation, scope) -> list[S.LayerCost] | None:
+def _layer_costs(prof, method, hp, cluster, bench, notes, implementation, scope, vectors) -> list[S.LayerCost] | None:
     c = C.get(method.compressor, **hp)
     shaped = any(lay.shapes for lay in prof.layers)
     if not shaped and not _compresses(c, PL.kind_of(method, c)):
@@ -100,8 +104,9 @@ def _layer_costs(prof, method, hp, cluster, bench, notes, implementation, scope)
     try:
         share, peers = scope  # the architecture's: each GPU compresses a share, combined among peers
         return CC.layer_costs(
-            prof, method, peers, cluster.device, hparams=hp, bench=bench, implementation=implementation, share=share
-        )
+            prof, method, peers, cluster.device, hparams=hp, bench=bench, implementation=implementation, share=share,
+            compress_vectors=vectors,
+        )  # fmt: skip
     except ValueError as e:
         notes.append(f"{method.name} omitted: {' '.join(str(e).split())}")
         return None
@@ -128,6 +133,17 @@ def _planned(methods, sweep, fixed, notes):
     return out
 
 
+def _row(method, hp, lcs, sched, arch, interference, p, t1) -> Row:
+    """The row of one method at one setting: its layers simulated under ``sched`` on ``arch``."""
+    r = S.run(lcs, sched, arch, interference=interference)
+    fb = sum(lc.fwd_s + lc.bwd_s for lc in lcs)
+    cx = sum(lc.compress_s + lc.decompress_s for lc in lcs)
+    exposed = max(0.0, r.iter_s - fb - cx)
+    nbytes = sum(lc.nbytes for lc in lcs)
+    return Row(method.name, dict(hp), sched.name, arch.name, r.iter_s, fb, exposed, cx, nbytes, p * t1 / r.iter_s,
+               t1 / r.iter_s)  # fmt: skip
+
+
 def predict(
     cluster: Cluster,
     workload: str | P.Profile,
@@ -144,9 +160,12 @@ def predict(
     bench: Mapping | None = None,
     notes: list[str] | None = None,
     implementation: str | IM.Implementation = IM.DEFAULT,
+    compress_vectors: bool | None = None,
 ) -> list[Row]:
     """One ``Row`` per (method, knob value) on ``cluster``; ``notes`` collects what was left out;
-    ``implementation``: how compression runs (``cconv.theory.implementation``: fused, per-tensor, mpi, ddp-hook)."""
+    ``implementation``: how compression runs (``cconv.theory.implementation``: fused, per-tensor, mpi, ddp-hook,
+    espresso); ``compress_vectors``: whether 1-D tensors are compressed (None: ``implementation.vectors_of``, the
+    implementation's own rule, else the profile's, else the engine's default: sent dense)."""
     implementation = IM.get(implementation)
     if architecture not in A2A:
         raise ValueError(f"architecture must be one of {', '.join(A2A)} (PS is the <identity>-ps method)")
@@ -161,30 +180,13 @@ def predict(
         arch = A.get("byteps" if ps else architecture, net, p, servers if ps else None, topology)
         scope = getattr(arch, "compression_scope", (1.0, p))  # two-level: a 1/g share, among the N nodes
         for hp in sets:
-            lcs = _layer_costs(prof, method, hp, cluster, bench, notes, implementation, scope)
+            lcs = _layer_costs(prof, method, hp, cluster, bench, notes, implementation, scope, compress_vectors)
             if lcs is None:
                 break
             if ps and any((lc.kind or "allreduce") not in GATHERABLE for lc in lcs):
                 notes.append(f"{method.name} omitted: a parameter server aggregates summable or gathered payloads")
                 break
-            r = S.run(lcs, sched, arch, interference=interference)
-            fb = sum(lc.fwd_s + lc.bwd_s for lc in lcs)
-            cx = sum(lc.compress_s + lc.decompress_s for lc in lcs)
-            rows.append(
-                Row(
-                    method.name,
-                    dict(hp),
-                    sched.name,
-                    arch.name,
-                    r.iter_s,
-                    fb,
-                    max(0.0, r.iter_s - fb - cx),
-                    cx,
-                    sum(lc.nbytes for lc in lcs),
-                    p * t1 / r.iter_s,
-                    t1 / r.iter_s,
-                )
-            )
+            rows.append(_row(method, hp, lcs, sched, arch, interference, p, t1))
     if not rows:
         raise ValueError("no method left to plan: " + "; ".join(notes[:3]))
     return rows

@@ -89,6 +89,7 @@ class Profile(NamedTuple):
     layers: tuple[Layer, ...]
     batch: int
     source: str
+    compress_vectors: bool | None = None  # a run config's own setting (cconv plan --measure); None: not stated
 
     @property
     def params(self) -> int:

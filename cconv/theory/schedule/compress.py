@@ -137,7 +137,7 @@ def estimated_rows(name: str, bench: Mapping[str, Sequence[Ratio]]) -> tuple[Rat
     warnings.warn(
         f"no benchmark row for {name!r}: its compress/decompress cost is estimated from {how} (x the read floor)",
         EstimatedCostWarning,
-        stacklevel=4,  # the caller of layer_costs (estimated_rows <- _fused_ops <- layer_cost <- layer_costs)
+        stacklevel=4,  # estimated_rows <- _fused_ops <- layer_cost <- its caller (layer_parts, or a user's call)
     )
     return rows
 
@@ -235,6 +235,47 @@ def layer_cost(
     return LayerCost(name, fwd_s, bwd_s, nbytes, comp, dec, kind, FLOAT_BYTES * float(d))
 
 
+def layer_parts(
+    name: str,
+    fwd_s: float,
+    bwd_s: float,
+    d: int,
+    method: PL.Method,
+    c: Compressor,
+    workers: int,
+    device: Device,
+    bench: Mapping[str, Sequence[Ratio]],
+    shapes: Sequence[tuple[int, ...]] = (),
+    implementation: str | IM.Implementation = IM.DEFAULT,
+    share: float = 1.0,
+    compress_vectors: bool = True,
+) -> list[LayerCost]:
+    """The ``LayerCost``s of one layer whose tensors ``shapes`` are sized one by one under the
+    engine's rule (``implementation.split_vectors``): unless ``compress_vectors``, its 1-D tensors
+    (biases, norm scales) travel dense, 4 bytes an element, in an all-reduce, and only its other
+    tensors are compressed (``layer_cost`` on their d_c elements).  The dense bytes join the layer's
+    message where that is an all-reduce too, else they are a second ``LayerCost`` ``NAME:vectors``
+    (no compute, ready with the layer); a layer of vectors only is one dense all-reduce.  Without
+    ``shapes`` (a flat vector standing for the layer) everything is compressed, as ``layer_cost``."""
+    real = tuple(tuple(s) for s in shapes)
+    comp, dense = IM.split_vectors(real, compress_vectors or not real)
+    if not dense or C.registered_name(c) == PL.identity_name():
+        return [layer_cost(name, fwd_s, bwd_s, d, method, c, workers, device, bench, real, implementation, share)]
+    impl = IM.get(implementation)
+    nd = FLOAT_BYTES * float(sum(math.prod(s) for s in dense))
+    out, back = IM.staging_s(impl, "allreduce", nd, workers)
+    vec = LayerCost(f"{name}:vectors", 0.0, 0.0, nd, share * out, share * back, "allreduce")
+    if not comp:
+        return [vec._replace(name=name, fwd_s=fwd_s, bwd_s=bwd_s)]
+    dc = int(sum(math.prod(s) for s in comp))
+    lc = layer_cost(name, fwd_s, bwd_s, dc, method, c, workers, device, bench, comp, implementation, share)
+    if (lc.kind or "allreduce") == "allreduce":  # one all-reduce carries both, as the engine's fused one
+        reply = None if lc.reply_bytes is None else lc.reply_bytes + nd
+        return [lc._replace(nbytes=lc.nbytes + nd, compress_s=lc.compress_s + vec.compress_s,
+                            decompress_s=lc.decompress_s + vec.decompress_s, reply_bytes=reply)]  # fmt: skip
+    return [lc, vec]
+
+
 def layer_costs(
     profile: Profile,
     method: PL.Method | str,
@@ -245,13 +286,18 @@ def layer_costs(
     bench: Mapping[str, Sequence[Ratio]] | None = None,
     implementation: str | IM.Implementation = IM.DEFAULT,
     share: float = 1.0,
+    compress_vectors: bool | None = None,
 ) -> list[LayerCost]:
     """``LayerCost``s of ``profile`` (backprop order) under ``method`` (a planner method or its
     name): FLOPs / ``device.flops`` for forward and backward, and per layer the message and the
     compress/decompress operations of the module docstring.  ``hparams``: the compressor's
     hyper-parameters, one mapping for every layer or one per layer (backprop order);
     ``implementation``: how compress/decompress run (``cconv.theory.implementation``); ``share``: the
-    fraction of each layer a worker compresses (``layer_cost``; ``workers``: those it combines with)."""
+    fraction of each layer a worker compresses (``layer_cost``; ``workers``: those it combines with);
+    ``compress_vectors``: whether 1-D tensors are compressed (None: ``implementation.vectors_of``:
+    the implementation's own rule, else the profile's, else the engine's default); a layer whose
+    vectors travel dense in another collective than its compressed message gets a second
+    ``LayerCost`` for them (``layer_parts``)."""
     table = PL.all_methods()
     if isinstance(method, str):
         if method not in table:
@@ -263,8 +309,9 @@ def layer_costs(
     bench = load_bench() if bench is None and method.compressor != PL.identity_name() else (bench or {})
     hps = [dict(hparams[i] if per_layer else (hparams or {})) for i in range(len(profile.layers))]
     impl = IM.get(implementation)
+    vectors = IM.vectors_of(impl, compress_vectors, getattr(profile, "compress_vectors", None))
     if impl.bucket_limits:
-        return _bucket_costs(profile, method, workers, device, hps, bench, impl, share)
+        return _bucket_costs(profile, method, workers, device, hps, bench, impl, share, vectors)
     built: dict[tuple, Compressor] = {}
     out = []
     for i, lay in enumerate(profile.layers):
@@ -273,22 +320,9 @@ def layer_costs(
         if key not in built:
             built[key] = C.get(method.compressor, **hp)
         d = int(round(lay.grad_bytes / FLOAT_BYTES))
-        out.append(
-            layer_cost(
-                lay.name,
-                lay.fwd_flops / device.flops,
-                lay.bwd_flops / device.flops,
-                d,
-                method,
-                built[key],
-                workers,
-                device,
-                bench,
-                lay.shapes,
-                impl,
-                share,
-            )
-        )
+        fwd, bwd = lay.fwd_flops / device.flops, lay.bwd_flops / device.flops
+        args = (method, built[key], workers, device, bench)
+        out += layer_parts(lay.name, fwd, bwd, d, *args, lay.shapes, impl, share, vectors)
     return out
 
 
@@ -332,11 +366,12 @@ def bucket_layers(profile: Profile, limits: Sequence[float]) -> list[Bucket]:
     ]
 
 
-def _bucket_costs(profile, method, workers, device, hps, bench, impl, share=1.0) -> list[LayerCost]:
+def _bucket_costs(profile, method, workers, device, hps, bench, impl, share=1.0, vectors=True) -> list[LayerCost]:
     """One ``LayerCost`` per DDP bucket (``cconv.theory.implementation``, ``ddp-hook``): the backward
     and forward of its layers, its message and its compress/decompress as ``layer_cost`` gives them
-    for one flat tensor of the bucket's elements, or for its tensors where the aggregation works per
-    tensor (PowerSGD's hook loops over the bucket's matrices)."""
+    for one flat tensor of the bucket's elements (the hook compresses the bucket's buffer, vectors
+    inside it), or for its tensors where the aggregation works per tensor (PowerSGD's hook loops over
+    the bucket's matrices and all-reduces its vectors uncompressed unless ``vectors``)."""
     out = []
     for b, (layers, shapes, owners) in enumerate(bucket_layers(profile, impl.bucket_limits)):
         hp = {tuple(sorted(hps[i].items())) for i in owners} or {tuple(sorted(hps[0].items()))}
@@ -344,11 +379,14 @@ def _bucket_costs(profile, method, workers, device, hps, bench, impl, share=1.0)
             raise ValueError(f"{impl.name}: bucket {b} holds layers with different hyper-parameters (one flat tensor)")
         c = C.get(method.compressor, **dict(next(iter(hp), ())))
         d = sum(math.prod(s) for s in shapes)
-        units = shapes if PL.per_tensor(PL.kind_of(method, c)) else ((d,),)
+        tensors = PL.per_tensor(PL.kind_of(method, c))
+        units = shapes if tensors else ((d,),)
         lays = [profile.layers[i] for i in layers]
         name = f"bucket{b}:" + (f"{lays[0].name}..{lays[-1].name}" if lays else "-")
         fwd, bwd = (sum(getattr(x, k) for x in lays) / device.flops for k in ("fwd_flops", "bwd_flops"))
-        out.append(layer_cost(name, fwd, bwd, d, method, c, workers, device, bench, units, impl, share))
+        out += layer_parts(
+            name, fwd, bwd, d, method, c, workers, device, bench, units, impl, share, vectors or not tensors
+        )
     return out
 
 
@@ -359,6 +397,7 @@ __all__ = [
     "load_bench",
     "ratio_at",
     "layer_cost",
+    "layer_parts",
     "layer_costs",
     "bucket_layers",
     "Bucket",
