@@ -1,7 +1,9 @@
-"""``CompileMeter``: JAX's own build-time events summed over a block."""
+"""``CompileMeter``: JAX's own build-time events summed over a block; ``shared_programs``' private cache
+and what a killed process left of one."""
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from cconv.experiments.compiletime import CompileMeter
 
@@ -100,3 +102,45 @@ def test_shared_programs_loads_a_program_another_closure_built_and_leaves_nothin
     assert r["after"] == [None, 1.0, -1]  # JAX's settings as they were
     assert r["outside"] == 0  # no cache after the block
     assert r["kept"]  # a cache the process already had is left alone
+
+
+KILLED = """
+import sys, time
+from cconv.experiments.compiletime import shared_programs
+import jax
+with shared_programs():
+    print(jax.config.jax_compilation_cache_dir, flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_what_a_sigkilled_process_left_is_removed_by_the_next_block_and_nothing_else(tmp_path):
+    """A SIGKILLed advise or sweep cannot remove its program cache; the next ``shared_programs``
+    (any process) removes it.  A live process's cache, another name, a link and a file stay."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from cconv.experiments.compiletime import PREFIX, remove_stale
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_") and not k.startswith("CCONV_TEST")}
+    env["TMPDIR"] = str(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", KILLED], stdout=subprocess.PIPE, text=True, env=env)
+    left = proc.stdout.readline().strip()
+    assert os.path.dirname(left) == str(tmp_path) and os.path.basename(left).startswith(f"{PREFIX}{proc.pid}-")
+    live = tmp_path / f"{PREFIX}{os.getpid()}-live"  # this process: alive
+    live.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", tmp_path / f"{PREFIX}{proc.pid}-link")
+    (tmp_path / f"{PREFIX}{proc.pid}-file").write_text("not a directory")
+    (tmp_path / "cconv-other-1").mkdir()
+    assert remove_stale(str(tmp_path)) == []  # the process still runs: its cache is in use
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert os.path.isdir(left)  # killed: nothing could remove it
+    assert remove_stale(str(tmp_path)) == [left]
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        [live.name, "elsewhere", f"{PREFIX}{proc.pid}-link", f"{PREFIX}{proc.pid}-file", "cconv-other-1"]
+    )

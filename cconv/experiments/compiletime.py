@@ -32,6 +32,9 @@ on the Python function, and each candidate's programs are distinct closures, so 
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -93,14 +96,48 @@ def _register() -> None:
         _registered = True
 
 
+PREFIX = "cconv-programs-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process (EPERM): alive
+        return True
+    return True
+
+
+def remove_stale(where: str | None = None) -> list[str]:
+    """Remove the program caches that killed processes left behind (``<tmp>/cconv-programs-<pid>-*``
+    of this user whose process no longer exists: a SIGKILLed advise or sweep cannot clean up);
+    the removed paths.  A link, another user's directory, or one whose process is alive (or whose
+    pid was reused) is left alone."""
+    where = where or tempfile.gettempdir()
+    gone = []
+    for name in os.listdir(where):
+        pid = name[len(PREFIX) :].split("-", 1)[0]
+        if not (name.startswith(PREFIX) and pid.isdigit()) or _alive(int(pid)):
+            continue
+        path = os.path.join(where, name)
+        st = os.lstat(path)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():  # never a link, never another user's
+            shutil.rmtree(path, ignore_errors=True)
+            gone.append(path)
+    return gone
+
+
 @contextlib.contextmanager
 def shared_programs():
     """Inside the block, a program whose HLO was already compiled in this process is loaded, not
     compiled again (module docstring).  The cache lives in a private temporary directory (mode
-    0700, removed at the end); a cache the process already has is used as it is."""
+    0700, named with this process's pid, removed at the end; what a killed process left is
+    removed by the next block: ``remove_stale``); a cache the process already has is used as it is."""
     import jax
     from jax.experimental.compilation_cache import compilation_cache as cc
 
+    remove_stale()
     if jax.config.jax_compilation_cache_dir:
         yield
         return
@@ -110,7 +147,7 @@ def shared_programs():
         "jax_compilation_cache_max_size",
     )
     before = {k: getattr(jax.config, k) for k in knobs}
-    with tempfile.TemporaryDirectory(prefix="cconv-programs-") as where:
+    with tempfile.TemporaryDirectory(prefix=f"{PREFIX}{os.getpid()}-") as where:
         jax.config.update(knobs[0], 0.0)  # every program, however quick to compile
         jax.config.update(knobs[1], -1)
         # a size bound turns on JAX's file lock around each entry: a build thread never reads an
@@ -151,4 +188,4 @@ class CompileMeter:
         self.shared = _totals["shared"] - self._start[4]  # programs loaded from the cache
 
 
-__all__ = ["CompileMeter", "EVENTS", "shared_programs", "waiting"]
+__all__ = ["CompileMeter", "EVENTS", "remove_stale", "shared_programs", "waiting"]
