@@ -648,8 +648,8 @@ def test_an_advice_that_ranks_nothing_removes_the_old_figure(tmp_path):
 @pytest.mark.slow
 def test_a_probe_builds_every_program_unoptimised_on_cpu(tmp_path, monkeypatch):
     """On CPU each program a probe builds (initial state, step, evaluator) goes to XLA with the
-    advisor's fast-build options (``probes.FAST_BUILD``), and the options are real ones: a probe
-    built with one XLA does not know fails, naming it."""
+    advisor's fast-build options (``probes.FAST_BUILD``); an option this XLA does not know is left
+    out rather than failing the advice (tests/test_vmap_launcher.py: options reach XLA)."""
     from cconv.advisor import probes
     from cconv.engine.launchers import Launcher
     from cconv.experiments.warm import warm
@@ -664,6 +664,5 @@ def test_a_probe_builds_every_program_unoptimised_on_cpu(tmp_path, monkeypatch):
     assert probes.compiler_options() == probes.FAST_BUILD  # the tests run on CPU
     warm(probes.build(cfg, cand, str(tmp_path / "p")).problem, 2)
     assert len(built) >= 3 and all(o == probes.FAST_BUILD for o in built)  # init, step, evaluator
-    monkeypatch.setattr(probes, "FAST_BUILD", {"xla_no_such_option": 1})
-    with pytest.raises(Exception, match="xla_no_such_option"):
-        warm(probes.build(cfg, cand, str(tmp_path / "q")).problem, 2)
+    monkeypatch.setattr(probes, "FAST_BUILD", {"xla_no_such_option": 1, "xla_backend_optimization_level": 0})
+    assert probes.compiler_options() == {"xla_backend_optimization_level": 0}  # another XLA's: left out

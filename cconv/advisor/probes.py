@@ -41,12 +41,39 @@ from cconv.advisor.space import Candidate
 from cconv.experiments.build import Problem
 from cconv.experiments.config import RunConfig
 
-FAST_BUILD = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+# XLA:CPU options: LLVM at -O0 without its expensive passes, and XLA's older elemental emitters for
+# fusions (quicker to build than the fusion emitters); measured in docs/advise.md
+FAST_BUILD = {
+    "xla_backend_optimization_level": 0,
+    "xla_llvm_disable_expensive_passes": True,
+    "xla_cpu_use_fusion_emitters": False,
+}
+
+
+_ACCEPTED: dict[tuple, dict] = {}  # FAST_BUILD's items -> those this jaxlib accepts (asked once)
 
 
 def compiler_options() -> dict | None:
-    """XLA options for a probe's programs on this process's backend (module docstring)."""
-    return FAST_BUILD if jax.default_backend() == "cpu" else None
+    """XLA options for a probe's programs on this process's backend (module docstring): those of
+    ``FAST_BUILD`` this jaxlib's XLA accepts (an option another XLA no longer knows is left out,
+    never an error: the build is then only slower)."""
+    if jax.default_backend() != "cpu":
+        return None
+    items = tuple(FAST_BUILD.items())
+    if items not in _ACCEPTED:
+        _ACCEPTED[items] = _accepted(dict(items))
+    return _ACCEPTED[items] or None
+
+
+def _accepted(options: dict) -> dict:
+    def builds(opts: dict) -> bool:
+        try:
+            jax.jit(lambda x: x + 1, compiler_options=opts).lower(np.float32(0)).compile()
+        except Exception:  # noqa: BLE001 - XLA's error for an unknown option has no type of its own
+            return False
+        return True
+
+    return options if builds(options) else {k: v for k, v in options.items() if builds({k: v})}
 
 
 class Probe(NamedTuple):
