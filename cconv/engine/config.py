@@ -21,7 +21,7 @@ from cconv import _rules as R
 from cconv import compressors as C
 from cconv import memory as M
 from cconv._text import shown
-from cconv.comm import aggregation as A
+from cconv.comm import aggregation
 from cconv.compressors.base import Compressor
 from cconv.engine import modes, worker_clock
 from cconv.engine.launchers import LAUNCHERS  # name -> Launcher class
@@ -32,8 +32,8 @@ from cconv.engine.worker_clock import Stragglers
 IDENTITY: str = C.IDENTITY
 MEMORIES = M.MEMORIES  # name -> Memory factory
 GRANULARITIES = ("layerwise", "fused")
-ARCHITECTURES = tuple(A.TRANSPORTS)  # "all-to-all", "parameter-server"
-COLLECTIVES = A.COLLECTIVES  # "auto" (the compressor's aggregation), "allgather", "gtopk"
+ARCHITECTURES = tuple(aggregation.TRANSPORTS)  # "all-to-all", "parameter-server"
+COLLECTIVES = aggregation.COLLECTIVES  # "auto" (the compressor's aggregation), "allgather", "gtopk"
 DGC_WARMUP = (0.25, 0.0625, 0.015625, 0.004)
 # EngineConfig's gossip fields (decentralized training, ``sync="gossip"``; ``cconv.engine.gossip``):
 # meaningful only under gossip (a run config refuses them set elsewhere)
@@ -233,7 +233,7 @@ class EngineConfig:
         if self.warmup is not None and not isinstance(self.warmup, Warmup):
             raise ValueError("EngineConfig.warmup must be a cconv.engine.Warmup (e.g. dgc_warmup(...)) or None")
         c = self.compressor
-        A.check(self, c)  # what the aggregation methods cannot do (powersgd, gtopk, vote)
+        aggregation.check(self, c)  # what the aggregation methods cannot do (powersgd, gtopk, vote)
         if self.ps_downlink is not None and self.architecture != "parameter-server":
             raise ValueError("ps_downlink needs architecture='parameter-server'")
         self._check_gossip()
