@@ -27,6 +27,7 @@ from cconv.engine import modes, worker_clock
 from cconv.engine.launchers import LAUNCHERS  # name -> Launcher class
 from cconv.engine.modes import ADAPTIVE  # local_steps: AdaComm's adaptive communication period
 from cconv.engine.worker_clock import Stragglers
+from cconv.memory.dgc import MOMENTUM as DGC_MOMENTUM  # Lin et al. 2018's m, the memory's momentum
 
 # The uncompressed baseline's registered name (defined by the compressors layer).
 IDENTITY: str = C.IDENTITY
@@ -169,7 +170,7 @@ class EngineConfig:
     workers: int = _field(1, R.integer(1))
     compressor: Compressor | str | None = None
     memory: str = _field(M.NONE, R.choice(lambda: MEMORIES, null=M.NONE))
-    momentum: float = _field(0.9, R.number(0.0, below=1))
+    momentum: float = _field(DGC_MOMENTUM, R.number(0.0, below=1))
     masking: bool = _field(True, R.flag())
     ef_scale: float = 1.0
     clip: float | None = _field(None, R.number(0.0, strict=True, optional=True))
