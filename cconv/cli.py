@@ -50,8 +50,7 @@ import os
 import sys
 import threading
 
-from cconv import cli_schema as S
-from cconv import doctor
+from cconv import cli_schema, doctor
 from cconv._startup import configure_devices
 from cconv._startup import quiet_libraries as _quiet_libraries
 from cconv.advisor import cli as advise_cli
@@ -391,7 +390,7 @@ COMMON = (DEBUG._replace(default=argparse.SUPPRESS),)
 
 def build_parser() -> argparse.ArgumentParser:
     """``cconv`` and its commands, from their tables (``cconv.cli_schema``)."""
-    return S.parser(
+    return cli_schema.parser(
         "cconv",
         tuple(COMMANDS.values()),
         description="Gradient compression for data-parallel training in JAX: "

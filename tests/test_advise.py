@@ -14,6 +14,7 @@ import pytest
 from cconv.advisor import extrapolate as X
 from cconv.advisor import space as SP
 from cconv.advisor import target as T
+from cconv.advisor.curves import fit_power
 
 ACC = T.parse("test_accuracy=0.9")
 LOSS = T.parse("test_loss=0.05")
@@ -59,7 +60,7 @@ def test_a_power_law_alone_misreads_an_s_curve():
     f, truth = FAMILY_CASES["loglogistic"]
     steps = np.arange(5, 205, 5)
     xs, le = steps.astype(float), np.log(f(steps))
-    power = X.CV.fit_power(xs, le).steps_to(math.log(0.05))
+    power = fit_power(xs, le).steps_to(math.log(0.05))
     assert power > 2 * truth
     assert X.predict(_noisy(f, steps), LOSS).steps == pytest.approx(truth, rel=0.10)
 

@@ -6,8 +6,10 @@ The scan reads every module of ``cconv/``: a parameter, a class field, a ``.get(
 a ``getattr(x, KEY, default)`` named like an engine field whose default is written out (a literal,
 or a named constant such as ``M.NONE``) and equals the engine's is a second copy of that default:
 changing the engine's would leave it behind.  A default read from somewhere (a subscript such as
-``ENGINE_DEFAULTS["memory"]``, a call such as ``default_of("launcher")``) is not.  ``None`` is
-Python's "not given", not a copy.  The layers below the engine cannot import it
+``ENGINE_DEFAULTS["memory"]``, a call such as ``default_of("launcher")``) is not, nor is the
+constant an engine field's default itself reads (DGC's momentum, ``cconv.memory.dgc.MOMENTUM``:
+the one place it is written, named where it is used).  ``None`` is Python's "not given", not a
+copy.  The layers below the engine cannot import it
 (``tests/test_imports.py``): their own public factories keep their own defaults, listed below; the
 engine passes every such value explicitly."""
 
@@ -34,9 +36,7 @@ ENGINE = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 # cconv.engine.exchange.make_plan gives momentum, masking and ef_scale to the memory, collective
 # and vote to method_of)
 BELOW_THE_ENGINE = {
-    "cconv/memory/dgc.py:dgc_memory.momentum": "DGC's memory factory (the paper's 0.9)",
     "cconv/memory/dgc.py:dgc_memory.masking": "DGC's memory factory",
-    "cconv/memory/dgc.py:dgc.momentum": "DGC's compressor wrapper",
     "cconv/memory/dgc.py:dgc.masking": "DGC's compressor wrapper",
     "cconv/memory/ef21.py:ef21_sgdm_memory.momentum": "EF21-SGDM's memory factory",
     "cconv/memory/ef21.py:ef21_sgdm.momentum": "EF21-SGDM's compressor wrapper",
@@ -103,13 +103,43 @@ def _written(expr: ast.expr, tree: ast.Module) -> bool:
     return True
 
 
-def copies(source: str, path: str, namespace: Callable[[], dict]) -> list[str]:
-    """The engine defaults that ``source`` writes again, as ``path:owner.name = expression``
-    (a named constant's value read in the module's ``namespace()``)."""
+def _origins(tree: ast.Module, module: str) -> dict[str, tuple[str, str]]:
+    """Module-level name -> (module, name) it is defined in: its own assignments and imports."""
+    out = {}
+    for st in tree.body:
+        if isinstance(st, ast.ImportFrom) and st.module and not st.level:
+            out.update({a.asname or a.name: (st.module, a.name) for a in st.names})
+        elif isinstance(st, (ast.Assign, ast.AnnAssign)):
+            targets = st.targets if isinstance(st, ast.Assign) else [st.target]
+            out.update({t.id: (module, t.id) for t in targets if isinstance(t, ast.Name)})
+    return out
+
+
+def engine_sources(source: str) -> set[tuple[str, str]]:
+    """(module, name) of each constant that an ``EngineConfig`` field in ``source`` (the engine's
+    config module) takes its default from: ``_field(DGC_MOMENTUM, rule)``."""
     tree = ast.parse(source)
+    origins = _origins(tree, "cconv.engine.config")
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "EngineConfig"]
+    calls = [st.value for st in cls.body if isinstance(st, ast.AnnAssign) and isinstance(st.value, ast.Call)]
+    names = [c.args[0].id for c in calls if c.args and isinstance(c.args[0], ast.Name)]
+    return {origins[n] for n in names if n in origins}
+
+
+SOURCES = engine_sources((ROOT / "cconv/engine/config.py").read_text())
+
+
+def copies(source: str, path: str, namespace: Callable[[], dict], sources=SOURCES) -> list[str]:
+    """The engine defaults that ``source`` writes again, as ``path:owner.name = expression``
+    (a named constant's value read in the module's ``namespace()``; one of ``sources``, the
+    constants the engine's fields read, is no copy)."""
+    tree = ast.parse(source)
+    origins = _origins(tree, path.removesuffix(".py").replace("/", "."))
     out = []
     for owner, name, expr in _sites(tree):
         if name not in ENGINE or not _written(expr, tree):
+            continue
+        if isinstance(expr, ast.Name) and origins.get(expr.id) in sources:
             continue
         try:
             value = ast.literal_eval(expr) if isinstance(expr, ast.Constant) else eval(ast.unparse(expr), namespace())
@@ -133,6 +163,11 @@ def test_no_engine_default_is_written_twice():
     """Only ``EngineConfig`` writes an engine default (and the layers below their own API's)."""
     found = [c for c in _all_copies() if not c.startswith("cconv/engine/config.py:EngineConfig.")]
     assert sorted(c.split(" = ")[0] for c in found) == sorted({**BELOW_THE_ENGINE, **CHOSEN})
+
+
+def test_the_engine_reads_dgcs_momentum_where_it_is_written():
+    assert SOURCES == {("cconv.memory.dgc", "MOMENTUM")}
+    assert ENGINE["momentum"] is importlib.import_module("cconv.memory.dgc").MOMENTUM
 
 
 def test_the_scan_finds_a_second_copy():
@@ -160,6 +195,29 @@ def check(cfg):
             "x.py:dict.local_steps = 1",
         ]
     )
+
+
+def test_the_scan_follows_a_source_constant_and_nothing_else():
+    """The constant the engine reads is no copy where it is written or imported; a constant of
+    the same value under another name, or the literal, is."""
+    config = """
+from cconv.memory.dgc import MOMENTUM as DGC_MOMENTUM
+OWN = 1
+class EngineConfig:
+    momentum: float = _field(DGC_MOMENTUM, rule)
+    workers: int = _field(OWN, rule)
+"""
+    sources = engine_sources(config)
+    assert sources == {("cconv.memory.dgc", "MOMENTUM"), ("cconv.engine.config", "OWN")}
+    dgc = "MOMENTUM = 0.9\nOTHER = 0.9\ndef dgc(c, momentum=MOMENTUM): ...\ndef ef(c, momentum=OTHER): ...\n"
+    user = "from cconv.memory.dgc import MOMENTUM, OTHER\ndef a(momentum=MOMENTUM): ...\ndef b(momentum=0.9): ...\n"
+    ns = {"MOMENTUM": 0.9, "OTHER": 0.9}
+    assert copies(dgc, "cconv/memory/dgc.py", lambda: ns, sources) == ["cconv/memory/dgc.py:ef.momentum = OTHER"]
+    assert copies(user, "cconv/memory/x.py", lambda: ns, sources) == ["cconv/memory/x.py:b.momentum = 0.9"]
+    assert copies(dgc, "cconv/memory/other.py", lambda: ns, sources) == [
+        "cconv/memory/other.py:dgc.momentum = MOMENTUM",
+        "cconv/memory/other.py:ef.momentum = OTHER",
+    ]
 
 
 @pytest.mark.parametrize("api", KEYWORD_APIS, ids=lambda f: f.__qualname__)

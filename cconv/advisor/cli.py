@@ -6,7 +6,7 @@ import argparse
 import math
 import sys
 
-from cconv.advisor import ranking as R
+from cconv.advisor import ranking
 from cconv.advisor.steptime import TIMINGS
 from cconv.cli_schema import Command, Option
 from cconv.theory import cluster as CL
@@ -67,11 +67,11 @@ def run(args: argparse.Namespace) -> int:
         repeats=args.measure_steps,
     )
     if args.json:
-        sys.stdout.write(R.dumps(adv) + "\n")
+        sys.stdout.write(ranking.dumps(adv) + "\n")
         return 0
     print(_header(adv))
     multi = len({r.schedule for r in adv.rows}) > 1
-    print(R.table(adv.rows, multi, adv.steps))
+    print(ranking.table(adv.rows, multi, adv.steps))
     for name, why in adv.skipped:
         print(f"skipped {name}: {why}")
     print(adv.recommendation)

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from cconv.advisor import curves as CV
+from cconv.advisor import curves
 from cconv.advisor.target import Target
 
 STATUSES = ("reached", "predicted", "diverged", "stalled", "not-approached", "noisy", "too-short")
@@ -100,11 +100,11 @@ def log_gap(target: Target, values) -> np.ndarray:
     return np.log(np.maximum(target.gap(values), 1e-12))
 
 
-def reference(curve: Curve, target: Target) -> CV.Reference:
+def reference(curve: Curve, target: Target) -> curves.Reference:
     """A curve as a reference shape for ``curves.fit_warp`` (its seed mean, steps > 0)."""
     steps, values = _seed_curves(curve)
     keep = steps > 0
-    return CV.Reference(steps[keep], log_gap(target, np.nanmean(values[:, keep], 0)))
+    return curves.Reference(steps[keep], log_gap(target, np.nanmean(values[:, keep], 0)))
 
 
 def predict(curve: Curve, target: Target, settings: Settings = Settings(), refs: tuple = ()) -> Prediction:
@@ -129,7 +129,7 @@ def predict(curve: Curve, target: Target, settings: Settings = Settings(), refs:
 
 def _extrapolate(xs, values, mean, target: Target, settings: Settings, refs: tuple) -> Prediction:
     level = math.log(max(target.gap_target, 1e-12))
-    fits = CV.scored(xs, log_gap(target, mean), refs, settings.holdout)
+    fits = curves.scored(xs, log_gap(target, mean), refs, settings.holdout)
     lts = [(f, _log_t(f, level)) for f in fits]
     good = [(f, lt) for f, lt in lts if math.isfinite(lt)]
     if not good:
@@ -146,17 +146,17 @@ def _extrapolate(xs, values, mean, target: Target, settings: Settings, refs: tup
     return _interval(lt0, var_seed, var_family, f0.family, float(xs[-1]), settings)
 
 
-def _log_t(f: CV.Fit, level: float) -> float:
+def _log_t(f: curves.Fit, level: float) -> float:
     t = f.steps_to(level)
     return math.log(t) if t is not None and math.isfinite(t) and t > 0 else math.nan
 
 
-def _seed_variance(xs, values, target: Target, chosen: CV.Fit, refs: tuple, level: float) -> float:
+def _seed_variance(xs, values, target: Target, chosen: curves.Fit, refs: tuple, level: float) -> float:
     """var_s / S of log t* of the chosen family refitted on each seed's curve (inf when a seed's
     own fit does not reach the target)."""
     if len(values) < 2:
         return 0.0
-    fitter = CV.fitters(refs)[chosen.index]
+    fitter = curves.fitters(refs)[chosen.index]
     per = []
     for v in values:
         f = fitter(xs, log_gap(target, v))
@@ -213,7 +213,7 @@ def metric_at(curve: Curve, target: Target, t: float, settings: Settings = Setti
     keep = steps > 0
     if keep.sum() < settings.min_points:
         return math.nan
-    fits = CV.scored(steps[keep], log_gap(target, mean[keep]), refs, settings.holdout)
+    fits = curves.scored(steps[keep], log_gap(target, mean[keep]), refs, settings.holdout)
     if not fits:
         return math.nan
     gap = float(np.exp(fits[0].log_gap(np.asarray([t]))[0]))

@@ -25,12 +25,8 @@ import sys
 import warnings
 
 from cconv.cli_schema import Command, Option, error_line
-from cconv.theory import cluster as CL
-from cconv.theory import device_profile as DP
-from cconv.theory import plan_cli as PC
-from cconv.theory import planner as PL
-from cconv.theory import predict as PR
-from cconv.theory.schedule import compress as CC
+from cconv.theory import cluster, device_profile, plan_cli, planner, predict
+from cconv.theory.schedule import compress
 
 MAX_REPEATS = 1000
 DEFAULT_REPEATS = 10
@@ -71,15 +67,15 @@ def _config(path: str, workers: int):
 def _built(raw: dict, source: str):
     """(RunConfig, built Problem) of ``raw``, or the line of the loader or engine that refuses it
     (the config's warnings, e.g. on the learning rate, were given when the config was planned)."""
-    from cconv.experiments import build as B
+    from cconv.experiments import build
     from cconv.experiments.config import from_dict
 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             cfg = from_dict(raw, source=source)
-            B.check_names(cfg)
-            return cfg, B.problem(cfg)
+            build.check_names(cfg)
+            return cfg, build.problem(cfg)
     except ValueError as e:
         return str(e).splitlines()[0][:160]
 
@@ -95,7 +91,7 @@ def _candidate(cfg, method, knobs: dict):
     src = f"{method.name} {knobs}"
     if method.collective is None:
         return _built(raw, src)
-    if method.collective == PL.PS:
+    if method.collective == planner.PS:
         return _built({**raw, "architecture": "parameter-server"}, src)
     for c in COLLECTIVES:
         got = _built({**raw, "collective": c}, src)
@@ -110,7 +106,7 @@ def _measure_rows(cfg, rows: list, repeats: int, notes: list) -> dict:
     """Measured seconds per step by (method, setting) (NaN: not measurable here, with a note)."""
     from cconv.experiments import clock
 
-    table, out = PL.all_methods(), {}
+    table, out = planner.all_methods(), {}
     for r in rows:
         key = (r.method, r.setting)
         if key in out:
@@ -128,13 +124,12 @@ def _plan(args: argparse.Namespace, repeats: int) -> tuple[str, list]:
     """(text, JSON records) of the measured plan."""
     from cconv._startup import configure_devices, quiet_libraries
 
-    cl0 = CL.from_args(args)
+    cl0 = cluster.from_args(args)
     configure_devices(cl0.workers)  # before jax starts its backend
     quiet_libraries()
     import jax
 
-    from cconv.experiments import build as B
-    from cconv.experiments import clock
+    from cconv.experiments import build, clock
 
     if jax.device_count() < cl0.workers:
         raise ValueError(
@@ -142,20 +137,20 @@ def _plan(args: argparse.Namespace, repeats: int) -> tuple[str, list]:
             f"this machine {jax.device_count()} {jax.default_backend()} device(s)"
         )
     cfg = _config(args.measure, cl0.workers)
-    profile = clock.profile_of(B.problem(cfg))
-    device, bench = args.device or CL.DEFAULT_DEVICE, None
+    profile = clock.profile_of(build.problem(cfg))
+    device, bench = args.device or cluster.DEFAULT_DEVICE, None
     if args.device_profile is not None:
         if args.device is not None:
             raise ValueError("give --device or --device-profile, not both")
-        device, measured = DP.load(args.device_profile)
-        bench = {**CC.load_bench(), **measured}
-    nets = [n.strip() for n in (args.network or CL.DEFAULT_NETWORK).split(",") if n.strip()]
-    clusters = [CL.parse(args.cluster, args.intra or CL.DEFAULT_INTRA, n, device) for n in nets]
-    sweep = PL._sweep(PC.sweep_of(args), {"ratios": args.ratios, "ranks": args.ranks, "levels": args.levels})
+        device, measured = device_profile.load(args.device_profile)
+        bench = {**compress.load_bench(), **measured}
+    nets = [n.strip() for n in (args.network or cluster.DEFAULT_NETWORK).split(",") if n.strip()]
+    clusters = [cluster.parse(args.cluster, args.intra or cluster.DEFAULT_INTRA, n, device) for n in nets]
+    sweep = planner._sweep(plan_cli.sweep_of(args), {"ratios": args.ratios, "ranks": args.ranks, "levels": args.levels})
     notes: list = []
-    kw = dict(sweep=sweep, fixed=PC.fixed_of(args), schedule=args.schedule or "fusion", bench=bench, notes=notes)
+    kw = dict(sweep=sweep, fixed=plan_cli.fixed_of(args), schedule=args.schedule or "fusion", bench=bench, notes=notes)
     kw |= dict(architecture=args.architecture or "hierarchical", interference=args.interference or 0.0)
-    per_cluster = [(c, PR.predict(c, profile, args.methods, **kw)) for c in clusters]
+    per_cluster = [(c, predict.predict(c, profile, args.methods, **kw)) for c in clusters]
     secs = _measure_rows(cfg, per_cluster[0][1], repeats, notes)
     where, texts, records = clock.device_label(), [], []
     for c, rows in per_cluster:
@@ -184,7 +179,7 @@ def format_measured(c, path, cfg, rows, secs, where, repeats, notes) -> str:
         ratio = f"{m / r.iteration_time_s:>6.2f}x" if math.isfinite(m) else f"{'-':>7}"
         shown = f"{m * 1e3:>12.3f}" if math.isfinite(m) else f"{'-':>12}"
         lines.append(
-            f"{r.method:<12} {r.setting:<14} {PC.human_bytes(r.bytes):>12} {r.iteration_time_s * 1e3:>12.3f} "
+            f"{r.method:<12} {r.setting:<14} {plan_cli.human_bytes(r.bytes):>12} {r.iteration_time_s * 1e3:>12.3f} "
             f"{shown} {ratio}"
         )
     lines.append("ratio = measured / modelled")
@@ -198,12 +193,12 @@ def run(args: argparse.Namespace) -> int:
         if args.measure_steps is not None:
             print(error_line("--measure-steps needs --measure CONFIG"), file=sys.stderr)
             return 2
-        return PC.run(args)
+        return plan_cli.run(args)
     try:
         repeats = _check(args)
-        PC._refuse_outside_mode(args)
+        plan_cli._refuse_outside_mode(args)
         text, records = _plan(args, repeats)
-        text = PC._dumps(records) if args.json else PC.check_finite(text)
+        text = plan_cli._dumps(records) if args.json else plan_cli.check_finite(text)
     except ValueError as e:
         print(error_line(str(e)), file=sys.stderr)
         return 2
@@ -220,11 +215,11 @@ OPTIONS = (
     ),
     Option(
         "--measure-steps",
-        type=PC._int_in(MAX_REPEATS),
+        type=plan_cli._int_in(MAX_REPEATS),
         metavar="N",
         help="with --measure: timed steps per phase after compilation, median taken (default 10)",
     ),
 )
 
-COMMAND: Command = PC.COMMAND._replace(options=PC.OPTIONS + OPTIONS, handler=run)
+COMMAND: Command = plan_cli.COMMAND._replace(options=plan_cli.OPTIONS + OPTIONS, handler=run)
 """``cconv plan`` with ``--measure`` (``cconv.cli.COMMANDS`` holds this one)."""

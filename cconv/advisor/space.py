@@ -228,11 +228,11 @@ def parse(block: Any, cfg: Any) -> Space:
     sync_points = [_sync_point(s) for s in sync] if sync is not None else [{"sync": run_default("sync")}]
     arch = _list(block, "architectures") or [cfg.architecture]
     scheds = _list(block, "schedules") or [cfg.schedule or DEFAULT_SCHEDULE]
-    from cconv.theory.schedule import schedules as S
+    from cconv.theory.schedule import schedules
 
     for s in scheds:
-        if s not in S.names():
-            raise ValueError(f"advise.schedules: unknown schedule {_shown(s)}; valid: {', '.join(S.names())}")
+        if s not in schedules.names():
+            raise ValueError(f"advise.schedules: unknown schedule {_shown(s)}; valid: {', '.join(schedules.names())}")
     budget = _number(block, "budget", lambda x: math.isfinite(x) and 0 < x <= 100, "a number in (0, 100]")
     seeds = _number(
         block, "seeds", lambda x: isinstance(x, int) and 1 <= x <= MAX_SEEDS, f"an integer in [1, {MAX_SEEDS}]"

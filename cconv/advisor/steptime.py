@@ -106,14 +106,13 @@ def measure(cfg: Any, launcher: str, repeats: int) -> float:
     user's launcher ``launcher`` (one device per worker), ``clock.measure_step``."""
     import warnings
 
-    from cconv.experiments import build as B
-    from cconv.experiments import clock
+    from cconv.experiments import build, clock
     from cconv.experiments.config import from_dict
 
     raw = {**cfg.to_dict(), "launcher": launcher, "seed": cfg.seeds()[0]}
     with warnings.catch_warnings():  # the probe's build gave the config's warnings already
         warnings.simplefilter("ignore")
-        problem = B.problem(from_dict(raw, source="measured candidate"))
+        problem = build.problem(from_dict(raw, source="measured candidate"))
     return clock.measure_step(problem, repeats, steps=min(STEPS, cfg.steps))
 
 

@@ -41,7 +41,7 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
-from cconv.compressors import bitstream as B
+from cconv.compressors import bitstream
 from cconv.compressors.base import Array
 
 MAX_VALUE = 2**31 - 1  # largest gap (a tensor's size) the code is written for
@@ -70,14 +70,14 @@ def worst_case_bits(d: int, levels: int) -> int:
 def _omega_fields(x: Array, groups: int) -> tuple[Array, Array, Array, Array]:
     """omega(x) for x >= 1 (uint32, vectorized) without its terminating "0", as two fields:
     (leading groups value, their length, binary(x) or nothing for x = 1, its length)."""
-    length = B.bit_length(x)
+    length = bitstream.bit_length(x)
     main_len = jnp.where(x > 1, length, 0)
     y = (length - 1).astype(_U32)  # the next group to the left of binary(x)
     pre_v = jnp.zeros(x.shape, _U32)
     pre_l = jnp.zeros(x.shape, jnp.int32)
     for _ in range(groups - 1):
         take = y > 1
-        ly = B.bit_length(y)
+        ly = bitstream.bit_length(y)
         pre_v = jnp.where(take, pre_v | jnp.left_shift(y, pre_l.astype(_U32)), pre_v)
         pre_l = jnp.where(take, pre_l + ly, pre_l)
         y = jnp.where(take, (ly - 1).astype(_U32), _U32(1))
@@ -105,7 +105,7 @@ def sparse_rows(d: int) -> int:
     return min(d, max(SPARSE_MIN, d // SPARSE))
 
 
-def encode(levels: Array, capacity_bits: int, chunk: int = B.CHUNK) -> tuple[B.BitStream, Array]:
+def encode(levels: Array, capacity_bits: int, chunk: int = bitstream.CHUNK) -> tuple[bitstream.BitStream, Array]:
     """Encode int levels (any shape, read flat; |level| <= 127) into a stream of at most
     ``capacity_bits`` bits; returns (stream, count of nonzeros as int32).  A message longer than
     the capacity is cut (bits past it are dropped) but ``stream.nbits`` is its true length, so
@@ -121,7 +121,9 @@ def encode(levels: Array, capacity_bits: int, chunk: int = B.CHUNK) -> tuple[B.B
     if 16 * d >= 2**31:
         raise ValueError(f"elias: a tensor of {d} elements is too large to code (at most {2**31 // 16 - 1})")
     if d == 0:
-        return B.write(jnp.zeros((0, 3), _U32), jnp.zeros((0, 3), jnp.int32), capacity_bits, chunk), jnp.int32(0)
+        return bitstream.write(jnp.zeros((0, 3), _U32), jnp.zeros((0, 3), jnp.int32), capacity_bits, chunk), jnp.int32(
+            0
+        )
     nz = flat != 0
     csum = jnp.cumsum(nz, dtype=jnp.int32)
     count = csum[-1]
@@ -133,8 +135,8 @@ def encode(levels: Array, capacity_bits: int, chunk: int = B.CHUNK) -> tuple[B.B
         prev = jnp.concatenate([jnp.full((1,), -1, jnp.int32), pos[:-1]])
         lev = flat[jnp.minimum(pos, d - 1)]
         values, lengths = code_fields(jnp.where(valid, pos - prev, 1), lev < 0, jnp.where(valid, jnp.abs(lev), 1))
-        st = B.write(values, jnp.where(valid[:, None], lengths, 0), capacity_bits, chunk)
-        pad = B.num_chunks(d, chunk) - st.offsets.shape[0]  # chunks of empty slots start at nbits
+        st = bitstream.write(values, jnp.where(valid[:, None], lengths, 0), capacity_bits, chunk)
+        pad = bitstream.num_chunks(d, chunk) - st.offsets.shape[0]  # chunks of empty slots start at nbits
         return st._replace(offsets=jnp.pad(st.offsets, (0, pad), constant_values=st.nbits))
 
     def dense(_):
@@ -156,9 +158,9 @@ def _read_omega(words: Array, pos: Array, groups: int) -> tuple[Array, Array]:
     n = jnp.ones(pos.shape, jnp.int32)
     done = jnp.zeros(pos.shape, bool)
     for _ in range(groups + 1):
-        bit = B.read(words, pos, 1)
+        bit = bitstream.read(words, pos, 1)
         go = (~done) & (bit == 1)
-        m = B.read(words, pos, n + 1).astype(jnp.int32)
+        m = bitstream.read(words, pos, n + 1).astype(jnp.int32)
         pos = jnp.where(go, pos + n + 1, jnp.where(done, pos, pos + 1))
         n = jnp.where(go, m, n)
         done = done | ~go
@@ -167,12 +169,12 @@ def _read_omega(words: Array, pos: Array, groups: int) -> tuple[Array, Array]:
 
 def _read_code(words: Array, pos: Array) -> tuple[tuple[Array, Array], Array]:
     gap, pos = _read_omega(words, pos, _GROUPS)
-    negative = B.read(words, pos, 1) == 1
+    negative = bitstream.read(words, pos, 1) == 1
     magnitude, pos = _read_omega(words, pos + 1, _LEVEL_GROUPS)
     return (gap, jnp.where(negative, -magnitude, magnitude)), pos
 
 
-def decode(stream: B.BitStream, count: Array, d: int, chunk: int = B.CHUNK, block: int = 64) -> Array:
+def decode(stream: bitstream.BitStream, count: Array, d: int, chunk: int = bitstream.CHUNK, block: int = 64) -> Array:
     """The d int32 levels of an ``encode``d stream with ``count`` nonzeros (traced).
 
     Chunk-parallel like ``bitstream.decode``, but only over the chunks that hold codes (those
@@ -195,9 +197,9 @@ def decode(stream: B.BitStream, count: Array, d: int, chunk: int = B.CHUNK, bloc
     )
 
 
-def _decode_rows(stream: B.BitStream, count: Array, d: int, n: int, chunk: int, block: int) -> Array:
+def _decode_rows(stream: bitstream.BitStream, count: Array, d: int, n: int, chunk: int, block: int) -> Array:
     """``decode`` of at most n (static) codes."""
-    chunks = B.num_chunks(n, chunk)
+    chunks = bitstream.num_chunks(n, chunk)
     block = max(1, min(block, chunks))
     n_blocks = -(-chunks // block)
     offsets = stream.offsets[:chunks]

@@ -48,7 +48,7 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
-from cconv.compressors import bitstream as B
+from cconv.compressors import bitstream
 from cconv.compressors.base import Array, itemsize, payload_bytes
 from cconv.compressors.bitstream import CHUNK, BitStream
 from cconv.compressors.registry import Param
@@ -93,7 +93,7 @@ class GolombPayload(NamedTuple):
 
 def parameter(k: int, d: int) -> int:
     """The Rice parameter b (code of a gap: gap >> b zeros, a one, b low bits): b* of STC for p = k/d."""
-    return B.rice_parameter(k / d) if 0 < k < d else 0
+    return bitstream.rice_parameter(k / d) if 0 < k < d else 0
 
 
 def capacity_bits(k: int, d: int) -> int:
@@ -105,7 +105,7 @@ def capacity_bits(k: int, d: int) -> int:
 
 def stream_bytes(k: int, d: int, chunk: int = CHUNK) -> int:
     """Moved bytes of the position stream: buffer (+ spare word), bit count and chunk index."""
-    return B.stream_bytes(capacity_bits(k, d), k, chunk)
+    return bitstream.stream_bytes(capacity_bits(k, d), k, chunk)
 
 
 def moved_bytes(k: int, d: int, dtype, chunk: int = CHUNK) -> int:
@@ -118,7 +118,7 @@ def expected_bits(p: float) -> float:
     b* + 1 / (1 - (1 - p)^(2^b*)), with b* = ``bitstream.rice_parameter(p)``."""
     if not 0.0 < p < 1.0:
         return 1.0  # every gap is 0 (p = 1): one bit
-    b = B.rice_parameter(p)
+    b = bitstream.rice_parameter(p)
     return b + 1.0 / (1.0 - (1.0 - p) ** (2**b))
 
 
@@ -126,7 +126,7 @@ def expected_stream_bytes(k: int, d: int, chunk: int = CHUNK) -> float:
     """Expected encoded bytes of the position stream of k < d Bernoulli(k/d)-like positions:
     k * expected_bits(k/d) / 8 (the rounding of nbits up to a byte adds < 1), the 4-byte bit
     count and 4 bytes per chunk of the chunk index."""
-    return k * expected_bits(k / d) / 8.0 + 4.0 + 4.0 * B.num_chunks(k, chunk)
+    return k * expected_bits(k / d) / 8.0 + 4.0 + 4.0 * bitstream.num_chunks(k, chunk)
 
 
 def _check(k: int, d: int) -> None:
@@ -154,7 +154,7 @@ def encode(indices: Array, d: int, count: Array | None = None, chunk: int = CHUN
     if count is not None:
         live = jnp.arange(k, dtype=jnp.int32) < jnp.asarray(count, jnp.int32)
         lengths = jnp.where(live[:, None], lengths, 0)
-    return B.write(values, lengths, capacity_bits(k, d), chunk)
+    return bitstream.write(values, lengths, capacity_bits(k, d), chunk)
 
 
 def decode(stream: BitStream, k: int, d: int, chunk: int = CHUNK) -> tuple[Array, Array]:
@@ -169,11 +169,11 @@ def decode(stream: BitStream, k: int, d: int, chunk: int = CHUNK) -> tuple[Array
     b = parameter(k, d)
 
     def step(words, table, pos):
-        one = B.next_one(words, table, pos)
-        low = B.read(words, one + 1, b).astype(jnp.int32)
+        one = bitstream.next_one(words, table, pos)
+        low = bitstream.read(words, one + 1, b).astype(jnp.int32)
         return ((one - pos) << b | low, pos), one + 1 + b
 
-    gaps, starts = B.decode(stream, k, step, chunk)
+    gaps, starts = bitstream.decode(stream, k, step, chunk)
     valid = starts < stream.nbits
     idx = jnp.cumsum(jnp.where(valid, gaps + 1, 0), dtype=jnp.int32) - 1
     return jnp.where(valid, idx, 0), valid
@@ -206,7 +206,7 @@ def encoded_bytes(stream: BitStream, chunk: int = CHUNK) -> Array:
     and 4 bytes per chunk that holds a code (a chunk holds one iff its first code starts before
     nbits, since every code has at least one bit: no count needed)."""
     used = jnp.sum(stream.offsets < stream.nbits, dtype=jnp.int32)
-    return B.encoded_bytes(stream, used * chunk, chunk)
+    return bitstream.encoded_bytes(stream, used * chunk, chunk)
 
 
 def payload_encoded_bytes(payload, count: Array | None = None, chunk: int = CHUNK) -> Array:

@@ -41,7 +41,7 @@ from cconv.engine.config import (
 from cconv.engine.dropin import Exchange, as_optax
 from cconv.engine.launchers import Launcher
 from cconv.engine.onebit_adam import onebit_adam
-from cconv.engine.step import WorkerState, worker_step
+from cconv.engine.step import WorkerState
 from cconv.engine.sync import SYNC_MODES, SyncMode
 from cconv.engine.trainer import EngineState, Trainer, build
 from cconv.engine.worker_clock import Stragglers
@@ -59,7 +59,6 @@ __all__ = [
     "WorkerState",
     "Phase",
     "phase_of",
-    "worker_step",
     "MEMORIES",
     "GRANULARITIES",
     "ARCHITECTURES",

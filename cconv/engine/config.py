@@ -21,19 +21,20 @@ from cconv import _rules as R
 from cconv import compressors as C
 from cconv import memory as M
 from cconv._text import shown
-from cconv.comm import aggregation as A
+from cconv.comm import aggregation
 from cconv.compressors.base import Compressor
 from cconv.engine import modes, worker_clock
 from cconv.engine.launchers import LAUNCHERS  # name -> Launcher class
 from cconv.engine.modes import ADAPTIVE  # local_steps: AdaComm's adaptive communication period
 from cconv.engine.worker_clock import Stragglers
+from cconv.memory.dgc import MOMENTUM as DGC_MOMENTUM  # Lin et al. 2018's m, the memory's momentum
 
 # The uncompressed baseline's registered name (defined by the compressors layer).
 IDENTITY: str = C.IDENTITY
 MEMORIES = M.MEMORIES  # name -> Memory factory
 GRANULARITIES = ("layerwise", "fused")
-ARCHITECTURES = tuple(A.TRANSPORTS)  # "all-to-all", "parameter-server"
-COLLECTIVES = A.COLLECTIVES  # "auto" (the compressor's aggregation), "allgather", "gtopk"
+ARCHITECTURES = tuple(aggregation.TRANSPORTS)  # "all-to-all", "parameter-server"
+COLLECTIVES = aggregation.COLLECTIVES  # "auto" (the compressor's aggregation), "allgather", "gtopk"
 DGC_WARMUP = (0.25, 0.0625, 0.015625, 0.004)
 # EngineConfig's gossip fields (decentralized training, ``sync="gossip"``; ``cconv.engine.gossip``):
 # meaningful only under gossip (a run config refuses them set elsewhere)
@@ -169,7 +170,7 @@ class EngineConfig:
     workers: int = _field(1, R.integer(1))
     compressor: Compressor | str | None = None
     memory: str = _field(M.NONE, R.choice(lambda: MEMORIES, null=M.NONE))
-    momentum: float = _field(0.9, R.number(0.0, below=1))
+    momentum: float = _field(DGC_MOMENTUM, R.number(0.0, below=1))
     masking: bool = _field(True, R.flag())
     ef_scale: float = 1.0
     clip: float | None = _field(None, R.number(0.0, strict=True, optional=True))
@@ -233,7 +234,7 @@ class EngineConfig:
         if self.warmup is not None and not isinstance(self.warmup, Warmup):
             raise ValueError("EngineConfig.warmup must be a cconv.engine.Warmup (e.g. dgc_warmup(...)) or None")
         c = self.compressor
-        A.check(self, c)  # what the aggregation methods cannot do (powersgd, gtopk, vote)
+        aggregation.check(self, c)  # what the aggregation methods cannot do (powersgd, gtopk, vote)
         if self.ps_downlink is not None and self.architecture != "parameter-server":
             raise ValueError("ps_downlink needs architecture='parameter-server'")
         self._check_gossip()

@@ -53,7 +53,7 @@ import jax
 import jax.numpy as jnp
 
 from cconv import compressors as C
-from cconv.comm import topology as T
+from cconv.comm import topology as topo
 from cconv.comm.backend import DryComm
 from cconv.compressors.base import Compressor
 from cconv.engine.config import ENGINE_DEFAULTS, Phase
@@ -88,7 +88,7 @@ class GossipStep(NamedTuple):
     """Static description of a gossip exchange."""
 
     algorithm: str  # "dpsgd" | "choco"
-    mixing: T.Mixing
+    mixing: topo.Mixing
     compressor: Compressor | None  # None: models (dpsgd) / differences (choco) travel dense
     gamma: float | None = None  # None: safe_gamma(compressor, shape) per tensor
 
@@ -136,11 +136,11 @@ def check_gamma(engine_cfg, shapes) -> None:
 
 
 @functools.lru_cache(maxsize=64)
-def _mixing(topology: str, workers: int, torus, mixing) -> T.Mixing:
-    return T.get(topology, workers, torus=torus, mixing=mixing)
+def _mixing(topology: str, workers: int, torus, mixing) -> topo.Mixing:
+    return topo.get(topology, workers, torus=torus, mixing=mixing)
 
 
-def mixing_of(engine_cfg) -> T.Mixing:
+def mixing_of(engine_cfg) -> topo.Mixing:
     """The validated ``Mixing`` of an ``EngineConfig`` (cached: the checks run once)."""
     return _mixing(engine_cfg.topology, int(engine_cfg.workers), engine_cfg.torus, engine_cfg.mixing)
 
@@ -174,7 +174,7 @@ def _send(comm, step: GossipStep, tree, comp_state, key):
     sum_j W_ij of the decoded trees (own included), new compressor state)."""
     c = step.compressor
     if c is None:
-        return tree, T.combine(comm, step.mixing, tree, T.neighbours(comm, step.mixing, tree)), comp_state
+        return tree, topo.combine(comm, step.mixing, tree, topo.neighbours(comm, step.mixing, tree)), comp_state
     leaves, treedef = jax.tree.flatten(tree)
     keys = jax.random.split(key if c.summable else jax.random.fold_in(key, comm.rank()), max(len(leaves), 1))
     payloads, states = [], []
@@ -188,11 +188,11 @@ def _send(comm, step: GossipStep, tree, comp_state, key):
     if c.summable:  # mix the payloads, decode once
         return decode(payloads), decode(_mix_payloads(comm, step.mixing, payloads)), tuple(states)
     own = decode(payloads)
-    received = T.neighbours(comm, step.mixing, payloads)
-    return own, T.combine(comm, step.mixing, own, [decode(r) for r in received]), tuple(states)
+    received = topo.neighbours(comm, step.mixing, payloads)
+    return own, topo.combine(comm, step.mixing, own, [decode(r) for r in received]), tuple(states)
 
 
-def _mix_payloads(comm, mixing: T.Mixing, own):
+def _mix_payloads(comm, mixing: topo.Mixing, own):
     """sum_j W_ij payload_j of summable payloads: only the floating leaves travel and are mixed
     (in float32, back in their dtype); integer leaves (a shared key) are identical everywhere and
     stay home, as in an all-reduce."""
@@ -200,7 +200,7 @@ def _mix_payloads(comm, mixing: T.Mixing, own):
     is_f = [jnp.issubdtype(x.dtype, jnp.floating) for x in leaves]
     floats = [x for x, f in zip(leaves, is_f) if f]
     up = lambda xs: [x.astype(jnp.float32) for x in xs]  # noqa: E731
-    mixed = iter(T.combine(comm, mixing, up(floats), [up(r) for r in T.neighbours(comm, mixing, floats)]))
+    mixed = iter(topo.combine(comm, mixing, up(floats), [up(r) for r in topo.neighbours(comm, mixing, floats)]))
     return jax.tree.unflatten(treedef, [next(mixed).astype(x.dtype) if f else x for x, f in zip(leaves, is_f)])
 
 

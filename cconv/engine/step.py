@@ -5,8 +5,10 @@ gradient is this worker's own (parameters are per-worker, "varying" along the me
 ``jax.grad`` does not sum it over workers -- the shard_map trap of DEVELOPERS.md); compression,
 memory and aggregation happen in the phase's ``Exchange`` (``cconv.engine.dropin``: the same
 object a user calls inside their own shard_map).  What a step does with them (BSP, local SGD,
-SSP, ASP, ...) is its synchronization mode's ``step`` (``cconv.engine.sync.SYNC_MODES``), built
-from the helpers here: ``local_grad``, ``apply_update``, ``reduce_metrics``.
+SSP, ASP, ...) is its synchronization mode's ``step`` (``cconv.engine.sync.SyncMode.step``; the
+trainer traces it), built from the helpers here: ``local_grad``, ``apply_update``,
+``reduce_metrics``.  BSP's, ``cconv.engine.sync.gradient_step``, is the training step on one
+screen.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from cconv.engine.config import Phase
 from cconv.engine.dropin import Exchange, encoded_sizes, traffic_metrics
 
 
@@ -37,7 +38,6 @@ class StepContext(NamedTuple):
     exchanges: dict  # Phase -> that phase's Exchange (cconv.engine.dropin)
     clip: float | None  # per-worker threshold, already scaled by P^(-1/2)
     report_rank: int  # whose bytes the metrics report (a non-server worker under PS)
-    sync: Any = None  # the ``SyncMode`` (cconv.engine.sync) whose step runs
 
 
 def clip_local(grads, threshold):
@@ -75,12 +75,3 @@ def reduce_metrics(comm, ctx: StepContext, ex: Exchange, grads, values: dict, lo
     metrics.update(traffic_metrics(comm, ctx.report_rank, kinds, table), density=jnp.float32(ex.plan_of(grads).density))
     metrics.update(local or {})
     return metrics
-
-
-def worker_step(comm, ctx: StepContext, phase: Phase, s: WorkerState, batch, key, host=None):
-    """One step of one worker, as its synchronization mode (``ctx.sync``, ``cconv.engine.sync``)
-    does it: own gradient -> local clip -> exchange (compress, communicate, decompress, average)
-    -> optax update under BSP; local updates and model averaging under local SGD; ...
-    ``key`` is the same on every worker (shared-key compressors rely on it); ``host``: the
-    mode's per-step host inputs (``SyncMode.inputs``), replicated."""
-    return ctx.sync.step(comm, ctx, phase, s, batch, key, host)

@@ -86,7 +86,11 @@ class SyncMode(abc.ABC):
 
     @abc.abstractmethod
     def step(self, comm, ctx: StepContext, phase: Phase, s: WorkerState, batch, key, host=None):
-        """One worker's step under this mode: (new state, metrics)."""
+        """One worker's step under this mode: (new state, metrics).  BSP: own gradient -> local
+        clip -> exchange (compress, communicate, decompress, average) -> optax update
+        (``gradient_step``); local SGD: local updates and model averaging; ...  ``key`` is the
+        same on every worker (shared-key compressors rely on it); ``host``: the mode's per-step
+        host inputs (``inputs``), replicated."""
 
     def compresses(self, engine_cfg, phase: Phase) -> bool:
         return True

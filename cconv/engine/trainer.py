@@ -1,6 +1,6 @@
 """``build``: wrap a loss, parameters and an optax optimizer into a data-parallel trainer.
 
-The per-worker step (``cconv.engine.step.worker_step``) is run by a launcher
+The per-worker step (the synchronization mode's, ``cconv.engine.sync.SyncMode.step``) is run by a launcher
 (``cconv.engine.launchers.LAUNCHERS``): ``jax.shard_map`` over a 1-D device mesh (default),
 ``jax.pmap``, or one process per MPI rank.  On the mesh launchers every state leaf carries a
 leading worker axis of size P (sharded over the devices); under MPI each process holds its own
@@ -27,7 +27,7 @@ from cconv.engine import modes, optimizers
 from cconv.engine.config import IDENTITY, EngineConfig, Phase, compressor_at, phase_exchange
 from cconv.engine.dropin import Exchange
 from cconv.engine.launchers import LAUNCHERS, Launcher
-from cconv.engine.step import StepContext, WorkerState, worker_step
+from cconv.engine.step import StepContext, WorkerState
 from cconv.engine.sync import SyncMode, sync_mode
 
 
@@ -174,7 +174,7 @@ class Trainer:
     def _ctx(self, phase: Phase) -> StepContext:
         clip = None if self.engine_cfg.clip is None else self.engine_cfg.clip / math.sqrt(self.workers)
         ex = {phase: self.exchange(phase)}
-        return StepContext(self.loss_fn, self.optimizer, ex, clip, self._report_rank, self.sync)
+        return StepContext(self.loss_fn, self.optimizer, ex, clip, self._report_rank)
 
     def _comm(self):
         """A fresh comm (its ledger records one trace)."""
@@ -182,7 +182,7 @@ class Trainer:
 
     def _trace_step(self, comm, phase, ws, batch, key):
         key, host = key if isinstance(key, tuple) else (key, None)  # host: the mode's per-step inputs
-        new, metrics = worker_step(comm, self._ctx(phase), phase, ws, batch, key, host)
+        new, metrics = self.sync.step(comm, self._ctx(phase), phase, ws, batch, key, host)
         # the metrics' all-reduce is the step's last control record (an exchange may add others)
         self._metric_bytes = next(c.bytes for c in reversed(comm.ledger) if c.control)
         return new, metrics

@@ -252,21 +252,21 @@ def exchange_seconds(work, device, workers: int, bench: dict | None = None) -> f
     import warnings
 
     from cconv.theory import implementation as IM
-    from cconv.theory.schedule import compress as CP
+    from cconv.theory.schedule import compress as CC
 
     c = work.compressor
     if c is None or not work.units:
         return 0.0
     m = IM.decodes(c.aggregation if isinstance(c.aggregation, str) else "allreduce", workers)
-    bench = CP.load_bench() if bench is None else bench
+    bench = CC.load_bench() if bench is None else bench
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CP.EstimatedCostWarning)
-        rows = bench.get(c.name) or CP.estimated_rows(c.name, bench)
+        warnings.simplefilter("ignore", CC.EstimatedCostWarning)
+        rows = bench.get(c.name) or CC.estimated_rows(c.name, bench)
     extra = MEMORY_PASSES if work.memory not in (None, "none") else 0.0
     total = 0.0
     for shape in work.units:
         n = float(np.prod(shape))
-        cx, dx = CP.ratio_at(rows, n)
+        cx, dx = CC.ratio_at(rows, n)
         floor = device.read_floor(n)
         total += (cx + extra) * floor + m * dx * floor + 2 * device.launch_s
     return total

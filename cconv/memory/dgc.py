@@ -28,6 +28,12 @@ import jax.numpy as jnp
 from cconv.compressors.base import Array, Compressor
 from cconv.memory.base import Memory, wrap
 
+# DGC's momentum m (Lin et al., ICLR 2018: momentum SGD with m = 0.9 in their experiments; the
+# authors' code, synxlin/deep-gradient-compression, sets the optimizer's momentum to 0.9 in
+# configs/__init__.py and the DGC memory's to the optimizer's in configs/dgc/__init__.py).  The
+# engine's ``momentum`` default is this constant (``cconv.engine.config.EngineConfig``).
+MOMENTUM = 0.9
+
 
 class DGCState(NamedTuple):
     inner: Any
@@ -35,7 +41,7 @@ class DGCState(NamedTuple):
     v: Array  # accumulated velocity (the residual)
 
 
-def dgc_memory(c: Compressor, momentum: float = 0.9, masking: bool = True, **options) -> Memory:
+def dgc_memory(c: Compressor, momentum: float = MOMENTUM, masking: bool = True, **options) -> Memory:
     """DGC's memory for compressor ``c`` (its density decides whether masking applies)."""
     del options
     if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
@@ -63,6 +69,6 @@ def dgc_memory(c: Compressor, momentum: float = 0.9, masking: bool = True, **opt
     return Memory("dgc_memory", init, absorb, settle, give_back, hparams={"momentum": m, "masking": masking})
 
 
-def dgc(c: Compressor, momentum: float = 0.9, masking: bool = True) -> Compressor:
+def dgc(c: Compressor, momentum: float = MOMENTUM, masking: bool = True) -> Compressor:
     """``c`` with DGC's momentum correction (and momentum-factor masking)."""
     return wrap(c, dgc_memory(c, momentum=momentum, masking=masking))

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from cconv import compressors as _compressors
+from cconv import compressors as C
 from cconv.compressors.base import Compressor
 from cconv.compressors.registry import Bound, Theory, entry_of
 
@@ -63,8 +63,8 @@ def resolve(c: Compressor | str, **hparams) -> Compressor:
             raise ValueError("give hyper-parameters only with a compressor name, not with a Compressor")
         return c
     if isinstance(c, str):
-        return _compressors.get(c, **hparams)
-    raise ValueError(f"expected a Compressor or one of: {', '.join(_compressors.names())}; got {c!r}")
+        return C.get(c, **hparams)
+    raise ValueError(f"expected a Compressor or one of: {', '.join(C.names())}; got {c!r}")
 
 
 def _oracle(c: Compressor, what: str):
@@ -72,7 +72,7 @@ def _oracle(c: Compressor, what: str):
     theory: Theory | None = entry_of(c).theory
     fn = getattr(theory, what, None) if theory is not None else None
     if fn is None:
-        known = ", ".join(e.name for e in _compressors.entries() if getattr(e.theory, what, None) is not None)
+        known = ", ".join(e.name for e in C.entries() if getattr(e.theory, what, None) is not None)
         raise ValueError(f"no constants for compressor {c.name!r} ({what}); known: {known}")
     return fn
 
@@ -198,7 +198,7 @@ def variance_per_coordinate(c: Compressor | str, x, **hparams) -> np.ndarray:
     fn = theory.variance if theory is not None else None
     out = fn(c, np.asarray(x).astype(np.float64)) if fn is not None and c.unbiased else None
     if out is None:
-        unbiased = [e.name for e in _compressors.entries() if e.theory is not None and e.theory.variance]
+        unbiased = [e.name for e in C.entries() if e.theory is not None and e.theory.variance]
         raise ValueError(
             f"{c.name} is not an unbiased compressor with a per-coordinate variance "
             f"(those with one: {', '.join(unbiased)})"

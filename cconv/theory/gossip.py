@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from cconv.comm import topology as T
+from cconv.comm import topology as topo
 from cconv.compressors.base import Compressor
 from cconv.theory import constants as K
 from cconv.theory import network as N
@@ -110,14 +110,14 @@ def choco(
     mixing: Any = None,
 ) -> GossipTheory:
     """Spectral gap, beta, omega, gamma* and the consensus rate of CHOCO on ``topology``."""
-    m = T.get(topology, workers, torus=torus, mixing=mixing)
+    m = topo.get(topology, workers, torus=torus, mixing=mixing)
     gap, beta, w = m.gap, m.beta, compression_quality(compressor, shape)
     return GossipTheory(m.name, m.workers, m.messages, gap, beta, w, choco_gamma(gap, beta, w), gap * gap * w / 82)
 
 
 def spectral_gaps(workers: int, topologies: Sequence[str] = ("ring", "torus", "exponential", "complete")) -> dict:
     """Topology name -> spectral gap of its Metropolis-Hastings W on ``workers`` ranks."""
-    return {t: T.get(t, workers).gap for t in topologies}
+    return {t: topo.get(t, workers).gap for t in topologies}
 
 
 # --------------------------------------------------------------------------- cost per step
@@ -156,9 +156,9 @@ def gossip_rows(
         if p > EXACT_GAP_MAX_WORKERS:  # no eigendecomposition: the ring's closed form only
             if name != "ring":
                 continue
-            msgs, gap = 2, T.ring_gap(p)
+            msgs, gap = 2, topo.ring_gap(p)
         else:
-            m = T.get(name, p)
+            m = topo.get(name, p)
             msgs, gap = m.messages, m.gap
         rows.append(GossipRow(name, msgs, gap, msgs * float(nbytes), msgs * t_msg))
     return rows
@@ -184,7 +184,7 @@ def format_rows(rows: Sequence[GossipRow], compute_s: float, human_bytes) -> str
 
 def ring_gap_formula(workers: int) -> float:
     """Alias of ``cconv.comm.topology.ring_gap`` (closed form, MH weights 1/3)."""
-    return T.ring_gap(workers)
+    return topo.ring_gap(workers)
 
 
 __all__ = [

@@ -28,10 +28,10 @@ from cconv.theory import implementation as IM
 from cconv.theory import network as N
 from cconv.theory import planner as PL
 from cconv.theory import predict as PR
-from cconv.theory import profiles as P
+from cconv.theory import profiles
 from cconv.theory import workloads as W
 from cconv.theory.schedule import compress as CC
-from cconv.theory.schedule import ratios as R
+from cconv.theory.schedule import ratios
 from cconv.theory.schedule import schedules as S
 from cconv.theory.schedule import survey as SV
 from cconv.theory.schedule.sets import METHOD_SETS
@@ -490,8 +490,8 @@ def format_method_set(name: str, workload: str, workers: int, net: N.Network | N
 def run_method_set(args: argparse.Namespace, name: str) -> str:
     """Rows of a method set (``cconv.theory.schedule.sets.METHOD_SETS``) for every network."""
 
-    if args.workload is None or args.workload.lower() not in P.names():
-        raise ValueError(f"--methods {name} needs --workload with a layer profile: {', '.join(P.names())}")
+    if args.workload is None or args.workload.lower() not in profiles.names():
+        raise ValueError(f"--methods {name} needs --workload with a layer profile: {', '.join(profiles.names())}")
     if any(getattr(args, k) is not None for k in ("params", "flops_per_sample", "batch")):
         raise ValueError(
             f"--methods {name} takes the workload from its profile; drop --params/--flops-per-sample/--batch"
@@ -523,12 +523,12 @@ def run_per_layer_ratios(args: argparse.Namespace) -> str:
         knobbed = [m for m, v in table.items() if v.knob is not None]
         raise ValueError(f"--per-layer-ratios expects METHOD=VALUE with METHOD one of {', '.join(knobbed)}")
     value = knob_value(table[name].knob.name, text, "--per-layer-ratios", knobs_only=False)
-    if args.workload is None or args.workload.lower() not in P.names():
-        raise ValueError(f"--per-layer-ratios needs --workload with a layer profile: {', '.join(P.names())}")
+    if args.workload is None or args.workload.lower() not in profiles.names():
+        raise ValueError(f"--per-layer-ratios needs --workload with a layer profile: {', '.join(profiles.names())}")
     kappa = SV.INTERFERENCE if args.interference is None else args.interference
     out, records = [], []
     for net in _networks(args):
-        plan, prof = R.survey_plan(
+        plan, prof = ratios.survey_plan(
             args.workload.lower(),
             args.workers,
             net,
@@ -541,7 +541,8 @@ def run_per_layer_ratios(args: argparse.Namespace) -> str:
             topology=args.topology,
         )
         out.append(
-            f"{args.workload} on {_describe(net)}, P={args.workers}, {args.ratio_method}\n" + R.format_plan(plan, prof)
+            f"{args.workload} on {_describe(net)}, P={args.workers}, {args.ratio_method}\n"
+            + ratios.format_plan(plan, prof)
         )
         rec = {**plan._asdict(), "gain": plan.gain, "layers": [lay.name for lay in prof.layers]}
         records.append({"workload": args.workload.lower(), "network": net.name, "workers": args.workers, **rec})
@@ -625,8 +626,8 @@ def _vectors(args: argparse.Namespace) -> bool | None:
 def run_cluster(args: argparse.Namespace) -> str:
     """``cconv plan --cluster``: every method on each named cluster (cconv.theory.predict)."""
 
-    if args.workload is None or args.workload.lower() not in P.names():
-        raise ValueError(f"--cluster needs --workload with a layer profile: {', '.join(P.names())}")
+    if args.workload is None or args.workload.lower() not in profiles.names():
+        raise ValueError(f"--cluster needs --workload with a layer profile: {', '.join(profiles.names())}")
     if any(m in METHOD_SETS for m in args.methods or []):
         raise ValueError("method sets are not planned on a --cluster; give --schedule and --architecture instead")
     nets = [n.strip() for n in (args.network or CL.DEFAULT_NETWORK).split(",") if n.strip()]

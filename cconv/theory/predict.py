@@ -49,7 +49,7 @@ from typing import Any, NamedTuple
 from cconv import compressors as C
 from cconv.theory import implementation as IM
 from cconv.theory import planner as PL
-from cconv.theory import profiles as P
+from cconv.theory import profiles
 from cconv.theory.cluster import Cluster
 from cconv.theory.schedule import arch as A
 from cconv.theory.schedule import compress as CC
@@ -83,9 +83,9 @@ class Row(NamedTuple):
         return {**self._asdict(), "setting": self.setting}
 
 
-def profile_at(workload: str | P.Profile, batch: int | None = None) -> P.Profile:
+def profile_at(workload: str | profiles.Profile, batch: int | None = None) -> profiles.Profile:
     """The workload's layer profile, its FLOPs rescaled to local batch ``batch`` (linear in M)."""
-    prof = workload if isinstance(workload, P.Profile) else P.get(workload)
+    prof = workload if isinstance(workload, profiles.Profile) else profiles.get(workload)
     if batch is None or batch == prof.batch:
         return prof
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
@@ -146,7 +146,7 @@ def _row(method, hp, lcs, sched, arch, interference, p, t1) -> Row:
 
 def predict(
     cluster: Cluster,
-    workload: str | P.Profile,
+    workload: str | profiles.Profile,
     methods: Sequence[str] | None = None,
     *,
     sweep: Mapping[str, Sequence] | None = None,

@@ -49,7 +49,7 @@ from cconv.theory import devices as D
 from cconv.theory import implementation as IM
 from cconv.theory import planner as PL
 from cconv.theory import predict as PR
-from cconv.theory import profiles as P
+from cconv.theory import profiles
 from cconv.theory.schedule.survey import INTERFERENCE
 
 # Stated tolerances (tests/test_cluster_validation.py), issue 33's goals: every case within TOLERANCE of its
@@ -197,7 +197,7 @@ def _gqsgd_cases() -> tuple[Case, ...]:
         if r["method"] is None:
             continue
         d = dense[r["workload"]]
-        prof = P.get(r["workload"])
+        prof = profiles.get(r["workload"])
         out.append(
             Case(
                 f"Global-QSGD 1x4 A100 {r['label']}", r["workload"], prof.batch, cluster, intra, network, device,
@@ -343,8 +343,8 @@ def link_bound_gbps(case: Case) -> float:
     """The Gbit/s a dense run's link must have carried at least: a ring all-reduce moves 2(P-1)/P x 4D
     bytes per worker per iteration, and the iteration took M P / throughput seconds (published)."""
     p = CL.parse(case.cluster).workers
-    t_iter = case.batch / (case.published * device_of(case).flops / P.get(case.workload).flops_per_sample)
-    return 2 * (p - 1) / p * 4 * P.get(case.workload).params * 8 / t_iter / 1e9
+    t_iter = case.batch / (case.published * device_of(case).flops / profiles.get(case.workload).flops_per_sample)
+    return 2 * (p - 1) / p * 4 * profiles.get(case.workload).params * 8 / t_iter / 1e9
 
 
 def dense_twin(case: Case, cases: tuple[Case, ...] = CASES) -> Case | None:
@@ -380,7 +380,7 @@ def device_of(case: Case) -> D.Device:
     """The case's device: a preset, or the rate its source's own single-GPU throughput implies."""
     if not case.one_gpu:
         return D.get(case.device)
-    per_sample = P.get(case.workload).flops_per_sample
+    per_sample = profiles.get(case.workload).flops_per_sample
     return D.Device(case.device, case.one_gpu * per_sample, case.mem_bw, D.LAUNCH_S, f"{case.one_gpu} samples/s")
 
 

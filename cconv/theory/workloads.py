@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from cconv.theory import profiles as P
+from cconv.theory import profiles
 
 BERT_LARGE_FLOPS_PER_ITER = 597e9
 BERT_LARGE_COMPUTE_S = 0.163
@@ -174,7 +174,7 @@ _PROFILED = {
     "bert-base-squad": (None, "BERT-Base on SQuAD v1.1, 384-token sequences, batch 8 (Espresso's runs)"),
 }
 for _name, (_shapes, _src) in _PROFILED.items():
-    _prof = P.get(_name)
+    _prof = profiles.get(_name)
     if _shapes is None:
         _shapes = [sh for lay in reversed(_prof.layers) for sh in lay.shapes]
     WORKLOADS[_name] = _make(_name, _shapes, lambda d, c=_prof.flops_per_sample: c, _prof.batch, _src)

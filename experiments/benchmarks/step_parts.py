@@ -2,7 +2,7 @@
 
 Part (b) of ``run.py`` times whole steps on 8 simulated devices sharing the machine's cores.
 This script splits the top-k 1% + EF step of the same problem (``--model``, default mlp1m) into
-parts.  It runs the engine's per-worker step (``cconv.engine.step.worker_step``) on ONE device
+parts.  It runs the engine's per-worker step (its sync mode's ``step``, BSP here) on ONE device
 with a shape-only comm (``cconv.comm.backend.DryComm``: collectives move nothing, an all-gather
 hands this worker's payload back once per worker), so what is timed is one worker's compute;
 the hand-written reference (``run.reference_step``'s body: ``jax.grad``, the optax update) gets
@@ -80,7 +80,6 @@ def programs(model: str, workers: int):
     from cconv import compressors as C
     from cconv.comm.backend import DryComm
     from cconv.engine import EngineConfig, build
-    from cconv.engine.step import worker_step
 
     spec, loss, batch = run._problem(model)
     rows = jax.tree.map(lambda x: x[: x.shape[0] // workers], batch)  # one worker's rows
@@ -95,7 +94,8 @@ def programs(model: str, workers: int):
         tr = build(loss, spec.params, opt, cfg, model_state=spec.model_state)
         phase = tr.phase(0)
         ctx = tr._ctx(phase)
-        fn = jax.jit(lambda ws, b, key, ctx=ctx, phase=phase: worker_step(DryComm(workers), ctx, phase, ws, b, key))
+        step = tr.sync.step
+        fn = jax.jit(lambda ws, b, key, ctx=ctx, phase=phase, step=step: step(DryComm(workers), ctx, phase, ws, b, key))
         out[label] = (fn, [tr._worker_init(spec.params, spec.model_state), rows, jax.random.PRNGKey(0)], (0,))
     return out
 

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 from cconv import compressors as C
 from cconv.theory import network as N
 from cconv.theory import planner as PL
-from cconv.theory import profiles as P
+from cconv.theory import profiles
 from cconv.theory import workloads as W
 from cconv.theory.profiles import FLOAT_BYTES
 from cconv.theory.schedule import arch as A
@@ -59,9 +59,9 @@ class Row(NamedTuple):
         return self._asdict()
 
 
-def profile_of(workload: str) -> P.Profile:
+def profile_of(workload: str) -> profiles.Profile:
     """The workload's layer profile rescaled to the survey's C per sample (as ``survey.layers_of``)."""
-    return P.scaled(P.get(workload), W.get(workload).flops_per_sample)
+    return profiles.scaled(profiles.get(workload), W.get(workload).flops_per_sample)
 
 
 def _compresses(c, kind: str) -> bool:
@@ -73,7 +73,7 @@ def _compresses(c, kind: str) -> bool:
 
 
 def _planned(
-    prof: P.Profile,
+    prof: profiles.Profile,
     comps: Sequence[str],
     table: Mapping[str, PL.Method],
     workers: int,

@@ -41,7 +41,7 @@ from cconv.theory import workloads as W
 from cconv.theory.profiles import FLOAT_BYTES, Profile
 from cconv.theory.schedule import arch as A
 from cconv.theory.schedule import compress as CC
-from cconv.theory.schedule import compressed as CP
+from cconv.theory.schedule import compressed
 from cconv.theory.schedule import schedules as S
 from cconv.theory.schedule import survey as SV
 
@@ -271,8 +271,8 @@ def survey_plan(
     if survey_method not in SV.METHODS:
         raise ValueError(f"unknown survey method {survey_method!r}; valid: {', '.join(SV.METHODS)}")
     m = SV.METHODS[survey_method]
-    prof = CP.profile_of(workload)
-    ps = m.architecture in CP.PS_ARCHITECTURES
+    prof = compressed.profile_of(workload)
+    ps = m.architecture in compressed.PS_ARCHITECTURES
     arch = A.get(m.architecture, net, workers, servers if ps else None, topology)
     device = CC.SURVEY_DEVICE._replace(flops=float(device_flops or W.SURVEY_DEVICE_FLOPS))
     kappa = SV.INTERFERENCE if interference is None else interference

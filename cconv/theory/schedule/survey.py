@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from cconv.theory import network as N
-from cconv.theory import profiles as P
+from cconv.theory import profiles
 from cconv.theory import workloads as W
 from cconv.theory.schedule import arch as A
 from cconv.theory.schedule import schedules as S
@@ -68,7 +68,7 @@ class Row(NamedTuple):
 
 def layers_of(workload: str, device_flops: float = W.SURVEY_DEVICE_FLOPS) -> list[S.LayerCost]:
     """The workload's layer profile rescaled to the survey's C per sample, in seconds on the device."""
-    prof = P.scaled(P.get(workload), W.get(workload).flops_per_sample)
+    prof = profiles.scaled(profiles.get(workload), W.get(workload).flops_per_sample)
     return S.layer_costs(prof.layers, device_flops)
 
 
