@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 from cconv.advisor import extrapolate, probes, race, ranking, space, steptime
 from cconv.advisor.space import Candidate, Space
 from cconv.advisor.target import Target
+from cconv.experiments.build import Problem
 from cconv.experiments.config import RunConfig
 from cconv.theory.cluster import Cluster
 
@@ -40,10 +41,11 @@ class Plan(NamedTuple):
     target: Target
     budget: float
     seeds: int
-    candidates: list
-    skipped: list  # (candidate name, reason)
+    candidates: list[Candidate]
+    configs: list[RunConfig]  # each candidate's probe config (``probes.probe_config``), checked once
+    skipped: list[tuple[str, str]]  # (candidate name, reason)
     out: str
-    first: Any  # the first (dense) candidate's built Problem: read for the target's metrics, then raced
+    first: Problem  # the first (dense) candidate's built Problem: read for the target's metrics, then raced
     timing: str = "modelled"  # how a step is timed (``steptime.TIMINGS``)
     repeats: int = 0  # measured: timed real steps per phase
 
@@ -127,12 +129,12 @@ def _target_text(target: str | None, sp: Space, cfg: RunConfig) -> str:
 
 
 def _options(sp: Space, budget: Any, seeds: Any) -> tuple[float, int]:
+    """--budget and --seeds (else the block's, else the defaults), checked by the block's rules."""
     b = budget if budget is not None else (sp.budget or DEFAULT_BUDGET)
-    if isinstance(b, bool) or not isinstance(b, (int, float)) or not (math.isfinite(b) and 0 < b <= 100):
-        raise ValueError(f"--budget must be a number of full dense runs in (0, 100], got {b!r}")
     n = seeds if seeds is not None else (sp.seeds or DEFAULT_SEEDS)
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= space.MAX_SEEDS:
-        raise ValueError(f"--seeds must be an integer in [1, {space.MAX_SEEDS}], got {n!r}")
+    for key, v in (("budget", b), ("seeds", n)):
+        if not space.valid_number(key, v):
+            raise ValueError(f"--{key} must be {space.NUMBERS[key][1]}, got {v!r}")
     return float(b), n
 
 
@@ -154,17 +156,16 @@ def prepare(
             f"batch_size {cfg.batch_size} is not divisible by the cluster's {cl.workers} workers "
             f"(set batch_size to a multiple of {cl.workers})"
         )
-    cands, skipped, first = [], [], None
+    cands, configs, skipped = [], [], []
     for i, c in enumerate(space.candidates(sp)):
         try:
-            rc = probes.probe_config(cfg, c, n_seeds, cl.workers, 1, rules)
+            configs.append(probes.probe_config(cfg, c, n_seeds, cl.workers, 1, rules))
         except ValueError as e:
             if i == 0:  # the baseline (``space.candidates`` puts it first); another dense one (local SGD) is skipped
                 raise
             skipped.append((c.name, str(e).splitlines()[0][:200]))
             continue
         cands.append(c)
-        first = first or rc
     need = len(cands) * race.MIN_STEPS
     if need > b * cfg.steps:
         raise ValueError(
@@ -174,13 +175,29 @@ def prepare(
         )
     from cconv.experiments import build as B
 
-    first = B.problem(first, probes.compiler_options())  # the target's metrics now, the dense probe later
+    first = B.problem(configs[0], probes.compiler_options())  # the target's metrics now, the dense probe later
     tgt = _parse_target(_target_text(target, sp, cfg), first)
     name = os.path.splitext(os.path.basename(src))[0] if src != "config" else "config"
     out = out or os.path.join("results", "advise", name)
     io.check_creatable(out)
     check_out(out)
-    return Plan(cfg, src, rules, cl, sp, tgt, b, n_seeds, cands, skipped, out, first, timing, repeats)
+    return Plan(
+        base=cfg,
+        source=src,
+        rules=rules,
+        cluster=cl,
+        space=sp,
+        target=tgt,
+        budget=b,
+        seeds=n_seeds,
+        candidates=cands,
+        configs=configs,
+        skipped=skipped,
+        out=out,
+        first=first,
+        timing=timing,
+        repeats=repeats,
+    )
 
 
 def _parse_target(text: str, problem: Any) -> Target:
@@ -243,8 +260,7 @@ def _entrants(plan: Plan) -> tuple[list, list]:
     candidate whose step performs exactly the dense baseline's collectives (PowerSGD on a model
     without matrices) is the same algorithm here: reported, not raced."""
     entrants, merged, profile, dense_colls = [], [], None, None
-    for c in plan.candidates:
-        cfg = probes.probe_config(plan.base, c, plan.seeds, plan.cluster.workers, 1, plan.rules)
+    for c, cfg in zip(plan.candidates, plan.configs, strict=True):
         pr = probes.build(cfg, c, _probe_dir(plan.out, c), plan.first if c is plan.candidates[0] else None)
         profile = profile or steptime.profile_of(pr.problem)
         colls = [(k.kind, k.bytes, k.count) for k in pr.problem.trainer.collectives(0)]

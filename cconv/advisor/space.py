@@ -186,10 +186,22 @@ def _no_reserved(where: str, spec: dict) -> None:
         )
 
 
-def _number(block: dict, key: str, ok, what: str):
+# the one rule for each of the block's numbers, also for the command line's --budget and --seeds
+NUMBERS = {
+    "budget": (lambda x: math.isfinite(x) and 0 < x <= 100, "a number of full dense runs in (0, 100]"),
+    "seeds": (lambda x: isinstance(x, int) and 1 <= x <= MAX_SEEDS, f"an integer in [1, {MAX_SEEDS}]"),
+}
+
+
+def valid_number(key: str, v: Any) -> bool:
+    """Whether ``v`` is a valid ``budget`` / ``seeds`` (``NUMBERS``)."""
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and NUMBERS[key][0](v)
+
+
+def _number(block: dict, key: str):
     v = block.get(key)
-    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not ok(v)):
-        raise ValueError(f"advise.{key} must be {what}, got {_shown(v)}")
+    if v is not None and not valid_number(key, v):
+        raise ValueError(f"advise.{key} must be {NUMBERS[key][1]}, got {_shown(v)}")
     return v
 
 
@@ -233,10 +245,7 @@ def parse(block: Any, cfg: Any) -> Space:
     for s in scheds:
         if s not in schedules.names():
             raise ValueError(f"advise.schedules: unknown schedule {_shown(s)}; valid: {', '.join(schedules.names())}")
-    budget = _number(block, "budget", lambda x: math.isfinite(x) and 0 < x <= 100, "a number in (0, 100]")
-    seeds = _number(
-        block, "seeds", lambda x: isinstance(x, int) and 1 <= x <= MAX_SEEDS, f"an integer in [1, {MAX_SEEDS}]"
-    )
+    budget, seeds = _number(block, "budget"), _number(block, "seeds")
     target = block.get("target")
     if target is not None and not isinstance(target, str):
         raise ValueError(f"advise.target: expected METRIC=VALUE, got {_shown(target)}")
@@ -250,16 +259,16 @@ def parse(block: Any, cfg: Any) -> Space:
             raise ValueError(f"advise.include: expected mappings of run-config keys, got {_shown(inc)}")
         _no_reserved("advise.include", inc)
     return Space(
-        tuple(points),
-        tuple(memory),
-        tuple(sync_points),
-        tuple(arch),
-        tuple(scheds),
-        tuple(include),
-        target,
-        budget,
-        seeds,
-        _plain(cfg),
+        compressors=tuple(points),
+        memory=tuple(memory),
+        sync=tuple(sync_points),
+        architectures=tuple(arch),
+        schedules=tuple(scheds),
+        include=tuple(include),
+        target=target,
+        budget=budget,
+        seeds=seeds,
+        plain=_plain(cfg),
     )
 
 
