@@ -168,9 +168,16 @@ def check_names(cfg: RunConfig) -> None:
 
 
 def seed_keys(seed: int) -> dict:
-    """Independent PRNG streams of one seed: model init, data order, per-step keys."""
+    """Independent PRNG streams of one seed: model init, data order, per-step keys (a fresh dict of
+    the same immutable keys on every call; computed once per seed and process: four eager
+    dispatches each, and the advisor asks for every seed of every candidate)."""
+    return dict(_seed_keys(int(seed)))
+
+
+@functools.lru_cache(maxsize=256)
+def _seed_keys(seed: int) -> tuple:
     base = jax.random.key(seed)
-    return {name: jax.random.fold_in(base, i) for i, name in enumerate(("model", "data", "steps"))}
+    return tuple((name, jax.random.fold_in(base, i)) for i, name in enumerate(("model", "data", "steps")))
 
 
 def load_dataset(cfg: RunConfig) -> Dataset:
