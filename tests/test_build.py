@@ -114,3 +114,24 @@ def test_a_compressor_that_reaches_no_tensor_warns_that_the_run_is_dense():
             build.warn_if_nothing_compressed(engine_cfg, shapes)
         got = [x for x in w if x.category is build.NothingCompressedWarning]
         assert len(got) == warns and (not warns or "compress_vectors: true" in str(got[0].message))
+
+
+def test_a_problem_like_another_shares_its_data_and_initial_models_and_nothing_else(monkeypatch):
+    """``build.problem(cfg, like=other)`` (the advisor's candidates): the same data set and initial
+    models when data, model and seeds are equal -- no dataset load, no model initialised -- with
+    batchers of its own (stateful); otherwise everything built anew."""
+    first = build.problem(from_dict({**TINY, "seed": [0, 1]}))
+    calls = spy_stages(monkeypatch)
+    loads = []
+    real_load = build.load_dataset
+    monkeypatch.setattr(build, "load_dataset", lambda cfg: loads.append(cfg) or real_load(cfg))
+    cfg = from_dict({**TINY, "seed": [0, 1], "compressor": {"name": "topk", "ratio": 0.1}, "memory": "ef"})
+    p = build.problem(cfg, like=first)
+    assert "init_models" not in calls and loads == []
+    assert p.ds is first.ds and p.specs is first.specs and p.loss_fn is first.loss_fn
+    assert all(a is not b for a, b in zip(p.batchers, first.batchers, strict=True))
+    alone = build.problem(cfg)  # the same initial models as built alone
+    for a, b in zip(jax.tree.leaves([s.params for s in p.specs]), jax.tree.leaves([s.params for s in alone.specs])):
+        assert (a == b).all()
+    other = build.problem(from_dict({**TINY, "seed": [0, 1], "model": {"name": "mlp", "hidden": [4]}}), like=first)
+    assert other.specs is not first.specs and jax.tree.leaves(other.specs[0].params)[0].shape != (64, 8)

@@ -261,7 +261,8 @@ def _entrants(plan: Plan) -> tuple[list, list]:
     without matrices) is the same algorithm here: reported, not raced."""
     entrants, merged, profile, dense_colls = [], [], None, None
     for c, cfg in zip(plan.candidates, plan.configs, strict=True):
-        pr = probes.build(cfg, c, _probe_dir(plan.out, c), plan.first if c is plan.candidates[0] else None)
+        first = c is plan.candidates[0]
+        pr = probes.build(cfg, c, _probe_dir(plan.out, c), plan.first if first else None, like=plan.first)
         profile = profile or steptime.profile_of(pr.problem)
         colls = [(k.kind, k.bytes, k.count) for k in pr.problem.trainer.collectives(0)]
         if c.dense and dense_colls is None:

@@ -168,11 +168,16 @@ def probe_config(
     return cfg
 
 
-def build(cfg: RunConfig, cand: Candidate, run_dir: str, problem: Problem | None = None) -> Probe:
-    """The candidate's Problem, built once (data, model, compiled trainer on first use)."""
+def build(
+    cfg: RunConfig, cand: Candidate, run_dir: str, problem: Problem | None = None, like: Problem | None = None
+) -> Probe:
+    """The candidate's Problem, built once (data, model, compiled trainer on first use); ``like``:
+    another candidate's, whose data set and initial models it shares (``build.problem``)."""
     from cconv.experiments import build as B
 
-    return Probe(cand, cfg, problem if problem is not None else B.problem(cfg, compiler_options()), run_dir)
+    if problem is None:
+        problem = B.problem(cfg, compiler_options(), like=like)
+    return Probe(cand, cfg, problem, run_dir)
 
 
 def train_to(probe: Probe, steps: int) -> Progress:

@@ -118,12 +118,15 @@ def _first_line(e: BaseException) -> str:
 # --------------------------------------------------------------------------- the one pass
 
 
-def problem(cfg: RunConfig, compiler_options: dict | None = None) -> Problem:
+def problem(cfg: RunConfig, compiler_options: dict | None = None, like: Problem | None = None) -> Problem:
     """Everything a run needs, stage by stage (module docstring); bad input raises a one-line
     ValueError (``ConfigError`` where cconv checks it), and nothing is written.  ``compiler_options``:
-    XLA's, for every program of the run (``cconv.engine.build``; none: XLA's defaults)."""
-    run_data = load_data(cfg)
-    nets = init_models(cfg, run_data.ds)
+    XLA's, for every program of the run (``cconv.engine.build``; none: XLA's defaults).  ``like``: a
+    Problem whose config has the same data, model and seeds (the advisor's other candidates): its
+    data set and initial models (immutable arrays) are reused, the batchers made anew."""
+    same = like is not None and same_inputs(cfg, like.cfg)
+    run_data = load_data(cfg, like.ds if same else None)
+    nets = Models(like.specs, like.loss_fn, like.eval_fn) if same else init_models(cfg, run_data.ds)
     params = nets.specs[0].params
     optimizer = make_optimizer(cfg, params)
     shapes = [x.shape for x in jax.tree.leaves(params)]
@@ -186,10 +189,16 @@ def load_dataset(cfg: RunConfig) -> Dataset:
     return data.load(cfg.data["name"], **hp)
 
 
-def load_data(cfg: RunConfig) -> RunData:
-    """Stage 1: the dataset, the global batch checked against it, and per seed s the training set
-    partitioned over the workers with seed s and batched with ``seed_keys(s)["data"]``."""
-    ds = load_dataset(cfg)
+def same_inputs(cfg: RunConfig, other: RunConfig) -> bool:
+    """Do the two configs load the same data set and initialise the same models?"""
+    return cfg.data == other.data and cfg.model == other.model and cfg.seeds() == other.seeds()
+
+
+def load_data(cfg: RunConfig, ds: Dataset | None = None) -> RunData:
+    """Stage 1: the dataset (``ds``: already loaded for this config), the global batch checked
+    against it, and per seed s the training set partitioned over the workers with seed s and
+    batched with ``seed_keys(s)["data"]``."""
+    ds = load_dataset(cfg) if ds is None else ds
     check_batch(cfg, len(ds.train["y"]))
     pkw = {k: cfg.data[k] for k in PARTITION_KEYS if k in cfg.data}
     scheme = pkw.pop("partition", "iid")
