@@ -77,6 +77,36 @@ def test_warp_borrows_the_shape_of_a_curve_that_ran_further():
     assert p.steps == pytest.approx(2 * 50.0 * math.sqrt(math.log(20.0)), rel=0.03)
 
 
+def test_warp_fits_a_candidate_slower_than_its_reference():
+    """A short curve (8 steps, as a candidate pruned at the race's first rung) of a candidate that
+    learns like the reference 1.8x slower: its first steps map before the reference's first logged
+    step (read as flat there), and the stretch comes out above 1.  The fit used to bound the
+    stretch at 1 (every point inside the reference's range), so the warp predicted the
+    reference's own target step for every slower candidate (1.0x, here 44 % short)."""
+    g = lambda t: 0.9 / (1 + (t / 20.0) ** 2)  # a plateau, then t^-2: the reference's S-curve
+    ref_steps = np.arange(1, 121, dtype=float)
+    ref = X.reference(X.Curve(ref_steps, g(ref_steps)[None]), LOSS)
+    cand = np.arange(1, 9, dtype=float)
+    fit = X.CV.fit_warp(cand, np.log(g(cand / 1.8)), ref)
+    truth = 1.8 * 20.0 * math.sqrt(0.9 / 0.05 - 1)
+    assert fit.steps_to(math.log(0.05)) == pytest.approx(truth, rel=0.03)
+
+
+def test_the_slow_side_widens_faster_with_the_extrapolation():
+    """The interval's slow side grows by kappa_slow more per log(1 + t*/t_end) than its fast side
+    (learning slows down as it goes: short curves err towards too few steps), so on one curve the
+    slow side's excess over the fast side is kappa_slow * log(1 + t*/t_end) exactly."""
+    f, truth = FAMILY_CASES["exp"]
+    steps = np.arange(5, 105, 5)
+    s = X.Settings(z=1.0, kappa=0.1, kappa_slow=0.3)
+    p = X.predict(_noisy(f, steps), LOSS, s)
+    assert p.status == "predicted" and p.lo > steps[-1]
+    slow, fast = math.log(p.hi / p.steps), math.log(p.steps / p.lo)
+    assert slow - fast == pytest.approx(0.3 * math.log1p(p.steps / steps[-1]), rel=1e-9)
+    even = X.predict(_noisy(f, steps), LOSS, s._replace(kappa_slow=0.0))
+    assert math.log(even.hi / even.steps) == pytest.approx(math.log(even.steps / even.lo), rel=1e-9)
+
+
 def test_reached_within_the_curve_is_interpolated():
     steps = np.array([10.0, 20.0, 30.0, 40.0])
     vals = np.array([[0.5, 0.8, 0.95, 0.97]])  # 0.9 between steps 20 and 30: 20 + 10 * (0.2 - 0.1)/(0.2 - 0.05)

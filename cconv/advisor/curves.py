@@ -21,16 +21,18 @@ but the last ``holdout`` ones, and scored by the root mean squared error of log 
 family with the smallest error is refitted on every point.  The prediction ``t*`` solves
 ``e(t*) = e*`` (closed forms; ``warp``: ``t* = s t*_R`` where the reference crossed e*).
 
-Interval on log t* (half-width, each side)::
+Interval on log t* (half-widths: the fast side, and the slow side, which widens faster with the
+extrapolation)::
 
     z * sqrt(var_seed + var_family) + kappa * log(1 + t* / t_end)
+    z * sqrt(var_seed + var_family) + (kappa + kappa_slow) * log(1 + t* / t_end)
 
 * ``var_seed``: the chosen family refitted on each seed's own curve, variance of its log t* / S;
 * ``var_family``: the spread of log t* over the families whose held-out error is within
   ``family_slack`` of the best (model uncertainty; Domhan et al.'s ensemble in two lines);
 * the extrapolation term grows with how far past the curve's last step t_end the target lies.
-``z`` and ``kappa`` are set on the tuning tasks of ``experiments/advise/validate.py`` and checked
-on the held-out ones there.
+``z``, ``kappa`` and ``kappa_slow`` are set on the tuning tasks of ``experiments/advise/validate.py``
+and checked on the held-out ones there (``cconv.advisor.extrapolate``).
 """
 
 from __future__ import annotations
@@ -138,15 +140,18 @@ class Reference(NamedTuple):
 
 def fit_warp(t: np.ndarray, le: np.ndarray, ref: Reference) -> Fit | None:
     """log e(t) = log e_R(t / s): the reference's curve (interpolated in log t) stretched by s,
-    s fitted on a grid then refined (golden section on log s); the candidate's points must lie
-    inside the reference's stretched range."""
+    s fitted on a grid then refined (golden section on log s).  The candidate's last point must
+    lie inside the reference's stretched range, and so must its later half: before its first
+    logged step the reference is read as flat (its first value), so a candidate slower than the
+    reference (s > 1, compression's usual case: its first steps map before the reference's
+    first) is fitted too, not only a faster one."""
     rt, rl = np.log(ref.steps), ref.log_gap
 
     def at(x, ls):
         q = np.log(np.asarray(x, np.float64)) - ls
-        return np.interp(q, rt, rl, left=np.nan, right=np.nan)
+        return np.interp(q, rt, rl, left=rl[0], right=np.nan)
 
-    lo, hi = np.log(t[-1]) - rt[-1], np.log(t[0]) - rt[0]
+    lo, hi = np.log(t[-1]) - rt[-1], np.log(t[len(t) // 2]) - rt[0]
     if not lo <= hi:
         return None
     grid = np.linspace(lo, hi, 41)

@@ -7,10 +7,14 @@ family that predicts the curve's own last points best (``cconv.advisor.curves``:
 exponential, log-logistic S-curve, or the time-stretched shape of a reference curve that ran
 further, e.g. a race's survivor), with the interval on log t*::
 
-    z * sqrt(var_seed + var_family) + kappa * log(1 + t* / t_end)
+    fast side:  z * sqrt(var_seed + var_family) + kappa * log(1 + t* / t_end)
+    slow side:  z * sqrt(var_seed + var_family) + (kappa + kappa_slow) * log(1 + t* / t_end)
 
-(``curves`` gives the terms; ``z`` and ``kappa`` are set on the tuning tasks of
-``experiments/advise/validate.py --calibrate`` and checked on the held-out tasks there).
+(``curves`` gives the terms).  The slow side widens faster with the extrapolation: a learning
+curve's rate of progress falls as it goes (a sum of exponentials' fast modes die out; compression's
+slowdown shows after the first steps), so a short curve's families err mostly towards too few steps.
+``z``, ``kappa`` and ``kappa_slow`` are set on the tuning tasks of
+``experiments/advise/validate.py --calibrate`` and checked on the held-out tasks there.
 
 No prediction (``Prediction.ok`` is False) when: a seed diverged (``cconv.experiments.divergence``:
 non-finite, or a training loss above 10x its first step's; ``diverged``); no family that can be
@@ -64,8 +68,9 @@ class Settings(NamedTuple):
 
     min_points: int = 5
     holdout: int = 3
-    z: float = 0.5  # set with kappa on the validation's tuning tasks (experiments/advise/validate.py --calibrate)
-    kappa: float = 0.2
+    z: float = 1.25  # set with the kappas on the validation's tuning tasks (experiments/advise/validate.py --calibrate)
+    kappa: float = 0.0
+    kappa_slow: float = 0.3  # the slow side's extra widening with the extrapolation
     family_slack: float = 1.5  # families within this factor of the best held-out error count in var_family
     max_extrapolation: float = 30.0
     max_width: float = 20.0  # on exp(2 z sd_seed): the seeds' spread alone
@@ -194,8 +199,9 @@ def _interval(
             family=family,
             extrapolation=ext,
         )
-    half = settings.z * math.sqrt(var_seed + var_family) + settings.kappa * math.log1p(max(ext, 1.0))
-    lo, hi = max(math.exp(lt - half), t_end), math.exp(lt + half)
+    sd, reach = settings.z * math.sqrt(var_seed + var_family), math.log1p(max(ext, 1.0))
+    lo = max(math.exp(lt - sd - settings.kappa * reach), t_end)
+    hi = math.exp(lt + sd + (settings.kappa + settings.kappa_slow) * reach)
     return Prediction(
         "predicted", t, lo, hi, f"{family} fit, {ext:.1f}x past step {t_end:.0f}", family=family, extrapolation=ext
     )
