@@ -14,7 +14,7 @@ import pytest
 from cconv.advisor import extrapolate as X
 from cconv.advisor import space as SP
 from cconv.advisor import target as T
-from cconv.advisor.curves import fit_power
+from cconv.advisor.curves import fit_power, fit_warp
 
 ACC = T.parse("test_accuracy=0.9")
 LOSS = T.parse("test_loss=0.05")
@@ -87,7 +87,7 @@ def test_warp_fits_a_candidate_slower_than_its_reference():
     ref_steps = np.arange(1, 121, dtype=float)
     ref = X.reference(X.Curve(ref_steps, g(ref_steps)[None]), LOSS)
     cand = np.arange(1, 9, dtype=float)
-    fit = X.CV.fit_warp(cand, np.log(g(cand / 1.8)), ref)
+    fit = fit_warp(cand, np.log(g(cand / 1.8)), ref)
     truth = 1.8 * 20.0 * math.sqrt(0.9 / 0.05 - 1)
     assert fit.steps_to(math.log(0.05)) == pytest.approx(truth, rel=0.03)
 
