@@ -144,3 +144,15 @@ def test_what_a_sigkilled_process_left_is_removed_by_the_next_block_and_nothing_
     assert sorted(os.listdir(tmp_path)) == sorted(
         [live.name, "elsewhere", f"{PREFIX}{proc.pid}-link", f"{PREFIX}{proc.pid}-file", "cconv-other-1"]
     )
+
+
+def test_a_cache_another_process_removes_first_is_skipped(tmp_path, monkeypatch):
+    """Two processes starting at once may both find a dead process's cache: the one that lists it
+    after the other removed it skips it (it used to be an lstat of a missing path)."""
+    import os
+
+    from cconv.experiments import compiletime
+
+    real = os.listdir
+    monkeypatch.setattr(compiletime.os, "listdir", lambda where: real(where) + [f"{compiletime.PREFIX}999999999-gone"])
+    assert compiletime.remove_stale(str(tmp_path)) == []

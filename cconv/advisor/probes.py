@@ -19,9 +19,10 @@ user would start.  Its config is the user's with the candidate's keys set and:
 
 Candidates differ in compressor and synchronization, i.e. in program structure: each is built
 once (``build.problem``; the same Problem serves timing and every piece of training).  On CPU its
-programs are built without LLVM's optimisation passes (``FAST_BUILD``): a probe trains a few
-hundred steps at most, and XLA:CPU spends most of a small model's build in those passes, so the
-unoptimised build costs less than the slower steps it runs (measured in docs/advise.md).  The
+programs are built without LLVM's optimisation passes and with XLA's elemental emitters
+(``FAST_BUILD``): a probe trains a few hundred steps at most, and XLA:CPU spends most of a small
+model's build there, so the quicker build costs less than the slower steps it runs (measured in
+docs/advise.md, with the case where it is closer: expensive steps).  The
 computation is the same, up to floating-point rounding: a probe's curve is the user's run's, not
 its bits.  Elsewhere (GPU, TPU) the default build: there the program's speed matters more.
 """

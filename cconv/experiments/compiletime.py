@@ -121,7 +121,10 @@ def remove_stale(where: str | None = None) -> list[str]:
         if not (name.startswith(PREFIX) and pid.isdigit()) or _alive(int(pid)):
             continue
         path = os.path.join(where, name)
-        st = os.lstat(path)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:  # another process removed it first
+            continue
         if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():  # never a link, never another user's
             shutil.rmtree(path, ignore_errors=True)
             gone.append(path)
