@@ -124,7 +124,7 @@ def problem(cfg: RunConfig, compiler_options: dict | None = None, like: Problem 
     XLA's, for every program of the run (``cconv.engine.build``; none: XLA's defaults).  ``like``: a
     Problem whose config has the same data, model and seeds (the advisor's other candidates): its
     data set and initial models (immutable arrays) are reused, the batchers made anew."""
-    same = like is not None and same_inputs(cfg, like.cfg)
+    same = like is not None and same_inputs(cfg, like)
     run_data = load_data(cfg, like.ds if same else None)
     nets = Models(like.specs, like.loss_fn, like.eval_fn) if same else init_models(cfg, run_data.ds)
     params = nets.specs[0].params
@@ -189,9 +189,9 @@ def load_dataset(cfg: RunConfig) -> Dataset:
     return data.load(cfg.data["name"], **hp)
 
 
-def same_inputs(cfg: RunConfig, other: RunConfig) -> bool:
-    """Do the two configs load the same data set and initialise the same models?"""
-    return cfg.data == other.data and cfg.model == other.model and cfg.seeds() == other.seeds()
+def same_inputs(cfg: RunConfig, like: Problem) -> bool:
+    """Does ``cfg`` load the data set and initialise the models ``like`` was built on?"""
+    return cfg.data == like.cfg.data and cfg.model == like.cfg.model and cfg.seeds() == like.cfg.seeds()
 
 
 def load_data(cfg: RunConfig, ds: Dataset | None = None) -> RunData:
