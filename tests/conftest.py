@@ -37,6 +37,20 @@ if "CCONV_TEST_COMPILE_CACHE_DIR" in os.environ:
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
 
+# The tests' programs build as the advisor's probes do (``cconv.advisor.probes.FAST_BUILD``: LLVM at
+# -O0 without its expensive passes, XLA's elemental emitters for fusions), read by XLA when the
+# backend starts (after this import, before any device is used).  The suite is mostly XLA:CPU
+# compiling small programs, which this halves (132 of its slowest tests: 4 min 03 s -> 1 min 52 s on
+# 2 cores); what a program computes is the same up to rounding, and the HLO (the bytes a collective
+# moves) is untouched.  CCONV_TEST_FAST_BUILD=0 builds with XLA's defaults, as users' runs do; a test
+# about a compiled program's shape or bits asks for them (``runs_helpers.XLA_DEFAULTS``).
+if os.environ.get("CCONV_TEST_FAST_BUILD", "1") != "0":
+    from cconv.advisor.probes import FAST_BUILD  # noqa: E402
+
+    _build = " ".join(f"--{k}={str(v).lower()}" for k, v in FAST_BUILD.items() if k not in _flags)
+    os.environ["CCONV_TEST_BUILD_FLAGS"] = _build  # for subprocesses (runs_helpers.subprocess_env)
+    os.environ["XLA_FLAGS"] = f"{_flags} {_build}".strip()
+
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", False)

@@ -47,15 +47,39 @@ def write_tiny(path, **changes) -> str:
     return str(path)
 
 
-def cli_env() -> dict:
-    """The environment of a ``cconv`` subprocess: the CLI sets the device count itself (no XLA_FLAGS),
-    CPU, no progress bars, this checkout's ``cconv``."""
+# XLA:CPU's own defaults for the options the test session changes (conftest: the probes' fast build),
+# for a test about a compiled program's fusions or bits: ``jax.jit(f, compiler_options=XLA_DEFAULTS)``.
+XLA_DEFAULTS = {
+    "xla_backend_optimization_level": 3,
+    "xla_llvm_disable_expensive_passes": False,
+    "xla_cpu_use_fusion_emitters": True,
+}
+
+
+def subprocess_env(users_build: bool = False) -> dict:
+    """``os.environ`` for a subprocess that sets its own device count (the CLI does): XLA_FLAGS
+    keeps only the session's build options (conftest), so the subprocess builds as this process;
+    ``users_build``: none, XLA's defaults, as a user's ``cconv`` builds (for the claims about bits
+    a user relies on, such as a resumed run's equality with an uninterrupted one)."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    if os.environ.get("CCONV_TEST_BUILD_FLAGS") and not users_build:
+        env["XLA_FLAGS"] = os.environ["CCONV_TEST_BUILD_FLAGS"]
+    return env
+
+
+def cli_env(users_build: bool = False) -> dict:
+    """The environment of a ``cconv`` subprocess: the CLI sets the device count itself (XLA_FLAGS
+    keeps the session's build options only, ``subprocess_env``), CPU, no progress bars, this
+    checkout's ``cconv``."""
+    env = subprocess_env(users_build)
     env.update(JAX_PLATFORMS="cpu", CCONV_PROGRESS="0", PYTHONPATH=ROOT)
     return env
 
 
-def run_cconv(*args, code: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_cconv(
+    *args, code: str | None = None, timeout: float = 300, users_build: bool = False
+) -> subprocess.CompletedProcess:
     """``python -m cconv ARGS`` (or ``python -c CODE ARGS``), its output captured as text."""
     argv = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "cconv", *args]
-    return subprocess.run(argv, cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=timeout)
+    env = cli_env(users_build)
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)

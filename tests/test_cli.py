@@ -11,6 +11,7 @@ import time
 
 import pandas as pd
 import pytest
+from runs_helpers import subprocess_env
 
 from cconv import cli
 from cconv.experiments import io
@@ -39,7 +40,7 @@ RUN_NAMES = ["compressor=topk-ratio0.1,memory=ef", "compressor=signsgd,memory=ef
 
 
 def cconv(*args, cwd=None, **kw):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the CLI sets the device count
+    env = subprocess_env()  # the CLI sets the device count
     env.update(JAX_PLATFORMS="cpu", CCONV_PROGRESS="0")
     return subprocess.run(
         [sys.executable, "-m", "cconv", *args],
@@ -63,7 +64,7 @@ def in_process(capsys, *args):
 
 
 def popen(*args):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = subprocess_env()
     env.update(JAX_PLATFORMS="cpu", CCONV_PROGRESS="0")
     return subprocess.Popen(
         [sys.executable, "-m", "cconv", *args],

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from subprocess import PIPE
 
 import jax
 import numpy as np
@@ -26,11 +27,12 @@ from cconv.experiments.runner import execute, initial_state
 RUN_YAML = tiny_yaml(steps=200, checkpoint_every=1000)  # the only resume point is the one the signal makes
 
 
-def _signal_after(args: list, metrics: str, sig: int, lines: int = 2) -> tuple[subprocess.CompletedProcess, int]:
+def _signal_after(
+    args: list, metrics: str, sig: int, lines: int = 2, users_build: bool = False
+) -> tuple[subprocess.CompletedProcess, int]:
     """Start ``cconv ARGS``, send ``sig`` once ``metrics`` has ``lines`` lines; (result, lines then)."""
-    p = subprocess.Popen(
-        [sys.executable, "-m", "cconv", *args], cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
+    env = cli_env(users_build)
+    p = subprocess.Popen([sys.executable, "-m", "cconv", *args], cwd=ROOT, env=env, stdout=PIPE, stderr=PIPE)
     deadline = time.time() + 240
     while time.time() < deadline and p.poll() is None and len(io.read_jsonl(metrics)) < lines:
         time.sleep(0.02)
@@ -68,8 +70,12 @@ def test_sigterm_checkpoints_the_step_exits_143_and_resumes_bit_identically(tmp_
     spec.write_text(RUN_YAML)
     cfg = load_run(str(spec))
     ref, d = str(tmp_path / "ref"), str(tmp_path / "run")
-    assert execute(cfg, ref).status == "completed"  # the uninterrupted reference, in this process
-    r, seen = _signal_after(["run", str(spec), "--out", d], os.path.join(d, io.METRICS), signal.SIGTERM)
+    # every process builds as a user's does (runs_helpers.subprocess_env): the claim is about their bits
+    r = run_cconv("run", str(spec), "--out", ref, users_build=True)  # the uninterrupted reference
+    assert r.returncode == 0 and "completed" in r.stdout, r.stderr[-2000:]
+    r, seen = _signal_after(
+        ["run", str(spec), "--out", d], os.path.join(d, io.METRICS), signal.SIGTERM, users_build=True
+    )
     assert r.returncode == 143, r.stderr[-2000:]
     assert "SIGTERM" in r.stderr and "resume" in r.stderr and "Traceback" not in r.stderr
     s = io.read_summary(d)
@@ -78,7 +84,7 @@ def test_sigterm_checkpoints_the_step_exits_143_and_resumes_bit_identically(tmp_
     assert 4 * seen <= at < 200  # the step reached when the signal came, not an earlier resume point
     assert Checkpointer(os.path.join(d, io.CHECKPOINTS)).all_steps() == [at]  # saved at that step
     assert [ln["step"] for ln in _lines(d)] == list(range(4, at + 1, 4))
-    r = run_cconv("run", str(spec), "--out", d)
+    r = run_cconv("run", str(spec), "--out", d, users_build=True)
     assert r.returncode == 0 and "completed" in r.stdout, r.stderr[-2000:]
     got, want = _lines(d), _lines(ref)
     assert [ln["step"] for ln in got] == list(range(4, 201, 4))  # each step once

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from runs_helpers import subprocess_env
 
 from cconv.experiments import io
 
@@ -37,7 +38,7 @@ sys.exit(cli.main(sys.argv[1:]))
 
 
 def cconv(*args, code=None):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = subprocess_env(users_build=True)  # the resume's bit-identity is a claim about a user's build
     env.update(JAX_PLATFORMS="cpu", CCONV_PROGRESS="0", PYTHONPATH=ROOT)
     argv = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "cconv", *args]
     return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

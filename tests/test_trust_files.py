@@ -18,7 +18,7 @@ from io import StringIO
 
 import pandas as pd
 import pytest
-from runs_helpers import tiny, write_tiny
+from runs_helpers import subprocess_env, tiny, write_tiny
 
 from cconv import cli
 from cconv.experiments import io, plotting, report
@@ -384,7 +384,7 @@ def test_a_finished_run_again_succeeds_on_a_read_only_file_system(finished, tmp_
     if not _unshare_ro_works(ro):
         pytest.skip("needs unshare -rm and a read-only bind mount (unprivileged user namespaces)")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = subprocess_env()
     env.update(JAX_PLATFORMS="cpu", CCONV_PROGRESS="0", PYTHONPATH=root)
     script = RO_MOUNT + ' && exec "$@"'
     argv = ["unshare", "-rm", "sh", "-c", script, ro, sys.executable, "-m", "cconv", "run", cfg, "--out", d]

@@ -26,6 +26,7 @@ import pytest
 from engine_util import loss_fn, make_batch, make_model_state, make_params
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
+from runs_helpers import subprocess_env
 
 from cconv import compressors as C
 from cconv.comm.accounting import merge
@@ -289,7 +290,7 @@ def test_cli_run_with_launcher_vmap_needs_no_simulated_devices(tmp_path):
         "model: {name: linear}\nworkers: 16\nbatch_size: 64\nsteps: 4\nlog_every: 2\nlauncher: vmap\n"
         "compressor: {name: topk, ratio: 0.1}\nmemory: ef\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = subprocess_env()
     env.update(JAX_PLATFORMS="cpu", CCONV_PROGRESS="0")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     r = subprocess.run(
