@@ -459,6 +459,56 @@ def test_a_race_never_exceeds_its_budget(seed):
     assert all(max(v) <= max_steps for v in asked.values())
 
 
+def _summary(res) -> tuple:
+    return (
+        [(s.arm.name, s.steps, s.status, s.reached_at, s.rung) for s in res.standings],
+        [(r.steps, r.kept) for r in res.rungs],
+        res.spent,
+    )
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_rung_trained_side_by_side_is_the_race_trained_one_by_one(seed):
+    """The advisor trains a rung's candidates at once in threads (``api.side_by_side``): the race
+    is the same standing for standing and rung for rung, within its budget, and the threads did
+    overlap (two observations in flight at once)."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cconv.advisor import api, race
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(3, 10))
+    curves = {f"a{i}": (lambda t, k=k: np.exp(-k * t)) for i, k in enumerate(rng.uniform(0.002, 0.05, n))}
+    arms = _arms({f"a{i}": float(rng.uniform(1e-4, 1e-2)) for i in range(n)})
+    tgt = T.Target("test_loss", float(np.exp(-rng.uniform(0.5, 4))), T.KINDS["loss"])
+    budget = int(rng.integers(n * race.MIN_STEPS, 600))
+    plain, _ = _synthetic_observer(curves)
+    one = race.race(arms, plain, tgt, 300, budget)
+
+    observe, asked = _synthetic_observer(curves)
+    state = {"now": 0, "most": 0}
+    lock = threading.Lock()
+
+    def slow(name, upto):
+        with lock:
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+        time.sleep(0.01)
+        try:
+            return observe(name, upto)
+        finally:
+            with lock:
+                state["now"] -= 1
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        two = race.race(arms, slow, tgt, 300, budget, train=api.side_by_side(pool))
+    assert _summary(two) == _summary(one)
+    assert two.spent <= budget and sum(max(v) for v in asked.values()) <= budget
+    assert state["most"] == 2
+
+
 def test_an_exploding_candidate_is_diverged_and_dropped():
     from cconv.advisor import race
 

@@ -19,6 +19,28 @@ def test_a_new_program_is_counted_and_a_cached_one_is_not():
     assert again.programs == 0 and again.seconds == 0
 
 
+def test_the_threads_a_meter_hands_its_work_to_count_in_its_blocked_time():
+    """``CompileMeter(also=PREFIX)``: a build in a thread so named counts in ``blocked`` (the
+    advisor's training threads); one in a thread named otherwise (a build-ahead pool) does not."""
+    import threading
+
+    x = jnp.ones(4)
+    with CompileMeter(also="meter-test-train") as m:
+        for name, f in [
+            ("meter-test-train_0", lambda x: jnp.sinh(x) * 7.0),
+            ("meter-test-build_0", lambda x: jnp.cosh(x) - 4.0),
+        ]:
+            t = threading.Thread(target=lambda f=f: jax.jit(f)(x).block_until_ready(), name=name)
+            t.start()
+            t.join()
+    assert m.programs == 2 and 0 < m.blocked < m.seconds
+    with CompileMeter() as plain:
+        t = threading.Thread(target=lambda: jax.jit(lambda x: jnp.tanh(x) + 3.0)(x), name="meter-test-train_1")
+        t.start()
+        t.join()
+    assert plain.programs == 1 and plain.blocked == 0.0
+
+
 def test_meters_nest():
     g = jax.jit(lambda x: x * 2.0)
     h = jax.jit(lambda x: x - 1.0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from cconv.advisor import extrapolate, probes, race, ranking, space, steptime
@@ -314,12 +315,31 @@ def _warm_all(byname: dict, arms: list, plan: Plan, pool) -> dict:
     return {a.name: pool.submit(warm, byname[a.name].probe.problem, race.steps_at(a, t0, n)) for a in arms}
 
 
+TRAIN_THREADS = "cconv-train"  # the names of the threads that train a rung's candidates side by side
+
+
+def side_by_side(pool) -> Callable:
+    """``race.race``'s ``train``: a rung's candidates trained at once in ``pool``'s threads.  Each
+    candidate's program runs single-threaded on XLA:CPU, so on a machine with several cores one
+    candidate at a time leaves the others idle; the candidates are independent runs (their own
+    directories, programs and keys), so the rung's results are the same in any order.  A signal
+    reaches every thread's loop (``cconv.experiments.signals``: the main thread records it)."""
+
+    def train(observe: Callable, wants: dict) -> list:
+        futures = [pool.submit(observe, name, steps) for name, steps in wants.items()]
+        return [f.result() for f in futures]
+
+    return train
+
+
 def run_race(plan: Plan) -> tuple[dict, list, race.Race, dict]:
     """Build, time and race every candidate: (entrants by name, merged, the race, progress by name).
-    Programs are built ahead in a thread pool (XLA compiles without the interpreter lock); a
-    candidate whose ahead-of-time build fails builds in its run as usual (and fails there)."""
+    Programs are built ahead in a thread pool (XLA compiles without the interpreter lock) and each
+    rung's candidates train side by side in another (``side_by_side``); a candidate whose
+    ahead-of-time build fails builds in its run as usual (and fails there)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from cconv.experiments import signals
     from cconv.experiments.compiletime import waiting
 
     entrants, merged = _entrants(plan)
@@ -338,9 +358,13 @@ def run_race(plan: Plan) -> tuple[dict, list, race.Race, dict]:
         seen[name] = prog = probes.train_to(e.probe, steps)
         return race.Observation(prog.curve(e.probe.problem.seeds, plan.target.metric), prog.steps, prog.diverged)
 
+    trainers = ThreadPoolExecutor(max_workers=build_threads(), thread_name_prefix=TRAIN_THREADS)
     try:
-        result = race.race(arms, observe, plan.target, plan.base.steps, int(plan.budget * plan.base.steps))
+        with signals.deferred():
+            budget = int(plan.budget * plan.base.steps)
+            result = race.race(arms, observe, plan.target, plan.base.steps, budget, train=side_by_side(trainers))
     finally:
+        trainers.shutdown(wait=True, cancel_futures=True)
         pool.shutdown(wait=True, cancel_futures=True)
     return byname, merged, result, seen
 
@@ -385,7 +409,17 @@ def evaluate(plan: Plan, byname: dict, result: race.Race, seen: dict, settings=e
         bps = seen[s.arm.name].bytes_per_step(e.probe.problem.seeds[0]) if s.arm.name in seen else math.nan
         for st in e.times:
             rows.append(
-                ranking.Row(e.name, e.probe.candidate.overrides, st.schedule, p, st, bps, final, s.status, s.steps)
+                ranking.Row(
+                    candidate=e.name,
+                    overrides=e.probe.candidate.overrides,
+                    schedule=st.schedule,
+                    prediction=p,
+                    step=st,
+                    bytes_per_step=bps,
+                    final_metric=final,
+                    race=s.status,
+                    steps_trained=s.steps,
+                )
             )
     return ranking.rank(rows, plan.base.steps, plan.candidates[0].name)
 
@@ -408,7 +442,12 @@ def verify(plan: Plan, byname: dict, rows: list, n: int) -> list:
         hit = first_crossing(curve.steps, curve.values.mean(0), plan.target)
         actual = hit[0] if hit is not None else math.nan
         p = r.prediction
-        out.append(VerifyRow(r.candidate, p.steps, p.lo, p.hi, actual, bool(p.lo <= actual <= p.hi), e.probe.run_dir))
+        inside, where = bool(p.lo <= actual <= p.hi), e.probe.run_dir
+        out.append(
+            VerifyRow(
+                candidate=r.candidate, predicted=p.steps, lo=p.lo, hi=p.hi, actual=actual, inside=inside, run_dir=where
+            )
+        )
     return out
 
 
@@ -454,7 +493,7 @@ def advise(
 
     t0 = time.perf_counter()
     kw = dict(target=target, budget=budget, seeds=seeds, out=out, overrides=overrides, timing=timing)
-    with shared_programs(), CompileMeter() as built:
+    with shared_programs(), CompileMeter(also=TRAIN_THREADS) as built:
         plan = prepare(config, cluster, repeats=repeats, **kw)
         byname, merged, result, seen = run_race(plan)
         race_wall = time.perf_counter() - t0

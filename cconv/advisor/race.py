@@ -28,7 +28,8 @@ seeds are vmapped into one program; ``cconv.advisor.api`` sets ``budget_steps = 
 B in units of one full dense run).  ``T_0`` is the largest time whose halving rungs fit in
 ``halving_share`` of the budget under the worst case (the candidates with the most steps survive
 longest); what the halving leaves is the finalists'.  The race never trains a step past the
-budget: a rung that would is cut to the steps that fit.
+budget: a rung that would is cut to the steps that fit.  A rung's steps are planned before any
+trains (``_wants``), so its arms, independent runs, can train side by side (``race``'s ``train``).
 
 We write these lines rather than use Optuna's ``SuccessiveHalvingPruner``: Optuna prunes one
 trial at a time against rungs measured in steps it is told, with no notion of a per-candidate
@@ -180,11 +181,22 @@ def order(standings: list[Standing], target: Target, score=None) -> list[Standin
     return sorted(standings, key=key)
 
 
-def _advance(s: Standing, steps: int, observe, target: Target, rung: int) -> tuple[Standing, int]:
-    """Train ``s`` to ``steps``; (its new standing, steps spent)."""
-    if s.status in ("reached", "diverged") or steps <= s.steps:
-        return s, 0
-    ob = observe(s.arm.name, steps)
+def _wants(st: dict, alive: list, t: float, max_steps: int, left: int) -> dict:
+    """The steps each of ``alive`` trains to in a rung of time ``t``, in order, while ``left``
+    budget steps last (a rung never plans a step past the budget); arms with nothing to train
+    are left out."""
+    wants = {}
+    for name in alive:
+        s = st[name]
+        want = min(steps_at(s.arm, t, max_steps), s.steps + max(left, 0))
+        if s.status not in ("reached", "diverged") and want > s.steps:
+            wants[name] = want
+            left -= want - s.steps
+    return wants
+
+
+def _settle(s: Standing, ob: Observation, target: Target, rung: int) -> tuple[Standing, int]:
+    """``s`` after training showed ``ob``: (its new standing, steps spent)."""
     spent = ob.steps - s.steps
     if ob.diverged is not None:
         return s._replace(steps=ob.steps, curve=ob.curve, status="diverged", rung=rung, diverged=ob.diverged), spent
@@ -193,6 +205,11 @@ def _advance(s: Standing, steps: int, observe, target: Target, rung: int) -> tup
     if hit is not None:
         return s._replace(steps=ob.steps, curve=ob.curve, status="reached", reached_at=hit[0], rung=rung), spent
     return s._replace(steps=ob.steps, curve=ob.curve, status="running", rung=rung), spent
+
+
+def one_by_one(observe: Callable[[str, int], Observation], wants: dict) -> list[Observation]:
+    """Train a rung's arms one after the other (``race``'s default ``train``)."""
+    return [observe(name, steps) for name, steps in wants.items()]
 
 
 def _best_time(standings: list[Standing]) -> float:
@@ -209,17 +226,20 @@ def race(
     finalists: int = FINALISTS,
     halving_share: float = HALVING_SHARE,
     score=None,
+    train: Callable[[Callable, dict], list] = one_by_one,
 ) -> Race:
-    """Successive halving by simulated time, then the finalists to the target (module docstring)."""
+    """Successive halving by simulated time, then the finalists to the target (module docstring).
+    ``train(observe, {name: steps})``: the rung's observations, in its order; the arms of a rung
+    are independent, so it may train them side by side (``cconv.advisor.api`` does)."""
     st = {a.name: Standing(a, 0, None, "unrun") for a in arms}
     counts = rung_counts(len(arms), eta, finalists)
     t0 = first_time(arms, int(budget * halving_share), max_steps, eta, finalists)
     spent, rungs, alive = 0, [], [a.name for a in arms]
     r, t = 0, t0
     while alive:
-        for name in alive:
-            want = min(steps_at(st[name].arm, t, max_steps), st[name].steps + max(budget - spent, 0))
-            st[name], used = _advance(st[name], want, observe, target, r)
+        wants = _wants(st, alive, t, max_steps, budget - spent)
+        for name, ob in zip(wants, train(observe, wants)):
+            st[name], used = _settle(st[name], ob, target, r)
             spent += used
         best = _best_time(list(st.values()))
         for n in alive:

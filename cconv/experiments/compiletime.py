@@ -48,14 +48,14 @@ _BACKEND = EVENTS[2]
 _HIT = "/jax/compilation_cache/cache_hits"
 _totals = {"seconds": 0.0, "programs": 0, "shared": 0}
 _traced: list[str] = []  # the functions traced, in order (JAX's ``fun_name``)
-_blocked: dict[int, float] = {}  # thread id -> seconds it built programs or waited for them
+_blocked: dict[str, float] = {}  # thread name -> seconds it built programs or waited for them
 _lock = threading.Lock()
 _registered = False
 
 
 def _block(seconds: float) -> None:
     with _lock:
-        me = threading.get_ident()
+        me = threading.current_thread().name
         _blocked[me] = _blocked.get(me, 0.0) + seconds
 
 
@@ -169,24 +169,32 @@ def shared_programs():
 
 class CompileMeter:
     """Build time (trace + lower + compile, seconds, every thread), backend compilations, and the
-    wall time the metering thread spent building or ``waiting()`` for programs, inside a block."""
+    time the metering thread spent building or ``waiting()`` for programs, inside a block.
+    ``also``: a thread-name prefix; the threads so named (those the metering thread hands its work
+    to, e.g. a ``ThreadPoolExecutor(thread_name_prefix=...)``) count in ``blocked`` too, which is
+    then a sum over threads that can exceed the block's wall time."""
 
-    def __init__(self) -> None:
+    def __init__(self, also: str | None = None) -> None:
         self.seconds, self.programs, self.blocked, self.shared = 0.0, 0, 0.0, 0
         self.traced: list[str] = []  # names of the functions traced in the block (every thread)
         self._start = (0.0, 0, 0.0, 0, 0)
+        self._also = also
+
+    def _mine(self) -> float:
+        me = threading.current_thread().name
+        with _lock:
+            return sum(v for k, v in _blocked.items() if k == me or (self._also and k.startswith(self._also)))
 
     def __enter__(self) -> CompileMeter:
         _register()
-        me = threading.get_ident()
         t = _totals
-        self._start = (t["seconds"], t["programs"], _blocked.get(me, 0.0), len(_traced), t["shared"])
+        self._start = (t["seconds"], t["programs"], self._mine(), len(_traced), t["shared"])
         return self
 
     def __exit__(self, *exc) -> None:
         self.seconds = _totals["seconds"] - self._start[0]
         self.programs = _totals["programs"] - self._start[1]
-        self.blocked = _blocked.get(threading.get_ident(), 0.0) - self._start[2]
+        self.blocked = self._mine() - self._start[2]
         self.traced = _traced[self._start[3] :]
         self.shared = _totals["shared"] - self._start[4]  # programs loaded from the cache
 

@@ -204,7 +204,9 @@ def _start(
     rd.cut_metrics(start if start > 0 else -1)
     end.base = _summary_base(problem, rd.desc, counters)
     rd.write_summary({**end.base, "status": "running", "step": start})
-    where = dict(initial=start, position=1 if nested else None, leave=not nested)
+    # tqdm puts the bar on the first free line: under a sweep's bar, or beside the bars of runs
+    # trained at once (the advisor's rungs); ``nested``: it disappears when the run ends
+    where = dict(initial=start, leave=not nested)
     bar = stack.enter_context(contextlib.closing(progress(cfg.steps, rd.desc, **where)))
     t0 = time.perf_counter() - counters.wall  # wall time goes on across resumes
     return Loop(

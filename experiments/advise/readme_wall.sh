@@ -16,6 +16,7 @@ timed() {  # label, directory to run in, command...
   local s e
   s=$(date +%s.%N)
   (cd "$dir" && PYTHONPATH="$dir" "$@") > "$tmp/$label.log" 2>&1
+  if [ -n "${KEEP_LOGS:-}" ]; then cp "$tmp/$label.log" "$KEEP_LOGS-$label.log"; fi
   e=$(date +%s.%N)
   printf '%-8s %6.1f s  %s\n' "$label" "$(echo "$e - $s" | bc)" "$(grep -o '([0-9]* s in all[^)]*)' "$tmp/$label.log" || true)"
 }
