@@ -49,7 +49,10 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:  # types only: the config module loads when asked
+    from cconv.experiments.config import RunConfig
 
 KEYS = ("compressors", "memory", "sync", "architectures", "schedules", "include", "target", "budget", "seeds")
 DENSE = "none"
@@ -213,7 +216,7 @@ def run_default(key: str) -> Any:
     return default_of(key)
 
 
-def parse(block: Any, cfg: Any) -> Space:
+def parse(block: Any, cfg: RunConfig) -> Space:
     """Validate an ``advise:`` block against run config ``cfg``; one-line ValueError when malformed
     (the candidate count is checked before any list is expanded)."""
     block = {} if block is None else block
@@ -272,7 +275,7 @@ def parse(block: Any, cfg: Any) -> Space:
     )
 
 
-def _plain(cfg: Any) -> str:
+def _plain(cfg: RunConfig) -> str:
     """ "dense", or the method the config's optimizer sends when it sends its own messages (1-bit
     Adam: ``cconv.experiments.report.sent_columns``), so its candidates are not named dense."""
     from cconv.experiments.report import sent_columns

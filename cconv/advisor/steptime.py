@@ -29,7 +29,12 @@ one; overlap and fusion = one iteration of the event simulator
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:  # types only: the modules load when a function runs
+    from cconv.experiments.build import Problem
+    from cconv.experiments.config import RunConfig
+    from cconv.theory.cluster import Cluster
 
 STEPS = 64  # steps averaged (covers the usual local-SGD periods)
 TIMINGS = ("modelled", "measured")
@@ -48,14 +53,14 @@ class StepTime(NamedTuple):
     measured_s: float = math.nan  # the real step on this machine (``timing="measured"``)
 
 
-def profile_of(problem: Any):
+def profile_of(problem: Problem):
     """The run's model as layers on its local batch (``cconv.experiments.clock.profile_of``)."""
     from cconv.experiments import clock
 
     return clock.profile_of(problem)
 
 
-def step_times(problem: Any, cluster: Any, schedules: tuple, profile: Any = None) -> list[StepTime]:
+def step_times(problem: Problem, cluster: Cluster, schedules: tuple, profile: Any = None) -> list[StepTime]:
     """Modelled ``StepTime`` of the probe's ``problem`` on ``cluster`` under each schedule."""
     from cconv.experiments import clock
 
@@ -101,7 +106,7 @@ def check_timing(timing: str, repeats: Any, schedules: tuple, workers: int) -> i
     return n
 
 
-def measure(cfg: Any, launcher: str, repeats: int) -> float:
+def measure(cfg: RunConfig, launcher: str, repeats: int) -> float:
     """Seconds of the real step of the candidate whose probe config is ``cfg``: one seed, the
     user's launcher ``launcher`` (one device per worker), ``clock.measure_step``."""
     import warnings
