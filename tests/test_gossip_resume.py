@@ -3,17 +3,14 @@ x_hat, s and the compressor states are engine state (``WorkerState.sync``), chec
 rest."""
 
 import os
-import subprocess
-import sys
 
 import pytest
-from runs_helpers import subprocess_env
+from runs_helpers import run_cconv
 
 from cconv.experiments import io
 
 pytestmark = pytest.mark.slow  # subprocesses and a real SIGKILL
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHOCO_YAML = (
     "model: {name: mlp, hidden: [8]}\ndata: digits\nworkers: 4\nbatch_size: 32\nsteps: 16\nlr: 0.1\n"
     "log_every: 4\ncheckpoint_every: 4\nsync: gossip\ngossip: choco\ngossip_gamma: 0.5\n"
@@ -35,10 +32,8 @@ sys.exit(cli.main(sys.argv[1:]))
 
 
 def _cconv(*args, code=None):
-    env = subprocess_env(users_build=True)  # the CLI sets the device count; XLA's own build, as a user's
-    env.update(JAX_PLATFORMS="cpu", CCONV_PROGRESS="0", PYTHONPATH=ROOT)
-    argv = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "cconv", *args]
-    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    """``cconv ARGS`` built as a user's (XLA's defaults): the claim is about a user's bits."""
+    return run_cconv(*args, code=code, users_build=True)
 
 
 def _lines(d):

@@ -222,9 +222,9 @@ def test_size_class_initialisers_equal_jax_initialisers():
     import subprocess
     import sys
 
-    from runs_helpers import ROOT, subprocess_env
+    from runs_helpers import cli_env
 
-    env = {**subprocess_env(users_build=True), "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+    env = cli_env(users_build=True)
     r = subprocess.run([sys.executable, "-c", INITIALISERS_EQUAL], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
 

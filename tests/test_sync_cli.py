@@ -2,16 +2,11 @@
 command, gives the uninterrupted run's metrics bit for bit (SSP and ASP replay the timing
 schedule, AdaComm's period is in the checkpoint); bad input is one line, exit 2, nothing written."""
 
-import os
-import subprocess
-import sys
-
 import pytest
-from runs_helpers import subprocess_env
+from runs_helpers import run_cconv
 
 from cconv.experiments import io
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = (
     "model: {name: mlp, hidden: [8]}\ndata: digits\nworkers: 4\nbatch_size: 32\nsteps: 12\nlr: 0.05\n"
     "compressor: {name: topk, ratio: 0.1}\nmemory: ef\nlog_every: 4\ncheckpoint_every: 4\n"
@@ -38,10 +33,8 @@ sys.exit(cli.main(sys.argv[1:]))
 
 
 def cconv(*args, code=None):
-    env = subprocess_env(users_build=True)  # the resume's bit-identity is a claim about a user's build
-    env.update(JAX_PLATFORMS="cpu", CCONV_PROGRESS="0", PYTHONPATH=ROOT)
-    argv = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "cconv", *args]
-    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    """``cconv ARGS`` built as a user's (XLA's defaults): the resume's bit-identity is a claim about a user's build."""
+    return run_cconv(*args, code=code, timeout=600, users_build=True)
 
 
 @pytest.mark.parametrize(
