@@ -331,6 +331,45 @@ def test_sweep_goes_on_after_divergence_and_failure(tmp_path, monkeypatch):
     assert (res["completed"], res["skipped"], res["failed"]) == (1, 2, 0)
 
 
+def test_a_sweep_builds_the_next_run_while_one_trains(tmp_path, monkeypatch):
+    """``sweep.Ahead``: run i + 1's Problem is built (and its programs compiled) while run i trains,
+    each run trains on the Problem built for its own config, and a build that fails ahead is left
+    to the run (which builds again and reports it as usual)."""
+    import threading
+
+    from cconv.experiments import runner, sweep
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        "base: {model: {name: mlp, hidden: [16]}, workers: 2, batch_size: 16, steps: 8, log_every: 4}\n"
+        "grid: {lr: [0.3, 0.2, 0.1]}\n"
+    )
+    built, started = {}, {lr: threading.Event() for lr in (0.3, 0.2, 0.1)}
+    real_prepare, real_execute = sweep._prepare, runner.execute
+
+    def prepare(cfg):
+        started[cfg.lr].set()
+        if cfg.lr == 0.1:
+            raise RuntimeError("no build ahead")
+        built[cfg.lr] = real_prepare(cfg)
+        return built[cfg.lr]
+
+    seen = {}
+
+    def execute(cfg, run_dir, problem=None, **kw):
+        nxt = {0.3: 0.2, 0.2: 0.1}.get(cfg.lr)
+        seen[cfg.lr] = (problem, nxt is None or started[nxt].wait(60))  # the next build began first
+        return real_execute(cfg, run_dir, problem=problem, **kw)
+
+    monkeypatch.setattr(sweep, "_prepare", prepare)
+    monkeypatch.setattr(runner, "execute", execute)
+    res = sweep.run_sweep(str(spec), str(tmp_path / "out"), figure=False, log=lambda *a, **k: None)
+    assert res["completed"] == 3
+    assert seen[0.3][0] is built[0.3] and seen[0.2][0] is built[0.2] and seen[0.1][0] is None
+    assert all(overlapped for _, overlapped in seen.values())
+    assert seen[0.3][0].cfg.lr == 0.3 and seen[0.2][0].cfg.lr == 0.2
+
+
 def test_a_metric_line_carries_the_window_mean_and_for_max_metrics_the_window_maximum():
     """``staleness_max`` of a line is the largest over its logged steps, not their mean."""
     from cconv.experiments import counters as CT

@@ -351,7 +351,7 @@ def run_sweep(path: str, out: str | None = None, figure: bool = True, log: Calla
     errors = []
     bar = progress(len(runs), f"sweep {name}", leave=True, position=0)
     bar.unit = "run"
-    with shared_programs():  # runs that trace to one program build it once
+    with shared_programs(), Ahead(todo) as ahead:  # runs that trace to one program build it once
         for i, r in enumerate(runs):
             signals.check()  # a signal between two runs: stop before the next
             rd = os.path.join(out, r.name)
@@ -360,7 +360,7 @@ def run_sweep(path: str, out: str | None = None, figure: bool = True, log: Calla
                 bar.update(1)
                 continue
             try:
-                res = runner.execute(r.config, rd, desc=r.name, nested=True)
+                res = runner.execute(r.config, rd, problem=ahead.problem(r), desc=r.name, nested=True)
                 if res.trained:
                     counts[res.status] = counts.get(res.status, 0) + 1
                     log(f"[{i + 1}/{len(runs)}] {r.name}: {res.status}")
@@ -382,6 +382,62 @@ def run_sweep(path: str, out: str | None = None, figure: bool = True, log: Calla
     bar.close()
     outputs = finish(out, runs, figure=figure)
     return {**counts, "errors": errors, "out": out, "outputs": outputs}
+
+
+class Ahead:
+    """The next run's Problem and programs built while the current one trains.
+
+    A sweep's runs are independent and each starts by building its Problem (data, model, trainer)
+    and compiling its programs (``cconv.experiments.warm``); XLA compiles without Python's
+    interpreter lock, and a small model's run spends its steps waiting on its devices, so one
+    build thread prepares run i + 1 while run i trains.  The runs compute exactly what they would
+    have: the same Problem and the same programs, built earlier (in the run's own thread a program
+    is then found built).  The build thread executes no collective (``warm`` only compiles the
+    step programs; the initial state it makes has none), so it never interleaves with a run's
+    collective programs on the simulated devices.  A build that fails is left to the run, which
+    builds again, fails there, and records it as usual."""
+
+    def __init__(self, runs: list[SweepRun]):
+        from concurrent.futures import ThreadPoolExecutor
+
+        import jax
+
+        # a run across processes (jax.distributed) builds in step with its other processes: never ahead
+        self._runs = list(runs) if jax.process_count() == 1 else []
+        self._pool, self._next = ThreadPoolExecutor(1, "cconv-ahead"), {}
+
+    def __enter__(self) -> Ahead:
+        self._submit(0)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _submit(self, j: int) -> None:
+        if j < len(self._runs) and j not in self._next:
+            self._next[j] = self._pool.submit(_prepare, self._runs[j].config)
+
+    def problem(self, r: SweepRun):
+        """Run ``r``'s Problem when it was built ahead (None: the run builds it); the build of the
+        run after it starts now."""
+        j = next((k for k, x in enumerate(self._runs) if x is r), None)
+        if j is None:
+            return None
+        fut = self._next.pop(j, None)
+        self._submit(j + 1)
+        if fut is None or fut.exception() is not None:
+            return None
+        return fut.result()
+
+
+def _prepare(cfg):
+    """A run's Problem with its programs compiled (``Ahead``)."""
+    from cconv.experiments import build
+    from cconv.experiments.warm import warm
+
+    problem = build.problem(cfg)
+    warm(problem, cfg.steps)
+    return problem
 
 
 def _holds(path: str, data: bytes) -> bool:

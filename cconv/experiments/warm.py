@@ -9,7 +9,8 @@ executable per argument signature, for AOT and ordinary calls alike).
 
 Why: ``cconv advise`` builds one program per candidate, and XLA's backend compilation (most of
 the build time) runs without Python's global interpreter lock, so candidates warmed in a thread
-pool build on every core while the race trains the ones already built (``cconv.advisor.api``).
+pool build on every core while the race trains the ones already built (``cconv.advisor.api``);
+``cconv sweep`` builds its next run while one trains (``cconv.experiments.sweep.Ahead``).
 Nothing here changes what a run computes: the same programs, built earlier.  JAX's configuration
 contexts (``jax.default_device``, ``jax.numpy_rank_promotion``, ...) are per thread: a run inside
 one that the building thread does not share builds its programs again (warming wasted, never wrong).
