@@ -121,3 +121,24 @@ def test_a_runs_profile_carries_its_configs_setting():
         assert row.bytes == want.bytes
     bias = sum(s[0] for lay in prof.layers for s in lay.shapes if len(s) == 1)
     assert bias > 0 and out[False] > out[True]  # the biases' 4 bytes an element against their top-k share
+
+
+def test_ddp_powersgd_hook_sends_a_matrix_not_worth_compressing_dense():
+    """DDP's PowerSGD hook compresses a matrix only if (rows + cols) x rank x min_compression_rate
+    < rows x cols (``_should_compress``, min_compression_rate 2): the 10 x 100 matrix, (100, 10) in
+    PyTorch's layout, is factorised at rank 4 ((100 + 10) x 4 x 4 B = 1,760 B; 3,520 < 4,000) and
+    all-reduced dense with its bias at rank 5 (4,400 > 4,000: 4,000 + 40 B, nothing to compress);
+    cconv's fused program factorises it at any rank."""
+    assert IM.IMPLEMENTATIONS["ddp-hook"].min_compression_rate == IM.DDP_MIN_COMPRESSION_RATE == 2.0
+    assert "_should_compress" in IM.IMPLEMENTATIONS["ddp-hook"].vectors_source
+
+    def bucket(rank, impl):
+        (lc,) = CC.layer_costs(_prof(), "powersgd", 4, DEV, hparams={"rank": rank}, bench=BENCH, implementation=impl)
+        return lc.kind, lc.nbytes, lc.compress_s > 0
+
+    assert bucket(4, "ddp-hook") == ("allreduce", 1760.0 + 40.0, True)
+    assert bucket(5, "ddp-hook") == ("allreduce", 4000.0 + 40.0, False)
+    assert bucket(5, "fused") == ("allreduce", 2200.0 + 40.0, True)
+    assert IM.worth_compressing(4000.0, 1999.0, IM.IMPLEMENTATIONS["ddp-hook"])
+    assert not IM.worth_compressing(4000.0, 2000.0, IM.IMPLEMENTATIONS["ddp-hook"])  # strictly more than 2x
+    assert IM.worth_compressing(4000.0, 4000.0, IM.IMPLEMENTATIONS["fused"])  # no such rule

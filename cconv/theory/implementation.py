@@ -121,6 +121,8 @@ RADIX_PASSES = 5.0  # radix select of 32-bit keys, 8-bit digits: 4 histogram pas
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
 DDP_BUCKET_LIMITS = (DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_BYTES)
+# PyTorch's PowerSGD hook: PowerSGDState's default min_compression_rate (DDP_VECTORS)
+DDP_MIN_COMPRESSION_RATE = 2.0
 DDP_SOURCE = (
     "PyTorch DDP communication hooks: framework ops per bucket (torch/csrc/distributed/c10d/reducer.hpp's "
     "default bucket limits, 1 MiB then 25 MiB); t_op and SORT_PASSES as fitted on GRACE (not refitted)"
@@ -156,7 +158,10 @@ class Implementation(NamedTuple):
     ``compress_vectors`` whether the published implementation compresses 1-D tensors (biases, norm
     scales) or sends them dense (None: cconv's own program, which follows the plan's setting, by
     default the engine's ``EngineConfig.compress_vectors``; ``vectors_of``), ``vectors_source``
-    the file and function of the implementation's code that decides it."""
+    the file and function of the implementation's code that decides it; ``min_compression_rate``:
+    where the compressor works tensor by tensor (an aggregation per tensor: PowerSGD), a tensor
+    whose message would not be this many times smaller than the tensor is sent dense with the
+    vectors (0: every tensor compressed; ``worth_compressing``)."""
 
     name: str
     per_tensor: bool
@@ -170,6 +175,7 @@ class Implementation(NamedTuple):
     layout: str = FLAX
     compress_vectors: bool | None = None  # None: the plan's setting (cconv's engine: ``vectors_of``)
     vectors_source: str = ""  # where the implementation's code decides it
+    min_compression_rate: float = 0.0
 
     def framework_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """``shape`` (a profile's, Flax's axis order: kernels (kh, kw, in, out), dense (in, out)) as
@@ -202,7 +208,10 @@ DDP_VECTORS = (
     "PyTorch's PowerSGD hook all-reduces vectors uncompressed: torch/distributed/algorithms/ddp_comm_hooks/"
     "powerSGD_hook.py (Global-QSGD's copy: gqsgd/powerSGD_hook.py), powerSGD_hook, step I: 'Rest of the tensors "
     "will be directly allreduced without compression, including all the vector tensors (for biases)' "
-    "(_should_compress on the (n, 1) view).  An elementwise hook compresses the bucket as one flat tensor, "
+    "(_should_compress on the (n, 1) view), and so is every matrix that its rule finds not worth compressing: "
+    "PowerSGDState(min_compression_rate=2), _should_compress: compressed iff (rows + cols) x rank x "
+    "min_compression_rate < rows x cols (torch's hook and gqsgd/powerSGD_hook.py alike).  "
+    "An elementwise hook compresses the bucket as one flat tensor, "
     "vectors inside it (gqsgd/ddphook.py, qsgd_hook: bucket.buffer()); the bucket model sizes that flat tensor"
 )
 ESPRESSO_VECTORS = (
@@ -254,6 +263,7 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
         layout=PYTORCH,
         compress_vectors=False,
         vectors_source=DDP_VECTORS,
+        min_compression_rate=DDP_MIN_COMPRESSION_RATE,
     ),
     "espresso": Implementation(
         "espresso", False, source=ESPRESSO_SOURCE, compress_vectors=True, vectors_source=ESPRESSO_VECTORS
@@ -343,6 +353,13 @@ def tensor_view(c: Compressor, shape: tuple[int, ...], impl: Implementation) -> 
     return tuple(view(impl.framework_shape(tuple(shape))))
 
 
+def worth_compressing(tensor_bytes: float, message_bytes: float, impl: Implementation) -> bool:
+    """Does ``impl`` compress a tensor of ``tensor_bytes`` into a message of ``message_bytes``
+    (``Implementation.min_compression_rate``: DDP's PowerSGD hook, ``_should_compress``: the
+    message must be more than that many times smaller)?"""
+    return message_bytes * impl.min_compression_rate < tensor_bytes
+
+
 def select_s(select: str | None, n: float, impl: Implementation, device: Device) -> float:
     """Seconds of a selection over n elements (module docstring)."""
     passes = {None: 0.0, "sort": impl.sort_passes, "radix": RADIX_PASSES, "compare": 1.0, "sample": 1.0}
@@ -415,4 +432,6 @@ __all__ = [
     "DDP_FIRST_BUCKET_BYTES",
     "DDP_BUCKET_BYTES",
     "DDP_BUCKET_LIMITS",
+    "DDP_MIN_COMPRESSION_RATE",
+    "worth_compressing",
 ]

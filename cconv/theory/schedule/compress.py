@@ -235,6 +235,18 @@ def layer_cost(
     return LayerCost(name, fwd_s, bwd_s, nbytes, comp, dec, kind, FLOAT_BYTES * float(d))
 
 
+def _split(c: Compressor, kind: str, shapes: tuple, compress_vectors: bool, impl: IM.Implementation) -> tuple:
+    """(compressed, dense) tensor shapes: the engine's rule for vectors (``implementation.split_vectors``)
+    and, where the compressor works tensor by tensor, the implementation's rule for tensors not
+    worth compressing (``implementation.worth_compressing``: DDP's PowerSGD hook)."""
+    comp, dense = IM.split_vectors(shapes, compress_vectors)
+    if not impl.min_compression_rate or not PL.per_tensor(kind):
+        return comp, dense
+    worth = {s: IM.worth_compressing(FLOAT_BYTES * math.prod(s), _leaf_bytes(c, IM.tensor_view(c, s, impl)), impl)
+             for s in comp}  # fmt: skip
+    return tuple(s for s in comp if worth[s]), dense + tuple(s for s in comp if not worth[s])
+
+
 def layer_parts(
     name: str,
     fwd_s: float,
@@ -253,15 +265,16 @@ def layer_parts(
     """The ``LayerCost``s of one layer whose tensors ``shapes`` are sized one by one under the
     engine's rule (``implementation.split_vectors``): unless ``compress_vectors``, its 1-D tensors
     (biases, norm scales) travel dense, 4 bytes an element, in an all-reduce, and only its other
-    tensors are compressed (``layer_cost`` on their d_c elements).  The dense bytes join the layer's
+    tensors are compressed (``layer_cost`` on their d_c elements); so do the tensors that the
+    implementation finds not worth compressing (``_split``: DDP's PowerSGD hook).  The dense bytes join the layer's
     message where that is an all-reduce too, else they are a second ``LayerCost`` ``NAME:vectors``
     (no compute, ready with the layer); a layer of vectors only is one dense all-reduce.  Without
     ``shapes`` (a flat vector standing for the layer) everything is compressed, as ``layer_cost``."""
     real = tuple(tuple(s) for s in shapes)
-    comp, dense = IM.split_vectors(real, compress_vectors or not real)
+    impl = IM.get(implementation)
+    comp, dense = _split(c, PL.kind_of(method, c), real, compress_vectors or not real, impl)
     if not dense or C.registered_name(c) == PL.identity_name():
         return [layer_cost(name, fwd_s, bwd_s, d, method, c, workers, device, bench, real, implementation, share)]
-    impl = IM.get(implementation)
     nd = FLOAT_BYTES * float(sum(math.prod(s) for s in dense))
     out, back = IM.staging_s(impl, "allreduce", nd, workers)
     vec = LayerCost(f"{name}:vectors", 0.0, 0.0, nd, share * out, share * back, "allreduce")
