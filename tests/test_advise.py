@@ -459,6 +459,62 @@ def test_a_race_never_exceeds_its_budget(seed):
     assert all(max(v) <= max_steps for v in asked.values())
 
 
+def test_what_the_race_leaves_trains_the_arms_it_cannot_rank_yet():
+    """``race.refine``: the first arm reaches the target at step 60 and every other is pruned
+    early, leaving budget.  Refining two of them trains exactly those two, to an equal time (the
+    one whose step costs half trains twice the steps), within what was left; a refined arm that
+    reaches the target is seen there; one not named, or not pruned, does not train."""
+    from cconv.advisor import race
+
+    rates = {"win": 0.032, "a": 0.004, "b": 0.012, "c": 0.006}
+    curves = {n: (lambda t, k=k: np.exp(-k * t)) for n, k in rates.items()}
+    observe, asked = _synthetic_observer(curves)
+    tgt = T.Target("test_loss", math.exp(-0.032 * 60), T.KINDS["loss"])
+    step_s = {"win": 1e-3, "a": 2e-3, "b": 1e-3, "c": 1e-3}
+    res = race.race(_arms(step_s), observe, tgt, max_steps=400, budget=400)
+    st = {s.arm.name: s for s in res.standings}
+    assert st["win"].status == "reached" and {st[n].status for n in "abc"} == {"pruned"}
+    left, before = res.budget - res.spent, {n: st[n].steps for n in st}
+    assert left > 0
+    out = race.refine(res, ["a", "b", "win"], observe, tgt, max_steps=400)
+    now = {s.arm.name: s for s in out.standings}
+    trained = {n: now[n].steps - before[n] for n in now}
+    assert trained["c"] == 0 and trained["win"] == 0 and trained["a"] > 0 and trained["b"] > 0
+    assert 0 < out.spent - res.spent == trained["a"] + trained["b"] <= left
+    assert abs(now["a"].steps * 2e-3 - now["b"].steps * 1e-3) <= 2e-3  # equal time, to a step
+    assert out.rungs[-1].kept == () and set(out.rungs[-1].steps) == {"a", "b"}
+    assert now["b"].status == "reached" and now["b"].reached_at == pytest.approx(160, abs=4)
+    assert now["a"].status == "pruned"
+    assert race.refine(out._replace(spent=out.budget), ["a"], observe, tgt, 400) == out._replace(spent=out.budget)
+
+
+def test_unranked_names_the_pruned_arms_without_a_time_to_target_inside_the_steps():
+    """``api.unranked``: a pruned arm whose clean exponential curve predicts the target at ~100 of
+    400 steps is ranked; a pruned arm whose curve has stalled, and one predicted past the step
+    budget, are not (the refinement's arms); a reached arm is not a candidate."""
+    from cconv.advisor import api, race
+
+    t = np.arange(1.0, 41.0)
+    tgt = T.Target("test_loss", math.exp(-0.03 * 100), T.KINDS["loss"])
+
+    def standing(name, values, status="pruned"):
+        seeds = np.stack([values * f for f in (0.99, 1.0, 1.01)])
+        return race.Standing(race.Arm(name, 1e-3), 40, X.Curve(t, seeds), status)
+
+    res = race.Race(
+        [
+            standing("clean", np.exp(-0.03 * t)),
+            standing("flat", np.full_like(t, 0.9)),
+            standing("late", np.exp(-0.003 * t)),
+            standing("seen", np.exp(-0.2 * t), "reached"),
+        ],
+        [],
+        160,
+        400,
+    )
+    assert api.unranked(res, tgt, 400) == ["flat", "late"]
+
+
 def _summary(res) -> tuple:
     return (
         [(s.arm.name, s.steps, s.status, s.reached_at, s.rung) for s in res.standings],

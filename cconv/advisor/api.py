@@ -363,6 +363,8 @@ def run_race(plan: Plan) -> tuple[dict, list, race.Race, dict]:
         with signals.deferred():
             budget = int(plan.budget * plan.base.steps)
             result = race.race(arms, observe, plan.target, plan.base.steps, budget, train=side_by_side(trainers))
+            late = unranked(result, plan.target, plan.base.steps)  # the budget left goes to them
+            result = race.refine(result, late, observe, plan.target, plan.base.steps, train=side_by_side(trainers))
     finally:
         trainers.shutdown(wait=True, cancel_futures=True)
         pool.shutdown(wait=True, cancel_futures=True)
@@ -382,12 +384,14 @@ def _prediction(s: race.Standing, target: Target, refs: tuple, settings) -> extr
     return p
 
 
-def predictions(result: race.Race, target: Target, settings=extrapolate.Settings()) -> dict:
-    """Every raced candidate's steps to target (``extrapolate.Prediction``) by name: observed when
-    the race saw it reach the target, else predicted from its curve, borrowing the shapes of the
-    curves that ran further (``extrapolate.reference``)."""
+def predictions(result: race.Race, target: Target, settings=extrapolate.Settings(), only=None) -> dict:
+    """Every raced candidate's steps to target (``extrapolate.Prediction``) by name (``only``:
+    those named): observed when the race saw it reach the target, else predicted from its curve,
+    borrowing the shapes of the curves that ran further (``extrapolate.reference``)."""
     out = {}
     for s in result.standings:
+        if only is not None and s.arm.name not in only:
+            continue
         refs = tuple(
             extrapolate.reference(o.curve, target)
             for o in result.standings
@@ -395,6 +399,14 @@ def predictions(result: race.Race, target: Target, settings=extrapolate.Settings
         )
         out[s.arm.name] = _prediction(s, target, refs, settings)
     return out
+
+
+def unranked(result: race.Race, target: Target, max_steps: int, settings=extrapolate.Settings()) -> list[str]:
+    """The pruned candidates whose curves give no time to target within ``max_steps`` steps yet
+    (no prediction, or one past the step budget): those ``race.refine`` trains on."""
+    pruned = {s.arm.name for s in result.standings if s.status == "pruned"}
+    preds = predictions(result, target, settings, only=pruned)
+    return [n for n, p in preds.items() if not (p.ok and p.steps <= max_steps)]
 
 
 def evaluate(plan: Plan, byname: dict, result: race.Race, seen: dict, settings=extrapolate.Settings()) -> list:

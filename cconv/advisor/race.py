@@ -21,7 +21,8 @@ is at least ``eta`` times the time every survivor has already trained (the first
 ``MIN_STEPS`` can put it past ``T_r``), so every rung trains someone further: a rung never prunes
 on what the previous one already showed.  When
 ``finalists`` are left, they run to the target (or to ``max_steps``) in rungs that keep
-doubling, while the budget lasts.
+doubling, while the budget lasts.  What the budget leaves then goes to the pruned candidates
+whose curves do not yet give a time to target within the step budget (``refine``).
 
 Budget: ``budget_steps`` training steps in all, counted in steps of a candidate's program (its
 seeds are vmapped into one program; ``cconv.advisor.api`` sets ``budget_steps = B x max_steps``,
@@ -260,3 +261,52 @@ def race(
     for n in alive:  # still running when the budget ran out
         st[n] = st[n]._replace(status="finalist")
     return Race(list(st.values()), rungs, spent, budget)
+
+
+def refine_time(standings: list[Standing], left: int, max_steps: int) -> float:
+    """The longest simulated time that ``standings`` can all train to (each at its own time per
+    step, never back) within ``left`` more steps in all (bisection in log time)."""
+
+    def cost(t: float) -> int:
+        return sum(max(0, steps_at(s.arm, t, max_steps) - s.steps) for s in standings)
+
+    lo, hi = min(s.steps * s.arm.step_s for s in standings), max(s.arm.step_s for s in standings) * max_steps
+    if cost(hi) <= left:
+        return hi
+    for _ in range(60):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if cost(mid) <= left else (lo, mid)
+    return lo
+
+
+def refine(
+    result: Race,
+    names,
+    observe: Callable[[str, int], Observation],
+    target: Target,
+    max_steps: int,
+    train: Callable[[Callable, dict], list] = one_by_one,
+) -> Race:
+    """What the race left of its budget, spent on the pruned arms ``names`` (those whose time to
+    target their curves cannot tell yet, ``cconv.advisor.api.unranked``): they train on to an
+    equal simulated time again, the longest that fits (``refine_time``), so their times to target
+    are read from longer curves or seen.  They stay pruned unless they reach the target, diverge
+    or run out of steps; a rung with nothing kept records it.  Never past the budget."""
+    st = {s.arm.name: s for s in result.standings}
+    arms = [st[n] for n in names if n in st and st[n].status == "pruned"]
+    left = result.budget - result.spent
+    if not arms or left <= 0:
+        return result
+    t = refine_time(arms, left, max_steps)
+    wants = {s.arm.name: steps_at(s.arm, t, max_steps) for s in arms}
+    wants = {n: w for n, w in wants.items() if w > st[n].steps}
+    if not wants:
+        return result
+    spent = result.spent
+    for name, ob in zip(wants, train(observe, wants)):
+        st[name], used = _settle(st[name], ob, target, len(result.rungs))
+        spent += used
+        if st[name].status == "running":
+            st[name] = st[name]._replace(status="missed" if st[name].steps >= max_steps else "pruned")
+    rung = Rung(t, {n: st[n].steps for n in wants}, ())
+    return Race([st[s.arm.name] for s in result.standings], [*result.rungs, rung], spent, result.budget)

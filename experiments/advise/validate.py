@@ -250,7 +250,8 @@ def _race(truth: dict, target, steps: int, budget: float, seeds: int):
         trained = int(min(upto, np.nanmax(c.steps[np.isfinite(c.values).all(0)], initial=0) if why else upto))
         return race.Observation(cut, trained, why)
 
-    return race.race(arms, observe, target, steps, int(budget * steps))
+    result = race.race(arms, observe, target, steps, int(budget * steps))
+    return race.refine(result, api.unranked(result, target, steps), observe, target, steps)  # as ``cconv advise``
 
 
 def actual_steps(d: dict, target) -> float:
