@@ -363,7 +363,8 @@ def run_race(plan: Plan) -> tuple[dict, list, race.Race, dict]:
         with signals.deferred():
             budget = int(plan.budget * plan.base.steps)
             result = race.race(arms, observe, plan.target, plan.base.steps, budget, train=side_by_side(trainers))
-            late = unranked(result, plan.target, plan.base.steps)  # the budget left goes to them
+            left = result.spent < result.budget  # else no curve need be fitted to choose whom to refine
+            late = unranked(result, plan.target, plan.base.steps) if left else []  # the budget left goes to them
             result = race.refine(result, late, observe, plan.target, plan.base.steps, train=side_by_side(trainers))
     finally:
         trainers.shutdown(wait=True, cancel_futures=True)

@@ -129,9 +129,14 @@ def first_time(arms: list[Arm], budget: int, max_steps: int, eta: int = ETA, fin
     lo, hi = fastest * 1e-3, max(a.step_s for a in arms) * max_steps * 2
     if halving_cost(arms, lo, max_steps, eta, finalists) > budget:
         return lo
+    return _largest_time(lambda t: halving_cost(arms, t, max_steps, eta, finalists) <= budget, lo, hi)
+
+
+def _largest_time(fits: Callable[[float], bool], lo: float, hi: float) -> float:
+    """The largest time in [lo, hi] that ``fits`` (monotone; ``lo`` fits), by bisection in log time."""
     for _ in range(60):
         mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if halving_cost(arms, mid, max_steps, eta, finalists) <= budget else (lo, mid)
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo
 
 
@@ -273,10 +278,7 @@ def refine_time(standings: list[Standing], left: int, max_steps: int) -> float:
     lo, hi = min(s.steps * s.arm.step_s for s in standings), max(s.arm.step_s for s in standings) * max_steps
     if cost(hi) <= left:
         return hi
-    for _ in range(60):
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if cost(mid) <= left else (lo, mid)
-    return lo
+    return _largest_time(lambda t: cost(t) <= left, lo, hi)
 
 
 def refine(
