@@ -5,6 +5,7 @@ These variables must be set before jax is imported anywhere, hence at the top of
 
 import os
 import shutil
+import sys
 import tempfile
 
 _flags = os.environ.get("XLA_FLAGS", "")
@@ -54,6 +55,13 @@ if os.environ.get("CCONV_TEST_FAST_BUILD", "1") != "0":
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", False)
+
+# pytest rewrites every test module's asserts on import and caches the result as a .pyc in
+# tests/__pycache__ (git-ignored) -- unless PYTHONDONTWRITEBYTECODE is set (this machine sets it),
+# when each xdist worker rewrites all ~100 modules again in every session: ~10 s of each worker's
+# collection (13 s -> 4 s per worker once cached).  The pytest processes write bytecode whatever
+# the variable says; what they write is the cache pytest and Python would keep anyway.
+sys.dont_write_bytecode = False
 
 
 import pytest  # noqa: E402

@@ -143,6 +143,7 @@ def test_noisy_seeds_are_refused_not_ranked():
 # lengths ahead.  With n >= 250 curves, if the true coverage were 0.7 the observed share would have
 # sd sqrt(0.7 x 0.3 / 250) = 0.029: the bound 0.7 holds the calibrated interval to the goal the
 # validation states (its measured share here is ~0.9, 7 sd above).
+@pytest.mark.slow
 def test_interval_coverage_on_noisy_curves_of_every_family():
     rng = np.random.default_rng(1234)
     steps = np.arange(4, 81, 4, dtype=float)

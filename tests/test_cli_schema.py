@@ -99,6 +99,7 @@ def test_every_command_has_a_bad_usage_case():
     assert {argv[0] for argv, _ in BAD_USAGE} >= set(cli.COMMANDS)
 
 
+@pytest.mark.slow
 def test_bad_usage_from_the_shell():
     """A real process: stderr is exactly the one line, stdout empty, status 2 (``cconv`` and the
     planner's own entry point)."""

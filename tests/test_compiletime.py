@@ -109,6 +109,7 @@ print(json.dumps(dict(first=first.shared, second=second.shared, other=other.shar
 """
 
 
+@pytest.mark.slow
 def test_shared_programs_loads_a_program_another_closure_built_and_leaves_nothing_behind():
     import json
     import os

@@ -78,6 +78,7 @@ def qsgd_levels(x: np.ndarray, norms: np.ndarray, u: np.ndarray, s: int, b: int)
 
 
 @pytest.mark.parametrize("levels, bucket, d", [(1, None, 1000), (4, 6, 999), (8, 512, 3000), (127, None, 300)])
+@pytest.mark.slow
 def test_qsgd_sends_the_replayed_levels(levels, bucket, d):
     c = C.get("qsgd", levels=levels, bucket=bucket)
     x, key = heavy(d, seed=levels), jax.random.PRNGKey(levels)

@@ -156,6 +156,7 @@ def test_pmap():
     assert_same((p_e, m_e), (jax.tree.map(lambda x: x[0], new), {k: float(v[0]) for k, v in traffic.items()}))
 
 
+@pytest.mark.slow
 def test_replicated_gradients_under_check_vma_raise_one_line():
     ex, m = cconv.Exchange(C.topk(ratio=0.1), memory="ef", axis_name="data"), mesh()
 

@@ -88,6 +88,7 @@ def test_load_metrics_has_config_columns(sweep):
         report.find_runs([sweep + "_empty"])
 
 
+@pytest.mark.slow
 def test_figures_are_written(sweep, tmp_path):
     df = report.load_metrics([sweep])
     outs = plotting.family_grid(df, x="bytes", y="loss", out=str(tmp_path / "grid.png"))

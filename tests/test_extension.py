@@ -128,6 +128,7 @@ def trees():
         pytest.param("all-to-all", "allgather", marks=pytest.mark.slow),
     ],
 )
+@pytest.mark.slow
 def test_every_architecture_sums_the_sketches_then_decodes_once(trees, arch, collective):
     c = X.count_sketch(ratio=0.5)
     # every leaf sketched, the 1-D ones too (by default they travel dense)
@@ -144,6 +145,7 @@ def test_every_architecture_sums_the_sketches_then_decodes_once(trees, arch, col
 
 # The fast tier (-m "not slow") keeps one architecture of each of these two tests.
 @pytest.mark.parametrize("arch", ["all-to-all", pytest.param("parameter-server", marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_a_custom_aggregation_selected_by_collective(trees, arch):
     """``sketch_topk`` (registered by the user module) is a selectable collective: the heavy
     hitters of the once-decoded sum, the same on every worker and on both architectures."""
@@ -186,6 +188,7 @@ def _train(**kw):
         ),
     ],
 )
+@pytest.mark.slow
 def test_trains_under_every_architecture(kw):
     hist = _train(compressor=X.count_sketch(ratio=0.5), **kw)
     assert all(np.isfinite(h["loss"]) for h in hist) and hist[-1]["loss"] < hist[0]["loss"]

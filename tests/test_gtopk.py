@@ -79,6 +79,7 @@ def test_merge_is_symmetric():
     assert all(np.array_equal(u, v) for u, v in zip(a, b))
 
 
+@pytest.mark.slow
 def test_merge_sums_repeated_indices_without_losing_mass():
     # DGC's selection pads an under-filled payload with zeros at index 0: runs of equal indices.
     va = jnp.asarray([5.0, 0.0, 0.0, 1.0], jnp.float32)

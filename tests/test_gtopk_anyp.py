@@ -89,6 +89,7 @@ def test_folded_rank_loses_an_index_that_reenters_from_elsewhere():
     check_conservation(3, *out)
 
 
+@pytest.mark.slow
 def test_dgc_padding_and_repeated_indices_conserve_mass_for_odd_p():
     # DGC pads under-filled payloads with (0, index 0): fewer than k distinct indices in a merge.
     rng = np.random.default_rng(4)

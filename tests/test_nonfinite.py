@@ -76,6 +76,7 @@ def test_dgc_threshold_becomes_inf_when_sampled():
 
 
 @BAD
+@pytest.mark.slow
 def test_randomk_propagates_only_sampled_entries(bad):
     x = with_bad(bad)
     for seed in range(6):

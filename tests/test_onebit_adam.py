@@ -90,6 +90,7 @@ def test_converges_next_to_adam_on_least_squares():
     assert f(params["w"]) - f(xstar) < 0.02 * gap0, (f(params["w"]) - f(xstar)) / gap0
 
 
+@pytest.mark.slow
 def test_under_shard_map():
     """The same transformation inside jax.shard_map over a 4-device mesh (the switch is a
     lax.cond whose branches hold the collectives)."""

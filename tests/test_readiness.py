@@ -224,6 +224,7 @@ def _gpu_check(*args, cwd):
     return subprocess.run(["bash", str(GPU_CHECK), *args], cwd=cwd, env=env, capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_gpu_check_refuses_to_file_a_cpu_table_under_a_gpu_name(tmp_path):
     p = _gpu_check("--out", str(tmp_path / "out"), cwd=tmp_path)
     assert p.returncode == 2 and p.stderr.strip().splitlines() == [

@@ -138,6 +138,7 @@ def test_options_and_bad_input():
 # ----------------------------------------------------------------------------- statistics
 
 
+@pytest.mark.slow
 def test_engine_path_is_unbiased_with_the_shared_variance():
     """avg_i = (1/P) sum_w C(x_w)_i: E = mean_w x_{w,i}; Var = (1/P^2) sum_w (s|x_wi| - x_wi^2),
     s the max over workers (the local-scaler variance is rejected: the test has power)."""
@@ -172,6 +173,7 @@ def force_int8(monkeypatch):
     monkeypatch.setattr(IntSum, "sum_dtype", staticmethod(lambda workers, d, level_max, nbytes: jnp.int8))
 
 
+@pytest.mark.slow
 def test_int8_sum_equals_gather(force_int8):
     trees, keys = _trees(1), jax.random.split(jax.random.PRNGKey(2), 3)
     c = C.terngrad(shared_scale=True)

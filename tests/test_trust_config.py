@@ -138,6 +138,7 @@ def test_a_10mb_list_is_refused_before_it_is_parsed(tmp_path):
     assert peak < 4 * X.MAX_CONFIG_BYTES  # the bytes read, their text, nothing parsed
 
 
+@pytest.mark.slow
 def test_a_long_list_is_refused_while_it_is_read(tmp_path):
     """A list just under the byte limit (300,000 items) stops at item MAX_ITEMS: the composer
     never builds the rest.  Before: every node of the file, then ``check_size`` refused it."""

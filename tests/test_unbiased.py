@@ -66,6 +66,7 @@ def _sq(a):
 
 
 @pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.slow
 def test_randomk_second_moment(shared):
     """E||C(x) - x||^2 = (d/k - 1)||x||^2 for scaled random-k (Stich et al. 2018)."""
     k = 3
@@ -77,6 +78,7 @@ def test_randomk_second_moment(shared):
     assert not scalar_mean_ok(err, (D / k) * _sq(X))[0]
 
 
+@pytest.mark.slow
 def test_unscaled_randomk_contraction_in_expectation():
     """E||x - C(x)||^2 = (1 - k/d)||x||^2 for unscaled random-k, and E[C(x)] = (k/d) x."""
     k = 3
