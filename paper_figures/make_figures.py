@@ -1,6 +1,6 @@
 """Regenerate the paper figures from a sweep's results directory.
 
-    .venv/bin/cconv sweep experiments/paper_digits.yaml            # -> results/paper_digits/
+    .venv/bin/cconv sweep studies/paper_digits.yaml            # -> results/paper_digits/
     .venv/bin/python paper_figures/make_figures.py results/paper_digits --out paper_figures
 
 Writes (PNG and PDF each), one panel per compressor family, colour = compression ratio, solid =

@@ -1,4 +1,4 @@
-"""The synchronization-modes figure of experiments/sync.yaml: test loss vs simulated time and vs
+"""The synchronization-modes figure of studies/sync.yaml: test loss vs simulated time and vs
 bytes, one panel per mode, equal-speed workers (solid) and 25% stragglers slowed 4x (dashed).
 
     python scripts/sync_figure.py results/sync paper_figures/sync

@@ -640,7 +640,7 @@ def test_a_target_met_at_the_first_logged_step_is_no_recommendation():
 # --------------------------------------------------------------------------- the command
 
 
-QUICK = os.path.join(os.path.dirname(__file__), "..", "experiments", "quickstart.yaml")
+QUICK = os.path.join(os.path.dirname(__file__), "..", "studies", "quickstart.yaml")
 
 
 @pytest.mark.parametrize(

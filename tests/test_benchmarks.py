@@ -13,7 +13,7 @@ from cconv import compressors as C
 # the benchmark suite's smoke run: not in the fast subset (-m 'not slow')
 pytestmark = pytest.mark.slow
 
-RUN = Path(__file__).resolve().parent.parent / "experiments" / "benchmarks" / "run.py"
+RUN = Path(__file__).resolve().parent.parent / "studies" / "benchmarks" / "run.py"
 
 
 @pytest.fixture(scope="module")

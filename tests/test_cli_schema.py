@@ -166,7 +166,7 @@ TEXTS = (
     "docs/*.md",
     "theory/**/*.md",
     "cconv/**/*.py",
-    "experiments/**/*",
+    "studies/**/*",
     "examples/**/*",
     "scripts/*",
     "paper_figures/*.py",

@@ -2,7 +2,7 @@
 fields (declared ``engine_key``, ``config.ENGINE_KEYS``) take their defaults from the engine's
 dataclass, so an engine default is written once; ``build.make_engine_config`` passes the section
 on (no hand-written field list).  What users wrote before keeps meaning the same run: every
-``experiments/*.yaml`` loads to the configs (digest and ``config.yaml`` text) it loaded to before,
+``studies/*.yaml`` loads to the configs (digest and ``config.yaml`` text) it loaded to before,
 and a run directory whose ``config.yaml`` was written before (``tests/stored_configs/``, written by
 main at e238e22 from ``STORED`` below) still resumes."""
 
@@ -202,24 +202,24 @@ def test_the_engine_gets_its_section_as_configured(name):
             assert _tuple(getattr(ecfg, k)) == _tuple(getattr(cfg, k)), k
 
 
-# experiments/*.yaml: (configs, sha256 of [name, digest, to_yaml] per config), from main at e238e22
+# studies/*.yaml: (configs, sha256 of [name, digest, to_yaml] per config), from main at e238e22
 EXPERIMENTS = {
-    "experiments/frontier_digits.yaml": (12, "266f6136db0b2425"),  # + 1-bit and 0/1 Adam (issue 37)
-    "experiments/onebit_adam_digits.yaml": (1, "d2f15b6397cfc2b8"),
-    "experiments/paper_digits.yaml": (31, "36f7cd115f617c00"),
+    "studies/frontier_digits.yaml": (12, "266f6136db0b2425"),  # + 1-bit and 0/1 Adam (issue 37)
+    "studies/onebit_adam_digits.yaml": (1, "d2f15b6397cfc2b8"),
+    "studies/paper_digits.yaml": (31, "36f7cd115f617c00"),
     # the quickstart shows the defaults: 6537a7aa5e84fa02 until 1-D tensors became dense by default (issue 35)
-    "experiments/quickstart.yaml": (29, "67ac1b4402391def"),
-    "experiments/seeds_bench.yaml": (1, "a256bfc11b40dc3a"),
-    "experiments/sync.yaml": (20, "9e34969bac845ced"),
-    "experiments/wire_formats.yaml": (11, "ef9550c61468fbb2"),
+    "studies/quickstart.yaml": (29, "67ac1b4402391def"),
+    "studies/seeds_bench.yaml": (1, "a256bfc11b40dc3a"),
+    "studies/sync.yaml": (20, "9e34969bac845ced"),
+    "studies/wire_formats.yaml": (11, "ef9550c61468fbb2"),
 }
 
 # files that gained points since: their first points still load to what they loaded to at e238e22
-BEFORE_ADDITIONS = {"experiments/frontier_digits.yaml": (10, "7b99085cb6635a1c")}
+BEFORE_ADDITIONS = {"studies/frontier_digits.yaml": (10, "7b99085cb6635a1c")}
 
 
 def test_every_experiment_file_is_pinned():
-    found = glob.glob("experiments/*.yaml", root_dir=ROOT)
+    found = glob.glob("studies/*.yaml", root_dir=ROOT)
     assert sorted(found) == sorted(EXPERIMENTS)
 
 

@@ -172,9 +172,9 @@ def test_every_test_a_page_names_exists():
 
 
 def test_readme_advise_table_is_the_committed_validation():
-    """The README's table of the advisor's validation is made from experiments/advise/results.json
-    (``python experiments/advise/readme.py`` prints it)."""
-    mod = _load("advise_readme", os.path.join(ROOT, "experiments/advise/readme.py"))
+    """The README's table of the advisor's validation is made from studies/advise/results.json
+    (``python studies/advise/readme.py`` prints it)."""
+    mod = _load("advise_readme", os.path.join(ROOT, "studies/advise/readme.py"))
     text = open(README, encoding="utf-8").read()
     block = text.split("<!-- BEGIN advise-validation -->\n")[1].split("\n<!-- END advise-validation -->")[0]
     assert block == mod.table(mod.load())
@@ -203,7 +203,7 @@ def test_command_one_installs_the_main_job_only_and_ci_installs_the_browser():
     readme = open(README, encoding="utf-8").read()
     commands = re.findall(r"^```bash\n(bash scripts/setup.sh[^\n]*)\n```", readme, re.M)
     assert commands == [
-        "bash scripts/setup.sh && .venv/bin/cconv sweep experiments/quickstart.yaml",
+        "bash scripts/setup.sh && .venv/bin/cconv sweep studies/quickstart.yaml",
         'bash scripts/setup.sh tests && .venv/bin/python -m pytest -q -n 2 -m "not extended"',
     ]
     for page in ("getting_started.md", "index.md"):  # the guide and the site's landing page

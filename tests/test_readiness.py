@@ -253,7 +253,7 @@ def test_gpu_check_dry_run_writes_every_table(tmp_path):
 
 def test_gpu_check_names_and_full_sweep():
     spec = importlib.util.spec_from_file_location(
-        "gpu_check", GPU_CHECK.parent.parent / "experiments/benchmarks/gpu_check.py"
+        "gpu_check", GPU_CHECK.parent.parent / "studies/benchmarks/gpu_check.py"
     )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

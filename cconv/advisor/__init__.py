@@ -1,6 +1,6 @@
 """``cconv advise``: which compression method, synchronization and schedule reaches a target
 soonest on a given cluster, predicted from short probes of the user's own task and the systems
-simulator, with intervals, and checked against full runs (``--verify``, ``experiments/advise``).
+simulator, with intervals, and checked against full runs (``--verify``, ``studies/advise``).
 
 Modules, one concept each: ``target`` (METRIC=VALUE), ``space`` (the candidates), ``probes``
 (short runs through the runner), ``extrapolate`` (steps to target from a curve), ``timing``

@@ -31,7 +31,7 @@ extrapolation)::
 * ``var_family``: the spread of log t* over the families whose held-out error is within
   ``family_slack`` of the best (model uncertainty; Domhan et al.'s ensemble in two lines);
 * the extrapolation term grows with how far past the curve's last step t_end the target lies.
-``z``, ``kappa`` and ``kappa_slow`` are set on the tuning tasks of ``experiments/advise/validate.py``
+``z``, ``kappa`` and ``kappa_slow`` are set on the tuning tasks of ``studies/advise/validate.py``
 and checked on the held-out ones there (``cconv.advisor.extrapolate``).
 """
 

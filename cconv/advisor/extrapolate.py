@@ -14,7 +14,7 @@ further, e.g. a race's survivor), with the interval on log t*::
 curve's rate of progress falls as it goes (a sum of exponentials' fast modes die out; compression's
 slowdown shows after the first steps), so a short curve's families err mostly towards too few steps.
 ``z``, ``kappa`` and ``kappa_slow`` are set on the tuning tasks of
-``experiments/advise/validate.py --calibrate`` and checked on the held-out tasks there.
+``studies/advise/validate.py --calibrate`` and checked on the held-out tasks there.
 
 No prediction (``Prediction.ok`` is False) when: a seed diverged (``cconv.experiments.divergence``:
 non-finite, or a training loss above 10x its first step's; ``diverged``); no family that can be
@@ -68,7 +68,7 @@ class Settings(NamedTuple):
 
     min_points: int = 5
     holdout: int = 3
-    z: float = 1.25  # set with the kappas on the validation's tuning tasks (experiments/advise/validate.py --calibrate)
+    z: float = 1.25  # set with the kappas on the validation's tuning tasks (studies/advise/validate.py --calibrate)
     kappa: float = 0.0
     kappa_slow: float = 0.3  # the slow side's extra widening with the extrapolation
     family_slack: float = 1.5  # families within this factor of the best held-out error count in var_family

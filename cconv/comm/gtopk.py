@@ -111,7 +111,7 @@ def merge_topk_by_sort(va, ia, vb, ib, k: int):
     """The merge gTop-k used before the merge path: a stable argsort of the 2k (index, value)
     pairs, a segment sum of equal indices, ``lax.top_k`` of the magnitudes, a sort of the winners.
     Kept as the reference ``merge_sorted_topk`` must equal bit for bit (tests) and as the
-    "before" of ``experiments/benchmarks/gtopk_merge.py``."""
+    "before" of ``studies/benchmarks/gtopk_merge.py``."""
     idx, val = jnp.concatenate([ia, ib]), jnp.concatenate([va, vb])
     order = jnp.argsort(idx, stable=True)
     idx, val = idx[order], val[order]

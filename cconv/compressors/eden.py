@@ -114,7 +114,7 @@ THEORY = Theory(wire_bytes=wire_bytes, bound=bound)
 # decompress each): a transform pass costs ~6 read floors on XLA:CPU (the 16 x 16 contraction is
 # compute-bound: the whole transform measured 30-37x at D = 2^20 for every radix 2..32), times
 # the passes at d = 10^6 (D = 2^20: 5), plus ~8 for the scale, quantization, packing and the
-# sign draw.  Measured (experiments/benchmarks/run.py --parts a --sizes 1e6, 2-core CPU,
+# sign draw.  Measured (studies/benchmarks/run.py --parts a --sizes 1e6, 2-core CPU,
 # 2026-11-27): eden compress 58x / decompress 32x, drive 37x / 64x.
 ROTATION_X = 6.0 * rotation.passes(10**6) + 8.0
 

@@ -5,7 +5,7 @@ Threefry-2x32 hash on CPU as a rolled ``fori_loop`` of 5 iterations (to keep com
 short), and every iteration materialises two d-sized uint32 arrays: at d = 10^7 drawing the
 uniforms costs about 50-60x a read of the gradient.  Written out as its 20 rounds of add /
 rotate / xor, the same hash fuses into one elementwise loop: about 10x (measured in
-``experiments/benchmarks``), with the same bits.
+``studies/benchmarks``), with the same bits.
 
 ``bits(key, shape)`` and ``uniform(key, shape)`` return exactly what ``jax.random.bits`` (uint32)
 and ``jax.random.uniform`` (float32 in [0, 1)) return for the same key, for Threefry keys (raw

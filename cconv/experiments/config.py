@@ -301,7 +301,7 @@ def _engine_defaults(cls: type) -> type:
 
 def _launchers() -> list[str]:
     # the runner is one process: launchers that need one process per worker (mpirun) are for the
-    # engine API (experiments/cluster/), not for `cconv run`
+    # engine API (studies/cluster/), not for `cconv run`
     return [n for n, cls in LAUNCHERS.items() if not cls.one_process_per_worker]
 
 
@@ -328,7 +328,7 @@ class RunConfig:
     checks take, and they compare equal to the dicts and lists tests write; read-only views
     (``MappingProxyType``, tuples) would need a thaw in each of those and would change equality with
     lists.  ``from_dict`` deep-copies its input, so a RunConfig shares no container with its
-    caller (``tests/test_config_schema.py``); nothing in cconv, its tests or experiments/ writes
+    caller (``tests/test_config_schema.py``); nothing in cconv, its tests or studies/ writes
     into one (grep, when it was frozen): a builder that needs a changed value makes a new one.
     """
 

@@ -22,7 +22,7 @@
   for small delta (gamma* ~ delta rho^2 / (16 rho + rho^2 + 4 beta^2 + 2 rho beta^2)); its graph
   factor is the conservative part (gamma* = 0.004 for exact gossip on a ring of 8, where gamma =
   1 is plain D-PSGD).  gamma = delta keeps the proportionality, is 1 without compression, and
-  measured on ``experiments/quickstart.yaml``'s task (ring of 8, top-k 10 %, delta = 0.1, 150
+  measured on ``studies/quickstart.yaml``'s task (ring of 8, top-k 10 %, delta = 0.1, 150
   steps; ``tests/test_trust_config.py``): gamma = 1 diverges (loss 1491), 0.5 / 0.3 / 0.1 reach
   0.150 / 0.146 / 0.131.  Without a contraction (unbiased with w >= 1 unscaled: x_hat's error
   grows by w per step whatever gamma is; signSGD, DGC, threshold, PowerSGD) there is no safe

@@ -12,7 +12,7 @@ hyper-parameters), ``layer_costs`` gives the ``schedules.LayerCost`` the simulat
 * ``compress_s`` = x_c(d) F(d) + launch, ``decompress_s`` = m x_d(d) F(d) + launch, where
   F(d) = 4 d / B is the device's memory *read floor* (one read of the fp32 gradient at memory
   bandwidth B), x_c and x_d are cconv's measured compress and decompress times as multiples of
-  the read floor on the benchmark machine (``experiments/benchmarks/results/*.json``, part (a),
+  the read floor on the benchmark machine (``studies/benchmarks/results/*.json``, part (a),
   rows named by the registry entry, interpolated log-linearly in d between the measured sizes
   1e5 ... 2.5e7 and held constant outside; a compressor without a row gets an estimate and a
   warning, ``estimated_rows``), ``launch`` a fixed per-operation cost (GPU kernel
@@ -52,7 +52,7 @@ from cconv.theory.devices import LAUNCH_S, Device
 from cconv.theory.profiles import FLOAT_BYTES, Profile
 from cconv.theory.schedule.schedules import LayerCost
 
-RESULTS = Path(__file__).resolve().parents[3] / "experiments" / "benchmarks" / "results"
+RESULTS = Path(__file__).resolve().parents[3] / "studies" / "benchmarks" / "results"
 DEFAULT_BENCH = RESULTS / "cpu-tuned-malloc.json"
 RTX2080TI_MEM_BW = 616e9  # bytes/s: 352-bit GDDR6 at 14 Gb/s (NVIDIA's specification)
 

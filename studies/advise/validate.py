@@ -1,0 +1,658 @@
+"""Validate ``cconv advise`` against full runs on six tasks whose learning curves differ in shape.
+
+For every task, each of 8 candidates is trained for the config's full step budget with 3 seeds
+(vmapped, as the advisor trains them) and a metric line at every step: the ground truth, cached
+under ``--out``.  Each candidate's seconds per step on the target cluster come from the advisor's
+own timing (``cconv.advisor.steptime``), measured once and cached with the runs.
+
+The advisor's race (``cconv.advisor.race``) is then replayed on those runs: a race's probe *is*
+the first steps of the full run (the same config, seeds and batches; the advisor pauses and
+resumes it), so ``observe`` reads the full run's curve up to the step asked, at the metric-line
+interval the advisor would use.  Its predictions (``cconv.advisor.api.predictions``) are scored
+against the full runs:
+
+* Kendall tau between the advisor's order (``ranking.seen_time``: observed times, predicted
+  intervals' slow ends) and the actual times to target (steps x seconds per step) over all 8
+  candidates (flagged or never reaching: last, tied);
+* top-1 regret: actual time of the advisor's recommendation / the best actual time;
+* coverage: the share of ranked candidates whose actual steps to target lie in the interval, and
+  the median interval width hi/lo -- over all ranked rows and over the predicted (not observed)
+  ones alone;
+* wall time (``--wall``): ``cconv advise`` vs ``cconv run`` of one dense run, each in a fresh
+  process, interleaved, compilation included.
+
+Tasks used to set the extrapolation's constants (``--calibrate``: z, kappa and kappa_slow of
+``cconv.advisor.extrapolate.Settings``) are ``TUNE``; the others (``HELD_OUT``) are in no choice
+and are reported separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SEEDS, WORKERS, CLUSTER = 3, 8, "1x8"
+GOALS = {"tau": 0.7, "regret": 1.10, "coverage": 0.70, "width": 3.0, "wall_ratio": 1.5}
+# compress_vectors pinned: the full runs behind results.json (results/advise-validation, the ground truth)
+# were made when 1-D tensors (biases, norm scales) were compressed too, the default until 2026-11-27
+# (today's default: dense); pinned, the cached runs keep their digests and the probes match them
+COMMON = dict(
+    workers=WORKERS, optimizer={"name": "sgd"}, seed=0, launcher="vmap", checkpoint_every=100000, compress_vectors=True
+)
+
+TASKS = {
+    "digits": dict(  # plain SGD, MLP: a power law after a short transient
+        base=dict(COMMON, model={"name": "mlp", "hidden": [64]}, data="digits", batch_size=128, lr=0.1, steps=300),
+        target="test_accuracy=0.92",
+    ),
+    "mnist1d": dict(  # momentum SGD, CNN: an S-shaped start
+        base=dict(
+            COMMON,
+            model={"name": "cnn", "channels": [8], "hidden": 32},
+            data={"name": "mnist1d", "num_samples": 4000},
+            batch_size=128,
+            lr=0.05,
+            optimizer={"name": "sgd", "momentum": 0.9},
+            steps=300,
+        ),
+        target="test_accuracy=0.5",
+    ),
+    "noniid": dict(  # momentum SGD, CNN, label-skewed Dirichlet(0.3) partition over the workers
+        base=dict(
+            COMMON,
+            model={"name": "cnn", "channels": [8], "hidden": 32},
+            data={"name": "digits", "partition": "dirichlet", "alpha": 0.3},
+            batch_size=128,
+            lr=0.05,
+            optimizer={"name": "sgd", "momentum": 0.9},
+            steps=300,
+        ),
+        target="test_accuracy=0.95",
+    ),
+    "lsq": dict(  # convex least squares: a sum of exponentials, a loss target
+        base=dict(
+            COMMON,
+            model={"name": "linear"},
+            data={"name": "least_squares", "dim": 64, "cond": 30.0, "noise": 0.05},
+            batch_size=64,
+            lr=0.05,
+            steps=200,
+        ),
+        target="test_loss=0.07",
+    ),
+    "text": dict(  # Adam, a byte-level transformer
+        base=dict(
+            COMMON,
+            model={"name": "transformer", "d_model": 32, "layers": 1, "heads": 2},
+            data={"name": "text", "seq_len": 32, "max_bytes": 65536},
+            batch_size=32,
+            lr=0.003,
+            optimizer={"name": "adam"},
+            steps=160,
+        ),
+        target="test_loss=2.4",
+    ),
+    "bn": dict(  # BatchNorm ResNet, momentum, linear warm-up then cosine decay
+        base=dict(
+            COMMON,
+            model={"name": "resnet", "depth": 8, "width": 8},
+            data="digits",
+            batch_size=128,
+            lr=0.2,
+            optimizer={"name": "sgd", "momentum": 0.9},
+            lr_warmup=40,
+            lr_schedule="cosine",
+            steps=200,
+        ),
+        target="test_accuracy=0.975",
+    ),
+}
+TUNE = ("digits", "mnist1d", "noniid", "lsq")
+HELD_OUT = ("text", "bn")
+
+SPACE = {  # 8 candidates: compressors, ratios, error feedback on and off, and local SGD (non-BSP)
+    "compressors": ["none"],
+    "memory": ["none"],
+    "sync": ["bsp"],
+    "include": [
+        {"compressor": {"name": "topk", "ratio": 0.1}, "memory": "ef"},
+        {"compressor": {"name": "topk", "ratio": 0.01}, "memory": "ef"},
+        {"compressor": {"name": "randomk", "ratio": 0.1, "scaled": False}, "memory": "ef"},
+        {"compressor": "signsgd", "memory": "ef"},
+        {"compressor": "signsgd"},
+        {"compressor": {"name": "qsgd", "levels": 4}},
+        {"local_steps": 4},
+    ],
+}
+
+
+def plan_of(task: str, out: str):
+    """The advisor's own Plan for the task (its validated candidates, target, cluster)."""
+    from cconv.advisor import api
+
+    spec = TASKS[task]
+    config = dict(spec["base"], advise=dict(SPACE, target=spec["target"]))
+    return api.prepare(config, CLUSTER, seeds=SEEDS, out=os.path.join(out, task, "_plan"))
+
+
+def ground_truth(task: str, out: str, only: list | None = None) -> dict:
+    """{candidate: {"steps", "values" (seeds x steps), "diverged", "step_s"}}: every candidate's full
+    run (metric line every step), resumed when present, and its seconds per step on the cluster."""
+    from cconv.advisor import api, probes, steptime
+
+    cache = os.path.join(out, task, "truth.json")
+    if os.path.exists(cache) and only is None:
+        with open(cache) as fh:
+            return json.load(fh)
+    plan = plan_of(task, out)
+    res, profile = {}, None
+    for i, c in enumerate(plan.candidates):
+        if only is not None and i not in only:
+            continue
+        cfg = probes.probe_config(plan.base, c, SEEDS, WORKERS, 1, plan.rules)
+        pr = probes.build(cfg, c, os.path.join(out, task, probes.slug(c.name)))
+        t = time.perf_counter()
+        prog = probes.train_to(pr, cfg.steps)
+        profile = profile or steptime.profile_of(pr.problem)
+        st = steptime.step_times(pr.problem, plan.cluster, plan.space.schedules, profile)
+        curve = prog.curve(pr.problem.seeds, plan.target.metric)
+        res[c.name] = dict(
+            steps=curve.steps.tolist(),
+            values=np.where(np.isfinite(curve.values), curve.values, np.nan).tolist(),
+            diverged=prog.diverged,
+            step_s=min(s.step_s for s in st),
+        )
+        print(f"  {task} {c.name}: {prog.status} ({time.perf_counter() - t:.0f} s)", flush=True)
+    if only is None:
+        with open(cache, "w") as fh:
+            json.dump(res, fh)
+    del api
+    return res
+
+
+def step_seconds(task: str, out: str) -> dict:
+    """{candidate: seconds per step on the cluster} from the advisor's timing model (each candidate
+    built, not trained), cached in ``<out>/<task>/timing.json``; replaces the full runs' step_s."""
+    from cconv.advisor import probes, steptime
+
+    cache = os.path.join(out, task, "timing.json")
+    if os.path.exists(cache):
+        with open(cache) as fh:
+            return json.load(fh)
+    plan = plan_of(task, out)
+    res, profile = {}, None
+    for c in plan.candidates:
+        cfg = probes.probe_config(plan.base, c, SEEDS, WORKERS, 1, plan.rules)
+        pr = probes.build(cfg, c, os.path.join(out, task, probes.slug(c.name)))
+        profile = profile or steptime.profile_of(pr.problem)
+        times = steptime.step_times(pr.problem, plan.cluster, plan.space.schedules, profile)
+        res[c.name] = min(s.step_s for s in times)
+    with open(cache, "w") as fh:
+        json.dump(res, fh)
+    return res
+
+
+def _curve(d: dict):
+    from cconv.advisor.extrapolate import Curve
+
+    return Curve(np.asarray(d["steps"], float), np.asarray(d["values"], float))
+
+
+def diverged_by(d: dict, steps: int) -> str | None:
+    """The divergence rule's reason if a seed of this full run had diverged by ``steps``."""
+    if not d["diverged"]:
+        return None
+    v = np.asarray(d["values"], float)
+    cut = np.asarray(d["steps"], float) <= steps
+    return d["diverged"] if np.any(np.isnan(v[:, cut]) | ~np.isfinite(v[:, cut])) or cut.all() else None
+
+
+_RACES: dict = {}  # (task, budget, seeds) -> (truth, its replayed race): the race does not depend on the extrapolation
+
+
+def replay(task: str, truth: dict, target, steps: int, budget: float = 1.0, settings=None, seeds: int = SEEDS):
+    """The advisor's race and predictions on the full runs (module docstring); ``seeds`` < SEEDS:
+    the race sees only the first ``seeds`` seeds' curves (the truth stays the mean of all)."""
+    from cconv.advisor import api
+    from cconv.advisor.extrapolate import Settings
+
+    key = (task, budget, seeds)
+    if key not in _RACES or _RACES[key][0] is not truth:
+        _RACES[key] = (truth, _race(truth, target, steps, budget, seeds))
+    result = _RACES[key][1]
+    return result, api.predictions(result, target, settings or Settings())
+
+
+def _race(truth: dict, target, steps: int, budget: float, seeds: int):
+    from cconv.advisor import api, race
+    from cconv.advisor.extrapolate import Curve
+
+    arms = [race.Arm(n, d["step_s"]) for n, d in truth.items()]
+    if len(arms) * race.MIN_STEPS > budget * steps:  # what ``cconv advise`` refuses (``api.prepare``)
+        raise ValueError(f"{len(arms)} candidates need {len(arms) * race.MIN_STEPS} steps, budget {budget * steps:.0f}")
+    every = api.log_every(int(budget * steps), steps, arms)
+
+    def observe(name: str, upto: int) -> race.Observation:
+        c = _curve(truth[name])
+        keep = (c.steps <= upto) & ((c.steps % every == 0) | (c.steps == steps))
+        cut = Curve(c.steps[keep], c.values[:seeds][:, keep])
+        why = diverged_by(truth[name], upto)
+        trained = int(min(upto, np.nanmax(c.steps[np.isfinite(c.values).all(0)], initial=0) if why else upto))
+        return race.Observation(cut, trained, why)
+
+    result = race.race(arms, observe, target, steps, int(budget * steps))
+    return race.refine(result, api.unranked(result, target, steps), observe, target, steps)  # as ``cconv advise``
+
+
+def actual_steps(d: dict, target) -> float:
+    from cconv.advisor.extrapolate import first_crossing
+
+    c = _curve(d)
+    if not np.all(np.isfinite(c.values)):
+        return math.inf
+    hit = first_crossing(c.steps, c.values.mean(0), target)
+    return hit[0] if hit else math.inf
+
+
+def score(task: str, truth: dict, target, steps: int, budget: float = 1.0, settings=None, seeds: int = SEEDS) -> dict:
+    """Kendall tau, regret, coverage and width of the replayed advice (module docstring)."""
+    from scipy.stats import kendalltau
+
+    result, preds = replay(task, truth, target, steps, budget, settings, seeds)
+    rows, big = [], 1e12
+    for name, d in truth.items():
+        p, act = preds[name], actual_steps(d, target)
+        ranked = p.ok and p.steps <= steps
+        rows.append(
+            dict(
+                candidate=name,
+                status=p.status,
+                reason=p.reason,
+                family=p.family,
+                predicted=p.steps if ranked else math.nan,
+                lo=p.lo,
+                hi=p.hi,
+                actual=act,
+                step_s=d["step_s"],
+                observed=p.observed,
+            )
+        )
+    # the order the advisor shows (ranking.seen_time): observed times, predicted intervals' slow ends
+    pt = np.array(
+        [
+            (r["predicted"] if r["observed"] else r["hi"]) * r["step_s"] if math.isfinite(r["predicted"]) else big
+            for r in rows
+        ]
+    )
+    at = np.array([r["actual"] * r["step_s"] if math.isfinite(r["actual"]) else big for r in rows])
+    tau = float(kendalltau(pt, at).statistic)
+    pick = int(np.argmin(pt))
+    if pt[pick] >= big:
+        regret, pick_name = math.nan, "no recommendation"
+    else:
+        regret = float(at[pick] / at.min()) if at[pick] < big else math.inf
+        pick_name = rows[pick]["candidate"]
+    checked = [r for r in rows if math.isfinite(r["predicted"]) and math.isfinite(r["actual"])]
+    inside = [r["lo"] <= r["actual"] <= r["hi"] for r in checked]
+    widths = [r["hi"] / max(r["lo"], 1e-12) for r in checked]
+    pred_only = [r for r in checked if not r["observed"]]
+    return dict(
+        budget=budget,
+        spent=result.spent / steps,
+        rungs=len(result.rungs),
+        tau=tau,
+        regret=regret,
+        pick=pick_name,
+        coverage=float(np.mean(inside)) if inside else math.nan,
+        width=float(np.median(widths)) if widths else math.nan,
+        checked=len(checked),
+        observed=sum(r["observed"] for r in checked),
+        coverage_predicted=float(np.mean([r["lo"] <= r["actual"] <= r["hi"] for r in pred_only]))
+        if pred_only
+        else math.nan,
+        width_predicted=float(np.median([r["hi"] / max(r["lo"], 1e-12) for r in pred_only])) if pred_only else math.nan,
+        ranked=sum(math.isfinite(r["predicted"]) for r in rows),
+        rows=rows,
+    )
+
+
+ZS = (0.5, 0.75, 1.0, 1.25, 1.5)
+KAPPAS = tuple(round(0.1 * i, 1) for i in range(11))
+KAPPAS_SLOW = (0.0, 0.1, 0.2, 0.3)
+
+
+def _target(task: str, out: str):
+    from cconv.advisor import target as T
+
+    return T.parse(TASKS[task]["target"])
+
+
+def _met(b: dict) -> tuple:
+    """(tau, regret, intervals) goals met by one task's score (the interval goal: coverage and width)."""
+    return (
+        b["tau"] >= GOALS["tau"],
+        b["regret"] <= GOALS["regret"],
+        b["coverage"] >= GOALS["coverage"] and b["width"] <= GOALS["width"],
+    )
+
+
+def calibrate(truths: dict, out: str, seeds: int = SEEDS):
+    """The (z, kappa, kappa_slow) that meets all the goals (Kendall tau, regret, and the interval
+    goal: coverage >= 70 % with median width <= 3) on the most tuning tasks; ties: the most goals
+    met over the tuning tasks, the larger worst coverage, then the narrower median width.  The slow
+    side's widening moves the interval's slow end, by which predicted rows are ranked, so the
+    ranking's goals are in the choice too."""
+    from cconv.advisor.extrapolate import Settings
+
+    best = None
+    for z, k, ks in itertools.product(ZS, KAPPAS, KAPPAS_SLOW):
+        st = Settings(z=z, kappa=k, kappa_slow=ks)
+        scores = [
+            score(t, truths[t], _target(t, out), TASKS[t]["base"]["steps"], settings=st, seeds=seeds)
+            for t in TUNE
+            if t in truths
+        ]
+        covs = [b["coverage"] if math.isfinite(b["coverage"]) else 0.0 for b in scores]
+        widths = [b["width"] if math.isfinite(b["width"]) else math.inf for b in scores]
+        met = [_met(b) for b in scores]
+        key = (sum(all(m) for m in met), sum(map(sum, met)), min(covs), -float(np.median(widths)))
+        if best is None or key > best[0]:
+            best = (key, st)
+    return best[1] if best else Settings()
+
+
+_METERED = (
+    "import json, sys\n"
+    "from cconv.experiments.compiletime import CompileMeter\n"
+    "from cconv.cli import main\n"
+    "with CompileMeter() as m:\n"
+    "    rc = main(sys.argv[2:])\n"
+    "json.dump({'compile_s': m.seconds, 'programs': m.programs, 'blocked_s': m.blocked}, open(sys.argv[1], 'w'))\n"
+    "sys.exit(rc)\n"
+)
+
+
+def wall_times(task: str, out: str, repeats: int = 1) -> dict:
+    """``cconv advise`` (default budget) vs ``cconv run`` of the dense config (1 seed), each a fresh
+    process, alternated, compilation included; and of each, the seconds spent building programs
+    (``CompileMeter``: summed over the threads that built them), the programs built, and the time
+    the main thread lost to building (``blocked_s``: its own builds and waits; the advisor's race
+    trains in other threads, so this is not the race's loss).  Cached in ``<out>/<task>/wall.json``."""
+    import yaml
+
+    cache = os.path.join(out, task, "wall.json")
+    if os.path.exists(cache):
+        with open(cache) as fh:
+            return json.load(fh)
+    spec = TASKS[task]
+    d = os.path.join(out, task, "_wall")
+    os.makedirs(d, exist_ok=True)
+    cfg_path = os.path.join(d, "config.yaml")
+    with open(cfg_path, "w") as fh:
+        yaml.safe_dump(dict(spec["base"], advise=dict(SPACE, target=spec["target"])), fh)
+    res: dict = {f"{k}_{m}": [] for k in ("advise", "dense") for m in ("s", "compile_s", "programs", "blocked_s")}
+    for i in range(repeats):
+        for kind in ("dense", "advise"):
+            run_out = os.path.join(d, f"{kind}-{i}")
+            shutil.rmtree(run_out, ignore_errors=True)  # a finished run would be resumed: nothing measured
+            meter = os.path.join(d, f"{kind}-{i}.compile.json")
+            args = (
+                ["run", cfg_path, "--out", run_out]
+                if kind == "dense"
+                else ["advise", cfg_path, "--cluster", CLUSTER, "--seeds", str(SEEDS), "--out", run_out]
+            )
+            t = time.perf_counter()
+            subprocess.run(
+                [sys.executable, "-c", _METERED, meter, *args],
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            res[f"{kind}_s"].append(time.perf_counter() - t)
+            with open(meter) as fh:
+                m = json.load(fh)
+            res[f"{kind}_compile_s"].append(m["compile_s"])
+            res[f"{kind}_programs"].append(m["programs"])
+            res[f"{kind}_blocked_s"].append(m["blocked_s"])
+    res = {k: float(np.median(v)) for k, v in res.items()}
+    res["ratio"] = res["advise_s"] / res["dense_s"]
+    with open(cache, "w") as fh:
+        json.dump(res, fh)
+    return res
+
+
+def _f(x, fmt: str = "{:.2f}") -> str:
+    if isinstance(x, float) and math.isinf(x):
+        return "inf"
+    return fmt.format(x) if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"
+
+
+def _goal_marks(b: dict, wall: dict | None) -> str:
+    miss = []
+    if not b["tau"] >= GOALS["tau"]:
+        miss.append("tau")
+    if not b["regret"] <= GOALS["regret"]:
+        miss.append("regret")
+    if not b["coverage"] >= GOALS["coverage"]:
+        miss.append("coverage")
+    if not b["width"] <= GOALS["width"]:
+        miss.append("width")
+    if wall and not wall["ratio"] <= GOALS["wall_ratio"]:
+        miss.append("wall")
+    return "all met" if not miss else "missed: " + ", ".join(miss)
+
+
+def markdown(results: list, settings, command: str) -> str:
+    lines = [
+        "# `cconv advise` validation (generated by studies/advise/validate.py)",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Goals at the default budget (one dense run of training steps), on every task: Kendall tau >= "
+        f"{GOALS['tau']}, top-1 regret <= {GOALS['regret']}, coverage >= {GOALS['coverage']:.0%} with median "
+        f"interval width (hi/lo) <= {GOALS['width']:g}, wall time <= {GOALS['wall_ratio']}x one dense run. "
+        f"Extrapolation constants set on the tuning tasks ({', '.join(TUNE)}): z = {settings.z}, "
+        f"kappa = {settings.kappa}, kappa_slow = {settings.kappa_slow}; {', '.join(HELD_OUT)} are held out of "
+        "every choice.",
+        "",
+        "| task | set | target | Kendall tau | regret (pick) | coverage | width | predicted rows: coverage, width "
+        "| observed | spent | wall (advise / dense) | goals |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        b, w = r["score"], r.get("wall")
+        wall = f"{w['ratio']:.1f}x ({w['advise_s']:.0f} s / {w['dense_s']:.0f} s)" if w else "-"
+        if w:
+            wall += (
+                f"; programs built {w['advise_programs']:.0f} (in {w['advise_compile_s']:.0f} s, "
+                f"summed over threads) / {w['dense_programs']:.0f} (in {w['dense_compile_s']:.0f} s)"
+            )
+        lines.append(
+            f"| {r['task']} | {'held out' if r['task'] in HELD_OUT else 'tuning'} | {r['target']} | {_f(b['tau'])} | "
+            f"{_f(b['regret'])} ({b['pick']}) | {_f(b['coverage'], '{:.0%}')} ({b['checked']}) | {_f(b['width'])} | "
+            f"{_f(b['coverage_predicted'], '{:.0%}')}, {_f(b['width_predicted'])} | {b['observed']} of "
+            f"{b['ranked']} | {b['spent']:.2f} | {wall} | {_goal_marks(b, w)} |"
+        )
+    lines += ["", "Per candidate (predicted or observed [interval] vs actual steps to target, family):", ""]
+    for r in results:
+        lines.append(f"- **{r['task']}**")
+        for row in r["score"]["rows"]:
+            if math.isfinite(row["predicted"]):
+                how = "observed" if row["observed"] else f"{row['family']}"
+                pred = f"{row['predicted']:.0f} [{row['lo']:.0f}, {row['hi']:.0f}] ({how})"
+            else:
+                pred = f"{row['status']} ({row['reason'][:90]})"
+            act = f"{row['actual']:.0f}" if math.isfinite(row["actual"]) else "not reached"
+            lines.append(f"  - {row['candidate']}: {pred}; actual {act}")
+    return "\n".join(lines) + "\n"
+
+
+def figure(results: list, path: str) -> None:
+    """Predicted (or observed) against actual time to target, one panel per task."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import NullFormatter
+
+    n = len(results)
+    cols = 3
+    fig, axes = plt.subplots(
+        (n + cols - 1) // cols,
+        cols,
+        figsize=(5 * cols, 4.4 * ((n + cols - 1) // cols) + 0.8),
+        layout="constrained",
+        squeeze=False,
+    )
+    for ax, r in zip(axes.flat, results):
+        rows, b = r["score"]["rows"], r["score"]
+        acts = [x["actual"] for x in rows if math.isfinite(x["actual"])]
+        his = [x["hi"] for x in rows if math.isfinite(x["predicted"])]
+        top = max([r["steps"] * 1.3, *acts, *his]) * 1.2
+        lo = max(1.0, min([*acts, *[x["lo"] for x in rows if math.isfinite(x["predicted"])], top]) / 2)
+        for x in rows:
+            act = x["actual"] if math.isfinite(x["actual"]) else top
+            if not math.isfinite(x["predicted"]):
+                ax.plot([act], [top], "x", color="0.5")
+                continue
+            inside = x["lo"] <= x["actual"] <= x["hi"]
+            ax.errorbar(
+                act,
+                x["predicted"],
+                yerr=[[x["predicted"] - x["lo"]], [x["hi"] - x["predicted"]]],
+                fmt="s" if x["observed"] else "o",
+                color="C0" if inside else "C3",
+                capsize=2,
+                ms=5,
+            )
+            if x["candidate"] == b["pick"]:
+                ax.plot([act], [x["predicted"]], "o", mfc="none", mec="k", ms=12, mew=1.4)
+        ax.plot([lo, top], [lo, top], "k--", lw=0.8)
+        ax.axvline(r["steps"], color="0.7", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlim(lo, top * 1.1)
+        ax.set_ylim(lo, top * 1.1)
+        ax.set_xlabel("actual steps to target (full runs; right edge: never)")
+        ax.set_ylabel("advisor: observed or predicted")
+        held = " (held out)" if r["task"] in HELD_OUT else ""
+        ax.set_title(
+            f"{r['task']}{held} {r['target']}: tau {_f(b['tau'])}, regret {_f(b['regret'])}, "
+            f"cov {_f(b['coverage'], '{:.0%}')}",
+            fontsize=8,
+        )
+        ax.grid(alpha=0.3, which="both")
+    handles = [
+        Line2D([], [], marker="s", ls="", color="C0", label="observed in the race"),
+        Line2D([], [], marker="o", ls="", color="C0", label="predicted; interval holds the actual"),
+        Line2D([], [], marker="o", ls="", color="C3", label="actual outside the interval"),
+        Line2D([], [], marker="o", ls="", mfc="none", mec="k", ms=10, label="the recommendation"),
+        Line2D([], [], marker="x", ls="", color="0.5", label="not ranked (flagged)"),
+        Line2D([], [], ls="--", color="k", lw=0.8, label="predicted = actual"),
+        Line2D([], [], color="0.7", lw=0.8, label="step budget"),
+    ]
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=9)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _clean(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_clean(v) for v in x]
+    return x
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    ap.add_argument("--out", default=os.path.join("results", "advise-validation"), help="full runs (cached)")
+    ap.add_argument("--truth", action="store_true", help="only train the full runs (resumable) and stop")
+    ap.add_argument("--candidates", help="with --truth: only these candidates (indices), to share the work")
+    ap.add_argument("--calibrate", action="store_true", help="set z, kappa and kappa_slow on the tuning tasks")
+    ap.add_argument("--wall", action="store_true", help="measure advise vs dense wall times (else cached ones)")
+    ap.add_argument("--results", default=HERE, help="where results.json/.md and validation.png go")
+    ap.add_argument(
+        "--seeds", type=int, default=SEEDS, choices=range(1, SEEDS + 1), help="seeds the replayed race sees"
+    )
+    ap.add_argument("--budget", type=float, default=1.0, help="the replayed race's budget (dense runs of steps)")
+    args = ap.parse_args(argv)
+    only = [int(i) for i in args.candidates.split(",")] if args.candidates else None
+    if args.truth:
+        for task in args.tasks:
+            t = time.perf_counter()
+            ground_truth(task, args.out, only)
+            print(f"{task}: ground truth in {time.perf_counter() - t:.0f} s", flush=True)
+        return 0
+    from cconv.advisor.extrapolate import Settings
+
+    truths = {}
+    for t in args.tasks:
+        truths[t] = ground_truth(t, args.out)
+        for name, step_s in step_seconds(t, args.out).items():
+            truths[t][name]["step_s"] = step_s
+    settings = calibrate(truths, args.out, args.seeds) if args.calibrate else Settings()
+    print(f"settings: z={settings.z} kappa={settings.kappa} kappa_slow={settings.kappa_slow}", flush=True)
+    results = []
+    for task in args.tasks:
+        tgt = _target(task, args.out)
+        try:
+            b = score(task, truths[task], tgt, TASKS[task]["base"]["steps"], args.budget, settings, args.seeds)
+        except ValueError as e:
+            print(f"{task}: refused, as cconv advise would: {e}", flush=True)
+            continue
+        wall = (
+            wall_times(task, args.out)
+            if args.wall or os.path.exists(os.path.join(args.out, task, "wall.json"))
+            else None
+        )
+        results.append(dict(task=task, target=str(tgt), steps=TASKS[task]["base"]["steps"], score=b, wall=wall))
+        print(
+            f"{task}: tau {_f(b['tau'])} regret {_f(b['regret'])} ({b['pick']}) cov {_f(b['coverage'])} "
+            f"width {_f(b['width'])} pred-cov {_f(b['coverage_predicted'])} spent {b['spent']:.2f} "
+            f"wall {wall and round(wall['ratio'], 2)}",
+            flush=True,
+        )
+    command = "PYTHONPATH=. python studies/advise/validate.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    os.makedirs(args.results, exist_ok=True)
+    with open(os.path.join(args.results, "results.json"), "w") as fh:
+        json.dump(
+            _clean(
+                dict(
+                    command=command,
+                    goals=GOALS,
+                    settings=settings._asdict(),
+                    tune=TUNE,
+                    held_out=HELD_OUT,
+                    tasks=results,
+                )
+            ),
+            fh,
+            indent=1,
+        )
+    with open(os.path.join(args.results, "results.md"), "w") as fh:
+        fh.write(markdown(results, settings, command))
+    figure(results, os.path.join(args.results, "validation.png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
