@@ -50,7 +50,7 @@ def test_layer_costs_by_hand_under_both_settings():
     dense = CC.layer_costs(_prof(), "topk", 4, DEV, hparams={"ratio": 0.1}, bench=BENCH)
     assert [(lc.name, lc.kind, lc.nbytes, lc.fwd_s, lc.bwd_s) for lc in dense] == [
         ("fc", "allgather", 800.0, 1e-3, 2e-3),
-        ("fc:vectors", "allreduce", 40.0, 0.0, 0.0),
+        ("fc:dense", "allreduce", 40.0, 0.0, 0.0),
     ]
     floor = 4 * 1000 / 1e9  # the compressed matrix's read floor: the bias costs no compression
     assert dense[0].compress_s == pytest.approx(2.0 * floor + 5e-6) and dense[1].compress_s == 0.0

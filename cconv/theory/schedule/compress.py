@@ -267,7 +267,8 @@ def layer_parts(
     (biases, norm scales) travel dense, 4 bytes an element, in an all-reduce, and only its other
     tensors are compressed (``layer_cost`` on their d_c elements); so do the tensors that the
     implementation finds not worth compressing (``_split``: DDP's PowerSGD hook).  The dense bytes join the layer's
-    message where that is an all-reduce too, else they are a second ``LayerCost`` ``NAME:vectors``
+    message where that is an all-reduce too, else they are a second ``LayerCost`` ``NAME:dense``
+    (its 1-D tensors and the tensors not worth compressing)
     (no compute, ready with the layer); a layer of vectors only is one dense all-reduce.  Without
     ``shapes`` (a flat vector standing for the layer) everything is compressed, as ``layer_cost``."""
     real = tuple(tuple(s) for s in shapes)
@@ -277,7 +278,7 @@ def layer_parts(
         return [layer_cost(name, fwd_s, bwd_s, d, method, c, workers, device, bench, real, implementation, share)]
     nd = FLOAT_BYTES * float(sum(math.prod(s) for s in dense))
     out, back = IM.staging_s(impl, "allreduce", nd, workers)
-    vec = LayerCost(f"{name}:vectors", 0.0, 0.0, nd, share * out, share * back, "allreduce")
+    vec = LayerCost(f"{name}:dense", 0.0, 0.0, nd, share * out, share * back, "allreduce")
     if not comp:
         return [vec._replace(name=name, fwd_s=fwd_s, bwd_s=bwd_s)]
     dc = int(sum(math.prod(s) for s in comp))
