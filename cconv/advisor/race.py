@@ -300,8 +300,7 @@ def refine(
     if not arms or left <= 0:
         return result
     t = refine_time(arms, left, max_steps)
-    wants = {s.arm.name: steps_at(s.arm, t, max_steps) for s in arms}
-    wants = {n: w for n, w in wants.items() if w > st[n].steps}
+    wants = {s.arm.name: w for s in arms if (w := steps_at(s.arm, t, max_steps)) > s.steps}
     if not wants:
         return result
     spent = result.spent

@@ -266,10 +266,9 @@ def layer_parts(
     engine's rule (``implementation.split_vectors``): unless ``compress_vectors``, its 1-D tensors
     (biases, norm scales) travel dense, 4 bytes an element, in an all-reduce, and only its other
     tensors are compressed (``layer_cost`` on their d_c elements); so do the tensors that the
-    implementation finds not worth compressing (``_split``: DDP's PowerSGD hook).  The dense bytes join the layer's
-    message where that is an all-reduce too, else they are a second ``LayerCost`` ``NAME:dense``
-    (its 1-D tensors and the tensors not worth compressing)
-    (no compute, ready with the layer); a layer of vectors only is one dense all-reduce.  Without
+    implementation finds not worth compressing (``_split``: DDP's PowerSGD hook).  The dense bytes
+    join the layer's message where that is an all-reduce too, else they are a second ``LayerCost``
+    ``NAME:dense`` (no compute, ready with the layer); a layer of vectors only is one dense all-reduce.  Without
     ``shapes`` (a flat vector standing for the layer) everything is compressed, as ``layer_cost``."""
     real = tuple(tuple(s) for s in shapes)
     impl = IM.get(implementation)
