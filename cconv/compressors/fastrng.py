@@ -5,7 +5,8 @@ Threefry-2x32 hash on CPU as a rolled ``fori_loop`` of 5 iterations (to keep com
 short), and every iteration materialises two d-sized uint32 arrays: at d = 10^7 drawing the
 uniforms costs about 50-60x a read of the gradient.  Written out as its 20 rounds of add /
 rotate / xor, the same hash fuses into one elementwise loop: about 10x (measured in
-``studies/benchmarks``), with the same bits.
+``studies/benchmarks``), with the same bits.  The written-out hash is a jitted function of the
+shape, so a step that draws for many tensors of one shape traces its ~120 operations once.
 
 ``bits(key, shape)`` and ``uniform(key, shape)`` return exactly what ``jax.random.bits`` (uint32)
 and ``jax.random.uniform`` (float32 in [0, 1)) return for the same key, for Threefry keys (raw
@@ -19,6 +20,7 @@ already unrolled), they call ``jax.random`` itself.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -61,12 +63,20 @@ def _raw_threefry_key(key):
     return key
 
 
+@partial(jax.jit, static_argnums=1)
 def _fast_bits(raw, shape):
     n = math.prod(shape)
     lo = lax.iota(jnp.uint32, n).reshape(shape)
     hi = jnp.zeros(shape, jnp.uint32)
     b0, b1 = _threefry2x32(raw[0], raw[1], hi, lo)
     return b0 ^ b1
+
+
+@partial(jax.jit, static_argnums=1)
+def _fast_uniform(raw, shape):
+    b = _fast_bits(raw, shape)
+    f = lax.bitcast_convert_type((b >> np.uint32(9)) | np.uint32(0x3F800000), jnp.float32) - 1.0
+    return jnp.maximum(0.0, f)
 
 
 def _supported(key, shape) -> bool:
@@ -91,9 +101,6 @@ def uniform(key, shape):
         return jax.random.uniform(key, shape, jnp.float32)
     raw = _raw_threefry_key(key)
 
-    def fast(r):
-        b = _fast_bits(r, shape)
-        f = lax.bitcast_convert_type((b >> np.uint32(9)) | np.uint32(0x3F800000), jnp.float32) - 1.0
-        return jnp.maximum(0.0, f)
-
-    return lax.platform_dependent(raw, cpu=fast, default=lambda r: jax.random.uniform(key, shape, jnp.float32))
+    return lax.platform_dependent(
+        raw, cpu=lambda r: _fast_uniform(r, shape), default=lambda r: jax.random.uniform(key, shape, jnp.float32)
+    )

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cconv.compressors import golomb
+from cconv.compressors import golomb, keyed
 from cconv.compressors.base import (
     Array,
     Compressor,
@@ -87,6 +87,12 @@ def sample_indices(key: Array, d: int, k: int) -> Array:
     return sample_k_distinct(jax.random.wrap_key_data(_raw(key)), d, k)
 
 
+def _drawn(raw: Array, d: int, k: int) -> Array:
+    """``sample_indices``, traced once per key array in an exchange (``cconv.compressors.keyed``):
+    compress, error feedback's residual and the aggregation's decoding read the same key."""
+    return keyed.derived(raw, (sample_indices, d, k), lambda: sample_indices(raw, d, k))
+
+
 def _randomk(
     ratio: float | None = None, k: int | None = None, scaled: bool = True, shared: bool = True, positions: str = "int32"
 ) -> Compressor:
@@ -101,12 +107,13 @@ def _randomk(
         flat = x.reshape(-1)
         if kk >= d:
             return DensePayload(flat), state
-        idx = sample_indices(key, d, kk)
+        raw = _raw(key)
+        idx = _drawn(raw, d, kk)
         values = flat[idx]
         if scaled:
             values = values * jnp.asarray(d / kk, x.dtype)
         if shared:
-            return SharedKeyPayload(values, _raw(key)), state
+            return SharedKeyPayload(values, raw), state
         if coded:  # idx is ascending (sample_k_distinct), as gap coding needs
             return golomb.GolombPayload(values, golomb.encode(idx, d)), state
         return SparsePayload(values, idx), state
@@ -115,7 +122,7 @@ def _randomk(
         if isinstance(payload, SharedKeyPayload):
             shape, _ = like_info(like)
             d = size_of(shape)
-            idx = sample_indices(payload.key, d, payload.values.shape[0])
+            idx = _drawn(payload.key, d, payload.values.shape[0])
             return scatter(payload.values, idx, like)
         if isinstance(payload, golomb.GolombPayload):
             return golomb.decompress(payload, like)

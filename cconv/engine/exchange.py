@@ -25,6 +25,7 @@ import numpy as np
 from cconv import compressors as C
 from cconv import memory as M
 from cconv.comm.aggregation import TRANSPORTS, Transport, method_of
+from cconv.compressors import keyed
 from cconv.compressors.base import Compressor, aggregation
 from cconv.engine.config import IDENTITY
 
@@ -152,8 +153,9 @@ def exchange(comm, plan: Plan, tree, state: dict, key):
         it = iter(a.astype(x.dtype) for a, x in zip(avg, dense))
         out = [None if c else next(it) for c in plan.compressed]
     if any(plan.compressed):
-        agg, state = aggregation(plan.mode).aggregate(comm, plan, _units(plan, leaves), state, key)
-        agg, state = _deliver(plan, agg, state)
+        with keyed.once_per_key():  # what a payload regenerates from a shared key: traced once
+            agg, state = aggregation(plan.mode).aggregate(comm, plan, _units(plan, leaves), state, key)
+            agg, state = _deliver(plan, agg, state)
         for i, a in enumerate(_split_units(plan, agg, leaves)):
             if a is not None:
                 out[i] = a.astype(leaves[i].dtype)
