@@ -233,6 +233,12 @@ def replay(task: str, truth: dict, target, steps: int, budget: float = 1.0, sett
     return result, api.predictions(result, target, settings or Settings())
 
 
+def logged(at: np.ndarray, every: int, steps: int) -> np.ndarray:
+    """Which of the steps ``at`` a probe logging every ``every`` steps (``cconv.experiments``'s
+    ``log_every``) writes a metric line at: the multiples of ``every`` and the last step."""
+    return (at % every == 0) | (at == steps)
+
+
 def _race(truth: dict, target, steps: int, budget: float, seeds: int):
     from cconv.advisor import api, race
     from cconv.advisor.extrapolate import Curve
@@ -244,7 +250,7 @@ def _race(truth: dict, target, steps: int, budget: float, seeds: int):
 
     def observe(name: str, upto: int) -> race.Observation:
         c = _curve(truth[name])
-        keep = (c.steps <= upto) & ((c.steps % every == 0) | (c.steps == steps))
+        keep = (c.steps <= upto) & logged(c.steps, every, steps)
         cut = Curve(c.steps[keep], c.values[:seeds][:, keep])
         why = diverged_by(truth[name], upto)
         trained = int(min(upto, np.nanmax(c.steps[np.isfinite(c.values).all(0)], initial=0) if why else upto))
