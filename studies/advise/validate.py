@@ -43,9 +43,9 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEEDS, WORKERS, CLUSTER = 3, 8, "1x8"
 GOALS = {"tau": 0.7, "regret": 1.10, "coverage": 0.70, "width": 3.0, "wall_ratio": 1.5}
-# compress_vectors pinned: the full runs behind results.json (results/advise-validation, the ground truth)
-# were made when 1-D tensors (biases, norm scales) were compressed too, the default until 2026-11-27
-# (today's default: dense); pinned, the cached runs keep their digests and the probes match them
+# compress_vectors pinned: the validation's tasks (and the constants chosen on them) were set when 1-D
+# tensors (biases, norm scales) were compressed too, the default until 2026-11-27; today's default
+# (dense) is validated apart: --dense-vectors (docs/advise.md, studies/advise/dense_vectors/)
 COMMON = dict(
     workers=WORKERS, optimizer={"name": "sgd"}, seed=0, launcher="vmap", checkpoint_every=100000, compress_vectors=True
 )
@@ -600,7 +600,13 @@ def main(argv=None) -> int:
         "--seeds", type=int, default=SEEDS, choices=range(1, SEEDS + 1), help="seeds the replayed race sees"
     )
     ap.add_argument("--budget", type=float, default=1.0, help="the replayed race's budget (dense runs of steps)")
+    ap.add_argument(
+        "--dense-vectors", action="store_true", help="cconv's default: 1-D tensors dense (use another --out)"
+    )
     args = ap.parse_args(argv)
+    if args.dense_vectors:
+        for spec in TASKS.values():
+            spec["base"]["compress_vectors"] = False
     only = [int(i) for i in args.candidates.split(",")] if args.candidates else None
     if args.truth:
         for task in args.tasks:
