@@ -57,7 +57,7 @@ def test_in_a_scope_the_same_key_array_and_static_compute_once():
 def test_a_result_is_reused_only_in_the_trace_that_made_it():
     """Drawn inside a cond branch (its own trace) from a key of the outer trace: not reused
     outside it, where the branch's tracer would have leaked."""
-    calls, _ = counter()
+    calls = []
 
     def draw(key):
         calls.append(1)

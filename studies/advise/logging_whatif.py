@@ -49,7 +49,6 @@ def main() -> int:
     for task, truth in truths.items():
         for label, rule in (("every k", EVERY_LOGGED), ("geometric", geometric)):
             validate.logged = rule
-            validate._RACES.clear()
             steps = validate.TASKS[task]["base"]["steps"]
             b = validate.score(task, truth, validate._target(task, out), steps, 1.0, settings[label])
             print(f"| {task} | {label} | {b['tau']:.2f} | {b['regret']:.2f} | {b['coverage']:.0%} | {b['width']:.2f} |")

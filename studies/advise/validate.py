@@ -217,7 +217,7 @@ def diverged_by(d: dict, steps: int) -> str | None:
     return d["diverged"] if np.any(np.isnan(v[:, cut]) | ~np.isfinite(v[:, cut])) or cut.all() else None
 
 
-_RACES: dict = {}  # (task, budget, seeds) -> (truth, its replayed race): the race does not depend on the extrapolation
+_RACES: dict = {}  # (task, budget, seeds, logged) -> (truth, its race): the race is not the extrapolation's
 
 
 def replay(task: str, truth: dict, target, steps: int, budget: float = 1.0, settings=None, seeds: int = SEEDS):
@@ -226,7 +226,7 @@ def replay(task: str, truth: dict, target, steps: int, budget: float = 1.0, sett
     from cconv.advisor import api
     from cconv.advisor.extrapolate import Settings
 
-    key = (task, budget, seeds)
+    key = (task, budget, seeds, logged)  # the logging rule: a study may replace it (logging_whatif.py)
     if key not in _RACES or _RACES[key][0] is not truth:
         _RACES[key] = (truth, _race(truth, target, steps, budget, seeds))
     result = _RACES[key][1]
