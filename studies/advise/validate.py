@@ -21,6 +21,11 @@ against the full runs:
 * wall time (``--wall``): ``cconv advise`` vs ``cconv run`` of one dense run, each in a fresh
   process, interleaved, compilation included.
 
+With ``--independent DIR`` (full runs of the same candidates with other seeds, made by ``--truth
+--first-seed 3 --out DIR``) the advice is scored against those too, and the scored runs' own times
+to target against theirs: how well three seeds' order carries over to three others, the most any
+advice that sees three seeds could be expected to reach.
+
 Tasks used to set the extrapolation's constants (``--calibrate``: z, kappa and kappa_slow of
 ``cconv.advisor.extrapolate.Settings``) are ``TUNE``; the others (``HELD_OUT``) are in no choice
 and are reported separately.
@@ -270,8 +275,19 @@ def actual_steps(d: dict, target) -> float:
     return hit[0] if hit else math.inf
 
 
-def score(task: str, truth: dict, target, steps: int, budget: float = 1.0, settings=None, seeds: int = SEEDS) -> dict:
-    """Kendall tau, regret, coverage and width of the replayed advice (module docstring)."""
+def score(
+    task: str,
+    truth: dict,
+    target,
+    steps: int,
+    budget: float = 1.0,
+    settings=None,
+    seeds: int = SEEDS,
+    independent: dict | None = None,
+) -> dict:
+    """Kendall tau, regret, coverage and width of the replayed advice (module docstring);
+    ``independent``: the same candidates' full runs with other seeds (``--first-seed``), which
+    the advice is scored against too, and which say how well the runs order themselves."""
     from scipy.stats import kendalltau
 
     result, preds = replay(task, truth, target, steps, budget, settings, seeds)
@@ -308,6 +324,7 @@ def score(task: str, truth: dict, target, steps: int, budget: float = 1.0, setti
     else:
         regret = float(at[pick] / at.min()) if at[pick] < big else math.inf
         pick_name = rows[pick]["candidate"]
+    extra = _against(independent, rows, pt, at, pick, target, big) if independent is not None else {}
     checked = [r for r in rows if math.isfinite(r["predicted"]) and math.isfinite(r["actual"])]
     inside = [r["lo"] <= r["actual"] <= r["hi"] for r in checked]
     widths = [r["hi"] / max(r["lo"], 1e-12) for r in checked]
@@ -329,6 +346,31 @@ def score(task: str, truth: dict, target, steps: int, budget: float = 1.0, setti
         width_predicted=float(np.median([r["hi"] / max(r["lo"], 1e-12) for r in pred_only])) if pred_only else math.nan,
         ranked=sum(math.isfinite(r["predicted"]) for r in rows),
         rows=rows,
+        **extra,
+    )
+
+
+def _against(independent: dict, rows: list, pt, at, pick: int, target, big: float) -> dict:
+    """The advice scored against full runs of other seeds (``tau_other``, ``regret_other``), and
+    those runs against the scored ones (``tau_runs``: how well the seeds the advice saw order the
+    candidates for other seeds; ``regret_runs``: the other seeds' time of the scored runs' best)."""
+    from scipy.stats import kendalltau
+
+    ao = np.array(
+        [
+            actual_steps(independent[r["candidate"]], target) * r["step_s"]
+            if math.isfinite(actual_steps(independent[r["candidate"]], target))
+            else big
+            for r in rows
+        ]
+    )
+    best = int(np.argmin(at))
+    return dict(
+        tau_other=float(kendalltau(pt, ao).statistic),
+        regret_other=float(ao[pick] / ao.min()) if pt[pick] < big and ao[pick] < big else math.inf,
+        tau_runs=float(kendalltau(at, ao).statistic),
+        regret_runs=float(ao[best] / ao.min()) if ao[best] < big else math.inf,
+        actual_other={r["candidate"]: float(a) for r, a in zip(rows, ao, strict=True)},
     )
 
 
@@ -489,6 +531,7 @@ def markdown(results: list, settings, command: str) -> str:
             f"{_f(b['coverage_predicted'], '{:.0%}')}, {_f(b['width_predicted'])} | {b['observed']} of "
             f"{b['ranked']} | {b['spent']:.2f} | {wall} | {_goal_marks(b, w)} |"
         )
+    lines += _independent_table(results)
     lines += ["", "Per candidate (predicted or observed [interval] vs actual steps to target, family):", ""]
     for r in results:
         lines.append(f"- **{r['task']}**")
@@ -499,8 +542,34 @@ def markdown(results: list, settings, command: str) -> str:
             else:
                 pred = f"{row['status']} ({row['reason'][:90]})"
             act = f"{row['actual']:.0f}" if math.isfinite(row["actual"]) else "not reached"
+            other = r["score"].get("actual_other", {}).get(row["candidate"])
+            if other is not None:
+                act += f" (other seeds: {other / row['step_s']:.0f})" if other < 1e12 else " (other seeds: not reached)"
             lines.append(f"  - {row['candidate']}: {pred}; actual {act}")
     return "\n".join(lines) + "\n"
+
+
+def _independent_table(results: list) -> list:
+    """The advice against full runs of seeds it never saw, beside how well the seen runs order those."""
+    scored = [r for r in results if "tau_other" in r["score"]]
+    if not scored:
+        return []
+    out = [
+        "",
+        "Against full runs of three other seeds (`--independent`: the same configs, seeds the advice never saw). "
+        "`runs`: the seeds above as if they were the advice -- each candidate's actual time to target with the "
+        "seeds the advice saw, scored against the other seeds' (how far three seeds' order carries over).",
+        "",
+        "| task | Kendall tau: advice | tau: runs | regret: advice | regret: runs |",
+        "|---|---|---|---|---|",
+    ]
+    for r in scored:
+        b = r["score"]
+        out.append(
+            f"| {r['task']} | {_f(b['tau_other'])} | {_f(b['tau_runs'])} | {_f(b['regret_other'])} | "
+            f"{_f(b['regret_runs'])} |"
+        )
+    return out
 
 
 def figure(results: list, path: str) -> None:
@@ -603,9 +672,14 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--dense-vectors", action="store_true", help="cconv's default: 1-D tensors dense (use another --out)"
     )
+    ap.add_argument(
+        "--first-seed", type=int, default=0, help="with --truth: the runs' first seed (another --out: independent runs)"
+    )
+    ap.add_argument("--independent", help="full runs of other seeds (--first-seed): score against them too")
     args = ap.parse_args(argv)
-    if args.dense_vectors:
-        for spec in TASKS.values():
+    for spec in TASKS.values():
+        spec["base"]["seed"] = args.first_seed
+        if args.dense_vectors:
             spec["base"]["compress_vectors"] = False
     only = [int(i) for i in args.candidates.split(",")] if args.candidates else None
     if args.truth:
@@ -626,8 +700,9 @@ def main(argv=None) -> int:
     results = []
     for task in args.tasks:
         tgt = _target(task, args.out)
+        other = ground_truth(task, args.independent) if args.independent else None
         try:
-            b = score(task, truths[task], tgt, TASKS[task]["base"]["steps"], args.budget, settings, args.seeds)
+            b = score(task, truths[task], tgt, TASKS[task]["base"]["steps"], args.budget, settings, args.seeds, other)
         except ValueError as e:
             print(f"{task}: refused, as cconv advise would: {e}", flush=True)
             continue
