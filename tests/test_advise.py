@@ -785,15 +785,20 @@ def test_an_advice_that_ranks_nothing_removes_the_old_figure(tmp_path):
 
 @pytest.mark.slow
 def test_a_probe_builds_every_program_unoptimised_on_cpu(tmp_path, monkeypatch):
-    """On CPU each program a probe builds (initial state, step, evaluator) goes to XLA with the
-    advisor's fast-build options (``probes.FAST_BUILD``); an option this XLA does not know is left
-    out rather than failing the advice (tests/test_vmap_launcher.py: options reach XLA)."""
+    """On CPU each program of a probe's trainer (initial state, step) goes to XLA with the
+    advisor's fast-build options (``probes.FAST_BUILD``), and its evaluator, which runs at every
+    metric line, with XLA's defaults; an option this XLA does not know is left out rather than
+    failing the advice (tests/test_vmap_launcher.py: options reach XLA)."""
     from cconv.advisor import probes
     from cconv.engine.launchers import Launcher
     from cconv.experiments.warm import warm
 
     built, real = [], Launcher.jit
-    spy = lambda self, fn, **kw: built.append(self.compiler_options) or real(self, fn, **kw)  # noqa: E731
+
+    def spy(self, fn, **kw):
+        built.append((fn.__name__, kw.get("compiler_options", self.compiler_options)))
+        return real(self, fn, **kw)
+
     monkeypatch.setattr(Launcher, "jit", spy)
     block = {"compressors": [{"name": "topk", "ratio": 0.1}], "memory": ["ef"]}
     base = _cfg(model={"name": "mlp", "hidden": [16]}, data="digits", batch_size=32, steps=20, advise=block)
@@ -801,6 +806,8 @@ def test_a_probe_builds_every_program_unoptimised_on_cpu(tmp_path, monkeypatch):
     cfg = probes.probe_config(base, cand, seeds=2, workers=4, log_every=1)
     assert probes.compiler_options() == probes.FAST_BUILD  # the tests run on CPU
     warm(probes.build(cfg, cand, str(tmp_path / "p")).problem, 2)
-    assert len(built) >= 3 and all(o == probes.FAST_BUILD for o in built)  # init, step, evaluator
+    assert [o for name, o in built if name == "ev"] == [None]  # the evaluator: XLA's defaults
+    trainer = [o for name, o in built if name != "ev"]
+    assert len(trainer) >= 2 and all(o == probes.FAST_BUILD for o in trainer)  # init, step
     monkeypatch.setattr(probes, "FAST_BUILD", {"xla_no_such_option": 1, "xla_backend_optimization_level": 0})
     assert probes.compiler_options() == {"xla_backend_optimization_level": 0}  # another XLA's: left out

@@ -59,8 +59,11 @@ class Launcher(abc.ABC):
 
     def jit(self, fn: Callable, **kw) -> Callable:
         """``jax.jit(fn)`` with this launcher's XLA ``compiler_options`` (``build(compiler_options=...)``:
-        e.g. a fast, unoptimised backend build; every program of the run is built the same way)."""
-        return jax.jit(fn, compiler_options=self.compiler_options, **kw)
+        e.g. a fast, unoptimised backend build; every program of the trainer is built the same way).
+        A caller's own ``compiler_options=`` replaces them (None: XLA's defaults) for a program of
+        its own that runs far more often than it is built (``cconv.experiments.evaluation``)."""
+        kw.setdefault("compiler_options", self.compiler_options)
+        return jax.jit(fn, **kw)
 
     @abc.abstractmethod
     def comm(self) -> Comm:

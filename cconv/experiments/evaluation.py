@@ -18,7 +18,13 @@ EVAL_CHUNK = 1024
 def make_evaluator(problem: Problem) -> Callable[[Any, dict], dict]:
     """One jitted program: the trainer's model view (``trainer.params`` / ``model_state``) and the
     test metrics on a chunk, vmapped over seeds when there are several.  Call it with a state
-    whose static step is 0 (other steps are other pytree structures)."""
+    whose static step is 0 (other steps are other pytree structures).
+
+    Built with XLA's defaults even where the trainer's programs are built otherwise (the advisor's
+    probes' fast build, ``cconv.advisor.probes.FAST_BUILD``): it is built once and runs at every
+    metric line -- every step of a probe whose first rung is short.  On the advise validation's
+    text task one evaluation (3 seeds) took 108-120 ms fast-built, 41-45 ms so, for 0.2 s more
+    of building (docs/advise.md)."""
     trainer, eval_fn = problem.trainer, problem.eval_fn
     multi = len(problem.seeds) > 1
 
@@ -28,7 +34,7 @@ def make_evaluator(problem: Problem) -> Callable[[Any, dict], dict]:
             return jax.vmap(eval_fn, in_axes=(0, 0, None))(params, mstate, chunk)
         return eval_fn(params, mstate, chunk)
 
-    return trainer.launcher.jit(ev)  # built as the trainer's programs are
+    return trainer.launcher.jit(ev, compiler_options=None)  # XLA's defaults (docstring)
 
 
 _EVALUATORS: dict[int, tuple] = {}  # id(problem) -> (problem, evaluator): a run resumed in-process compiles once

@@ -24,7 +24,7 @@ against the full runs:
 With ``--independent DIR`` (full runs of the same candidates with other seeds, made by ``--truth
 --first-seed 3 --out DIR``) the advice is scored against those too, and the scored runs' own times
 to target against theirs: how well three seeds' order carries over to three others, the most any
-advice that sees three seeds could be expected to reach.
+advice that sees three seeds can be expected to reach (a reference, not a bound).
 
 Tasks used to set the extrapolation's constants (``--calibrate``: z, kappa and kappa_slow of
 ``cconv.advisor.extrapolate.Settings``) are ``TUNE``; the others (``HELD_OUT``) are in no choice
