@@ -495,12 +495,16 @@ def _end_process(code: int) -> None:
     libraries' objects one by one: about 0.35 s of a 1.8 s ``cconv plan`` and of a 2.8 s short
     ``cconv run`` on this project's machine (``studies/benchmarks/cli_exit.py``,
     docs/performance.md).  cconv's files are complete by then (each written atomically, or
-    flushed and synced line by line).  While a thread that Python would wait for (not a daemon)
-    still runs, the process is left to Python's own exit, which joins it."""
+    flushed and synced line by line).  Left to Python's own exit: a process with a thread Python
+    would wait for (not a daemon), which it joins, or with MPI initialised, which mpi4py finalises
+    from C at the interpreter's end (``Py_AtExit``, not an ``atexit`` handler)."""
     import atexit
 
     me = threading.current_thread()
     if any(t.is_alive() and not t.daemon and t is not me for t in threading.enumerate()):
+        return
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
         return
     atexit._run_exitfuncs()  # the handlers Python's exit would run, in its order
     for stream in (sys.stdout, sys.stderr):

@@ -73,3 +73,29 @@ def test_main_called_with_arguments_returns(capsys):
 
     assert main(["run", "no-such-config.yaml"]) == 2
     assert "config file not found" in capsys.readouterr().err
+
+
+def test_a_process_with_mpi_initialised_is_left_to_pythons_exit(monkeypatch):
+    """mpi4py finalises MPI from C when the interpreter ends (not through ``atexit``): with MPI
+    initialised, ``_end_process`` returns; without, it would end the process (here: raises)."""
+    import atexit
+    import threading
+    from types import SimpleNamespace
+
+    from cconv import cli
+
+    def ended(code):
+        raise AssertionError(f"the process was ended with {code}")
+
+    monkeypatch.setattr(cli.os, "_exit", ended)
+    monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: None)  # not pytest's own handlers
+    monkeypatch.setattr(threading, "enumerate", lambda: [threading.current_thread()])  # no other thread
+    monkeypatch.setitem(
+        sys.modules, "mpi4py.MPI", SimpleNamespace(Is_initialized=lambda: True, Is_finalized=lambda: False)
+    )
+    assert cli._end_process(0) is None
+    monkeypatch.setitem(
+        sys.modules, "mpi4py.MPI", SimpleNamespace(Is_initialized=lambda: True, Is_finalized=lambda: True)
+    )
+    with pytest.raises(AssertionError, match="ended with 0"):
+        cli._end_process(0)
