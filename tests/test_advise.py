@@ -811,3 +811,40 @@ def test_a_probe_builds_every_program_unoptimised_on_cpu(tmp_path, monkeypatch):
     assert len(trainer) >= 2 and all(o == probes.FAST_BUILD for o in trainer)  # init, step
     monkeypatch.setattr(probes, "FAST_BUILD", {"xla_no_such_option": 1, "xla_backend_optimization_level": 0})
     assert probes.compiler_options() == {"xla_backend_optimization_level": 0}  # another XLA's: left out
+
+
+def test_the_figure_draws_the_named_baseline_black_and_labels_unranked_rows(monkeypatch):
+    """The dense baseline is the candidate ``ranking.rank`` measured speedups against (here 0/1
+    Adam's), not any row without a compressor; an unranked row says so on its label."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.axes import Axes
+
+    from cconv.advisor import figure
+    from cconv.advisor.ranking import Row
+    from cconv.advisor.steptime import StepTime
+
+    drawn, axes, real = [], [], Axes.plot
+
+    def spy(self, *args, **kw):
+        axes.append(self)
+        drawn.append((args[1][0] if len(args) > 1 else None, kw.get("color")))
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(Axes, "plot", spy)
+    st = StepTime("mg-wfbp", 1e-3, 5e-4, 4e-4, 1e-4)
+    seen = X.Prediction("reached", 50.0, 49.0, 50.0)
+    guess = X.Prediction("predicted", 80.0, 60.0, 120.0, family="power")
+    none = {"compressor": {"name": "none"}}
+
+    def row(name, pred, rank, over=none):
+        return Row(name, over, "mg-wfbp", pred, st, 1e3, 0.9, time_s=pred.steps * 1e-3, time_lo=pred.lo * 1e-3,
+                   time_hi=pred.hi * 1e-3, rank=rank)  # fmt: skip
+
+    rows = [row("0/1 Adam", seen, 1), row("dense", guess, 2), row("top-k 1 %", guess, None, {"compressor": {}})]
+    assert figure.png(rows, "loss", False, "t", baseline="0/1 Adam")[:8] == b"\x89PNG\r\n\x1a\n"
+    colors = {y: {c for yy, c in drawn if yy == y} for y, _ in drawn}
+    assert "k" in colors[2] and "k" not in colors[1]  # rows top-down: y = 2 the baseline, y = 1 dense
+    labels = [t.get_text() for t in axes[0].get_yticklabels()]
+    assert labels == ["top-k 1 % (not ranked)", "2. dense", "1. 0/1 Adam"]

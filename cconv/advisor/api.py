@@ -473,7 +473,8 @@ def _figure(plan: Plan, rows: list, outputs: dict) -> None:
     path = os.path.join(plan.out, FIGURE_NAME)
     if any(r.rank for r in rows):
         title = f"{os.path.basename(plan.source)}: {plan.target} on {plan.cluster.name} (raced, budget {plan.budget:g})"
-        io.atomic_write_bytes(path, figure.png(rows, plan.target.metric, plan.target.kind.higher, title))
+        png = figure.png(rows, plan.target.metric, plan.target.kind.higher, title, plan.candidates[0].name)
+        io.atomic_write_bytes(path, png)
         outputs["figure"] = path
     elif io.check_entry(path):
         os.unlink(path)

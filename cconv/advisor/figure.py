@@ -38,8 +38,9 @@ def _legend(ax) -> None:
     ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=3, frameon=False)
 
 
-def png(rows: list[Row], metric: str, higher: bool, title: str) -> bytes:
-    """The figure as PNG bytes (the caller writes them: ``io.atomic_write_bytes``)."""
+def png(rows: list[Row], metric: str, higher: bool, title: str, baseline: str = "dense") -> bytes:
+    """The figure as PNG bytes (the caller writes them: ``io.atomic_write_bytes``); ``baseline``:
+    the dense candidate's name (``ranking.rank``'s), drawn black."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -52,7 +53,7 @@ def png(rows: list[Row], metric: str, higher: bool, title: str) -> bytes:
     fig, ax = plt.subplots(figsize=(9, 2.0 + 0.42 * len(rs)), constrained_layout=True)
     for i, r in enumerate(rs):
         y = len(rs) - 1 - i
-        dense = r.overrides.get("compressor", {}).get("name") == "none" and not r.overrides.get("local_steps")
+        dense = r.candidate == baseline
         if not r.rank:
             ax.plot([hi / 1.3], [y], "x", color="0.5")
             continue
@@ -62,7 +63,8 @@ def png(rows: list[Row], metric: str, higher: bool, title: str) -> bytes:
         ax.plot([r.time_s], [y], "s" if r.prediction.observed else "o", color=color, ms=7)
         if r.rank == 1:
             ax.plot([r.time_s], [y], "o", mfc="none", mec="C3", ms=14, mew=1.5)
-    ax.set_yticks(range(len(rs)), [f"{r.rank or '-'}. {r.candidate}" for r in reversed(rs)], fontsize=8)
+    labels = [f"{r.rank}. {r.candidate}" if r.rank else f"{r.candidate} (not ranked)" for r in reversed(rs)]
+    ax.set_yticks(range(len(rs)), labels, fontsize=8)
     ax.set_xscale("log")
     ax.set_xlim(lo, hi)
     ax.set_ylim(-0.7, len(rs) - 0.3)
