@@ -5,21 +5,20 @@ handler, and a thread Python would have waited for."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from runs_helpers import cli_env
 
-ROOT = Path(__file__).resolve().parent.parent
 PLAN = ["plan", "--workload", "resnet50", "--cluster", "8x1", "--network", "10GbE", "--device", "v100"]
 
 
 def _env():
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env.pop("PYTHONUNBUFFERED", None)  # stdout to a pipe block-buffered, as a user's shell has it
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    """A ``cconv`` subprocess's environment (``runs_helpers.cli_env``), its stdout to a pipe
+    block-buffered, as a user's shell has it."""
+    env = cli_env()
+    env.pop("PYTHONUNBUFFERED", None)
     return env
 
 

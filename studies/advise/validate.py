@@ -47,6 +47,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEEDS, WORKERS, CLUSTER = 3, 8, "1x8"
+BIG = 1e12  # the time of a candidate that never reaches the target (or is not ranked): last, tied
 GOALS = {"tau": 0.7, "regret": 1.10, "coverage": 0.70, "width": 3.0, "wall_ratio": 1.5}
 # compress_vectors pinned: the validation's tasks (and the constants chosen on them) were set when 1-D
 # tensors (biases, norm scales) were compressed too, the default until 2026-11-27; today's default
@@ -291,7 +292,7 @@ def score(
     from scipy.stats import kendalltau
 
     result, preds = replay(task, truth, target, steps, budget, settings, seeds)
-    rows, big = [], 1e12
+    rows = []
     for name, d in truth.items():
         p, act = preds[name], actual_steps(d, target)
         ranked = p.ok and p.steps <= steps
@@ -310,21 +311,17 @@ def score(
             )
         )
     # the order the advisor shows (ranking.seen_time): observed times, predicted intervals' slow ends
-    pt = np.array(
-        [
-            (r["predicted"] if r["observed"] else r["hi"]) * r["step_s"] if math.isfinite(r["predicted"]) else big
-            for r in rows
-        ]
-    )
-    at = np.array([r["actual"] * r["step_s"] if math.isfinite(r["actual"]) else big for r in rows])
+    seen = [(r["predicted"] if r["observed"] else r["hi"]) if math.isfinite(r["predicted"]) else math.inf for r in rows]
+    pt = _times(seen, rows)
+    at = _times([r["actual"] for r in rows], rows)
     tau = float(kendalltau(pt, at).statistic)
     pick = int(np.argmin(pt))
-    if pt[pick] >= big:
+    if pt[pick] >= BIG:
         regret, pick_name = math.nan, "no recommendation"
     else:
-        regret = float(at[pick] / at.min()) if at[pick] < big else math.inf
+        regret = float(at[pick] / at.min()) if at[pick] < BIG else math.inf
         pick_name = rows[pick]["candidate"]
-    extra = _against(independent, rows, pt, at, pick, target, big) if independent is not None else {}
+    extra = _against(independent, rows, pt, at, pick, target) if independent is not None else {}
     checked = [r for r in rows if math.isfinite(r["predicted"]) and math.isfinite(r["actual"])]
     inside = [r["lo"] <= r["actual"] <= r["hi"] for r in checked]
     widths = [r["hi"] / max(r["lo"], 1e-12) for r in checked]
@@ -350,27 +347,27 @@ def score(
     )
 
 
-def _against(independent: dict, rows: list, pt, at, pick: int, target, big: float) -> dict:
+def _times(steps: list, rows: list) -> np.ndarray:
+    """Times to target on the cluster: steps x each row's seconds per step, ``BIG`` where none."""
+    return np.array([t * r["step_s"] if math.isfinite(t) else BIG for t, r in zip(steps, rows, strict=True)])
+
+
+def _against(independent: dict, rows: list, pt, at, pick: int, target) -> dict:
     """The advice scored against full runs of other seeds (``tau_other``, ``regret_other``), and
     those runs against the scored ones (``tau_runs``: how well the seeds the advice saw order the
-    candidates for other seeds; ``regret_runs``: the other seeds' time of the scored runs' best)."""
+    candidates for other seeds; ``regret_runs``: the other seeds' time of the scored runs' best);
+    ``actual_other``: the other seeds' steps to target per candidate."""
     from scipy.stats import kendalltau
 
-    ao = np.array(
-        [
-            actual_steps(independent[r["candidate"]], target) * r["step_s"]
-            if math.isfinite(actual_steps(independent[r["candidate"]], target))
-            else big
-            for r in rows
-        ]
-    )
+    other = [actual_steps(independent[r["candidate"]], target) for r in rows]
+    ao = _times(other, rows)
     best = int(np.argmin(at))
     return dict(
         tau_other=float(kendalltau(pt, ao).statistic),
-        regret_other=float(ao[pick] / ao.min()) if pt[pick] < big and ao[pick] < big else math.inf,
+        regret_other=float(ao[pick] / ao.min()) if pt[pick] < BIG and ao[pick] < BIG else math.inf,
         tau_runs=float(kendalltau(at, ao).statistic),
-        regret_runs=float(ao[best] / ao.min()) if ao[best] < big else math.inf,
-        actual_other={r["candidate"]: float(a) for r, a in zip(rows, ao, strict=True)},
+        regret_runs=float(ao[best] / ao.min()) if ao[best] < BIG else math.inf,
+        actual_other={r["candidate"]: t for r, t in zip(rows, other, strict=True)},
     )
 
 
@@ -544,7 +541,7 @@ def markdown(results: list, settings, command: str) -> str:
             act = f"{row['actual']:.0f}" if math.isfinite(row["actual"]) else "not reached"
             other = r["score"].get("actual_other", {}).get(row["candidate"])
             if other is not None:
-                act += f" (other seeds: {other / row['step_s']:.0f})" if other < 1e12 else " (other seeds: not reached)"
+                act += f" (other seeds: {other:.0f})" if math.isfinite(other) else " (other seeds: not reached)"
             lines.append(f"  - {row['candidate']}: {pred}; actual {act}")
     return "\n".join(lines) + "\n"
 
