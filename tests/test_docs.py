@@ -180,6 +180,16 @@ def test_readme_advise_table_is_the_committed_validation():
     assert block == mod.table(mod.load())
 
 
+def test_cluster_validation_table_is_made_from_its_data():
+    """studies/advise/clusters/results.md (included in docs/advise.md) is what ``clusters.py`` makes
+    of the committed results.json: the tables of the advice on other clusters are the data's."""
+    mod = _load("advise_clusters", os.path.join(ROOT, "studies/advise/clusters.py"))
+    d = os.path.join(ROOT, "studies/advise/clusters")
+    committed = open(os.path.join(d, "results.md"), encoding="utf-8").read()
+    assert committed == mod.markdown(mod.load(os.path.join(d, "results.json")))
+    assert "| 8x1 1GbE | mnist1d |" in committed and "| exp |" in committed
+
+
 def _setup_plan(*target: str) -> str:
     """What ``scripts/setup.sh TARGET`` would install (its dry run: nothing is installed)."""
     assert "CCONV_SETUP_DRY_RUN" in open(os.path.join(ROOT, "scripts", "setup.sh"), encoding="utf-8").read()

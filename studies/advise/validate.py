@@ -46,7 +46,8 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SEEDS, WORKERS, CLUSTER = 3, 8, "1x8"
+SEEDS, WORKERS = 3, 8
+CLUSTER, NETWORK = "1x8", None  # the cluster the constants were chosen on (--cluster/--network: another)
 BIG = 1e12  # the time of a candidate that never reaches the target (or is not ranked): last, tied
 GOALS = {"tau": 0.7, "regret": 1.10, "coverage": 0.70, "width": 3.0, "wall_ratio": 1.5}
 # compress_vectors pinned: the validation's tasks (and the constants chosen on them) were set when 1-D
@@ -148,7 +149,29 @@ def plan_of(task: str, out: str):
 
     spec = TASKS[task]
     config = dict(spec["base"], advise=dict(SPACE, target=spec["target"]))
-    return api.prepare(config, CLUSTER, seeds=SEEDS, out=os.path.join(out, task, "_plan"))
+    return api.prepare(config, cluster(), seeds=SEEDS, out=os.path.join(out, task, "_plan"))
+
+
+def cluster():
+    """The target cluster of the advice scored (``--cluster``/``--network``; default 1x8)."""
+    from cconv.theory import cluster as CL
+
+    return CL.parse(CLUSTER, network=NETWORK or CL.DEFAULT_NETWORK)
+
+
+def set_cluster(spec: str, network: str | None = None) -> None:
+    """Score the advice for another cluster of ``WORKERS`` GPUs: the same full runs (a step's
+    computation does not depend on the cluster), each candidate's seconds per step on it."""
+    global CLUSTER, NETWORK
+    CLUSTER, NETWORK = spec, network
+    if cluster().workers != WORKERS:
+        raise SystemExit(f"--cluster {spec}: the full runs train {WORKERS} workers, not {cluster().workers}")
+
+
+def _on_cluster(name: str) -> str:
+    """``name.json`` on the default cluster, ``name-<cluster>-<network>.json`` on another: the
+    step times and wall times depend on the cluster, the full runs do not."""
+    return f"{name}.json" if (CLUSTER, NETWORK) == ("1x8", None) else f"{name}-{CLUSTER}-{NETWORK or 'default'}.json"
 
 
 def ground_truth(task: str, out: str, only: list | None = None) -> dict:
@@ -188,10 +211,11 @@ def ground_truth(task: str, out: str, only: list | None = None) -> dict:
 
 def step_seconds(task: str, out: str) -> dict:
     """{candidate: seconds per step on the cluster} from the advisor's timing model (each candidate
-    built, not trained), cached in ``<out>/<task>/timing.json``; replaces the full runs' step_s."""
+    built, not trained), cached in ``<out>/<task>/timing.json`` (``_on_cluster``); replaces the full
+    runs' step_s."""
     from cconv.advisor import probes, steptime
 
-    cache = os.path.join(out, task, "timing.json")
+    cache = os.path.join(out, task, _on_cluster("timing"))
     if os.path.exists(cache):
         with open(cache) as fh:
             return json.load(fh)
@@ -432,10 +456,11 @@ def wall_times(task: str, out: str, repeats: int = 1) -> dict:
     process, alternated, compilation included; and of each, the seconds spent building programs
     (``CompileMeter``: summed over the threads that built them), the programs built, and the time
     the main thread lost to building (``blocked_s``: its own builds and waits; the advisor's race
-    trains in other threads, so this is not the race's loss).  Cached in ``<out>/<task>/wall.json``."""
+    trains in other threads, so this is not the race's loss).  Cached in ``<out>/<task>/wall.json``
+    (``_on_cluster``)."""
     import yaml
 
-    cache = os.path.join(out, task, "wall.json")
+    cache = os.path.join(out, task, _on_cluster("wall"))
     if os.path.exists(cache):
         with open(cache) as fh:
             return json.load(fh)
@@ -455,6 +480,7 @@ def wall_times(task: str, out: str, repeats: int = 1) -> dict:
                 ["run", cfg_path, "--out", run_out]
                 if kind == "dense"
                 else ["advise", cfg_path, "--cluster", CLUSTER, "--seeds", str(SEEDS), "--out", run_out]
+                + (["--network", NETWORK] if NETWORK else [])
             )
             t = time.perf_counter()
             subprocess.run(
@@ -509,6 +535,11 @@ def markdown(results: list, settings, command: str) -> str:
         f"Extrapolation constants set on the tuning tasks ({', '.join(TUNE)}): z = {settings.z}, "
         f"kappa = {settings.kappa}, kappa_slow = {settings.kappa_slow}; {', '.join(HELD_OUT)} are held out of "
         "every choice.",
+        *(
+            []
+            if (CLUSTER, NETWORK) == ("1x8", None)
+            else ["", f"Cluster {CLUSTER} over {NETWORK or 'the default network'}: the constants were set on 1x8."]
+        ),
         "",
         "| task | set | target | Kendall tau | regret (pick) | coverage | width | predicted rows: coverage, width "
         "| observed | spent | wall (advise / dense) | goals |",
@@ -673,7 +704,10 @@ def main(argv=None) -> int:
         "--first-seed", type=int, default=0, help="with --truth: the runs' first seed (another --out: independent runs)"
     )
     ap.add_argument("--independent", help="full runs of other seeds (--first-seed): score against them too")
+    ap.add_argument("--cluster", default=CLUSTER, help=f"the advice's cluster, {WORKERS} GPUs (default %(default)s)")
+    ap.add_argument("--network", help="its inter-node network (cconv advise's --network)")
     args = ap.parse_args(argv)
+    set_cluster(args.cluster, args.network)
     for spec in TASKS.values():
         spec["base"]["seed"] = args.first_seed
         if args.dense_vectors:
@@ -705,7 +739,7 @@ def main(argv=None) -> int:
             continue
         wall = (
             wall_times(task, args.out)
-            if args.wall or os.path.exists(os.path.join(args.out, task, "wall.json"))
+            if args.wall or os.path.exists(os.path.join(args.out, task, _on_cluster("wall")))
             else None
         )
         results.append(dict(task=task, target=str(tgt), steps=TASKS[task]["base"]["steps"], score=b, wall=wall))
