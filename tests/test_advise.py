@@ -606,6 +606,26 @@ def test_speedups_are_over_the_dense_bsp_baseline():
     ok, line = R.recommendation(rows, "test_accuracy>=0.9", "1x8", 1000)
     assert ok and line.startswith("Recommended: dense, local SGD H=4 (mg-wfbp)") and "4.00x dense" in line
     assert "compute-bound (50 %)" in line
+    # both predicted: the speedup's interval, dense's fast end over the row's slow end and back
+    assert "4.00x dense [1.00x, 16x]" in line
+    local = next(r for r in rows if r.rank == 1)
+    assert (local.speedup_lo, local.speedup_hi) == (1.0, 16.0)
+
+
+def test_an_observed_speedup_has_no_interval_and_a_predicted_one_does():
+    """Observed on both sides the speedup is one number; a predicted recommendation (the README's:
+    a short curve's fit) prints the interval its times vouch for beside its point speedup."""
+    from cconv.advisor import ranking as R
+
+    dense = _row("dense", {"compressor": {"name": "none"}}, 100, 1.0, status="reached", lo=99, hi=100)
+    seen = _row("top-k", {"compressor": {"name": "topk"}}, 100, 0.5, status="reached", lo=99, hi=100)
+    rows = R.rank([dense, seen], budget=1000, baseline="dense")
+    ok, line = R.recommendation(rows, "test_loss<=0.1", "1x8", 1000)
+    assert ok and line.endswith("2.00x dense; compute-bound (50 %).") and "[" not in line.split("observed")[1]
+    guess = _row("top-k", {"compressor": {"name": "topk"}}, 20, 0.5, lo=10, hi=150)  # 10 ms [5, 75]
+    rows = R.rank([dense, guess], budget=1000, baseline="dense")
+    ok, line = R.recommendation(rows, "test_loss<=0.1", "1x8", 1000)
+    assert ok and "10.00x dense [1.32x, 20x]" in line  # 99 / 75 and 100 / 5
 
 
 def test_a_candidate_predicted_past_the_budget_is_never_recommended():

@@ -11,7 +11,10 @@ the time the advisor can vouch for (``seen_time``): an observed row's time, a pr
 interval's slow end; the first is the recommendation.  The others follow, unranked, with the
 reason: diverged (``cconv.experiments.divergence``), missed (ran the whole step budget without
 reaching the target), misses the budget (predicted past it), stalled, not approached, noisy.
-``speedup`` is the dense baseline's time over the row's (same schedule).  ``why`` says where the
+``speedup`` is the dense baseline's time over the row's (same schedule), with its interval
+(``speedup_lo``: dense's fast end over the row's slow end; ``speedup_hi`` the other way) where
+either time is predicted: a prediction from a short curve can claim a speedup its interval does
+not vouch for, and the recommendation line prints both.  ``why`` says where the
 row's step time goes (``steptime.StepTime``): compute-, communication- or compression-bound, with the share.  Flags:
 
     observed     the race saw this candidate reach the target (no extrapolation)
@@ -45,6 +48,8 @@ class Row(NamedTuple):
     time_lo: float = math.nan
     time_hi: float = math.nan
     speedup: float = math.nan
+    speedup_lo: float = math.nan  # dense's fast end / this row's slow end (where either is predicted)
+    speedup_hi: float = math.nan  # dense's slow end / this row's fast end
     why: str = ""
     flags: tuple = ()
     rank: int | None = None
@@ -96,7 +101,10 @@ def rank(rows: list[Row], budget: int, baseline: str = "dense") -> list[Row]:
             flags.append("tied")
         d = dense.get(r.schedule)
         sp = d.time_s / r.time_s if d is not None and in_budget(d, budget) else math.nan
-        out.append(r._replace(speedup=sp, flags=tuple(flags), rank=i + 1))
+        lo = hi = math.nan
+        if math.isfinite(sp) and not (p.observed and d.prediction.observed):
+            lo, hi = d.time_lo / r.time_hi, (d.time_hi / r.time_lo if r.time_lo > 0 else math.inf)
+        out.append(r._replace(speedup=sp, speedup_lo=lo, speedup_hi=hi, flags=tuple(flags), rank=i + 1))
     return out + [r for r in rows if not in_budget(r, budget)]
 
 
@@ -183,6 +191,8 @@ def recommendation(rows: list[Row], target: str, cluster: str, budget: int) -> t
             "choose a harder target."
         )
     sp = f", {b.speedup:.2f}x dense" if math.isfinite(b.speedup) else ""
+    if sp and math.isfinite(b.speedup_lo):  # a prediction on either side: the speedup's interval too
+        sp += f" [{b.speedup_lo:.2f}x, {b.speedup_hi:.3g}x]"
     seen = "observed" if b.prediction.observed else f"predicted [{_fmt_t(b.time_lo)}, {_fmt_t(b.time_hi)}]"
     tied = [r.candidate for r in ok[1:] if "tied" in r.flags]
     more = f" and {len(tied) - 3} more" if len(tied) > 3 else ""
