@@ -44,9 +44,7 @@ SETS = (  # (name, full runs, 1-D tensors compressed)
 
 
 def _score(task: str, out: str) -> dict:
-    truth = V.ground_truth(task, out)
-    for name, step_s in V.step_seconds(task, out).items():
-        truth[name]["step_s"] = step_s
+    truth = V.timed_truth(task, out)
     other_dir = out + "-seeds3"
     other = V.ground_truth(task, other_dir) if os.path.exists(os.path.join(other_dir, task, "truth.json")) else None
     b = V.score(task, truth, V._target(task, out), V.TASKS[task]["base"]["steps"], independent=other)

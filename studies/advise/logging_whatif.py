@@ -33,11 +33,7 @@ def main() -> int:
     from cconv.advisor.extrapolate import Settings
 
     out = os.path.join("results", "advise-validation")
-    truths = {}
-    for task in validate.TASKS:
-        truths[task] = validate.ground_truth(task, out)
-        for name, step_s in validate.step_seconds(task, out).items():
-            truths[task][name]["step_s"] = step_s
+    truths = {task: validate.timed_truth(task, out) for task in validate.TASKS}
     settings = {"every k": Settings(), "geometric": Settings()}
     if "--calibrate" in sys.argv[1:]:
         validate.logged = geometric

@@ -232,6 +232,15 @@ def step_seconds(task: str, out: str) -> dict:
     return res
 
 
+def timed_truth(task: str, out: str) -> dict:
+    """The task's full runs (``ground_truth``) with each candidate's seconds per step on the
+    cluster scored (``step_seconds``)."""
+    truth = ground_truth(task, out)
+    for name, step_s in step_seconds(task, out).items():
+        truth[name]["step_s"] = step_s
+    return truth
+
+
 def _curve(d: dict):
     from cconv.advisor.extrapolate import Curve
 
@@ -721,11 +730,7 @@ def main(argv=None) -> int:
         return 0
     from cconv.advisor.extrapolate import Settings
 
-    truths = {}
-    for t in args.tasks:
-        truths[t] = ground_truth(t, args.out)
-        for name, step_s in step_seconds(t, args.out).items():
-            truths[t][name]["step_s"] = step_s
+    truths = {t: timed_truth(t, args.out) for t in args.tasks}
     settings = calibrate(truths, args.out, args.seeds) if args.calibrate else Settings()
     print(f"settings: z={settings.z} kappa={settings.kappa} kappa_slow={settings.kappa_slow}", flush=True)
     results = []
