@@ -610,6 +610,8 @@ def test_speedups_are_over_the_dense_bsp_baseline():
     assert "4.00x dense [1.00x, 16x]" in line
     local = next(r for r in rows if r.rank == 1)
     assert (local.speedup_lo, local.speedup_hi) == (1.0, 16.0)
+    base = next(r for r in rows if r.candidate == "dense")  # dense over itself: 1.00x, no interval
+    assert base.speedup == 1.0 and math.isnan(base.speedup_lo) and math.isnan(base.speedup_hi)
 
 
 def test_an_observed_speedup_has_no_interval_and_a_predicted_one_does():

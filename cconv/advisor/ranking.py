@@ -102,7 +102,7 @@ def rank(rows: list[Row], budget: int, baseline: str = "dense") -> list[Row]:
         d = dense.get(r.schedule)
         sp = d.time_s / r.time_s if d is not None and in_budget(d, budget) else math.nan
         lo = hi = math.nan
-        if math.isfinite(sp) and not (p.observed and d.prediction.observed):
+        if math.isfinite(sp) and r is not d and not (p.observed and d.prediction.observed):
             lo, hi = d.time_lo / r.time_hi, (d.time_hi / r.time_lo if r.time_lo > 0 else math.inf)
         out.append(r._replace(speedup=sp, speedup_lo=lo, speedup_hi=hi, flags=tuple(flags), rank=i + 1))
     return out + [r for r in rows if not in_budget(r, budget)]
