@@ -870,3 +870,73 @@ def test_the_figure_draws_the_named_baseline_black_and_labels_unranked_rows(monk
     assert "k" in colors[2] and "k" not in colors[1]  # rows top-down: y = 2 the baseline, y = 1 dense
     labels = [t.get_text() for t in axes[0].get_yticklabels()]
     assert labels == ["top-k 1 % (not ranked)", "2. dense", "1. 0/1 Adam"]
+
+
+def test_a_candidate_the_race_pruned_is_ranked_from_its_curve_but_not_recommended(monkeypatch):
+    """The fresh held-out task's failure (docs/advise.md): QSGD, pruned at the first rung, was
+    extrapolated from 8 steps to a slow end faster than the finalists' and recommended, and never
+    reached the target.  The race's verdict now decides: a pruned row keeps its rank and is
+    flagged, the recommendation is the first row the race did not prune (the line names the ones
+    above it), and the figure rings that row; when every ranked row was pruned, the first is."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.axes import Axes
+
+    from cconv.advisor import figure
+    from cconv.advisor import ranking as R
+
+    def raced(row, status):
+        return row._replace(race=status)
+
+    qsgd = raced(_row("QSGD", {"compressor": {"name": "qsgd"}}, 50, 1e-3, lo=40, hi=100), "pruned")
+    dense = raced(_row("dense", {"compressor": {"name": "none"}}, 95, 1e-3, lo=86, hi=165), "finalist")
+    topk = raced(_row("top-k", {"compressor": {"name": "topk"}}, 150, 1e-3, lo=100, hi=400), "finalist")
+    rows = R.rank([dense, topk, qsgd], budget=200, baseline="dense")
+    assert [(r.candidate, r.rank, r.recommended) for r in rows] == [
+        ("QSGD", 1, False),
+        ("dense", 2, True),
+        ("top-k", 3, False),
+    ]
+    assert "pruned" in rows[0].flags and "pruned" not in rows[1].flags
+    ok, line = R.recommendation(rows, "test_accuracy>=0.42", "1x8", 200)
+    assert ok and line.startswith("Recommended: dense (mg-wfbp)")
+    assert line.endswith("ranked above it from their curves, pruned by the race: QSGD.")
+    rings, real = [], Axes.plot
+
+    def spy(self, *args, **kw):
+        if kw.get("mfc") == "none" and len(args) > 1:
+            rings.append(args[1][0])
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(Axes, "plot", spy)
+    figure.png(rows, "accuracy", True, "t", baseline="dense")
+    assert rings == [1]  # rows top-down: y = 2 QSGD, y = 1 dense, y = 0 top-k
+    only = R.rank([qsgd, raced(_row("signSGD", {"compressor": {"name": "signsgd"}}, 70, 1e-3), "pruned")], 200)
+    ok, line = R.recommendation(only, "test_accuracy>=0.42", "1x8", 200)
+    assert ok and line.startswith("Recommended: QSGD") and "pruned by the race" not in line
+
+
+def test_a_pruned_candidate_is_recommended_when_its_step_time_alone_wins():
+    """The README's case: local SGD, pruned at the first rung, is predicted at 29 [8, 175] steps
+    of 203 us; the fastest survivor was observed at 57 steps of 710 us (40.5 ms).  Even needing
+    175 steps local SGD takes 35.5 ms: its cheaper step carries the advantage, so it is
+    recommended, and the line says it was pruned.  A pruned row whose advantage rests on needing
+    fewer steps than the survivor (the same step time) is not."""
+    from cconv.advisor import ranking as R
+
+    local = _row("dense, local SGD H=4", {"compressor": {"name": "none"}, "local_steps": 4}, 29, 203e-6, lo=8, hi=175)
+    thc = _row("THC", {"compressor": {"name": "thc"}}, 57, 710e-6, status="reached", lo=56, hi=57)
+    rows = R.rank([thc._replace(race="reached"), local._replace(race="pruned")], budget=300, baseline="THC")
+    assert [(r.candidate, r.recommended) for r in rows] == [("dense, local SGD H=4", True), ("THC", False)]
+    ok, line = R.recommendation(rows, "loss<=0.3", "4x8", 300)
+    assert ok and line.startswith("Recommended: dense, local SGD H=4")
+    assert "pruned by the race, recommended on its step time" in line
+    slow = local._replace(step=local.step._replace(step_s=710e-6))  # same step as the survivor
+    rows = R.rank([thc._replace(race="reached"), slow._replace(race="pruned")], budget=300, baseline="THC")
+    assert [(r.candidate, r.recommended) for r in rows] == [("THC", True), ("dense, local SGD H=4", False)]
+    # (seen time, seen steps, s/step, pruned): a pruned row first, the survivor second
+    assert R.pick([0.175, 0.57], [175, 57], [1e-3, 1e-2], [True, False]) == 0  # 175 x 1 ms < 0.57 s
+    assert R.pick([0.01, 0.057], [10, 57], [1e-3, 1e-3], [True, False]) == 1  # fewer steps: not the verdict
+    assert R.pick([0.001, 0.057], [10, 57], [1e-4, 1e-3], [True, False]) == 0  # 57 x 0.1 ms < 0.057 s
+    assert R.pick([math.inf, math.inf], [1, 1], [1, 1], [False, False]) is None

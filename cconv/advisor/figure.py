@@ -1,5 +1,6 @@
 """The advice figure: time to target on the cluster, one line per candidate (its name on the axis,
-so no label overlaps another), in the order of the table (rank 1, the recommendation, at the top).
+so no label overlaps another), in the order of the table (rank 1 at the top; the recommendation is
+the first row the race did not prune, ``cconv.advisor.ranking``).
 
 Observed times (the race saw the candidate reach the target) are filled squares; predicted ones
 are circles with their interval; the recommendation is ringed; the dense baseline is black;
@@ -19,8 +20,8 @@ def _one_per_candidate(rows: list[Row]) -> list[Row]:
     best: dict[str, Row] = {}
     for r in rows:
         cur = best.get(r.candidate)
-        if cur is None or (r.rank and (not cur.rank or r.time_s < cur.time_s)):
-            best[r.candidate] = r
+        if cur is None or r.recommended or (r.rank and not cur.recommended and (not cur.rank or r.time_s < cur.time_s)):
+            best[r.candidate] = r  # the recommended row, else the candidate's fastest ranked schedule
     ranked = sorted((r for r in best.values() if r.rank), key=lambda r: r.rank)
     return ranked + [r for r in best.values() if not r.rank]
 
@@ -61,7 +62,7 @@ def png(rows: list[Row], metric: str, higher: bool, title: str, baseline: str = 
         if not r.prediction.observed:
             ax.plot([r.time_lo, r.time_hi], [y, y], "-", color=color, lw=1.5)
         ax.plot([r.time_s], [y], "s" if r.prediction.observed else "o", color=color, ms=7)
-        if r.rank == 1:
+        if r.recommended:
             ax.plot([r.time_s], [y], "o", mfc="none", mec="C3", ms=14, mew=1.5)
     labels = [f"{r.rank}. {r.candidate}" if r.rank else f"{r.candidate} (not ranked)" for r in reversed(rs)]
     ax.set_yticks(range(len(rs)), labels, fontsize=8)

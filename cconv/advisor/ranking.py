@@ -8,8 +8,15 @@ A row is one raced candidate under one communication schedule.  Its steps to tar
 
 Rows whose steps to target are known or predicted within the config's step budget are ranked by
 the time the advisor can vouch for (``seen_time``): an observed row's time, a predicted row's
-interval's slow end; the first is the recommendation.  The others follow, unranked, with the
-reason: diverged (``cconv.experiments.divergence``), missed (ran the whole step budget without
+interval's slow end.  The recommendation is the first ranked row that the race's verdict allows
+(``pick``): a row the race did not prune, or a pruned one whose advantage over the fastest
+row the race kept holds on its step time alone -- it would still be faster needing as many steps as
+that survivor (its seen steps: observed, or its interval's slow end).  The race compared the
+candidates' curves at equal time and pruned this one; extrapolating its short curve to fewer steps
+does not overrule that (learning-curve extrapolation prunes, it is not the verdict: Domhan et al.
+2015; Hyperband's survivors are its answer), but a cheaper step, which the cluster model gives and
+no curve does, can.  When every ranked row was pruned, the first is recommended.  Rows that
+cannot be ranked follow the ranked ones, with the reason: diverged (``cconv.experiments.divergence``), missed (ran the whole step budget without
 reaching the target), misses the budget (predicted past it), stalled, not approached, noisy.
 ``speedup`` is the dense baseline's time over the row's (same schedule), with its interval
 (``speedup_lo``: dense's fast end over the row's slow end; ``speedup_hi`` the other way) where
@@ -20,6 +27,8 @@ row's step time goes (``steptime.StepTime``): compute-, communication- or compre
     observed     the race saw this candidate reach the target (no extrapolation)
     wide         the interval spans more than a factor 3
     tied         this row's interval holds the recommended row's time (not separable by the race)
+    pruned       the race pruned it at equal time on the cluster: ranked from its curve; recommended
+                 over a candidate that outlasted it only on its step time (``pick``)
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from cconv.advisor.extrapolate import Prediction
 from cconv.advisor.steptime import StepTime
 
 WIDE = 3.0
+PRUNED = "pruned"  # ``cconv.advisor.race.Standing.status`` of a candidate the race pruned
 
 
 class Row(NamedTuple):
@@ -53,6 +63,7 @@ class Row(NamedTuple):
     why: str = ""
     flags: tuple = ()
     rank: int | None = None
+    recommended: bool = False
 
 
 def bound_by(st: StepTime) -> str:
@@ -79,6 +90,35 @@ def seen_time(r: Row) -> float:
     return r.time_s if r.prediction.observed else r.time_hi
 
 
+def _seen_steps(r: Row) -> float:
+    p = r.prediction
+    return p.steps if p.observed else p.hi
+
+
+def pick(seen: list, steps: list, step_s: list, pruned: list) -> int | None:
+    """The index of the recommendation among rows given by their seen times (``seen_time``; not
+    finite: not ranked), seen steps (observed, or the interval's slow end), seconds per step and
+    whether the race pruned them: the fastest row the race's verdict allows (module docstring) --
+    not pruned, or pruned but faster than the fastest row the race kept even with as many steps as
+    it needs.  None when nothing is ranked."""
+    order = sorted((i for i in range(len(seen)) if math.isfinite(seen[i])), key=lambda i: seen[i])
+    kept = next((i for i in order if not pruned[i]), None)
+    for i in order:
+        if not pruned[i] or kept is None or max(steps[i], steps[kept]) * step_s[i] < seen[kept]:
+            return i
+    return None
+
+
+def _recommended(ok: list[Row]) -> Row | None:
+    i = pick(
+        [seen_time(r) for r in ok],
+        [_seen_steps(r) for r in ok],
+        [r.step.step_s for r in ok],
+        [r.race == PRUNED for r in ok],
+    )
+    return None if i is None else ok[i]
+
+
 def in_budget(r: Row, budget: int) -> bool:
     return r.prediction.ok and r.prediction.steps <= budget
 
@@ -89,7 +129,7 @@ def rank(rows: list[Row], budget: int, baseline: str = "dense") -> list[Row]:
     rows = [_times(r) for r in rows]
     dense = {r.schedule: r for r in rows if r.candidate == baseline}
     ok = sorted((r for r in rows if in_budget(r, budget)), key=seen_time)
-    best = ok[0] if ok else None
+    best = _recommended(ok)
     out = []
     for i, r in enumerate(ok):
         p, flags = r.prediction, []
@@ -97,14 +137,18 @@ def rank(rows: list[Row], budget: int, baseline: str = "dense") -> list[Row]:
             flags.append("observed")
         if p.hi / max(p.lo, 1e-12) > WIDE:
             flags.append("wide")
-        if i > 0 and r.time_lo <= seen_time(best) <= r.time_hi:
+        if r is not best and r.time_lo <= seen_time(best) <= r.time_hi:
             flags.append("tied")
+        if r.race == PRUNED:
+            flags.append("pruned")
         d = dense.get(r.schedule)
         sp = d.time_s / r.time_s if d is not None and in_budget(d, budget) else math.nan
         lo = hi = math.nan
         if math.isfinite(sp) and r is not d and not (p.observed and d.prediction.observed):
             lo, hi = d.time_lo / r.time_hi, (d.time_hi / r.time_lo if r.time_lo > 0 else math.inf)
-        out.append(r._replace(speedup=sp, speedup_lo=lo, speedup_hi=hi, flags=tuple(flags), rank=i + 1))
+        out.append(
+            r._replace(speedup=sp, speedup_lo=lo, speedup_hi=hi, flags=tuple(flags), rank=i + 1, recommended=r is best)
+        )
     return out + [r for r in rows if not in_budget(r, budget)]
 
 
@@ -178,12 +222,13 @@ def _no_recommendation(rows: list[Row], target: str, budget: int) -> str:
 
 
 def recommendation(rows: list[Row], target: str, cluster: str, budget: int) -> tuple[bool, str]:
-    """(supported, one line): the first ranked row (``seen_time``), or why none can be recommended
-    (and the step budget that would reach the target, when a candidate is predicted past it)."""
+    """(supported, one line): the recommended row (``rank``, ``pick``), with the pruned rows
+    ranked above it, or why none can be recommended (and the step budget that would reach the
+    target, when a candidate is predicted past it)."""
     ok = [r for r in rows if r.rank]
     if not ok:
         return False, _no_recommendation(rows, target, budget)
-    b = ok[0]
+    b = next(r for r in ok if r.recommended)
     if b.prediction.observed and b.prediction.lo == 0.0:  # reached at its first logged step
         return False, (
             f"No recommendation: {b.candidate} meets {target} at its first logged step ({b.prediction.steps:.0f}): "
@@ -194,13 +239,17 @@ def recommendation(rows: list[Row], target: str, cluster: str, budget: int) -> t
     if sp and math.isfinite(b.speedup_lo):  # a prediction on either side: the speedup's interval too
         sp += f" [{b.speedup_lo:.2f}x, {b.speedup_hi:.3g}x]"
     seen = "observed" if b.prediction.observed else f"predicted [{_fmt_t(b.time_lo)}, {_fmt_t(b.time_hi)}]"
-    tied = [r.candidate for r in ok[1:] if "tied" in r.flags]
+    tied = [r.candidate for r in ok if "tied" in r.flags]
     more = f" and {len(tied) - 3} more" if len(tied) > 3 else ""
     tie = f"; not separable from {', '.join(tied[:3])}{more}" if tied else ""
     why = f"; {b.why}" if b.why else ""
+    above = [r.candidate for r in ok[: b.rank - 1]]
+    over = f"; ranked above it from their curves, pruned by the race: {', '.join(above)}" if above else ""
+    if b.race == PRUNED and any(r.race != PRUNED for r in ok):
+        over += "; pruned by the race, recommended on its step time (faster with the survivor's steps)"
     return True, (
         f"Recommended: {b.candidate} ({b.schedule}): {target} in {_fmt_t(b.time_s)} on {cluster} "
-        f"({b.prediction.steps:.0f} steps, {seen}){sp}{why}{tie}."
+        f"({b.prediction.steps:.0f} steps, {seen}){sp}{why}{tie}{over}."
     )
 
 
