@@ -922,7 +922,8 @@ def test_a_pruned_candidate_is_recommended_when_its_step_time_alone_wins():
     of 203 us; the fastest survivor was observed at 57 steps of 710 us (40.5 ms).  Even needing
     175 steps local SGD takes 35.5 ms: its cheaper step carries the advantage, so it is
     recommended, and the line says it was pruned.  A pruned row whose advantage rests on needing
-    fewer steps than the survivor (the same step time) is not."""
+    fewer steps than a survivor (the same step time) is not; the steps it is granted are those of
+    the survivor that needs the most."""
     from cconv.advisor import ranking as R
 
     local = _row("dense, local SGD H=4", {"compressor": {"name": "none"}, "local_steps": 4}, 29, 203e-6, lo=8, hi=175)
@@ -931,7 +932,7 @@ def test_a_pruned_candidate_is_recommended_when_its_step_time_alone_wins():
     assert [(r.candidate, r.recommended) for r in rows] == [("dense, local SGD H=4", True), ("THC", False)]
     ok, line = R.recommendation(rows, "loss<=0.3", "4x8", 300)
     assert ok and line.startswith("Recommended: dense, local SGD H=4")
-    assert "pruned by the race, recommended on its step time" in line
+    assert "pruned by the race, recommended on its step time (faster with the survivors' steps)" in line
     slow = local._replace(step=local.step._replace(step_s=710e-6))  # same step as the survivor
     rows = R.rank([thc._replace(race="reached"), slow._replace(race="pruned")], budget=300, baseline="THC")
     assert [(r.candidate, r.recommended) for r in rows] == [("THC", True), ("dense, local SGD H=4", False)]
@@ -940,3 +941,6 @@ def test_a_pruned_candidate_is_recommended_when_its_step_time_alone_wins():
     assert R.pick([0.01, 0.057], [10, 57], [1e-3, 1e-3], [True, False]) == 1  # fewer steps: not the verdict
     assert R.pick([0.001, 0.057], [10, 57], [1e-4, 1e-3], [True, False]) == 0  # 57 x 0.1 ms < 0.057 s
     assert R.pick([math.inf, math.inf], [1, 1], [1, 1], [False, False]) is None
+    # two survivors: the pruned row must win with the most steps any survivor needs (200, not 57)
+    assert R.pick([0.001, 0.057, 0.6], [10, 57, 200], [1e-4, 1e-3, 3e-3], [True, False, False]) == 0
+    assert R.pick([0.001, 0.057, 0.6], [10, 57, 600], [1e-4, 1e-3, 1e-3], [True, False, False]) == 1

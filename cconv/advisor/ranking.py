@@ -11,13 +11,14 @@ the time the advisor can vouch for (``seen_time``): an observed row's time, a pr
 interval's slow end.  The recommendation is the first ranked row that the race's verdict allows
 (``pick``): a row the race did not prune, or a pruned one whose advantage over the fastest
 row the race kept holds on its step time alone -- it would still be faster needing as many steps as
-that survivor (its seen steps: observed, or its interval's slow end).  The race compared the
+the survivor that needs the most (seen steps: observed, or the interval's slow end).  The race compared the
 candidates' curves at equal time and pruned this one; extrapolating its short curve to fewer steps
 does not overrule that (learning-curve extrapolation prunes, it is not the verdict: Domhan et al.
 2015; Hyperband's survivors are its answer), but a cheaper step, which the cluster model gives and
 no curve does, can.  When every ranked row was pruned, the first is recommended.  Rows that
-cannot be ranked follow the ranked ones, with the reason: diverged (``cconv.experiments.divergence``), missed (ran the whole step budget without
-reaching the target), misses the budget (predicted past it), stalled, not approached, noisy.
+cannot be ranked follow the ranked ones, with the reason: diverged
+(``cconv.experiments.divergence``), missed (ran the whole step budget without reaching the
+target), misses the budget (predicted past it), stalled, not approached, noisy.
 ``speedup`` is the dense baseline's time over the row's (same schedule), with its interval
 (``speedup_lo``: dense's fast end over the row's slow end; ``speedup_hi`` the other way) where
 either time is predicted: a prediction from a short curve can claim a speedup its interval does
@@ -100,11 +101,12 @@ def pick(seen: list, steps: list, step_s: list, pruned: list) -> int | None:
     finite: not ranked), seen steps (observed, or the interval's slow end), seconds per step and
     whether the race pruned them: the fastest row the race's verdict allows (module docstring) --
     not pruned, or pruned but faster than the fastest row the race kept even with as many steps as
-    it needs.  None when nothing is ranked."""
+    the survivor that needs the most.  None when nothing is ranked."""
     order = sorted((i for i in range(len(seen)) if math.isfinite(seen[i])), key=lambda i: seen[i])
-    kept = next((i for i in order if not pruned[i]), None)
+    kept = [i for i in order if not pruned[i]]
+    need = max((steps[i] for i in kept), default=0.0)  # the most steps a survivor needs (seen)
     for i in order:
-        if not pruned[i] or kept is None or max(steps[i], steps[kept]) * step_s[i] < seen[kept]:
+        if not pruned[i] or not kept or max(steps[i], need) * step_s[i] < seen[kept[0]]:
             return i
     return None
 
@@ -246,7 +248,7 @@ def recommendation(rows: list[Row], target: str, cluster: str, budget: int) -> t
     above = [r.candidate for r in ok[: b.rank - 1]]
     over = f"; ranked above it from their curves, pruned by the race: {', '.join(above)}" if above else ""
     if b.race == PRUNED and any(r.race != PRUNED for r in ok):
-        over += "; pruned by the race, recommended on its step time (faster with the survivor's steps)"
+        over += "; pruned by the race, recommended on its step time (faster with the survivors' steps)"
     return True, (
         f"Recommended: {b.candidate} ({b.schedule}): {target} in {_fmt_t(b.time_s)} on {cluster} "
         f"({b.prediction.steps:.0f} steps, {seen}){sp}{why}{tie}{over}."

@@ -50,6 +50,8 @@ def _score(task: str, out: str) -> dict:
     b = V.score(task, truth, V._target(task, out), V.TASKS[task]["base"]["steps"], independent=other)
     steps = [d["step_s"] for d in truth.values()]
     b["step_spread"] = max(steps) / min(steps)
+    b["pick_reaches"] = not math.isinf(b["regret"])  # JSON keeps inf as null, like NaN
+    b["pick_reaches_other"] = not math.isinf(b.get("regret_other", math.nan))
     baseline, compressed = _kinds(task, out)
     b["dense_over_fastest_compressed"] = truth[baseline]["step_s"] / min(truth[n]["step_s"] for n in compressed)
     return b
@@ -86,6 +88,15 @@ def collect() -> list:
     return rows
 
 
+def _regret(b: dict, key: str, reaches: str) -> str:
+    """A regret, or ``inf`` where the recommendation never reaches the target (JSON's null)."""
+    return V._f(b.get(key, math.nan)) if b.get(reaches, True) else "inf (never reaches)"
+
+
+def _worst(bs: list) -> str:
+    return "inf" if not all(b.get("pick_reaches", True) for b in bs) else f"{max(b['regret'] for b in bs):.2f}"
+
+
 def _goals(b: dict) -> str:
     met = V._met(b)
     miss = [g for g, m in zip(("tau", "regret", "coverage/width"), met) if not m]
@@ -119,9 +130,9 @@ def markdown(rows: list) -> str:
             where = r["cluster"] + (f" {r['network']}" if r["network"] else " (NVLink)")
             lines.append(
                 f"| {where} | {r['task']} | {b['dense_over_fastest_compressed']:.2f} | {V._f(b['tau'])} | "
-                f"{V._f(b['regret'])} ({b['pick']}) | {V._f(b['coverage'], '{:.0%}')} ({b['checked']}) | "
-                f"{V._f(b['width'])} | {V._f(b.get('tau_other', math.nan))} | "
-                f"{V._f(b.get('regret_other', math.nan))} | {_goals(b)} |"
+                f"{_regret(b, 'regret', 'pick_reaches')} ({b['pick']}) | {V._f(b['coverage'], '{:.0%}')} "
+                f"({b['checked']}) | {V._f(b['width'])} | {V._f(b.get('tau_other', math.nan))} | "
+                f"{_regret(b, 'regret_other', 'pick_reaches_other')} | {_goals(b)} |"
             )
         lines.append("")
         lines += _summary(rows, set_name)
@@ -190,7 +201,7 @@ def _summary(rows: list, set_name: str) -> list:
         out.append(
             f"| {cl}{f' {net}' if net else ' (NVLink)'} | {met[:, 0].sum()} of {len(bs)} | {met[:, 1].sum()} of "
             f"{len(bs)} | {met[:, 2].sum()} of {len(bs)} | {np.median([b['tau'] for b in bs]):.2f} | "
-            f"{max(b['regret'] for b in bs):.2f} |"
+            f"{_worst(bs)} |"
         )
     return [*out, ""]
 
