@@ -405,7 +405,7 @@ def predictions(result: race.Race, target: Target, settings=extrapolate.Settings
 def unranked(result: race.Race, target: Target, max_steps: int, settings=extrapolate.Settings()) -> list[str]:
     """The pruned candidates whose curves give no time to target within ``max_steps`` steps yet
     (no prediction, or one past the step budget): those ``race.refine`` trains on."""
-    pruned = {s.arm.name for s in result.standings if s.status == "pruned"}
+    pruned = {s.arm.name for s in result.standings if s.status == race.PRUNED}
     preds = predictions(result, target, settings, only=pruned)
     return [n for n, p in preds.items() if not (p.ok and p.steps <= max_steps)]
 

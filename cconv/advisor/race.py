@@ -50,6 +50,7 @@ from cconv.advisor.extrapolate import Curve, first_crossing
 from cconv.advisor.target import Target
 
 ETA, FINALISTS, HALVING_SHARE, MIN_STEPS = 2, 2, 0.5, 8
+PRUNED = "pruned"  # the status of an arm a rung left behind (``Standing.status``)
 
 
 class Arm(NamedTuple):
@@ -257,7 +258,7 @@ def race(
         kept = [s.arm.name for s in order(live, target, score or equal_time_score(live, target))][:keep_n]
         for n in alive:
             if st[n].status == "running" and n not in kept:
-                st[n] = st[n]._replace(status="pruned")
+                st[n] = st[n]._replace(status=PRUNED)
         rungs.append(Rung(t, {n: st[n].steps for n in alive}, tuple(kept)))
         alive = kept
         if spent >= budget:
@@ -295,7 +296,7 @@ def refine(
     are read from longer curves or seen.  They stay pruned unless they reach the target, diverge
     or run out of steps; a rung with nothing kept records it.  Never past the budget."""
     st = {s.arm.name: s for s in result.standings}
-    arms = [st[n] for n in names if n in st and st[n].status == "pruned"]
+    arms = [st[n] for n in names if n in st and st[n].status == PRUNED]
     left = result.budget - result.spent
     if not arms or left <= 0:
         return result
@@ -308,6 +309,6 @@ def refine(
         st[name], used = _settle(st[name], ob, target, len(result.rungs))
         spent += used
         if st[name].status == "running":
-            st[name] = st[name]._replace(status="missed" if st[name].steps >= max_steps else "pruned")
+            st[name] = st[name]._replace(status="missed" if st[name].steps >= max_steps else PRUNED)
     rung = Rung(t, {n: st[n].steps for n in wants}, ())
     return Race([st[s.arm.name] for s in result.standings], [*result.rungs, rung], spent, result.budget)

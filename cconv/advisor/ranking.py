@@ -39,10 +39,10 @@ import math
 from typing import Any, NamedTuple
 
 from cconv.advisor.extrapolate import Prediction
+from cconv.advisor.race import PRUNED
 from cconv.advisor.steptime import StepTime
 
 WIDE = 3.0
-PRUNED = "pruned"  # ``cconv.advisor.race.Standing.status`` of a candidate the race pruned
 
 
 class Row(NamedTuple):
@@ -142,7 +142,7 @@ def rank(rows: list[Row], budget: int, baseline: str = "dense") -> list[Row]:
         if r is not best and r.time_lo <= seen_time(best) <= r.time_hi:
             flags.append("tied")
         if r.race == PRUNED:
-            flags.append("pruned")
+            flags.append("pruned")  # the flag's name, the race's status
         d = dense.get(r.schedule)
         sp = d.time_s / r.time_s if d is not None and in_budget(d, budget) else math.nan
         lo = hi = math.nan

@@ -397,7 +397,8 @@ def score(
 
 def _pick(pt: np.ndarray, rows: list) -> int:
     """The advisor's recommendation (``ranking.pick``), else the fastest seen time."""
-    from cconv.advisor.ranking import PRUNED, pick
+    from cconv.advisor.race import PRUNED
+    from cconv.advisor.ranking import pick
 
     ranked = [r if math.isfinite(r["predicted"]) else None for r in rows]
     i = pick(
