@@ -910,8 +910,23 @@ def test_a_candidate_the_race_pruned_is_ranked_from_its_curve_but_not_recommende
         return real(self, *args, **kw)
 
     monkeypatch.setattr(Axes, "plot", spy)
-    figure.png(rows, "accuracy", True, "t", baseline="dense")
-    assert rings == [1]  # rows top-down: y = 2 QSGD, y = 1 dense, y = 0 top-k
+    from matplotlib.figure import Figure
+
+    seen, save = {}, Figure.savefig
+
+    def check(fig, *args, **kw):  # the labels, and the legend inside the figure, as drawn
+        fig.canvas.draw()
+        seen["labels"] = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+        box, legend = fig.bbox, fig.legends[0].get_window_extent()
+        seen["inside"] = box.x0 <= legend.x0 and legend.x1 <= box.x1 and box.y0 <= legend.y0
+        return save(fig, *args, **kw)
+
+    monkeypatch.setattr(Figure, "savefig", check)
+    long = raced(_row("random-k 10 %, scaled=False + EF (a long name)", {"compressor": {}}, 50, 1e-3), "pruned")
+    stalled = long._replace(prediction=X.Prediction("stalled", math.nan, math.nan, math.nan))
+    figure.png([*rows, stalled], "acc", True, "t")
+    assert rings == [2]  # rows top-down: y = 3 QSGD, y = 2 dense, y = 1 top-k, y = 0 the unranked one
+    assert seen["labels"][::-1][:3] == ["1. QSGD (pruned)", "2. dense", "3. top-k"] and seen["inside"]
     only = R.rank([qsgd, raced(_row("signSGD", {"compressor": {"name": "signsgd"}}, 70, 1e-3), "pruned")], 200)
     ok, line = R.recommendation(only, "test_accuracy>=0.42", "1x8", 200)
     assert ok and line.startswith("Recommended: QSGD") and "pruned by the race" not in line

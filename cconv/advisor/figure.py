@@ -26,7 +26,15 @@ def _one_per_candidate(rows: list[Row]) -> list[Row]:
     return ranked + [r for r in best.values() if not r.rank]
 
 
-def _legend(ax) -> None:
+def _label(r: Row) -> str:
+    """A row's axis label: its rank and name, marked when the race pruned it (its rank is its
+    curve's; the recommendation is the ringed row) or when it is not ranked."""
+    if not r.rank:
+        return f"{r.candidate} (not ranked)"
+    return f"{r.rank}. {r.candidate}" + (" (pruned)" if "pruned" in r.flags else "")
+
+
+def _legend(fig) -> None:
     from matplotlib.lines import Line2D
 
     handles = [
@@ -36,7 +44,9 @@ def _legend(ax) -> None:
         Line2D([], [], marker="o", ls="", color="k", label="dense baseline (square when observed)"),
         Line2D([], [], marker="x", ls="", color="0.5", label="not ranked (reason in the table)"),
     ]
-    ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=3, frameon=False)
+    # a figure legend the layout makes room for (one under the axes, centred on them, ran off the
+    # figure's right edge when long candidate names pushed the axes right)
+    fig.legend(handles=handles, fontsize=8, loc="outside lower center", ncol=3, frameon=False)
 
 
 def png(rows: list[Row], metric: str, higher: bool, title: str, baseline: str = "dense") -> bytes:
@@ -64,7 +74,7 @@ def png(rows: list[Row], metric: str, higher: bool, title: str, baseline: str = 
         ax.plot([r.time_s], [y], "s" if r.prediction.observed else "o", color=color, ms=7)
         if r.recommended:
             ax.plot([r.time_s], [y], "o", mfc="none", mec="C3", ms=14, mew=1.5)
-    labels = [f"{r.rank}. {r.candidate}" if r.rank else f"{r.candidate} (not ranked)" for r in reversed(rs)]
+    labels = [_label(r) for r in reversed(rs)]
     ax.set_yticks(range(len(rs)), labels, fontsize=8)
     ax.set_xscale("log")
     ax.set_xlim(lo, hi)
@@ -72,7 +82,7 @@ def png(rows: list[Row], metric: str, higher: bool, title: str, baseline: str = 
     ax.set_xlabel(f"time to reach the target on the cluster (s, log): {metric}")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3, which="both", axis="x")
-    _legend(ax)
+    _legend(fig)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=130)
     plt.close(fig)
