@@ -16,12 +16,17 @@ import math
 from cconv.advisor.ranking import Row
 
 
+def _preference(r: Row) -> tuple:
+    """Which of a candidate's rows (one per schedule) the figure draws: the recommended one, else
+    its fastest ranked one, else the first."""
+    return (r.recommended, bool(r.rank), -r.time_s if r.rank else 0.0)
+
+
 def _one_per_candidate(rows: list[Row]) -> list[Row]:
     best: dict[str, Row] = {}
     for r in rows:
-        cur = best.get(r.candidate)
-        if cur is None or r.recommended or (r.rank and not cur.recommended and (not cur.rank or r.time_s < cur.time_s)):
-            best[r.candidate] = r  # the recommended row, else the candidate's fastest ranked schedule
+        if r.candidate not in best or _preference(r) > _preference(best[r.candidate]):
+            best[r.candidate] = r
     ranked = sorted((r for r in best.values() if r.rank), key=lambda r: r.rank)
     return ranked + [r for r in best.values() if not r.rank]
 

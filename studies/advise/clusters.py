@@ -48,8 +48,6 @@ def _score(task: str, out: str) -> dict:
     other_dir = out + "-seeds3"
     other = V.ground_truth(task, other_dir) if os.path.exists(os.path.join(other_dir, task, "truth.json")) else None
     b = V.score(task, truth, V._target(task, out), V.TASKS[task]["base"]["steps"], independent=other)
-    steps = [d["step_s"] for d in truth.values()]
-    b["step_spread"] = max(steps) / min(steps)
     b["pick_reaches"] = not math.isinf(b["regret"])  # JSON keeps inf as null, like NaN
     b["pick_reaches_other"] = not math.isinf(b.get("regret_other", math.nan))
     baseline, compressed = _kinds(task, out)
@@ -159,6 +157,18 @@ def load(path: str) -> list:
     return [dict(r, score=_nan(r["score"])) for r in rows]
 
 
+def _ratios(rows: list, family: str) -> list:
+    """actual / predicted steps of each distinct prediction by ``family`` in ``rows`` (predicted,
+    not observed, and reached in the full runs)."""
+    distinct: dict = {}  # the first of each (set, task, candidate, prediction)
+    for r in rows:
+        for x in r["score"]["rows"]:
+            if x["family"] == family and not x["observed"] and math.isfinite(x["predicted"] + x["actual"]):
+                key = (r["set"], r["task"], x["candidate"], round(x["predicted"], 1))
+                distinct.setdefault(key, x["actual"] / x["predicted"])
+    return list(distinct.values())
+
+
 def _families(rows: list) -> list:
     """How each curve family's predictions (not observed rows) compare with the full runs: all
     distinct predictions of the tables above, and those of the tuning tasks at 1x8 alone."""
@@ -176,15 +186,7 @@ def _families(rows: list) -> list:
     for fam in ("power", "exp", "loglogistic", "warp"):
         cells = []
         for keep in (lambda r: True, _tuning_at_1x8):
-            seen, ratios = set(), []
-            for r in filter(keep, rows):
-                for x in r["score"]["rows"]:
-                    if x["family"] != fam or x["observed"] or not math.isfinite(x["predicted"]):
-                        continue
-                    key = (r["set"], r["task"], x["candidate"], round(x["predicted"], 1))
-                    if key not in seen and math.isfinite(x["actual"]):
-                        seen.add(key)
-                        ratios.append(x["actual"] / x["predicted"])
+            ratios = _ratios([r for r in rows if keep(r)], fam)
             med = f"{np.median(ratios):.2f}" if ratios else "-"
             share = f"{np.mean(np.asarray(ratios) > 1):.0%}" if ratios else "-"
             cells += [str(len(ratios)), med, share]

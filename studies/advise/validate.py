@@ -47,7 +47,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEEDS, WORKERS = 3, 8
-CLUSTER, NETWORK = "1x8", None  # the cluster the constants were chosen on (--cluster/--network: another)
+TUNED_ON = ("1x8", None)  # the cluster (and network: the default) the constants were chosen on
+CLUSTER, NETWORK = TUNED_ON  # the cluster scored (--cluster/--network: another)
 BIG = 1e12  # the time of a candidate that never reaches the target (or is not ranked): last, tied
 GOALS = {"tau": 0.7, "regret": 1.10, "coverage": 0.70, "width": 3.0, "wall_ratio": 1.5}
 # compress_vectors pinned: the validation's tasks (and the constants chosen on them) were set when 1-D
@@ -184,7 +185,7 @@ def set_cluster(spec: str, network: str | None = None) -> None:
 def _on_cluster(name: str) -> str:
     """``name.json`` on the default cluster, ``name-<cluster>-<network>.json`` on another: the
     step times and wall times depend on the cluster, the full runs do not."""
-    return f"{name}.json" if (CLUSTER, NETWORK) == ("1x8", None) else f"{name}-{CLUSTER}-{NETWORK or 'default'}.json"
+    return f"{name}.json" if (CLUSTER, NETWORK) == TUNED_ON else f"{name}-{CLUSTER}-{NETWORK or 'default'}.json"
 
 
 def ground_truth(task: str, out: str, only: list | None = None) -> dict:
@@ -363,7 +364,7 @@ def score(
     pt = _times(seen, rows)
     at = _times([r["actual"] for r in rows], rows)
     tau = float(kendalltau(pt, at).statistic)
-    pick = _pick(pt, rows)
+    pick = _pick(seen, rows)
     if pt[pick] >= BIG:
         regret, pick_name = math.nan, "no recommendation"
     else:
@@ -395,19 +396,15 @@ def score(
     )
 
 
-def _pick(pt: np.ndarray, rows: list) -> int:
-    """The advisor's recommendation (``ranking.pick``), else the fastest seen time."""
+def _pick(seen: list, rows: list) -> int:
+    """The advisor's recommendation (``ranking.pick``) from each row's seen steps (inf: not
+    ranked); the first row when nothing is ranked (``score`` says "no recommendation")."""
     from cconv.advisor.race import PRUNED
     from cconv.advisor.ranking import pick
 
-    ranked = [r if math.isfinite(r["predicted"]) else None for r in rows]
-    i = pick(
-        [math.inf if r is None else t for r, t in zip(ranked, pt, strict=True)],
-        [r["predicted"] if r and r["observed"] else (r["hi"] if r else math.inf) for r in ranked],
-        [r["step_s"] for r in rows],
-        [r["race"] == PRUNED for r in rows],
-    )
-    return int(np.argmin(pt)) if i is None else i
+    step_s = [r["step_s"] for r in rows]
+    i = pick([t * s for t, s in zip(seen, step_s, strict=True)], seen, step_s, [r["race"] == PRUNED for r in rows])
+    return 0 if i is None else i
 
 
 def _times(steps: list, rows: list) -> np.ndarray:
@@ -576,7 +573,7 @@ def markdown(results: list, settings, command: str) -> str:
         "every choice.",
         *(
             []
-            if (CLUSTER, NETWORK) == ("1x8", None)
+            if (CLUSTER, NETWORK) == TUNED_ON
             else ["", f"Cluster {CLUSTER} over {NETWORK or 'the default network'}: the constants were set on 1x8."]
         ),
         "",
