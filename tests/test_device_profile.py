@@ -93,3 +93,23 @@ def test_calibrate_measures_and_plan_reads_it(tmp_path, capsys):
     assert f"device {device.name}: {device.flops:.3g} FLOP/s" in capsys.readouterr().out
     assert cli.main(["calibrate", "--out", str(out), "--sizes", "10"]) == 2  # bad input: the old profile stays
     assert DP.load(str(out))[0] == device
+
+
+def test_device_numbers_grow_the_problem_past_launch_cost(monkeypatch):
+    """A device number is the best rate over sizes doubled until one call takes MIN_CALL_S: a call
+    dominated by a fixed launch cost (a GPU's small matrix product) does not set the device's rate,
+    and growth stops at the first size that runs long enough (a CPU measures one size)."""
+    launch, rate = 1e-3, 1e9  # a toy device: 1 ms per call + work / 1e9 per second
+    seen = []
+
+    def fake_median(fn, arg, repeats):
+        seen.append(arg)
+        return launch + arg / rate
+
+    monkeypatch.setattr(DP, "_median_s", fake_median)
+    got = DP._grown_rate(lambda n: (None, n), lambda n: float(n), (1e5, 4e6, 1e8), repeats=1)
+    assert seen == [1e5, 4e6]  # 1e5 takes 1.1 ms (launch-bound), 4e6 5 ms >= MIN_CALL_S: stop there
+    assert got == pytest.approx(4e6 / (launch + 4e6 / rate))  # 0.8e9/s, not 1e5's 0.09e9/s
+    seen.clear()
+    DP._grown_rate(lambda n: (None, n), lambda n: float(n), (1e8, 1e9), repeats=1)
+    assert seen == [1e8]  # long enough at once: one size, as on a CPU

@@ -240,7 +240,16 @@ def test_gpu_check_dry_run_writes_every_table(tmp_path):
     p = _gpu_check("--dry-run", "--out", str(out), "--runs", str(runs), cwd=tmp_path)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     check = json.loads((out / "dry-cpu-check.json").read_text())
-    assert check["backend"] == "cpu" and [s["returncode"] for s in check["steps"]] == [0, 0]
+    assert check["backend"] == "cpu" and [s["returncode"] for s in check["steps"]] == [0] * 5
+    profile = json.loads((out / "dry-cpu-profile.json").read_text())
+    assert profile["device"]["flops"] > 0 and [r["d"] for r in profile["compressors"]["topk"]] == [1000]
+    plan = (out / "dry-cpu-plan.md").read_text()
+    assert plan.count("$ cconv plan --cluster 1x1 --measure gpu_measured.yaml") == 2
+    assert "--device-profile dry-cpu-profile.json" in plan and "modelled on h100" in plan
+    assert [line.split()[0] for line in plan.splitlines() if line.startswith(("none ", "topk "))] == [
+        "none",
+        "topk",
+    ] * 2
     bench = json.loads((out / "dry-cpu.json").read_text())
     assert "topk" in {r["name"] for r in bench["a"]["rows"]} and bench["a"]["floors"][0]["read_floor_s"] > 0
     assert {r["config"] for r in bench["b"]["rows"]} == {"dense", "topk 1% + EF"}

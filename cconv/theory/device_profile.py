@@ -3,8 +3,11 @@
 ``measure`` times, on the machine it runs on (the default JAX device), with jitted programs, every
 measurement the median of ``repeats`` calls after one warm-up call (compilation excluded):
 
-* ``flops``: sustained FLOP/s of a float32 n x n matrix product (2 n^3 FLOPs);
-* ``mem_bw``: bytes/s of an elementwise pass over a float32 vector (it reads and writes 4 d bytes);
+* ``flops``: sustained FLOP/s of a float32 n x n matrix product (2 n^3 FLOPs), n doubled from 512
+  until one product takes ``MIN_CALL_S`` (the best rate seen: on a GPU a small product measures
+  the launch, not the device);
+* ``mem_bw``: bytes/s of an elementwise pass over a float32 vector (it reads and writes 4 d bytes),
+  d grown likewise from 4 M floats;
 * ``launch_s``: seconds of the smallest jitted call (one element), dispatch and launch included;
 * per compressor (``methods``, each with its entry's ``Bench`` hyper-parameters at ratio 0.01) and
   size d (``sizes``): its compress and decompress times as multiples of the measured read floor
@@ -56,14 +59,41 @@ def _median_s(fn, *args, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _device_numbers(repeats: int, n: int = 512, d: int = 1 << 22) -> tuple[float, float, float]:
+# A device number is measured on a problem grown (doubled) until one call takes at least this long
+# (or the size cap): a 512 x 512 product is launch-bound on a GPU (about 5 us of arithmetic on an
+# H100 against about 10 us to launch it), so its FLOP/s would describe the launch, not the device.
+MIN_CALL_S = 0.002
+MATMUL_SIZES = (512, 1024, 2048, 4096, 8192)
+PASS_SIZES = (1 << 22, 1 << 24, 1 << 26)
+
+
+def _grown_rate(make, work, sizes, repeats: int) -> float:
+    """The highest ``work(n) / seconds`` over ``sizes`` in order, stopping after the first size whose
+    call takes at least ``MIN_CALL_S`` (a CPU stops at the first; a GPU grows past its launch cost)."""
+    best = 0.0
+    for n in sizes:
+        fn, arg = make(n)
+        t = _median_s(fn, arg, repeats=repeats)
+        best = max(best, work(n) / t)
+        if t >= MIN_CALL_S:
+            break
+    return best
+
+
+def _device_numbers(repeats: int) -> tuple[float, float, float]:
+    """(FLOP/s of a float32 n x n product: 2 n^3 FLOPs, bytes/s of an elementwise pass over d
+    floats: 8 d bytes read and written, seconds of a one-element jitted call)."""
     import jax
     import jax.numpy as jnp
 
-    a = jnp.ones((n, n), jnp.float32)
-    flops = 2.0 * n**3 / _median_s(jax.jit(lambda x: x @ x), a, repeats=repeats)
-    v = jnp.ones((d,), jnp.float32)
-    mem_bw = 8.0 * d / _median_s(jax.jit(lambda x: x * 1.5 + 1.0), v, repeats=repeats)
+    def matmul(n):
+        return jax.jit(lambda x: x @ x), jnp.ones((n, n), jnp.float32)
+
+    def elementwise(d):
+        return jax.jit(lambda x: x * 1.5 + 1.0), jnp.ones((d,), jnp.float32)
+
+    flops = _grown_rate(matmul, lambda n: 2.0 * n**3, MATMUL_SIZES, repeats)
+    mem_bw = _grown_rate(elementwise, lambda d: 8.0 * d, PASS_SIZES, repeats)
     launch = _median_s(jax.jit(lambda x: x + 1.0), jnp.ones((1,), jnp.float32), repeats=repeats)
     return flops, mem_bw, launch
 
