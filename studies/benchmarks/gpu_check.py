@@ -86,7 +86,7 @@ MODES = {
         CALIBRATE + ["--repeats", "10"],
         PLAN + ["--measure-steps", "20"],
         ["--parts", "a,b", "--sizes", "1e6,2.5e7", "--models", "mlp1m,mlp,cnn", "--b-repeats", "5"],
-        {"calibrate": 90, "plan": 60, "bench": 160, "sweep": 140},
+        {"calibrate": 90, "plan": 60, "bench": 150, "sweep": 120},
     ),
     "dry": Mode(
         ["--methods", "topk", "--sizes", "1000", "--repeats", "1"],
