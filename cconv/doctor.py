@@ -37,6 +37,7 @@ kernel is built: the kernel then sits in the CPU branch of ``lax.platform_depend
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import time
 from collections import Counter
@@ -378,6 +379,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"\n{summary_words(results, platforms)} ({time.perf_counter() - t0:.0f} s)")
     if args.json:
         rows = [{**r._asdict(), "combo": {**r.combo._asdict(), "hparams": dict(r.combo.hparams)}} for r in results]
+        io.check_writable(os.path.dirname(os.path.abspath(args.json)))  # its directory, made if missing
         io.write_json(args.json, rows)
     return 1 if any(r.status == "fails" for r in results) else 0
 

@@ -113,3 +113,29 @@ def test_device_numbers_grow_the_problem_past_launch_cost(monkeypatch):
     seen.clear()
     DP._grown_rate(lambda n: (None, n), lambda n: float(n), (1e8, 1e9), repeats=1)
     assert seen == [1e8]  # long enough at once: one size, as on a CPU
+
+
+def test_calibrate_refuses_its_out_before_measuring_and_makes_its_directory(tmp_path, monkeypatch, capsys):
+    """``--out`` is checked before minutes of measuring (a link, a directory, another file: one
+    line, exit 2, nothing measured or written); a missing directory is made, as ``report --csv``
+    makes its own."""
+    from cconv.theory import calibrate_cli
+
+    measured = []
+    monkeypatch.setattr(DP, "measure", lambda *a, **k: measured.append(1) or PROFILE)
+    run = calibrate_cli.COMMAND.handler
+    other = tmp_path / "notes.json"
+    other.write_text('{"mine": 1}')
+    (tmp_path / "link.json").symlink_to(tmp_path / "elsewhere.json")
+    (tmp_path / "dir.json").mkdir()
+    for bad in ("notes.json", "link.json", "dir.json"):
+        args = type("A", (), {"out": str(tmp_path / bad), "methods": "topk", "sizes": None, "repeats": None})
+        assert run(args) == 2
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert measured == [] and not (tmp_path / "elsewhere.json").exists()
+    assert json.loads(other.read_text()) == {"mine": 1}
+    args = type(
+        "A", (), {"out": str(tmp_path / "new" / "dir" / "p.json"), "methods": "topk", "sizes": None, "repeats": None}
+    )
+    assert run(args) == 0 and measured == [1]
+    assert DP.load(str(tmp_path / "new" / "dir" / "p.json"))[0].flops == 1e12

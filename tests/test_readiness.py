@@ -128,8 +128,9 @@ def test_doctor_cli_prints_the_table(monkeypatch, tmp_path, capsys):
     picked = [topk, topk._replace(memory="dgc"), topk._replace(launcher="pmap"), topk._replace(collective="allgather")]
     picked.append(powersgd._replace(memory="dgc"))  # refused by the engine: a reason, not a failure
     monkeypatch.setattr(doctor, "combos", lambda full=False: picked)
-    out = tmp_path / "doctor.json"
+    out = tmp_path / "new" / "doctor.json"  # its directory is made, as report --csv makes its own
     assert cli.main(["doctor", "--platform", "cuda", "--json", str(out)]) == 0
+    assert [r["status"] for r in json.loads(out.read_text())][:1] == ["lowers"]
     text = capsys.readouterr().out
     header = next(line for line in text.splitlines() if line.startswith("compressor (options)"))
     assert header.split() == ["compressor", "(options)", "cuda"]

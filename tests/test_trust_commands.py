@@ -339,6 +339,8 @@ def test_doctor_json_never_follows_a_link_nor_blocks(kind, tmp_path):
         ("plot", "{run}", "--out", "{tmp}/sweep.json"),
         ("doctor", "--json", "{run}/doctor.json"),
         ("doctor", "--json", "{run}/summary.json"),
+        ("calibrate", "--out", "{run}/profile.json", "--sizes", "1000"),
+        ("calibrate", "--out", "{run}/config.yaml", "--sizes", "1000"),
     ],
     ids=[
         "csv-config",
@@ -347,11 +349,14 @@ def test_doctor_json_never_follows_a_link_nor_blocks(kind, tmp_path):
         "plot-sweep-index",
         "doctor-in-run",
         "doctor-summary",
+        "calibrate-in-run",
+        "calibrate-config",
     ],
 )
 def test_a_command_writes_only_its_own_kind_of_file(argv, tmp_path):
-    """A report, a figure or the doctor's JSON never takes the name of a file cconv keeps in a run
-    or sweep directory, nor a place inside a run's own directories; doctor's JSON is not a result."""
+    """A report, a figure, the doctor's JSON or a device profile never takes the name of a file cconv
+    keeps in a run or sweep directory, nor a place inside a run's own directories; doctor's JSON and
+    a profile are not results."""
     run = fake_run(tmp_path / "run")
     os.makedirs(os.path.join(run, io.CHECKPOINTS))
     argv = [a.format(run=run, tmp=tmp_path) for a in argv]

@@ -20,6 +20,7 @@ def run(args: argparse.Namespace) -> int:
         methods = [m.strip() for m in (args.methods or ",".join(DP.default_methods())).split(",") if m.strip()]
         if not methods:
             raise ValueError("--methods is empty")
+        DP.check_out(args.out)  # before minutes of measuring
         profile = DP.measure(methods, list(args.sizes or DP.DEFAULT_SIZES), args.repeats or 5)
         DP.write(args.out, profile)
     except ValueError as e:

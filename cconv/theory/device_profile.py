@@ -198,13 +198,15 @@ def load(path: str) -> tuple[Device, dict[str, tuple[Ratio, ...]]]:
     return parse(data, f"--device-profile {os.path.basename(path)}")
 
 
-def write(path: str, profile: dict) -> None:
-    """Write ``profile`` to ``path`` atomically; an existing file is replaced only if it is a
-    cconv device profile (nothing else is overwritten)."""
+def check_out(path: str) -> None:
+    """Refuse, before anything is measured, an ``--out`` that ``write`` may not replace: anything
+    but a missing file or a cconv device profile (a link, a directory, another file), or a place
+    no directory can be made (``cconv.experiments.io.check_output``); a one-line ValueError."""
     import json
 
     from cconv.experiments import io
 
+    io.check_output(path, "--out", in_results=False)
     if io.check_entry(path):
         try:
             ok = json.loads(io.read_text(path)).get("kind") == KIND
@@ -212,8 +214,16 @@ def write(path: str, profile: dict) -> None:
             ok = False
         if not ok:
             raise ValueError(f"--out {path} exists and is not a cconv device profile; not overwriting it")
-    io.check_creatable(os.path.dirname(os.path.abspath(path)))
+
+
+def write(path: str, profile: dict) -> None:
+    """Write ``profile`` to ``path`` atomically (its directory made if missing); an existing file
+    is replaced only if it is a cconv device profile (``check_out``: nothing else is overwritten)."""
+    from cconv.experiments import io
+
+    check_out(path)
+    io.check_writable(os.path.dirname(os.path.abspath(path)))
     io.write_json(path, profile)
 
 
-__all__ = ["KIND", "VERSION", "measure", "parse", "load", "write", "DEFAULT_SIZES", "default_methods"]
+__all__ = ["KIND", "VERSION", "measure", "parse", "load", "check_out", "write", "DEFAULT_SIZES", "default_methods"]
