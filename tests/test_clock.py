@@ -269,6 +269,62 @@ def test_plan_measure_end_to_end_on_simulated_devices(tmp_path):
         assert x["measured_on"] == "4 x cpu" and x["measure_steps"] == 3
 
 
+def _two_processes(tmp_path, *argv) -> list:
+    """``cconv ARGV`` in two processes joined by ``jax.distributed`` (CCONV_* variables, gloo, one
+    CPU device each): [(exit status, stdout, stderr)] of process 0 and 1."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env |= dict(JAX_PLATFORMS="cpu", CCONV_COORDINATOR=f"127.0.0.1:{port}", CCONV_NUM_PROCESSES="2")
+    env |= dict(PYTHONPATH=root, CCONV_PROGRESS="0")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "cconv", *argv],
+            cwd=tmp_path,
+            env={**env, "CCONV_PROCESS_ID": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    outs = [p.communicate(timeout=240) for p in procs]
+    return [(p.returncode, *o) for p, o in zip(procs, outs, strict=True)]
+
+
+@pytest.mark.slow
+def test_plan_measure_across_two_processes_with_jax_distributed(tmp_path):
+    """Started in every process with ``CCONV_*`` variables (as srun or mpirun would), ``plan
+    --measure`` joins jax.distributed and times each row's step over both processes' devices;
+    process 0 alone prints the table (gloo's own lines kept off stdout: the JSON parses), and a
+    cluster that is not those devices is one line, exit 2, in each process."""
+    cfg = _config(tmp_path, {k: v for k, v in TINY.items() if k != "advise"})
+    base = ["plan", "--measure", cfg, "--methods", "none,topk", "--ratios", "0.1", "--measure-steps", "3"]
+    (rc0, out0, err0), (rc1, out1, err1) = _two_processes(tmp_path, *base, "--cluster", "1x2", "--json")
+    assert (rc0, rc1) == (0, 0), err0[-1500:] + err1[-1500:]
+    recs = json.loads(out0)
+    assert [x["method"] for x in recs] == ["none", "topk"] and out1 == ""
+    for x in recs:
+        assert x["measured_on"] == "2 x cpu in 2 processes" and x["workers"] == 2 and x["measured_s"] > 0
+    for rc, out, err in _two_processes(tmp_path, *base, "--cluster", "1x4"):
+        lines = [ln for ln in err.splitlines() if ln.startswith("cconv: error:")]
+        assert (
+            rc == 2
+            and out == ""
+            and lines
+            == [
+                "cconv: error: --measure across 2 processes runs one worker per device of all of them: the cluster "
+                "has 4 workers, the processes 2 cpu device(s)"
+            ]
+        )
+
+
 def test_the_measured_plan_table_puts_the_measurement_beside_the_model():
     from cconv.advisor.plan_measure import format_measured
     from cconv.theory import cluster as CL

@@ -13,6 +13,12 @@ machine it ran on, not of the cluster named: with ``--device-profile`` from ``cc
 the same machine the two columns describe the same hardware, except for the network, which the
 model takes from ``--network`` / ``--intra``.
 
+On a cluster: started in every process by ``srun``, ``mpirun`` or with ``CCONV_COORDINATOR``,
+``CCONV_NUM_PROCESSES`` and ``CCONV_PROCESS_ID`` set (``cconv.distributed.detect``), the command
+joins ``jax.distributed`` (``cconv.distributed.initialize``) and times each row's step over every
+process's devices, one worker per device (P must equal them; the config's launcher must run
+across processes: ``shard_map``); process 0 prints the table.
+
 This module sits above ``cconv.theory`` (it builds and runs trainers), so the option is added to
 the ``plan`` command here and ``python -m cconv.theory.plan_cli`` does not have it.
 """
@@ -20,7 +26,9 @@ the ``plan`` command here and ``python -m cconv.theory.plan_cli`` does not have 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
 import sys
 import warnings
 
@@ -120,17 +128,44 @@ def _measure_rows(cfg, rows: list, repeats: int, notes: list) -> dict:
     return out
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr(on: bool):
+    """While ``on``, file descriptor 1 writes to 2: what a library prints (gloo's "Rank 0 is
+    connected to 1 peer ranks") stays out of the table and of ``--json`` on stdout."""
+    if not on:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _plan(args: argparse.Namespace, repeats: int) -> tuple[str, list]:
     """(text, JSON records) of the measured plan."""
+    from cconv import distributed
     from cconv._startup import configure_devices, quiet_libraries
 
     cl0 = cluster.from_args(args)
-    configure_devices(cl0.workers)  # before jax starts its backend
+    if distributed.detect() == "single":
+        configure_devices(cl0.workers)  # before jax starts its backend
+    else:  # started by srun, mpirun or with CCONV_* variables: every process's devices, jax.distributed
+        distributed.initialize()
     quiet_libraries()
     import jax
 
     from cconv.experiments import build, clock
 
+    if jax.process_count() > 1 and jax.device_count() != cl0.workers:
+        raise ValueError(
+            f"--measure across {jax.process_count()} processes runs one worker per device of all of them: the "
+            f"cluster has {cl0.workers} workers, the processes {jax.device_count()} {jax.default_backend()} device(s)"
+        )
     if jax.device_count() < cl0.workers:
         raise ValueError(
             f"--measure runs each method's step with one device per worker: the cluster has {cl0.workers} workers, "
@@ -151,7 +186,8 @@ def _plan(args: argparse.Namespace, repeats: int) -> tuple[str, list]:
     kw = dict(sweep=sweep, fixed=plan_cli.fixed_of(args), schedule=args.schedule or "fusion", bench=bench, notes=notes)
     kw |= dict(architecture=args.architecture or "hierarchical", interference=args.interference or 0.0)
     per_cluster = [(c, predict.predict(c, profile, args.methods, **kw)) for c in clusters]
-    secs = _measure_rows(cfg, per_cluster[0][1], repeats, notes)
+    with _stdout_to_stderr(jax.process_count() > 1):  # gloo's C++ prints its connections on stdout
+        secs = _measure_rows(cfg, per_cluster[0][1], repeats, notes)
     where, texts, records = clock.device_label(), [], []
     for c, rows in per_cluster:
         texts.append(format_measured(c, args.measure, cfg, rows, secs, where, repeats, sorted(set(notes))))
@@ -202,7 +238,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(error_line(str(e)), file=sys.stderr)
         return 2
-    print(text)
+    import jax
+
+    if jax.process_index() == 0:  # across processes (jax.distributed) one table, process 0's timings
+        print(text)
     return 0
 
 

@@ -194,13 +194,16 @@ class Trainer:
             )
         return self._fns[phase]
 
-    def _inputs(self, batch, key):
+    def _check_batch(self, batch) -> None:
         b_axis = 0 if self.seeds is None else 1
         for x in jax.tree.leaves(batch):
             if self.seeds is not None and (x.ndim < 2 or x.shape[0] != self.seeds):
                 raise ValueError(f"seeds={self.seeds}: batch leaves need a leading seed axis, got {x.shape}")
             if x.shape[b_axis] % self.workers:
                 raise ValueError(f"global batch size {x.shape[b_axis]} is not divisible by workers={self.workers}")
+
+    def _inputs(self, batch, key):
+        self._check_batch(batch)
         return self.launcher.inputs(batch, key)
 
     def shard(self, batch):
@@ -208,7 +211,7 @@ class Trainer:
         worker's rows on its device (a seed axis first with ``seeds``).  Optional: ``step`` takes
         a host batch too, but placing it ahead (e.g. in a prefetching data loader) takes the
         transfer out of the step."""
-        self._inputs(batch, None)
+        self._check_batch(batch)  # no key here: across processes a launcher's inputs() places one too
         return self.launcher.shard(batch)
 
     def step(self, state: EngineState, batch, key):

@@ -296,9 +296,11 @@ def measure_step(problem, repeats: int = MEASURE_REPEATS, steps: int | None = No
 
 
 def device_label() -> str:
-    """This process's devices, e.g. ``8 x cpu`` (what a measured step ran on)."""
+    """The devices a measured step ran on, e.g. ``8 x cpu``, or ``2 x cpu in 2 processes`` across
+    processes (``jax.distributed``)."""
     devs = jax.devices()
-    return f"{len(devs)} x {devs[0].device_kind}"
+    n = jax.process_count()
+    return f"{len(devs)} x {devs[0].device_kind}" + (f" in {n} processes" if n > 1 else "")
 
 
 __all__ = [
