@@ -51,7 +51,16 @@ copybutton_only_copy_prompt_lines = True
 
 # Pages written on other branches: listed in the guide's table of contents when present, so the
 # site builds with or without them (index.md's OPTIONAL_PAGES line).
-OPTIONAL_PAGES = ["guarantees", "signals", "config_rules", "gpu", "clusters", "advise", "extending"]
+OPTIONAL_PAGES = [
+    "guarantees",
+    "signals",
+    "config_rules",
+    "gpu",
+    "clusters",
+    "advise",
+    "advise_validation",
+    "extending",
+]
 
 
 def _optional_pages(app, docname, source):

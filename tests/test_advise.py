@@ -873,7 +873,7 @@ def test_the_figure_draws_the_named_baseline_black_and_labels_unranked_rows(monk
 
 
 def test_a_candidate_the_race_pruned_is_ranked_from_its_curve_but_not_recommended(monkeypatch):
-    """The fresh held-out task's failure (docs/advise.md): QSGD, pruned at the first rung, was
+    """The fresh held-out task's failure (docs/advise_validation.md): QSGD, pruned at the first rung, was
     extrapolated from 8 steps to a slow end faster than the finalists' and recommended, and never
     reached the target.  The race's verdict now decides: a pruned row keeps its rank and is
     flagged, the recommendation is the first row the race did not prune (the line names the ones

@@ -181,7 +181,7 @@ def test_readme_advise_table_is_the_committed_validation():
 
 
 def test_cluster_validation_table_is_made_from_its_data():
-    """studies/advise/clusters/results.md (included in docs/advise.md) is what ``clusters.py`` makes
+    """studies/advise/clusters/results.md (included in docs/advise_validation.md) is what ``clusters.py`` makes
     of the committed results.json: the tables of the advice on other clusters are the data's."""
     mod = _load("advise_clusters", os.path.join(ROOT, "studies/advise/clusters.py"))
     d = os.path.join(ROOT, "studies/advise/clusters")

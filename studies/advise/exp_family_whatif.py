@@ -14,7 +14,7 @@ overstates the rate at the end.  The variants:
 
     PYTHONPATH=. python studies/advise/exp_family_whatif.py   (needs validate.py's full runs; ~7 min)
 
-Printed 2026-11-28 (docs/advise.md, "On clusters it was not tuned on"); none kept.
+Printed 2026-11-28 (docs/advise_validation.md, "On clusters it was not tuned on"); none kept.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ the test evaluations of a long probe), beside today's every k; the same constant
     PYTHONPATH=. python studies/advise/logging_whatif.py [--calibrate]   (needs validate.py's full runs)
 
 ``--calibrate``: the geometric rows with z, kappa and kappa_slow chosen for that schedule by
-validate.py's own rule.  Printed 2026-11-28 (docs/advise.md, "Wall time"): text's regret 1.13 ->
+validate.py's own rule.  Printed 2026-11-28 (docs/advise_validation.md, "Wall time"): text's regret 1.13 ->
 1.00, noniid's coverage 83 % -> 67 %, BatchNorm's tau 0.76 -> 0.69; recalibrated (z = 1.0) the
 same coverage on noniid, text's 67 %, BatchNorm's tau 0.62; not kept."""
 

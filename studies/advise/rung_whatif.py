@@ -17,7 +17,7 @@ validation's full runs on its four clusters, both sets (the tasks' setting and c
 
     PYTHONPATH=. python studies/advise/rung_whatif.py   (needs validate.py's full runs; ~1 min)
 
-Printed 2026-11-28 (docs/advise.md, "The race"); not kept.
+Printed 2026-11-28 (docs/advise_validation.md, "What was measured and tried"); not kept.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ BIG = 1e12  # the time of a candidate that never reaches the target (or is not r
 GOALS = {"tau": 0.7, "regret": 1.10, "coverage": 0.70, "width": 3.0, "wall_ratio": 1.5}
 # compress_vectors pinned: the validation's tasks (and the constants chosen on them) were set when 1-D
 # tensors (biases, norm scales) were compressed too, the default until 2026-11-27; today's default
-# (dense) is validated apart: --dense-vectors (docs/advise.md, studies/advise/dense_vectors/)
+# (dense) is validated apart: --dense-vectors (docs/advise_validation.md, studies/advise/dense_vectors/)
 COMMON = dict(
     workers=WORKERS, optimizer={"name": "sgd"}, seed=0, launcher="vmap", checkpoint_every=100000, compress_vectors=True
 )
