@@ -1,11 +1,13 @@
 """What a command must do before jax starts a backend: ask XLA for simulated CPU devices, keep
-library chatter quiet.  A leaf module (it imports nothing of cconv), so that the CLI and the
-commands that register themselves with it (``cconv.doctor``, ``cconv.advisor.cli``) share it
-without importing each other."""
+library chatter quiet (and off stdout, across processes).  A leaf module (it imports nothing of
+cconv), so that the CLI and the commands that register themselves with it (``cconv.doctor``,
+``cconv.advisor.cli``) share it without importing each other."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 
 # One process simulates at most this many CPU devices: XLA takes minutes, silently, to start
 # tens of thousands (workers=65536 hung for minutes before this bound; 1024 start in seconds).
@@ -34,3 +36,21 @@ def quiet_libraries() -> None:
 
     for name in ("absl", "orbax", "jax._src.xla_bridge"):
         logging.getLogger(name).setLevel(logging.ERROR)
+
+
+@contextlib.contextmanager
+def stdout_to_stderr(on: bool):
+    """While ``on``, file descriptor 1 writes to 2: what a library prints from C++ (gloo's "Rank 0
+    is connected to 1 peer ranks", across processes) stays out of a command's table and ``--json``."""
+    if not on:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)

@@ -65,6 +65,20 @@ def detect() -> str:
     return "single"
 
 
+def launched_processes() -> int:
+    """How many processes the launcher started, read from its environment before anything starts
+    (SLURM's ``SLURM_NTASKS``, OpenMPI's ``OMPI_COMM_WORLD_SIZE``, ``CCONV_NUM_PROCESSES``); 1 when
+    none says (a process started by hand)."""
+    for var in ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "CCONV_NUM_PROCESSES"):
+        try:
+            n = int(os.environ.get(var, ""))
+        except ValueError:
+            continue
+        if n >= 1:
+            return n
+    return 1
+
+
 def initialize(
     coordinator_address: str | None = None,
     num_processes: int | None = None,

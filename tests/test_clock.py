@@ -325,6 +325,38 @@ def test_plan_measure_across_two_processes_with_jax_distributed(tmp_path):
         )
 
 
+@pytest.mark.slow
+def test_advise_timing_measured_across_two_processes(tmp_path):
+    """``cconv advise --timing measured`` started in two processes (jax.distributed, gloo): each
+    candidate's step is timed across both, process 0 alone races (its probes on its own device,
+    their checkpoints its own) and writes the advice; the other prints nothing.  Without
+    ``--timing measured`` several processes are refused in one line (each would race alone), and
+    so is a cluster that is not their devices."""
+    cfg = _config(tmp_path)
+    base = ["advise", cfg, "--cluster", "1x2", "--target", "test_accuracy=0.5", "--seeds", "2", "--out", "adv"]
+    (rc0, out0, err0), (rc1, out1, err1) = _two_processes(tmp_path, *base, "--timing", "measured", "--json")
+    assert (rc0, rc1) == (0, 0), err0[-2000:] + err1[-2000:]
+    adv = json.loads(out0)
+    assert out1 == "" and adv["timing"] == "measured" and "measured on 2 x cpu in 2 processes" in adv["cluster"]
+    assert all(r["step"]["measured_s"] > 0 for r in adv["rows"]) and adv["spent"] > 0
+    assert sorted(os.listdir(tmp_path / "adv")) == ["advice.json", "advice.png", "probes"]
+    for rc, out, err in _two_processes(tmp_path, *base):
+        lines = [ln for ln in err.splitlines() if ln.startswith("cconv: error:")]
+        assert rc == 2 and out == "" and len(lines) == 1 and "started as 2 processes" in lines[0]
+    wrong = [a if a != "1x2" else "1x4" for a in base]
+    for rc, out, err in _two_processes(tmp_path, *wrong, "--timing", "measured"):
+        lines = [ln for ln in err.splitlines() if ln.startswith("cconv: error:")]
+        assert (
+            rc == 2
+            and out == ""
+            and lines
+            == [
+                "cconv: error: --timing measured across 2 processes runs one worker per device of all of them: the "
+                "cluster has 4 workers, the processes 2 cpu device(s)"
+            ]
+        )
+
+
 def test_the_measured_plan_table_puts_the_measurement_beside_the_model():
     from cconv.advisor.plan_measure import format_measured
     from cconv.theory import cluster as CL

@@ -174,9 +174,7 @@ def prepare(
             f"{b:g} allows {b * cfg.steps:.0f} ({b:g} x {cfg.steps} steps): raise --budget to "
             f"{math.ceil(100 * need / cfg.steps) / 100:g} or fewer candidates (advise:)"
         )
-    from cconv.experiments import build as B
-
-    first = B.problem(configs[0], probes.compiler_options())  # the target's metrics now, the dense probe later
+    first = probes.new_problem(configs[0])  # the target's metrics now, the dense probe later
     tgt = _parse_target(_target_text(target, sp, cfg), first)
     name = os.path.splitext(os.path.basename(src))[0] if src != "config" else "config"
     out = out or os.path.join("results", "advise", name)
@@ -485,6 +483,36 @@ def _where(plan: Plan) -> str:
     return plan.cluster.name + (f" ({steptime.measured_on()})" if plan.timing == "measured" else "")
 
 
+def _advice(plan: Plan, result, rows: list, said: tuple, merged: list, checks: list, outputs: dict, built) -> Advice:
+    """The record of a finished race (``advise``; its wall times are the caller's to set)."""
+    ok, line = said
+    return Advice(
+        config=plan.source,
+        cluster=_where(plan),
+        target=str(plan.target),
+        workers=plan.cluster.workers,
+        steps=plan.base.steps,
+        budget=plan.budget,
+        spent=result.spent / plan.base.steps,
+        seeds=plan.seeds,
+        rows=rows,
+        supported=ok,
+        recommendation=line,
+        skipped=plan.skipped + merged,
+        rungs=[r._asdict() for r in result.rungs],
+        verify=checks,
+        race_wall_s=0.0,
+        wall_s=0.0,
+        compile_s=built.seconds,
+        programs=built.programs,
+        build_wait_s=built.blocked,
+        build_threads=build_threads(),
+        programs_reused=built.shared,
+        outputs=outputs,
+        timing=plan.timing,
+    )
+
+
 def advise(
     config: Any,
     cluster: Any,
@@ -498,10 +526,13 @@ def advise(
     figure: bool = True,
     timing: str = "modelled",
     repeats: int | None = None,
-) -> Advice:
+) -> Advice | None:
     """Race, predict, rank (module docstring).  ``cluster``: a ``cconv.theory.cluster.Cluster`` or
     ``"NODESxGPUS"``; ``timing``: modelled on the cluster or measured here (``repeats`` steps per
-    phase; ``cconv.advisor.steptime``).  Writes ``<out>/probes/``, ``advice.json`` and ``advice.png``."""
+    phase; ``cconv.advisor.steptime``).  Writes ``<out>/probes/``, ``advice.json`` and ``advice.png``.
+    Measured across the processes of ``jax.distributed`` (``cconv.distributed.initialize`` before
+    jax starts: the command started by srun or mpirun), every process times each candidate's step
+    with the others, process 0 alone races, writes and returns the advice, the others None."""
     from cconv.experiments import io
     from cconv.experiments.compiletime import CompileMeter, shared_programs
 
@@ -509,6 +540,9 @@ def advise(
     kw = dict(target=target, budget=budget, seeds=seeds, out=out, overrides=overrides, timing=timing)
     with shared_programs(), CompileMeter(also=TRAIN_THREADS) as built:
         plan = prepare(config, cluster, repeats=repeats, **kw)
+        if not steptime.leads():  # a measured run across processes: this one helps time the steps, no more
+            _entrants(plan)
+            return None
         byname, merged, result, seen = run_race(plan)
         race_wall = time.perf_counter() - t0
         rows = evaluate(plan, byname, result, seen)
@@ -518,30 +552,7 @@ def advise(
         if figure:
             _figure(plan, rows, outputs)
         checks = verify(plan, byname, rows, verify_top) if verify_top else []
-    advice = Advice(
-        config=plan.source,
-        cluster=where,
-        target=str(plan.target),
-        workers=plan.cluster.workers,
-        steps=plan.base.steps,
-        budget=plan.budget,
-        spent=result.spent / plan.base.steps,
-        seeds=plan.seeds,
-        rows=rows,
-        supported=ok,
-        recommendation=line,
-        skipped=plan.skipped + merged,
-        rungs=[r._asdict() for r in result.rungs],
-        verify=checks,
-        race_wall_s=race_wall,
-        wall_s=time.perf_counter() - t0,
-        compile_s=built.seconds,
-        programs=built.programs,
-        build_wait_s=built.blocked,
-        build_threads=build_threads(),
-        programs_reused=built.shared,
-        outputs=outputs,
-        timing=plan.timing,
-    )
+    advice = _advice(plan, result, rows, (ok, line), merged, checks, outputs, built)
+    advice = advice._replace(race_wall_s=race_wall, wall_s=time.perf_counter() - t0)
     io.atomic_write_text(outputs["json"], ranking.dumps(advice))
     return advice

@@ -6,6 +6,7 @@ import argparse
 import math
 import sys
 
+from cconv import distributed
 from cconv.advisor import ranking
 from cconv.advisor.steptime import TIMINGS
 from cconv.cli_schema import Command, Option
@@ -44,28 +45,39 @@ def _verify_table(rows) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cconv._startup import configure_devices, quiet_libraries
+    from cconv._startup import configure_devices, quiet_libraries, stdout_to_stderr
 
     if not 0 <= args.verify <= 64:
         raise ValueError(f"--verify must be an integer in [0, 64], got {args.verify}")
     cluster = CL.from_args(args)
-    if args.timing == "measured":  # one simulated CPU device per worker, before jax starts
+    n = distributed.launched_processes()
+    if n > 1 and args.timing != "measured":
+        raise ValueError(
+            f"started as {n} processes: cconv advise races in one process; only --timing measured uses several "
+            f"(each candidate's step timed across them); start it once, or add --timing measured"
+        )
+    if args.timing == "measured" and n > 1:  # the cluster's processes: jax.distributed, before jax starts
+        distributed.initialize()
+    elif args.timing == "measured":  # one simulated CPU device per worker, before jax starts
         configure_devices(cluster.workers)
     quiet_libraries()
     from cconv.advisor.api import advise
 
-    adv = advise(
-        args.config,
-        cluster,
-        target=args.target,
-        budget=args.budget,
-        seeds=args.seeds,
-        verify_top=args.verify,
-        out=args.out,
-        overrides=args.set,
-        timing=args.timing,
-        repeats=args.measure_steps,
-    )
+    with stdout_to_stderr(n > 1):  # gloo's C++ prints its connections on stdout
+        adv = advise(
+            args.config,
+            cluster,
+            target=args.target,
+            budget=args.budget,
+            seeds=args.seeds,
+            verify_top=args.verify,
+            out=args.out,
+            overrides=args.set,
+            timing=args.timing,
+            repeats=args.measure_steps,
+        )
+    if adv is None:  # another process of a measured run across processes: its part was the timing
+        return 0
     if args.json:
         sys.stdout.write(ranking.dumps(adv) + "\n")
         return 0

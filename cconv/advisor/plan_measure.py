@@ -26,9 +26,7 @@ the ``plan`` command here and ``python -m cconv.theory.plan_cli`` does not have 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
-import os
 import sys
 import warnings
 
@@ -128,28 +126,10 @@ def _measure_rows(cfg, rows: list, repeats: int, notes: list) -> dict:
     return out
 
 
-@contextlib.contextmanager
-def _stdout_to_stderr(on: bool):
-    """While ``on``, file descriptor 1 writes to 2: what a library prints (gloo's "Rank 0 is
-    connected to 1 peer ranks") stays out of the table and of ``--json`` on stdout."""
-    if not on:
-        yield
-        return
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
 def _plan(args: argparse.Namespace, repeats: int) -> tuple[str, list]:
     """(text, JSON records) of the measured plan."""
     from cconv import distributed
-    from cconv._startup import configure_devices, quiet_libraries
+    from cconv._startup import configure_devices, quiet_libraries, stdout_to_stderr
 
     cl0 = cluster.from_args(args)
     if distributed.detect() == "single":
@@ -186,7 +166,7 @@ def _plan(args: argparse.Namespace, repeats: int) -> tuple[str, list]:
     kw = dict(sweep=sweep, fixed=plan_cli.fixed_of(args), schedule=args.schedule or "fusion", bench=bench, notes=notes)
     kw |= dict(architecture=args.architecture or "hierarchical", interference=args.interference or 0.0)
     per_cluster = [(c, predict.predict(c, profile, args.methods, **kw)) for c in clusters]
-    with _stdout_to_stderr(jax.process_count() > 1):  # gloo's C++ prints its connections on stdout
+    with stdout_to_stderr(jax.process_count() > 1):  # gloo's C++ prints its connections on stdout
         secs = _measure_rows(cfg, per_cluster[0][1], repeats, notes)
     where, texts, records = clock.device_label(), [], []
     for c, rows in per_cluster:

@@ -169,16 +169,22 @@ def probe_config(
     return cfg
 
 
+def new_problem(cfg: RunConfig, like: Problem | None = None) -> Problem:
+    """A probe's Problem (``build.problem``): its programs built as ``compiler_options`` says, on
+    the launcher's default devices in one process; across the processes of a measured run
+    (``cconv.advisor.steptime.leads``) on this process's first device, so that process 0 races alone."""
+    from cconv.experiments import build as B
+
+    devices = jax.local_devices()[:1] if jax.process_count() > 1 else None
+    return B.problem(cfg, compiler_options(), like=like, devices=devices)
+
+
 def build(
     cfg: RunConfig, cand: Candidate, run_dir: str, problem: Problem | None = None, like: Problem | None = None
 ) -> Probe:
     """The candidate's Problem, built once (data, model, compiled trainer on first use); ``like``:
     another candidate's, whose data set and initial models it shares (``build.problem``)."""
-    from cconv.experiments import build as B
-
-    if problem is None:
-        problem = B.problem(cfg, compiler_options(), like=like)
-    return Probe(cand, cfg, problem, run_dir)
+    return Probe(cand, cfg, problem if problem is not None else new_problem(cfg, like), run_dir)
 
 
 def train_to(probe: Probe, steps: int) -> Progress:

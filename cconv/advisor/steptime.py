@@ -98,6 +98,11 @@ def check_timing(timing: str, repeats: Any, schedules: tuple, workers: int) -> i
         )
     import jax
 
+    if jax.process_count() > 1 and jax.device_count() != workers:
+        raise ValueError(
+            f"--timing measured across {jax.process_count()} processes runs one worker per device of all of them: "
+            f"the cluster has {workers} workers, the processes {jax.device_count()} {jax.default_backend()} device(s)"
+        )
     if jax.device_count() < workers:
         raise ValueError(
             f"--timing measured runs each candidate's step with one device per worker: the cluster has {workers} "
@@ -119,6 +124,14 @@ def measure(cfg: RunConfig, launcher: str, repeats: int) -> float:
         warnings.simplefilter("ignore")
         problem = build.problem(from_dict(raw, source="measured candidate"))
     return clock.measure_step(problem, repeats, steps=min(STEPS, cfg.steps))
+
+
+def leads() -> bool:
+    """Is this the process that races and writes (process 0; the only one, unless a measured run
+    spans the processes of ``jax.distributed``)?"""
+    import jax
+
+    return jax.process_index() == 0
 
 
 def measured_on() -> str:

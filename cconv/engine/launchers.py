@@ -253,7 +253,7 @@ class Vmap(_StackedLayout):
 
     def __init__(self, engine_cfg, devices=None, mpi_comm=None, seeds=None, compiler_options=None):
         super().__init__(engine_cfg, devices, mpi_comm, seeds, compiler_options)
-        if jax.process_count() > 1:
+        if jax.process_count() > 1 and devices is None:  # named devices: a computation of this process alone
             raise ValueError("launcher='vmap' runs every worker in one process (multi-process: use 'shard_map')")
         device = list(devices if devices is not None else jax.devices())[0]
         self.sharded = self.replicated = SingleDeviceSharding(device)

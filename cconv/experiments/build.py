@@ -118,12 +118,13 @@ def _first_line(e: BaseException) -> str:
 # --------------------------------------------------------------------------- the one pass
 
 
-def problem(cfg: RunConfig, compiler_options: dict | None = None, like: Problem | None = None) -> Problem:
+def problem(cfg: RunConfig, compiler_options: dict | None = None, like: Problem | None = None, devices=None) -> Problem:
     """Everything a run needs, stage by stage (module docstring); bad input raises a one-line
     ValueError (``ConfigError`` where cconv checks it), and nothing is written.  ``compiler_options``:
     XLA's, for every program of the run (``cconv.engine.build``; none: XLA's defaults).  ``like``: a
     Problem whose config has the same data, model and seeds (the advisor's other candidates): its
-    data set and initial models (immutable arrays) are reused, the batchers made anew."""
+    data set and initial models (immutable arrays) are reused, the batchers made anew.  ``devices``:
+    the trainer's (``cconv.engine.build``; none: the launcher's default, every device)."""
     same = like is not None and same_inputs(cfg, like)
     run_data = load_data(cfg, like.ds if same else None)
     nets = Models(like.specs, like.loss_fn, like.eval_fn) if same else init_models(cfg, run_data.ds)
@@ -140,7 +141,7 @@ def problem(cfg: RunConfig, compiler_options: dict | None = None, like: Problem 
         eval_fn=nets.eval_fn,
         optimizer=optimizer,
         engine_cfg=engine_cfg,
-        trainer=make_trainer(cfg, nets, optimizer, engine_cfg, compiler_options),
+        trainer=make_trainer(cfg, nets, optimizer, engine_cfg, compiler_options, devices),
         batchers=run_data.batchers,
         seeds=cfg.seeds(),
     )
@@ -629,6 +630,7 @@ def make_trainer(
     optimizer: optax.GradientTransformation,
     engine_cfg: EngineConfig,
     compiler_options: dict | None = None,
+    devices=None,
 ) -> Trainer:
     """Stage 6: the engine's trainer on the first seed's model; several seeds: one program that
     carries a leading seed axis (the engine's ``build(seeds=S)``)."""
@@ -642,4 +644,5 @@ def make_trainer(
         model_state=spec.model_state,
         seeds=n if n > 1 else None,
         compiler_options=compiler_options,
+        devices=devices,
     )

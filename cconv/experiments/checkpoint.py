@@ -29,17 +29,21 @@ def _is_key(x) -> bool:
     return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
-def _leaf_out(x):
-    if _is_key(x):
-        return jax.random.key_data(x)
-    if isinstance(x, (jax.Array, np.ndarray)):
-        return x
-    return np.asarray(x)
-
-
-def _abstract(x):
+def _leaf_out(x, host: bool = False):
+    """A leaf as orbax writes it; ``host``: as a NumPy array (one process among several: orbax
+    writes no array of a single process's device, ``Checkpointer``)."""
     if _is_key(x):
         x = jax.random.key_data(x)
+    if isinstance(x, jax.Array):
+        return np.asarray(jax.device_get(x)) if host else x
+    return x if isinstance(x, np.ndarray) else np.asarray(x)
+
+
+def _abstract(x, host: bool = False):
+    if _is_key(x):
+        x = jax.random.key_data(x)
+    if isinstance(x, jax.Array) and host:
+        return np.zeros(x.shape, x.dtype)  # read back as NumPy, placed on the template's device after
     if isinstance(x, jax.Array):
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
     a = np.asarray(x)
@@ -47,6 +51,8 @@ def _abstract(x):
 
 
 def _leaf_in(restored, template):
+    if not isinstance(restored, jax.Array) and isinstance(template, jax.Array):  # read back as NumPy (host)
+        restored = jax.device_put(restored, template.sharding if not _is_key(template) else None)
     if _is_key(template):
         return jax.random.wrap_key_data(restored, impl=jax.random.key_impl(template))
     if isinstance(template, jax.Array):
@@ -74,21 +80,42 @@ def write_error_reason(e: BaseException) -> str:
     return first if len(first) <= 200 else first[:197] + "..."
 
 
+def _this_process_only(local: bool) -> dict:
+    """orbax's options: a run's checkpoints, or with ``local`` among several processes
+    (``jax.distributed``) this process's alone, with no barrier that waits for the others."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    if not local or jax.process_count() == 1:
+        return {"create": True}
+    me = jax.process_index()  # the directory exists (``io.ensure_dir``): orbax's create is for all processes
+    mp = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
+    return {"create": False, "multiprocessing_options": mp}
+
+
 class Checkpointer:
     """``save(step, state, meta)`` / ``restore(template) -> (step, state, meta)`` over orbax.
 
-    Keeps the ``keep`` most recent checkpoints under ``directory``.
+    Keeps the ``keep`` most recent checkpoints under ``directory``.  ``local``: the run is this
+    process's alone even where ``jax.distributed`` joins several (the runner: ``RunDir``; the
+    advisor races in process 0 of a measured run across processes): its arrays are written from
+    the host as NumPy and no other process takes part.  Otherwise every process saves its shards of
+    the global arrays together, as orbax does.
     """
 
-    def __init__(self, directory: str, keep: int = 1):
+    def __init__(self, directory: str, keep: int = 1, local: bool = False):
         import orbax.checkpoint as ocp
 
         self._ocp = ocp
         self.directory = io.ensure_dir(os.path.abspath(directory))  # a real directory, never a link
         opts = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=True, enable_async_checkpointing=False, cleanup_tmp_directories=True
+            max_to_keep=keep,
+            enable_async_checkpointing=False,
+            cleanup_tmp_directories=True,
+            **_this_process_only(local),
         )
         self._mngr = ocp.CheckpointManager(self.directory, options=opts)
+        self._host = local and jax.process_count() > 1  # one process's run among several: NumPy leaves
 
     def latest_step(self) -> int | None:
         return self._mngr.latest_step()
@@ -117,7 +144,7 @@ class Checkpointer:
         its partial temporary directory (the previous checkpoint stays the latest) and raises a
         one-line ``CheckpointError`` naming the checkpoint and the reason."""
         ocp = self._ocp
-        leaves = {str(i): _leaf_out(x) for i, x in enumerate(jax.tree.leaves(state))}
+        leaves = {str(i): _leaf_out(x, self._host) for i, x in enumerate(jax.tree.leaves(state))}
         try:
             self._mngr.save(
                 int(step),
@@ -162,7 +189,7 @@ class Checkpointer:
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
         t_leaves, treedef = jax.tree.flatten(template)
-        abstract = {str(i): _abstract(x) for i, x in enumerate(t_leaves)}
+        abstract = {str(i): _abstract(x, self._host) for i, x in enumerate(t_leaves)}
         out = self._mngr.restore(
             step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore())
         )

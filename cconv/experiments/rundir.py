@@ -143,8 +143,9 @@ class RunDir:
                 yield "finished" if io.is_finished(self.path) else "resume"
 
     def checkpointer(self, keep: int) -> Checkpointer:
-        """The run's checkpoints (``checkpoints/``), the ``keep`` latest kept."""
-        return Checkpointer(self.file(io.CHECKPOINTS), keep=keep)
+        """The run's checkpoints (``checkpoints/``), the ``keep`` latest kept; this process's own (a
+        run of the runner is one process's, ``Checkpointer(local=True)``)."""
+        return Checkpointer(self.file(io.CHECKPOINTS), keep=keep, local=True)
 
     def cut_metrics(self, step: int) -> None:
         """Cut metrics.jsonl back to the lines of steps ``<= step`` (-1: empty it)."""
