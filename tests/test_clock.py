@@ -269,9 +269,15 @@ def test_plan_measure_end_to_end_on_simulated_devices(tmp_path):
         assert x["measured_on"] == "4 x cpu" and x["measure_steps"] == 3
 
 
+def _mkdir(path):
+    path.mkdir(exist_ok=True)
+    return path
+
+
 def _two_processes(tmp_path, *argv) -> list:
     """``cconv ARGV`` in two processes joined by ``jax.distributed`` (CCONV_* variables, gloo, one
-    CPU device each): [(exit status, stdout, stderr)] of process 0 and 1."""
+    CPU device each), process r in ``tmp_path/p<r>`` (as on two hosts): [(exit status, stdout,
+    stderr)] of process 0 and 1."""
     import socket
     import subprocess
     import sys
@@ -286,7 +292,7 @@ def _two_processes(tmp_path, *argv) -> list:
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "cconv", *argv],
-            cwd=tmp_path,
+            cwd=_mkdir(tmp_path / f"p{r}"),
             env={**env, "CCONV_PROCESS_ID": str(r)},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -339,7 +345,8 @@ def test_advise_timing_measured_across_two_processes(tmp_path):
     adv = json.loads(out0)
     assert out1 == "" and adv["timing"] == "measured" and "measured on 2 x cpu in 2 processes" in adv["cluster"]
     assert all(r["step"]["measured_s"] > 0 for r in adv["rows"]) and adv["spent"] > 0
-    assert sorted(os.listdir(tmp_path / "adv")) == ["advice.json", "advice.png", "probes"]
+    assert sorted(os.listdir(tmp_path / "p0" / "adv")) == ["advice.json", "advice.png", "probes"]
+    assert os.listdir(tmp_path / "p1") == []  # the other process wrote nothing
     for rc, out, err in _two_processes(tmp_path, *base):
         lines = [ln for ln in err.splitlines() if ln.startswith("cconv: error:")]
         assert rc == 2 and out == "" and len(lines) == 1 and "started as 2 processes" in lines[0]

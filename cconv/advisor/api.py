@@ -261,7 +261,8 @@ def _entrants(plan: Plan) -> tuple[list, list]:
     entrants, merged, profile, dense_colls = [], [], None, None
     for c, cfg in zip(plan.candidates, plan.configs, strict=True):
         first = c is plan.candidates[0]
-        pr = probes.build(cfg, c, _probe_dir(plan.out, c), plan.first if first else None, like=plan.first)
+        where = _probe_dir(plan.out, c) if steptime.leads() else ""  # another process of a measured run writes nothing
+        pr = probes.build(cfg, c, where, plan.first if first else None, like=plan.first)
         profile = profile or steptime.profile_of(pr.problem)
         colls = [(k.kind, k.bytes, k.count) for k in pr.problem.trainer.collectives(0)]
         if c.dense and dense_colls is None:

@@ -14,7 +14,7 @@ the same machine the two columns describe the same hardware, except for the netw
 model takes from ``--network`` / ``--intra``.
 
 On a cluster: started in every process by ``srun``, ``mpirun`` or with ``CCONV_COORDINATOR``,
-``CCONV_NUM_PROCESSES`` and ``CCONV_PROCESS_ID`` set (``cconv.distributed.detect``), the command
+``CCONV_NUM_PROCESSES`` and ``CCONV_PROCESS_ID`` set (``cconv.distributed.launched_processes``), the command
 joins ``jax.distributed`` (``cconv.distributed.initialize``) and times each row's step over every
 process's devices, one worker per device (P must equal them; the config's launcher must run
 across processes: ``shard_map``); process 0 prints the table.
@@ -132,10 +132,10 @@ def _plan(args: argparse.Namespace, repeats: int) -> tuple[str, list]:
     from cconv._startup import configure_devices, quiet_libraries, stdout_to_stderr
 
     cl0 = cluster.from_args(args)
-    if distributed.detect() == "single":
-        configure_devices(cl0.workers)  # before jax starts its backend
-    else:  # started by srun, mpirun or with CCONV_* variables: every process's devices, jax.distributed
+    if distributed.launched_processes() > 1:  # srun, mpirun or CCONV_* variables: jax.distributed
         distributed.initialize()
+    else:
+        configure_devices(cl0.workers)  # before jax starts its backend
     quiet_libraries()
     import jax
 
