@@ -158,3 +158,26 @@ def test_mpirun_ends_the_other_ranks_and_names_the_lost_one(tmp_path):
     text = p.communicate(timeout=60)[0]
     assert p.returncode != 0 and _progress(out + ".progress0") < 2000
     assert "process rank 1" in text and "signal 9" in text, text[-2000:]
+
+
+@pytest.mark.parametrize(
+    "env, n",
+    [
+        ({}, 1),
+        ({"SLURM_NTASKS": "4"}, 4),
+        ({"SLURM_NTASKS": "1", "SLURM_JOB_ID": "7", "SLURM_PROCID": "0"}, 1),  # srun -n 1: one process
+        ({"OMPI_COMM_WORLD_SIZE": "2"}, 2),
+        ({"CCONV_NUM_PROCESSES": "3"}, 3),
+        ({"CCONV_NUM_PROCESSES": "x"}, 1),
+    ],
+)
+def test_launched_processes_reads_the_launchers_environment(monkeypatch, env, n):
+    """The commands that measure across processes (plan --measure, advise --timing measured) join
+    jax.distributed only when the launcher started several."""
+    from cconv import distributed
+
+    for var in ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "CCONV_NUM_PROCESSES"):
+        monkeypatch.delenv(var, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert distributed.launched_processes() == n
