@@ -120,3 +120,22 @@ def test_checkpoint_roundtrip_of_arbitrary_pytree(tmp_path):
     assert back["pos"] == 4 and back["nested"] == {"epoch": 2}
     assert back["perm"].dtype == np.int64 and back["perm"].tolist() == list(range(6))
     json.dumps(meta)
+
+
+def test_a_directory_holding_only_another_sweeps_transient_files_is_new(tmp_path, monkeypatch):
+    """Two sweeps started at once on one directory: the second may list it while the first holds
+    its write probe or its sweep.json's temporary file; that is an empty (new) directory, not a
+    foreign one (before: 'is not empty and is not a cconv sweep directory', one sweep refused)."""
+    from cconv.experiments import sweep
+
+    fd, name = io._new_temp(str(tmp_path), "." + io.SWEEP_INDEX + ".")
+    os.close(fd)
+    assert io.is_transient(os.path.basename(name))
+    probe = tmp_path / (io.WRITE_PROBE + "k2x9_a")
+    probe.write_text("")
+    assert sweep.read_index(str(tmp_path)) is None
+    for name in ("notes.tmp", ".x.json.zzzzzzzzzzzz.tmp", ".x.json.abc.tmp", "..0123456789ab.tmp", "sweep.tmp"):
+        assert not io.is_transient(name), name
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="is not empty and is not a cconv sweep directory"):
+        sweep.read_index(str(tmp_path))

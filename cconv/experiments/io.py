@@ -463,6 +463,23 @@ def check_output(path: str, what: str, *, in_results: bool = True) -> str:
 WRITE_PROBE = ".cconv-write-probe-"  # the prefix of ``check_writable``'s probe file (removed at once)
 
 
+def is_transient(name: str) -> bool:
+    """Is ``name`` a file cconv creates and removes within one call: ``check_writable``'s probe, or
+    an atomic write's temporary file (``.<name>.<12 hex digits>.tmp``, ``_new_temp``)?  Another
+    process may see one for an instant (a sweep starting in the same directory)."""
+    if name.startswith(WRITE_PROBE):
+        return True
+    head, dot, tail = name.rpartition(".")
+    stem, _, token = head.rpartition(".")
+    return (
+        name.startswith(".")
+        and tail == "tmp"
+        and len(stem) > 1  # "." + the file's name
+        and len(token) == 12
+        and all(c in "0123456789abcdef" for c in token)
+    )
+
+
 def check_writable(directory: str) -> None:
     """Create ``directory`` (and parents) and prove a file can be written there; a clear
     ValueError (``OutputError``) otherwise.  Nothing existing is modified."""

@@ -266,8 +266,11 @@ def _sha256(path: str) -> str:
 
 def read_index(out: str) -> dict | None:
     """``<out>/sweep.json`` (None when ``out`` is absent or empty: a new sweep directory).  A
-    non-empty directory without one is not a sweep's: refused (one line), as is a damaged one."""
-    if not os.path.isdir(out) or not os.listdir(out):
+    non-empty directory without one is not a sweep's: refused (one line), as is a damaged one.
+    Empty counts what another sweep starting there holds for an instant (its write probe, the
+    temporary file of its sweep.json: ``io.is_transient``), so two sweeps started at once both go
+    on (each run is then trained by one of them, ``io.run_lock``)."""
+    if not os.path.isdir(out) or all(io.is_transient(n) for n in os.listdir(out)):
         return None
     path = os.path.join(out, io.SWEEP_INDEX)
     if not io.check_entry(path):
