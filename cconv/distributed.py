@@ -29,7 +29,9 @@ fails because its peer died (gloo: "Connection closed by peer") leaves the decis
 (``sys.excepthook`` waits for its next round), so that error too ends in that one line; an
 uncaught error of the process itself is printed as usual and the process leaves at once (the
 others then find it lost).  ``shutdown`` (also run at exit) first waits at a barrier for every
-process, so that process 0, which hosts the service, never leaves before the others.  When
+process, so that process 0, which hosts the service, never leaves before the others, and last
+waits for the watch thread to return: a daemon thread still inside JAX's client when the
+interpreter finalises made the process abort after its work (exit 134, "exception not rethrown").  When
 process 0 dies, the service dies with it and JAX's client aborts the others at once from its own
 thread (SIGABRT, with its C++ stack trace); jaxlib 0.10 gives Python no way to replace that
 (its ``missed_heartbeat_callback`` aborts with ``std::bad_cast`` when given a Python function).
@@ -137,6 +139,14 @@ def shutdown() -> None:
     if jax.process_count() > 1:
         PeerWatch.finish()
         jax.distributed.shutdown()
+        PeerWatch.join()
+
+
+def _at_exit() -> None:
+    """``shutdown`` at the interpreter's exit, unless the program called it (or JAX's) already."""
+    if _client() is not None:
+        shutdown()
+    PeerWatch.join()
 
 
 def _client():
@@ -148,7 +158,8 @@ def _client():
 class PeerWatch:
     """The liveness thread of one process (module docstring); one per process, class-level."""
 
-    thread: threading.Thread | None = None
+    thread: threading.Thread | None = None  # the running watch (None once the end began)
+    watcher: threading.Thread | None = None  # the same thread, kept to be joined (``join``)
     ended = threading.Event()  # this process passed the end barrier: every process got there
     departed = threading.Event()  # process 0: every other process has left (shut down its client)
     rounds = 0  # liveness rounds completed with every process alive
@@ -160,7 +171,7 @@ class PeerWatch:
         cls.heartbeat, cls.rounds = heartbeat, 0
         cls.ended.clear()
         cls.departed.clear()
-        cls.thread = threading.Thread(target=cls._run, name="cconv-peer-watch", daemon=True)
+        cls.thread = cls.watcher = threading.Thread(target=cls._run, name="cconv-peer-watch", daemon=True)
         cls.thread.start()
         previous = sys.excepthook
 
@@ -170,7 +181,7 @@ class PeerWatch:
             previous(*exc)
 
         sys.excepthook = excepthook
-        atexit.register(cls.finish)
+        atexit.register(_at_exit)
 
     @classmethod
     def _run(cls) -> None:
@@ -220,6 +231,17 @@ class PeerWatch:
         with cls.rounds_done:
             target = cls.rounds + 2
             cls.rounds_done.wait_for(lambda: cls.rounds >= target, timeout=2 * cls.heartbeat + 5)
+
+    @classmethod
+    def join(cls, timeout: float | None = None) -> None:
+        """Wait for the watch to return (its liveness round ends once the client is shut down).
+        A daemon thread still inside JAX's C++ client when the interpreter finalises is ended with
+        a forced unwind that the client's C++ swallows: the process aborts ("terminate called after
+        throwing an instance of ''", "exception not rethrown"; 1 exit in 12 of a two-process script
+        here), after its work, with exit status 134."""
+        t = cls.watcher
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=cls.heartbeat + 10 if timeout is None else timeout)
 
     @classmethod
     def finish(cls) -> None:
