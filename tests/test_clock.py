@@ -200,10 +200,15 @@ def _config(tmp_path, raw=TINY) -> str:
         (["--timing", "measured", "--measure-steps", "0"], "--measure-steps must be an integer in [1, 1000]"),
         (["--timing", "measured", "--cluster", "4x4"], "one device per worker: the cluster has 16 workers"),
         (["--timing", "measured", "TWO-SCHEDULES"], "give one of advise.schedules (bsp, wfbp)"),
+        # started as 2 processes (srun, mpirun): each would race alone; refused before jax.distributed
+        (["TWO-PROCESSES"], "started as 2 processes: cconv advise races in one process; only --timing measured"),
     ],
 )
-def test_advise_timing_refusals_exit_2_before_writing(args, match, tmp_path, capsys):
+def test_advise_timing_refusals_exit_2_before_writing(args, match, tmp_path, capsys, monkeypatch):
     out = tmp_path / "adv"
+    if "TWO-PROCESSES" in args:
+        monkeypatch.setenv("CCONV_NUM_PROCESSES", "2")
+        args = [a for a in args if a != "TWO-PROCESSES"]
     cluster = [] if "--cluster" in args else ["--cluster", "1x4"]
     raw = {**TINY, "advise": {**TINY["advise"], "schedules": ["bsp", "wfbp"]}} if "TWO-SCHEDULES" in args else TINY
     args = [a for a in args if a != "TWO-SCHEDULES"]
@@ -329,9 +334,9 @@ def test_plan_measure_across_two_processes_with_jax_distributed(tmp_path):
 def test_advise_timing_measured_across_two_processes(tmp_path):
     """``cconv advise --timing measured`` started in two processes (jax.distributed, gloo): each
     candidate's step is timed across both, process 0 alone races (its probes on its own device,
-    their checkpoints its own) and writes the advice; the other prints nothing.  Without
-    ``--timing measured`` several processes are refused in one line (each would race alone), and
-    so is a cluster that is not their devices."""
+    their checkpoints its own) and writes the advice; the other prints nothing.  A cluster that is
+    not their devices is refused in one line in each (several processes without ``--timing
+    measured``: ``test_advise_timing_refusals_exit_2_before_writing``)."""
     cfg = _config(tmp_path)
     base = ["advise", cfg, "--cluster", "1x2", "--target", "test_accuracy=0.5", "--seeds", "2", "--out", "adv"]
     (rc0, out0, err0), (rc1, out1, err1) = _two_processes(tmp_path, *base, "--timing", "measured", "--json")
@@ -341,11 +346,6 @@ def test_advise_timing_measured_across_two_processes(tmp_path):
     assert all(r["step"]["measured_s"] > 0 for r in adv["rows"]) and adv["spent"] > 0
     assert sorted(os.listdir(tmp_path / "p0" / "adv")) == ["advice.json", "advice.png", "probes"]
     assert os.listdir(tmp_path / "p1") == []  # the other process wrote nothing
-    _refused_in_each(
-        _two_processes(tmp_path, *base),
-        "started as 2 processes: cconv advise races in one process; only --timing measured uses several (each "
-        "candidate's step timed across them); start it once, or add --timing measured",
-    )
     wrong = [a if a != "1x2" else "1x4" for a in base]
     _refused_in_each(
         _two_processes(tmp_path, *wrong, "--timing", "measured"),
