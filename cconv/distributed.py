@@ -143,10 +143,25 @@ def shutdown() -> None:
 
 
 def _at_exit() -> None:
-    """``shutdown`` at the interpreter's exit, unless the program called it (or JAX's) already."""
+    """``shutdown`` at the interpreter's exit, unless the program called it (or JAX's) already;
+    either way the watch has returned before the interpreter finalises."""
     if _client() is not None:
         shutdown()
-    PeerWatch.join()
+    else:
+        PeerWatch.join()
+
+
+def start_devices(workers: int) -> None:
+    """Before jax starts its backend, the devices of a command that measures real steps (``cconv
+    plan --measure``, ``cconv advise --timing measured``): every process's, through
+    ``initialize``, when the launcher started several (``launched_processes``); else ``workers``
+    simulated CPU devices in this one (``cconv._startup.configure_devices``)."""
+    from cconv._startup import configure_devices
+
+    if launched_processes() > 1:
+        initialize()
+    else:
+        configure_devices(workers)
 
 
 def _client():

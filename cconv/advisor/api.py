@@ -484,8 +484,10 @@ def _where(plan: Plan) -> str:
     return plan.cluster.name + (f" ({steptime.measured_on()})" if plan.timing == "measured" else "")
 
 
-def _advice(plan: Plan, result, rows: list, said: tuple, merged: list, checks: list, outputs: dict, built) -> Advice:
-    """The record of a finished race (``advise``; its wall times are the caller's to set)."""
+def _advice(
+    plan: Plan, result, rows: list, said: tuple, merged: list, checks: list, outputs: dict, built, walls
+) -> Advice:
+    """The record of a finished race (``advise``); ``walls``: the race's and the whole command's seconds."""
     ok, line = said
     return Advice(
         config=plan.source,
@@ -502,8 +504,8 @@ def _advice(plan: Plan, result, rows: list, said: tuple, merged: list, checks: l
         skipped=plan.skipped + merged,
         rungs=[r._asdict() for r in result.rungs],
         verify=checks,
-        race_wall_s=0.0,
-        wall_s=0.0,
+        race_wall_s=walls[0],
+        wall_s=walls[1],
         compile_s=built.seconds,
         programs=built.programs,
         build_wait_s=built.blocked,
@@ -553,7 +555,8 @@ def advise(
         if figure:
             _figure(plan, rows, outputs)
         checks = verify(plan, byname, rows, verify_top) if verify_top else []
-    advice = _advice(plan, result, rows, (ok, line), merged, checks, outputs, built)
-    advice = advice._replace(race_wall_s=race_wall, wall_s=time.perf_counter() - t0)
+    advice = _advice(
+        plan, result, rows, (ok, line), merged, checks, outputs, built, (race_wall, time.perf_counter() - t0)
+    )
     io.atomic_write_text(outputs["json"], ranking.dumps(advice))
     return advice

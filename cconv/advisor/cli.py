@@ -45,7 +45,7 @@ def _verify_table(rows) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cconv._startup import configure_devices, quiet_libraries, stdout_to_stderr
+    from cconv._startup import quiet_libraries, stdout_to_stderr
 
     if not 0 <= args.verify <= 64:
         raise ValueError(f"--verify must be an integer in [0, 64], got {args.verify}")
@@ -56,10 +56,8 @@ def run(args: argparse.Namespace) -> int:
             f"started as {n} processes: cconv advise races in one process; only --timing measured uses several "
             f"(each candidate's step timed across them); start it once, or add --timing measured"
         )
-    if args.timing == "measured" and n > 1:  # the cluster's processes: jax.distributed, before jax starts
-        distributed.initialize()
-    elif args.timing == "measured":  # one simulated CPU device per worker, before jax starts
-        configure_devices(cluster.workers)
+    if args.timing == "measured":  # before jax starts: jax.distributed, or simulated CPU devices
+        distributed.start_devices(cluster.workers)
     quiet_libraries()
     from cconv.advisor.api import advise
 

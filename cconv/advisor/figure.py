@@ -1,6 +1,6 @@
 """The advice figure: time to target on the cluster, one line per candidate (its name on the axis,
-so no label overlaps another), in the order of the table (rank 1 at the top; the recommendation is
-the first row the race did not prune, ``cconv.advisor.ranking``).
+so no label overlaps another), in the order of the table (rank 1 at the top; the recommendation,
+``cconv.advisor.ranking.pick``, ringed).
 
 Observed times (the race saw the candidate reach the target) are filled squares; predicted ones
 are circles with their interval; the recommendation is ringed; the dense baseline is black;

@@ -30,6 +30,7 @@ import math
 import sys
 import warnings
 
+from cconv.advisor import steptime
 from cconv.cli_schema import Command, Option, error_line
 from cconv.theory import cluster, device_profile, plan_cli, planner, predict
 from cconv.theory.schedule import compress
@@ -129,28 +130,16 @@ def _measure_rows(cfg, rows: list, repeats: int, notes: list) -> dict:
 def _plan(args: argparse.Namespace, repeats: int) -> tuple[str, list]:
     """(text, JSON records) of the measured plan."""
     from cconv import distributed
-    from cconv._startup import configure_devices, quiet_libraries, stdout_to_stderr
+    from cconv._startup import quiet_libraries, stdout_to_stderr
 
     cl0 = cluster.from_args(args)
-    if distributed.launched_processes() > 1:  # srun, mpirun or CCONV_* variables: jax.distributed
-        distributed.initialize()
-    else:
-        configure_devices(cl0.workers)  # before jax starts its backend
+    distributed.start_devices(cl0.workers)  # before jax starts its backend
     quiet_libraries()
     import jax
 
     from cconv.experiments import build, clock
 
-    if jax.process_count() > 1 and jax.device_count() != cl0.workers:
-        raise ValueError(
-            f"--measure across {jax.process_count()} processes runs one worker per device of all of them: the "
-            f"cluster has {cl0.workers} workers, the processes {jax.device_count()} {jax.default_backend()} device(s)"
-        )
-    if jax.device_count() < cl0.workers:
-        raise ValueError(
-            f"--measure runs each method's step with one device per worker: the cluster has {cl0.workers} workers, "
-            f"this machine {jax.device_count()} {jax.default_backend()} device(s)"
-        )
+    steptime.check_devices("--measure", "method", cl0.workers)
     cfg = _config(args.measure, cl0.workers)
     profile = clock.profile_of(build.problem(cfg))
     device, bench = args.device or cluster.DEFAULT_DEVICE, None

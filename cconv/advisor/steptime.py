@@ -96,19 +96,27 @@ def check_timing(timing: str, repeats: Any, schedules: tuple, workers: int) -> i
             f"--timing measured times the real step (its own overlap), beside one schedule's model: give one "
             f"of advise.schedules ({', '.join(schedules)}), or --timing modelled"
         )
+    check_devices("--timing measured", "candidate", workers)
+    return n
+
+
+def check_devices(option: str, unit: str, workers: int) -> None:
+    """Refuse (one line) to measure a ``unit``'s step for a cluster of ``workers`` on devices that
+    cannot hold one worker each: fewer devices here, or across processes (``jax.distributed``)
+    other than exactly one per worker."""
     import jax
 
-    if jax.process_count() > 1 and jax.device_count() != workers:
+    n, kind = jax.device_count(), jax.default_backend()
+    if jax.process_count() > 1 and n != workers:
         raise ValueError(
-            f"--timing measured across {jax.process_count()} processes runs one worker per device of all of them: "
-            f"the cluster has {workers} workers, the processes {jax.device_count()} {jax.default_backend()} device(s)"
+            f"{option} across {jax.process_count()} processes runs one worker per device of all of them: the "
+            f"cluster has {workers} workers, the processes {n} {kind} device(s)"
         )
-    if jax.device_count() < workers:
+    if n < workers:
         raise ValueError(
-            f"--timing measured runs each candidate's step with one device per worker: the cluster has {workers} "
-            f"workers, this machine {jax.device_count()} {jax.default_backend()} device(s)"
+            f"{option} runs each {unit}'s step with one device per worker: the cluster has {workers} workers, "
+            f"this machine {n} {kind} device(s)"
         )
-    return n
 
 
 def measure(cfg: RunConfig, launcher: str, repeats: int) -> float:

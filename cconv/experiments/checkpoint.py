@@ -80,13 +80,12 @@ def write_error_reason(e: BaseException) -> str:
     return first if len(first) <= 200 else first[:197] + "..."
 
 
-def _this_process_only(local: bool) -> dict:
-    """orbax's options: a run's checkpoints, or with ``local`` among several processes
-    (``jax.distributed``) this process's alone, with no barrier that waits for the others."""
-    import jax
+def _manager_options(host: bool) -> dict:
+    """orbax's options: a run's checkpoints, or with ``host`` (one process's run among several,
+    ``jax.distributed``) this process's alone, with no barrier that waits for the others."""
     import orbax.checkpoint as ocp
 
-    if not local or jax.process_count() == 1:
+    if not host:
         return {"create": True}
     me = jax.process_index()  # the directory exists (``io.ensure_dir``): orbax's create is for all processes
     mp = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
@@ -108,14 +107,14 @@ class Checkpointer:
 
         self._ocp = ocp
         self.directory = io.ensure_dir(os.path.abspath(directory))  # a real directory, never a link
+        self._host = local and jax.process_count() > 1  # one process's run among several: NumPy leaves
         opts = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             enable_async_checkpointing=False,
             cleanup_tmp_directories=True,
-            **_this_process_only(local),
+            **_manager_options(self._host),
         )
         self._mngr = ocp.CheckpointManager(self.directory, options=opts)
-        self._host = local and jax.process_count() > 1  # one process's run among several: NumPy leaves
 
     def latest_step(self) -> int | None:
         return self._mngr.latest_step()

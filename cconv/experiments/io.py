@@ -29,6 +29,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import secrets
 import stat
 import tempfile
@@ -190,6 +191,9 @@ def fsync_dir(path: str) -> None:
         pass
     finally:
         os.close(fd)
+
+
+TEMP_NAME = re.compile(r"\..+\.[0-9a-f]{12}\.tmp")  # ``_new_temp``'s names for ``atomic_write_bytes``
 
 
 def _new_temp(directory: str, prefix: str) -> tuple[int, str]:
@@ -465,19 +469,9 @@ WRITE_PROBE = ".cconv-write-probe-"  # the prefix of ``check_writable``'s probe 
 
 def is_transient(name: str) -> bool:
     """Is ``name`` a file cconv creates and removes within one call: ``check_writable``'s probe, or
-    an atomic write's temporary file (``.<name>.<12 hex digits>.tmp``, ``_new_temp``)?  Another
+    an atomic write's temporary file (``_new_temp``: ``.<name>.<12 hex digits>.tmp``)?  Another
     process may see one for an instant (a sweep starting in the same directory)."""
-    if name.startswith(WRITE_PROBE):
-        return True
-    head, dot, tail = name.rpartition(".")
-    stem, _, token = head.rpartition(".")
-    return (
-        name.startswith(".")
-        and tail == "tmp"
-        and len(stem) > 1  # "." + the file's name
-        and len(token) == 12
-        and all(c in "0123456789abcdef" for c in token)
-    )
+    return name.startswith(WRITE_PROBE) or TEMP_NAME.fullmatch(name) is not None
 
 
 def check_writable(directory: str) -> None:

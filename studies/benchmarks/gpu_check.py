@@ -50,21 +50,19 @@ QUICKSTART = ROOT / "studies" / "quickstart.yaml"
 ONE_DEVICE_LAUNCHER = "vmap"
 
 MEASURED = HERE / "gpu_measured.yaml"  # the run config of step 2
-CALIBRATE = [
-    "--methods",
-    "topk,randomk,signsgd,qsgd,powersgd,terngrad,dgc",
-    "--sizes",
-    "10000,100000,1000000,10000000,30000000",
-]
+METHODS = "topk,randomk,signsgd,qsgd,powersgd,terngrad,dgc"  # calibrated (step 1) and planned (step 2)
+CALIBRATE = ["--methods", METHODS, "--sizes", "10000,100000,1000000,10000000,30000000", "--repeats", "10"]
 PLAN = [
     "--methods",
-    "none,topk,randomk,signsgd,qsgd,powersgd,terngrad,dgc",
+    f"none,{METHODS}",
     "--ratios",
     "0.01",
     "--ranks",
     "4",
     "--schedule",
     "bsp",
+    "--measure-steps",
+    "20",
 ]
 BENCH_FULL = ["--parts", "a,b", "--sizes", "1e5,1e6,1e7,2.5e7", "--models", "mlp1m,mlp,cnn"]
 BENCH_DRY = ["--parts", "a,b", "--sizes", "4096", "--names", "topk", "--repeats", "1"]
@@ -81,10 +79,10 @@ class Mode(NamedTuple):
 
 
 MODES = {
-    "full": Mode(CALIBRATE + ["--repeats", "10"], PLAN + ["--measure-steps", "20"], BENCH_FULL, {}),
+    "full": Mode(CALIBRATE, PLAN, BENCH_FULL, {}),
     "lease": Mode(
-        CALIBRATE + ["--repeats", "10"],
-        PLAN + ["--measure-steps", "20"],
+        CALIBRATE,
+        PLAN,
         ["--parts", "a,b", "--sizes", "1e6,2.5e7", "--models", "mlp1m,mlp,cnn", "--b-repeats", "5"],
         {"calibrate": 90, "plan": 60, "bench": 150, "sweep": 120},
     ),
@@ -156,8 +154,8 @@ def _plan(mode: Mode, profile: Path, out: Path, tag: str, dry: bool, log) -> lis
     steps, text = [], []
     with tempfile.TemporaryDirectory() as tmp:  # the plan reads its config from there
         (Path(tmp) / MEASURED.name).write_text(yaml.safe_dump(measured_config(dry), sort_keys=False))
-        for model in (["--device-profile", str(profile)], ["--device", "h100"]):
-            args = ["plan", "--cluster", "1x1", "--measure", MEASURED.name, *mode.plan, *model]
+        for device in (["--device-profile", str(profile)], ["--device", "h100"]):
+            args = ["plan", "--cluster", "1x1", "--measure", MEASURED.name, *mode.plan, *device]
             log_file = Path(tmp) / "plan.out"
             with open(log_file, "w") as f:
                 steps.append(_run([sys.executable, "-m", "cconv", *args], log, mode.limits.get("plan"), Path(tmp), f))
