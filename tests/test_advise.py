@@ -516,6 +516,37 @@ def test_unranked_names_the_pruned_arms_without_a_time_to_target_inside_the_step
     assert api.unranked(res, tgt, 400) == ["flat", "late"]
 
 
+def test_the_budget_left_goes_to_the_unranked_arms_first_then_to_every_pruned_one():
+    """``api.spend_left``: "win" reaches the target at step 60 and the race ends with budget left.
+    "flat" (no time to target within the step budget) trains first, to the step budget; what is
+    still left trains the pruned arms the table could already rank -- "rises" (a start that turns
+    up after step 12, ranked from its first 20 steps) is then seen to stall, the steady ones to
+    reach the target; never past the budget.  With only enough left for the first pass, the
+    ranked arms do not train."""
+    from cconv.advisor import api, race
+
+    def rises(t):
+        return np.where(t <= 12, np.exp(-0.03 * t), np.exp(-0.36) * (1 + 0.05 * (t - 12)))
+
+    curves = {"win": lambda t: np.exp(-0.04 * t), "rises": rises, "flat": lambda t: 0.9 + 0.0 * t}
+    curves.update({f"s{i}": (lambda t, k=k: np.exp(-k * t)) for i, k in enumerate((0.036, 0.034, 0.032))})
+    observe, asked = _synthetic_observer(curves)
+    tgt = T.Target("test_loss", math.exp(-0.04 * 60), T.KINDS["loss"])
+    res = race.race(_arms({n: 1e-3 for n in curves}), observe, tgt, max_steps=200, budget=600)
+    before = {s.arm.name: s for s in res.standings}
+    assert before["win"].status == "reached" and before["rises"].status == race.PRUNED
+    assert api.predictions(res, tgt)["rises"].ok and api.unranked(res, tgt, 200) == ["flat"]
+    out = api.spend_left(res, observe, tgt, 200)
+    now = {s.arm.name: s for s in out.standings}
+    assert now["flat"].steps == 200 and now["flat"].status == "missed"  # the first pass
+    assert now["rises"].steps > before["rises"].steps and api.predictions(out, tgt)["rises"].status == "stalled"
+    assert now["s2"].status == "reached" and now["s2"].reached_at == pytest.approx(75, abs=1)
+    assert out.spent <= out.budget == 600 and len(out.rungs) == len(res.rungs) + 2
+    short = api.spend_left(res._replace(budget=res.spent + 200 - before["flat"].steps), observe, tgt, 200)
+    assert all(s.steps == before[s.arm.name].steps for s in short.standings if s.arm.name != "flat")
+    assert short.spent == short.budget
+
+
 def _summary(res) -> tuple:
     return (
         [(s.arm.name, s.steps, s.status, s.reached_at, s.rung) for s in res.standings],

@@ -362,9 +362,7 @@ def run_race(plan: Plan) -> tuple[dict, list, race.Race, dict]:
         with signals.deferred():
             budget = int(plan.budget * plan.base.steps)
             result = race.race(arms, observe, plan.target, plan.base.steps, budget, train=side_by_side(trainers))
-            left = result.spent < result.budget  # else no curve need be fitted to choose whom to refine
-            late = unranked(result, plan.target, plan.base.steps) if left else []  # the budget left goes to them
-            result = race.refine(result, late, observe, plan.target, plan.base.steps, train=side_by_side(trainers))
+            result = spend_left(result, observe, plan.target, plan.base.steps, train=side_by_side(trainers))
     finally:
         trainers.shutdown(wait=True, cancel_futures=True)
         pool.shutdown(wait=True, cancel_futures=True)
@@ -399,6 +397,29 @@ def predictions(result: race.Race, target: Target, settings=extrapolate.Settings
         )
         out[s.arm.name] = _prediction(s, target, refs, settings)
     return out
+
+
+def spend_left(
+    result: race.Race,
+    observe: Callable[[str, int], race.Observation],
+    target: Target,
+    max_steps: int,
+    train: Callable = race.one_by_one,
+) -> race.Race:
+    """What the race left of its budget (``race.refine``): first to the pruned candidates it
+    cannot rank yet (``unranked``), then what is still left to every pruned candidate, so the
+    ones ranked from the shortest curves are read from longer ones (a short curve's fast start
+    can hide that it rises or stalls later).  Never past the budget."""
+    for names in (lambda r: unranked(r, target, max_steps), pruned):
+        if result.spent >= result.budget:  # else no curve need be fitted to choose whom to refine
+            break
+        result = race.refine(result, names(result), observe, target, max_steps, train=train)
+    return result
+
+
+def pruned(result: race.Race) -> list[str]:
+    """The candidates the race pruned (in the race's order)."""
+    return [s.arm.name for s in result.standings if s.status == race.PRUNED]
 
 
 def unranked(result: race.Race, target: Target, max_steps: int, settings=extrapolate.Settings()) -> list[str]:

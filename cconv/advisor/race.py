@@ -22,7 +22,8 @@ is at least ``eta`` times the time every survivor has already trained (the first
 on what the previous one already showed.  When
 ``finalists`` are left, they run to the target (or to ``max_steps``) in rungs that keep
 doubling, while the budget lasts.  What the budget leaves then goes to the pruned candidates
-whose curves do not yet give a time to target within the step budget (``refine``).
+whose curves do not yet give a time to target within the step budget, and what it still leaves
+to every pruned candidate (``refine``, as ``cconv.advisor.api.spend_left`` calls it).
 
 Budget: ``budget_steps`` training steps in all, counted in steps of a candidate's program (its
 seeds are vmapped into one program; ``cconv.advisor.api`` sets ``budget_steps = B x max_steps``,
@@ -290,8 +291,8 @@ def refine(
     max_steps: int,
     train: Callable[[Callable, dict], list] = one_by_one,
 ) -> Race:
-    """What the race left of its budget, spent on the pruned arms ``names`` (those whose time to
-    target their curves cannot tell yet, ``cconv.advisor.api.unranked``): they train on to an
+    """What the race left of its budget, spent on the pruned arms ``names`` (``api.spend_left``:
+    first those whose time to target their curves cannot tell yet, then every one): they train on to an
     equal simulated time again, the longest that fits (``refine_time``), so their times to target
     are read from longer curves or seen.  They stay pruned unless they reach the target, diverge
     or run out of steps; a rung with nothing kept records it.  Never past the budget."""
