@@ -102,6 +102,8 @@ def test_device_sustained_rates_follow_their_derivation():
     assert D.get("A100").flops == pytest.approx(938 * rn50)
     large = P.get("bert-large")
     assert D.get("rtx-2080ti").flops == pytest.approx(large.batch * large.flops_per_sample / 0.163)
+    assert D.get("h200").flops == D.get("h100").flops and D.get("h200").peak_flops == D.get("h100").peak_flops
+    assert D.get("h200").mem_bw == 4.8e12 and "4.8 TB/s" in D.get("h200").source  # the H100's die, HBM3e
     for dev in D.DEVICES.values():
         assert dev.source and 0 < dev.flops < dev.peak_flops, dev.name  # sustained below the datasheet peak
         assert math.isfinite(dev.mem_bw) and dev.mem_bw > 1e11

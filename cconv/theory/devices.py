@@ -23,6 +23,7 @@ p100        fp32       5.32e12 (50 %)      10.6e12           219 img/s ResNet-50
 v100        fp32       8.92e12 (57 %)      15.7e12           367 img/s ResNet-50, NVIDIA DLE, DGX-1
 a100        tf32       2.28e13 (15 %)      156e12            938 img/s ResNet-50, NVIDIA DLE, DGX A100
 h100        tf32       7.23e13 (15 %)      494.7e12          a100 share of peak (14.6 %) x 494.7e12 (rule)
+h200        tf32       7.23e13 (15 %)      494.7e12          h100's rule (the same GH100 compute)
 rtx2080ti   fp32       5.75e12 (43 %)      13.4e12           BERT-Large 163 ms at batch 8 (survey)
 ==========  =========  ==================  ===============  =========================================
 
@@ -34,9 +35,11 @@ Efficient Distributed Deep Learning: Survey, Evaluation, and Challenges", Sec. 2
 RTX 2080Ti, 163 ms of computation per iteration at local batch 8.  Datasheets: NVIDIA Tesla P100
 (SXM2: 10.6 TFLOP/s fp32, 732 GB/s HBM2), V100 (SXM2: 15.7 TFLOP/s fp32, 900 GB/s HBM2), A100
 (SXM 80 GB: 19.5 fp32, 156 TF32 tensor, 2,039 GB/s HBM2e), H100 (SXM5: 494.7 TF32 tensor dense,
-3.35 TB/s HBM3), GeForce RTX 2080 Ti (13.4 TFLOP/s fp32 boost, 616 GB/s GDDR6).  H100 has no
+3.35 TB/s HBM3), H200 (SXM: the H100's GH100 die and compute, 4.8 TB/s HBM3e), GeForce RTX 2080 Ti
+(13.4 TFLOP/s fp32 boost, 616 GB/s GDDR6).  H100 has no
 published single-GPU ResNet-50 number in those tables, so its sustained rate is A100's measured
-share of peak (14.6 %) times H100's TF32 peak: a rule, stated, not a measurement.
+share of peak (14.6 %) times H100's TF32 peak: a rule, stated, not a measurement; H200 takes the
+same rate (its compute is the H100's) and its own memory bandwidth.
 
 ``launch_s`` = 5 us for every device (an assumption; kernel launch cost is not in datasheets).
 """
@@ -109,6 +112,15 @@ DEVICES: dict[str, Device] = {
         3.35e12,
         LAUNCH_S,
         "rule: A100's measured share of its TF32 peak (14.6 %) x H100 SXM's 494.7 TFLOP/s TF32; datasheet 3.35 TB/s",
+        494.7e12,
+        "tf32",
+    ),
+    "h200": Device(
+        "h200",
+        _A100.flops / _A100.peak_flops * 494.7e12,
+        4.8e12,
+        LAUNCH_S,
+        "rule: H100's (the same GH100 compute: A100's share of peak x 494.7 TFLOP/s TF32); datasheet 4.8 TB/s HBM3e",
         494.7e12,
         "tf32",
     ),
