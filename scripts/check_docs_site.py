@@ -7,6 +7,8 @@ search box.
 
     .venv/bin/python scripts/check_docs_site.py [docs/_build/html] [--pages index.html dropin.html]
 
+(every page the site has but Sphinx's generated indexes when ``--pages`` is not given).
+
 Exit 0 and one line per page when all holds; exit 1 with one line per problem otherwise.
 """
 
@@ -65,6 +67,7 @@ def check_page(page, site: str, name: str) -> list[str]:
 
 
 VIEWPORT = {"width": 1600, "height": 1000}  # a laptop's full-screen window
+GENERATED = ("genindex.html", "search.html", "py-modindex.html")  # Sphinx's own index pages
 MIN_CONTENT = 900  # px: the article column (the theme's default capped it at about 720 px)
 CODE_COLUMNS = 120  # the code's line length (ruff): such lines fit without scrolling
 # What a copy button puts on the clipboard (clipboard.js copies a selected textarea's text), recorded
@@ -118,8 +121,10 @@ def check_layout(page, name: str) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("site", nargs="?", default="docs/_build/html")
-    ap.add_argument("--pages", nargs="+", default=["index.html", "dropin.html"])
+    ap.add_argument("--pages", nargs="+", help="default: every page Sphinx built but its generated indexes")
     args = ap.parse_args(argv)
+    if not args.pages:
+        args.pages = sorted(n for n in os.listdir(args.site) if n.endswith(".html") and n not in GENERATED)
     from playwright.sync_api import sync_playwright
 
     site = os.path.abspath(args.site)

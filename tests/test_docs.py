@@ -73,7 +73,7 @@ def site(tmp_path_factory):
 
 
 # The site's build with -W and its browser check run in CI once, after the suite (.ci/run:
-# scripts/docs.sh, then scripts/check_docs_site.py on the same two pages), so these two are in the
+# scripts/docs.sh, then scripts/check_docs_site.py on every page), so these two are in the
 # extended tier: in the suite they built the whole site a second time (8 s on a quiet machine, 30 s at
 # load 34).  The generated table's content is checked in the fast tier, below, from its generator.
 @pytest.mark.extended
