@@ -30,17 +30,3 @@ def reason(loss: float, reference: float | None, step: int, factor: float = FACT
     if reference is not None and math.isfinite(reference) and reference > 0 and loss > factor * reference:
         return f"loss {loss:.4g} at step {step} > {factor:g} x the first step's {reference:.4g}"
     return None
-
-
-def first(losses, steps, factor: float = FACTOR) -> tuple[int, str] | None:
-    """(step, reason) of the first diverged point of a loss curve (``losses[j]`` at ``steps[j]``;
-    the reference is the first point), or None."""
-    ref = None
-    for loss, step in zip(losses, steps):
-        loss = float(loss)
-        why = reason(loss, ref, int(step), factor)
-        if why is not None:
-            return int(step), why
-        if ref is None:
-            ref = loss
-    return None
