@@ -617,6 +617,33 @@ def _row(name, over, steps, step_s, status="predicted", lo=None, hi=None):
     return R.Row(name, over, "mg-wfbp", p, StepTime("mg-wfbp", step_s, step_s / 2, step_s / 4, step_s / 4), 1.0, 0.9)
 
 
+def test_a_prediction_past_a_learning_rate_change_is_flagged():
+    """``api.lr_factor``: the learning rate's largest move between a curve's end and its
+    prediction's slow end -- x0.1 at step 60 (staircase): a curve of 31 steps predicted to 223 of
+    a 160-step budget sees 100x ahead (both decays), to 59 nothing, to 61 the first; a constant
+    schedule 1x; a warm-up ahead counts too.  ``ranking.rank`` flags ``lr-change`` from 2x, never
+    on an observed row."""
+    from cconv.advisor import api
+    from cconv.advisor import ranking as R
+    from cconv.experiments.config import from_dict
+
+    decay = {"name": "exponential_decay", "transition_steps": 60, "decay_rate": 0.1, "staircase": True}
+    step = from_dict(dict(steps=160, lr=0.3, lr_schedule=decay))
+    assert api.lr_factor(step, 31, 223) == pytest.approx(100, rel=1e-4)
+    assert api.lr_factor(step, 31, 59) == api.lr_factor(step, 31, 60) == 1.0
+    assert api.lr_factor(step, 31, 61) == pytest.approx(10, rel=1e-4) and api.lr_factor(step, 61, 100) == 1.0
+    assert api.lr_factor(from_dict(dict(steps=200, lr=0.2)), 8, 150) == 1.0
+    warm = from_dict(dict(steps=200, lr=0.2, lr_warmup=40))
+    assert api.lr_factor(warm, 8, 30) == pytest.approx(29 / 7)  # the rates of updates 7 and 29
+    rows = [
+        _row("dense", {"compressor": {"name": "none"}}, 100, 1.0)._replace(lr_factor=10.0),
+        _row("top-k", {"compressor": {"name": "topk"}}, 100, 0.5)._replace(lr_factor=1.5),
+        _row("local", {"local_steps": 4}, 40, 0.5, status="reached", lo=39, hi=40)._replace(lr_factor=10.0),
+    ]
+    flags = {r.candidate: r.flags for r in R.rank(rows, budget=1000, baseline="dense")}
+    assert "lr-change" in flags["dense"] and "lr-change" not in flags["top-k"] + flags["local"]
+
+
 def test_speedups_are_over_the_dense_bsp_baseline():
     """Two dense rows (BSP and local SGD): speedups are over the named baseline (BSP), not over
     whichever dense row came last (a bug this test caught)."""

@@ -19,9 +19,12 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from cconv.advisor import extrapolate, probes, race, ranking, space, steptime
 from cconv.advisor.space import Candidate, Space
 from cconv.advisor.target import Target
+from cconv.experiments import build
 from cconv.experiments.build import Problem
 from cconv.experiments.config import RunConfig
 from cconv.theory.cluster import Cluster
@@ -452,9 +455,27 @@ def evaluate(plan: Plan, byname: dict, result: race.Race, seen: dict, settings=e
                     final_metric=final,
                     race=s.status,
                     steps_trained=s.steps,
+                    lr_factor=lr_factor(e.probe.cfg, s.steps, p.hi) if p.ok and not p.observed else 1.0,
                 )
             )
     return ranking.rank(rows, plan.base.steps, plan.candidates[0].name)
+
+
+def lr_factor(cfg: RunConfig, trained: int, until: float) -> float:
+    """How far the learning rate moves past a curve's end: the largest ratio, either way, between
+    the rate of the curve's last step (``trained``) and the rate of a step ahead, up to ``until``
+    (a prediction's slow end, at most the step budget): 10.0 for a decay by 10 (or a warm-up to 10x)
+    ahead, 1.0 when it stays.  A curve shows nothing of a change it has not reached
+    (``ranking``'s ``lr-change`` flag)."""
+    end = int(min(math.ceil(until), cfg.steps))
+    if trained < 1 or end <= trained:
+        return 1.0
+    steps = np.arange(trained - 1, end)
+    rates = np.broadcast_to(np.asarray(build.make_schedule(cfg)(steps), np.float64), steps.shape)  # constant: a scalar
+    now, lo, hi = rates[0], rates[1:].min(), rates[1:].max()
+    if not now > 0:
+        return math.inf if hi > 0 else 1.0
+    return max(hi / now, now / lo if lo > 0 else math.inf)
 
 
 def verify(plan: Plan, byname: dict, rows: list, n: int) -> list:

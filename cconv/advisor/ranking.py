@@ -30,6 +30,9 @@ row's step time goes (``steptime.StepTime``): compute-, communication- or compre
     tied         this row's interval holds the recommended row's time (not separable by the race)
     pruned       the race pruned it at equal time on the cluster: ranked from its curve; recommended
                  over a candidate that outlasted it only on its step time (``pick``)
+    lr-change    the learning-rate schedule moves by ``LR_CHANGE`` or more between the curve's end and
+                 its prediction's slow end (``lr_factor``: a step decay, a warm-up or a decay the
+                 curve has not reached, so no fit of it can see its effect)
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from cconv.advisor.race import PRUNED
 from cconv.advisor.steptime import StepTime
 
 WIDE = 3.0
+LR_CHANGE = 2.0  # the ``lr-change`` flag: the learning rate moves by this factor past the curve
 
 
 class Row(NamedTuple):
@@ -54,6 +58,7 @@ class Row(NamedTuple):
     bytes_per_step: float
     final_metric: float  # the metric at the full step budget (observed, or the fitted curve's)
     race: str = ""  # how the race left it: reached, pruned, finalist, missed, diverged
+    lr_factor: float = 1.0  # how far the learning rate moves past the curve's end (``api.lr_factor``)
     steps_trained: int = 0
     time_s: float = math.nan
     time_lo: float = math.nan
@@ -143,6 +148,8 @@ def rank(rows: list[Row], budget: int, baseline: str = "dense") -> list[Row]:
             flags.append("tied")
         if r.race == PRUNED:
             flags.append("pruned")  # the flag's name, the race's status
+        if not p.observed and r.lr_factor >= LR_CHANGE:
+            flags.append("lr-change")
         d = dense.get(r.schedule)
         sp = d.time_s / r.time_s if d is not None and in_budget(d, budget) else math.nan
         lo = hi = math.nan
