@@ -118,3 +118,31 @@ def test_a_hand_built_compressor_has_no_facts_even_under_a_registered_name():
         EngineConfig(workers=2, compressor=c, warmup=dgc_warmup(10))
     x = jnp.ones(SHAPE)  # it still compresses: facts are only what cconv asks beyond the functions
     assert c.decompress(c.compress(x, c.init(x), None)[0], x).shape == SHAPE
+
+
+@pytest.mark.parametrize("how", WRAPS)
+def test_the_simulated_clock_charges_a_wrapped_compressor_as_its_entry(how):
+    """``cconv.experiments.clock.exchange_seconds`` finds the compressor's benchmark rows by its
+    entry (a renamed top-k was an unknown compressor there), so a wrapped compressor costs what
+    the registered one costs."""
+    from cconv.engine.trainer import StepWork
+    from cconv.experiments.clock import exchange_seconds
+
+    def work(c):
+        return StepWork(None, 1.0, True, (), False, c, "none", (SHAPE,), None)
+
+    c = C.topk(ratio=0.01)
+    assert exchange_seconds(work(WRAPS[how](c)), DEV, 8) == pytest.approx(exchange_seconds(work(c), DEV, 8))
+
+
+def test_the_trainer_knows_a_renamed_identity_for_what_it_is():
+    """Under error feedback the identity still has a plan, and the step's work names no
+    compressor for it, whatever the user called it (``Trainer.step_work`` read the name)."""
+    import optax
+
+    from cconv.engine import build
+
+    loss = lambda p, s, b, k: (jnp.sum(p["w"]), (s, {}))  # noqa: E731
+    for c in (C.identity(), renamed(C.identity())):
+        cfg = EngineConfig(workers=2, launcher="vmap", compressor=c, memory="ef")
+        assert build(loss, {"w": jnp.zeros((8, 6))}, optax.sgd(0.1), cfg).step_work(0).compressor is None, c.name

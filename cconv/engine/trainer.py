@@ -23,6 +23,7 @@ import optax
 from cconv.comm.accounting import Collective, merge, total_traffic
 from cconv.comm.aggregation import TRANSPORTS
 from cconv.comm.backend import DryComm
+from cconv.compressors.registry import registered_name
 from cconv.engine import modes, optimizers
 from cconv.engine.config import IDENTITY, EngineConfig, Phase, compressor_at, phase_exchange
 from cconv.engine.dropin import Exchange
@@ -298,7 +299,7 @@ class Trainer:
                 communicates=bool(self.sync.communicates(phase)),
                 collectives=colls,
                 via_server=TRANSPORTS[engine_cfg.architecture].via_server,
-                compressor=None if plan.comp is None or ex.compressor.name == IDENTITY else ex.compressor,
+                compressor=None if plan.comp is None or registered_name(ex.compressor) == IDENTITY else ex.compressor,
                 memory=ex.memory,
                 units=units,
                 program=lambda grads: self.sync.exchange_work(engine_cfg, plan, grads),

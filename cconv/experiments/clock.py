@@ -251,6 +251,7 @@ def exchange_seconds(work, device, workers: int, bench: dict | None = None) -> f
     ``device`` (module docstring): 0 when nothing is compressed."""
     import warnings
 
+    from cconv import compressors as C
     from cconv.theory import implementation as IM
     from cconv.theory.schedule import compress as CC
 
@@ -261,7 +262,8 @@ def exchange_seconds(work, device, workers: int, bench: dict | None = None) -> f
     bench = CC.load_bench() if bench is None else bench
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CC.EstimatedCostWarning)
-        rows = bench.get(c.name) or CC.estimated_rows(c.name, bench)
+        name = C.registered_name(c) or c.name  # its entry's rows, whatever user code calls it
+        rows = bench.get(name) or CC.estimated_rows(name, bench)
     extra = MEMORY_PASSES if work.memory not in (None, "none") else 0.0
     total = 0.0
     for shape in work.units:
