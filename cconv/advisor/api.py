@@ -17,7 +17,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -92,7 +92,10 @@ class Advice(NamedTuple):
     timing: str = "modelled"  # modelled | measured (``cconv.advisor.steptime``)
 
 
-def load_config(config: Any, overrides: list | None = None) -> tuple[RunConfig, str, tuple]:
+ConfigSource = str | os.PathLike | dict | RunConfig  # a run or sweep file, a mapping or a RunConfig
+
+
+def load_config(config: ConfigSource, overrides: list | None = None) -> tuple[RunConfig, str, tuple]:
     """(RunConfig, source, sweep rules) from a run config file, a sweep file (its ``base`` and
     ``rules``), a mapping or a RunConfig."""
     from cconv.experiments import config as CF
@@ -115,7 +118,7 @@ def load_config(config: Any, overrides: list | None = None) -> tuple[RunConfig, 
     return cfg, src, rules
 
 
-def task_metrics(problem: Any) -> list[str]:
+def task_metrics(problem: Problem) -> list[str]:
     """The metrics a run of this task logs that a target can name (training loss, test metrics)."""
     import jax
 
@@ -132,7 +135,7 @@ def _target_text(target: str | None, sp: Space, cfg: RunConfig) -> str:
     return text
 
 
-def _options(sp: Space, budget: Any, seeds: Any) -> tuple[float, int]:
+def _options(sp: Space, budget: float | None, seeds: int | None) -> tuple[float, int]:
     """--budget and --seeds (else the block's, else the defaults), checked by the block's rules."""
     b = budget if budget is not None else (sp.budget or DEFAULT_BUDGET)
     n = seeds if seeds is not None else (sp.seeds or DEFAULT_SEEDS)
@@ -143,7 +146,16 @@ def _options(sp: Space, budget: Any, seeds: Any) -> tuple[float, int]:
 
 
 def prepare(
-    config, cluster, *, target=None, budget=None, seeds=None, out=None, overrides=None, timing="modelled", repeats=None
+    config: ConfigSource,
+    cluster: Cluster | str,
+    *,
+    target: str | None = None,
+    budget: float | None = None,
+    seeds: int | None = None,
+    out: str | None = None,
+    overrides: list | None = None,
+    timing: str = "modelled",
+    repeats: int | None = None,
 ) -> Plan:
     """Validate everything (one-line ValueError) and each candidate's config; writes nothing."""
     from cconv.advisor import steptime
@@ -160,16 +172,7 @@ def prepare(
             f"batch_size {cfg.batch_size} is not divisible by the cluster's {cl.workers} workers "
             f"(set batch_size to a multiple of {cl.workers})"
         )
-    cands, configs, skipped = [], [], []
-    for i, c in enumerate(space.candidates(sp)):
-        try:
-            configs.append(probes.probe_config(cfg, c, n_seeds, cl.workers, 1, rules))
-        except ValueError as e:
-            if i == 0:  # the baseline (``space.candidates`` puts it first); another dense one (local SGD) is skipped
-                raise
-            skipped.append((c.name, str(e).splitlines()[0][:200]))
-            continue
-        cands.append(c)
+    cands, configs, skipped = _probe_configs(cfg, sp, n_seeds, cl.workers, rules)
     need = len(cands) * race.MIN_STEPS
     if need > b * cfg.steps:
         raise ValueError(
@@ -202,7 +205,23 @@ def prepare(
     )
 
 
-def _parse_target(text: str, problem: Any) -> Target:
+def _probe_configs(cfg: RunConfig, sp: Space, seeds: int, workers: int, rules: tuple) -> tuple[list, list, list]:
+    """(candidates, their probe configs, (name, why) of those skipped): a candidate whose config
+    the run's checks refuse is skipped, but the baseline (``space.candidates`` puts it first)."""
+    cands, configs, skipped = [], [], []
+    for i, c in enumerate(space.candidates(sp)):
+        try:
+            configs.append(probes.probe_config(cfg, c, seeds, workers, 1, rules))
+        except ValueError as e:
+            if i == 0:  # the baseline; another dense one (local SGD) is skipped
+                raise
+            skipped.append((c.name, str(e).splitlines()[0][:200]))
+            continue
+        cands.append(c)
+    return cands, configs, skipped
+
+
+def _parse_target(text: str, problem: Problem) -> Target:
     """The target against the metrics this task logs (read from the model's evaluation function
     on the data's shapes, abstractly)."""
     from cconv.advisor import target as T
@@ -559,8 +578,8 @@ def _advice(
 
 
 def advise(
-    config: Any,
-    cluster: Any,
+    config: ConfigSource,
+    cluster: Cluster | str,
     *,
     target: str | None = None,
     budget: float | None = None,
