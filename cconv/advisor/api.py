@@ -1,7 +1,7 @@
 """``advise``: which candidate reaches the target soonest on the cluster, raced and observed.
 
     validate everything (``prepare``) -> build each candidate once and time its step on the
-    cluster (``timing``) -> race them at equal simulated time (``race``: successive halving, the
+    cluster (``steptime``) -> race them at equal simulated time (``race``: successive halving, the
     finalists to the target) within ``budget`` full dense runs of training steps -> every
     candidate's time to target, observed or predicted from its curve (``extrapolate``) -> rank,
     table, JSON, figure (``ranking``, ``figure``) -> optionally continue the top N to the config's
