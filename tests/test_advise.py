@@ -893,6 +893,29 @@ def test_a_probe_builds_every_program_unoptimised_on_cpu(tmp_path, monkeypatch):
     assert probes.compiler_options() == {"xla_backend_optimization_level": 0}  # another XLA's: left out
 
 
+@pytest.mark.parametrize("lo, hi", [(1.5e-3, 6e-2), (2e-5, 3e-4), (0.5, 4000.0), (1e-4, 10.0)])
+def test_the_figures_time_axis_reads_in_units_and_no_label_overlaps_another(lo, hi):
+    """``figure._time_axis``: the labelled ticks read in the table's units ("5 ms"), the minor
+    ticks carry no label, and no two labels' boxes overlap (the 2 x 10^-3 / 3 x 10^-3 labels of
+    matplotlib's default log axis ran into each other)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from cconv.advisor import figure
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    figure._time_axis(ax, lo, hi)
+    fig.canvas.draw()
+    shown = [t for t in ax.get_xticklabels(which="both") if t.get_text() and lo <= t.get_position()[0] <= hi]
+    assert 2 <= len(shown) and all(t.get_text().split()[-1] in ("us", "ms", "s", "min", "h") for t in shown)
+    boxes = sorted((t.get_window_extent() for t in shown), key=lambda b: b.x0)
+    assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:])), [t.get_text() for t in shown]
+    assert not [t.get_text() for t in ax.get_xticklabels(minor=True) if t.get_text()]
+    plt.close(fig)
+
+
 def test_the_figure_draws_the_named_baseline_black_and_labels_unranked_rows(monkeypatch):
     """The dense baseline is the candidate ``ranking.rank`` measured speedups against (here 0/1
     Adam's), not any row without a compressor; an unranked row says so on its label."""

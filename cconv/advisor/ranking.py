@@ -161,11 +161,12 @@ def rank(rows: list[Row], budget: int, baseline: str = "dense") -> list[Row]:
     return out + [r for r in rows if not in_budget(r, budget)]
 
 
-def _fmt_t(x: float) -> str:
+def fmt_time(x: float) -> str:
+    """Seconds in the unit that reads best: ``2.5 ms``, ``340 us``, ``1.2 min``."""
     if not math.isfinite(x):
         return "-"
     for unit, f in (("h", 3600), ("min", 60), ("s", 1), ("ms", 1e-3)):
-        if x >= f:
+        if x >= f * (1 - 1e-9):  # a tick at 1e-3 computed as 0.000999... is 1 ms
             return f"{x / f:.3g} {unit}"
     return f"{x * 1e6:.4g} us"
 
@@ -197,13 +198,13 @@ def table(rows: list[Row], multi_schedule: bool, budget: int) -> str:
         p = r.prediction
         if r.rank:
             steps = f"{p.steps:.0f}" + ("" if p.observed else f" [{p.lo:.0f}, {p.hi:.0f}]")
-            tt = _fmt_t(r.time_s) + ("" if p.observed else f" [{_fmt_t(r.time_lo)}, {_fmt_t(r.time_hi)}]")
+            tt = fmt_time(r.time_s) + ("" if p.observed else f" [{fmt_time(r.time_lo)}, {fmt_time(r.time_hi)}]")
             sp = f"{r.speedup:.2f}x" if math.isfinite(r.speedup) else "-"
             flags = ",".join(r.flags)
         else:
             steps, tt, sp, flags = "-", "-", "-", _unranked(r, budget)
         cells = [str(r.rank) if r.rank else "-", r.candidate] + ([r.schedule] if multi_schedule else [])
-        cells += [steps, _fmt_t(r.step.step_s), *([_fmt_t(r.step.modelled_s)] if measured else [])]
+        cells += [steps, fmt_time(r.step.step_s), *([fmt_time(r.step.modelled_s)] if measured else [])]
         cells += [tt, sp, _fmt_b(r.bytes_per_step), r.why, flags]
         body.append(cells)
     widths = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head) - 1)]
@@ -247,7 +248,7 @@ def recommendation(rows: list[Row], target: str, cluster: str, budget: int) -> t
     sp = f", {b.speedup:.2f}x dense" if math.isfinite(b.speedup) else ""
     if sp and math.isfinite(b.speedup_lo):  # a prediction on either side: the speedup's interval too
         sp += f" [{b.speedup_lo:.2f}x, {b.speedup_hi:.3g}x]"
-    seen = "observed" if b.prediction.observed else f"predicted [{_fmt_t(b.time_lo)}, {_fmt_t(b.time_hi)}]"
+    seen = "observed" if b.prediction.observed else f"predicted [{fmt_time(b.time_lo)}, {fmt_time(b.time_hi)}]"
     tied = [r.candidate for r in ok if "tied" in r.flags]
     more = f" and {len(tied) - 3} more" if len(tied) > 3 else ""
     tie = f"; not separable from {', '.join(tied[:3])}{more}" if tied else ""
@@ -257,7 +258,7 @@ def recommendation(rows: list[Row], target: str, cluster: str, budget: int) -> t
     if b.race == PRUNED and any(r.race != PRUNED for r in ok):
         over += "; pruned by the race, recommended on its step time (faster with the survivors' steps)"
     return True, (
-        f"Recommended: {b.candidate} ({b.schedule}): {target} in {_fmt_t(b.time_s)} on {cluster} "
+        f"Recommended: {b.candidate} ({b.schedule}): {target} in {fmt_time(b.time_s)} on {cluster} "
         f"({b.prediction.steps:.0f} steps, {seen}){sp}{why}{tie}{over}."
     )
 
