@@ -635,6 +635,11 @@ def test_a_prediction_past_a_learning_rate_change_is_flagged():
     assert api.lr_factor(from_dict(dict(steps=200, lr=0.2)), 8, 150) == 1.0
     warm = from_dict(dict(steps=200, lr=0.2, lr_warmup=40))
     assert api.lr_factor(warm, 8, 30) == pytest.approx(29 / 7)  # the rates of updates 7 and 29
+    # schedules written for one step (over an array of steps they mis-broadcast or fail): vmapped
+    ramp = {"name": "piecewise_interpolate_schedule", "interpolate_type": "linear", "boundaries_and_scales": {50: 0.1}}
+    assert api.lr_factor(from_dict(dict(steps=100, lr=0.1, lr_schedule=ramp)), 10, 90) == pytest.approx(8.38)
+    cycle = {"name": "linear_onecycle_schedule", "transition_steps": 100, "peak_value": 0.1}
+    assert api.lr_factor(from_dict(dict(steps=100, lr=0.1, lr_schedule=cycle)), 10, 90) > 2
     rows = [
         _row("dense", {"compressor": {"name": "none"}}, 100, 1.0)._replace(lr_factor=10.0),
         _row("top-k", {"compressor": {"name": "topk"}}, 100, 0.5)._replace(lr_factor=1.5),

@@ -484,13 +484,18 @@ def lr_factor(cfg: RunConfig, trained: int, until: float) -> float:
     """How far the learning rate moves past a curve's end: the largest ratio, either way, between
     the rate of the curve's last step (``trained``) and the rate of a step ahead, up to ``until``
     (a prediction's slow end, at most the step budget): 10.0 for a decay by 10 (or a warm-up to 10x)
-    ahead, 1.0 when it stays.  A curve shows nothing of a change it has not reached
-    (``ranking``'s ``lr-change`` flag)."""
+    ahead, 1.0 when it stays, NaN for a schedule that cannot be vmapped.  A curve shows nothing of
+    a change it has not reached (``ranking``'s ``lr-change`` flag)."""
     end = int(min(math.ceil(until), cfg.steps))
     if trained < 1 or end <= trained:
         return 1.0
-    steps = np.arange(trained - 1, end)
-    rates = np.broadcast_to(np.asarray(build.make_schedule(cfg)(steps), np.float64), steps.shape)  # constant: a scalar
+    import jax
+
+    steps = np.arange(trained - 1, end, dtype=np.int32)
+    try:  # vmapped: an optax schedule is written for one step (some mis-broadcast over an array)
+        rates = np.asarray(jax.vmap(build.make_schedule(cfg))(steps), np.float64)
+    except Exception:  # noqa: BLE001 - a schedule that cannot be vmapped: no flag rather than no advice
+        return math.nan
     now, lo, hi = rates[0], rates[1:].min(), rates[1:].max()
     if not now > 0:
         return math.inf if hi > 0 else 1.0
