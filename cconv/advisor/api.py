@@ -158,7 +158,6 @@ def prepare(
     repeats: int | None = None,
 ) -> Plan:
     """Validate everything (one-line ValueError) and each candidate's config; writes nothing."""
-    from cconv.advisor import steptime
     from cconv.experiments import io
     from cconv.theory import cluster as CL
 
@@ -462,6 +461,7 @@ def evaluate(plan: Plan, byname: dict, result: race.Race, seen: dict, settings=e
         if s.curve is not None:
             final = extrapolate.metric_at(s.curve, plan.target, plan.base.steps, settings)
         bps = seen[s.arm.name].bytes_per_step(e.probe.problem.seeds[0]) if s.arm.name in seen else math.nan
+        lr = lr_factor(e.probe.cfg, s.steps, p.hi) if p.ok and not p.observed else 1.0  # once per candidate
         for st in e.times:
             rows.append(
                 ranking.Row(
@@ -474,7 +474,7 @@ def evaluate(plan: Plan, byname: dict, result: race.Race, seen: dict, settings=e
                     final_metric=final,
                     race=s.status,
                     steps_trained=s.steps,
-                    lr_factor=lr_factor(e.probe.cfg, s.steps, p.hi) if p.ok and not p.observed else 1.0,
+                    lr_factor=lr,
                 )
             )
     return ranking.rank(rows, plan.base.steps, plan.candidates[0].name)

@@ -207,9 +207,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(error_line(str(e)), file=sys.stderr)
         return 2
-    import jax
-
-    if jax.process_index() == 0:  # across processes (jax.distributed) one table, process 0's timings
+    if steptime.leads():  # across processes (jax.distributed) one table, process 0's timings
         print(text)
     return 0
 

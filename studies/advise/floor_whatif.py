@@ -33,7 +33,7 @@ OUT = os.path.join("results", "advise-validation")
 
 def floored(rows: list, standings: dict, mode: str) -> list:
     """Each row's seen time, a pruned one's floored (module docstring); inf where not ranked."""
-    seen = [(r["predicted"] if r["observed"] else r["hi"]) if math.isfinite(r["predicted"]) else math.inf for r in rows]
+    seen = validate.seen_steps(rows)
     times = [x * r["step_s"] for x, r in zip(seen, rows, strict=True)]
     out = list(times)
     for i, r in enumerate(rows):

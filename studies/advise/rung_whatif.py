@@ -22,8 +22,6 @@ Printed 2026-11-28 (docs/advise_validation.md, "What was measured and tried"); n
 
 from __future__ import annotations
 
-import contextlib
-import io
 import math
 import os
 import sys
@@ -60,10 +58,8 @@ def forward_score(standings: list, target):
 def scored(score) -> list:
     """clusters.collect()'s rows with the race's order key ``score``."""
     race.equal_time_score, shipped = score, race.equal_time_score
-    validate._RACES.clear()
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            return clusters.collect()
+        return clusters.collect_afresh()
     finally:
         race.equal_time_score = shipped
         validate._RACES.clear()

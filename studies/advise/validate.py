@@ -373,8 +373,7 @@ def score(
                 race=raced[name],
             )
         )
-    # the order the advisor shows (ranking.seen_time): observed times, predicted intervals' slow ends
-    seen = [(r["predicted"] if r["observed"] else r["hi"]) if math.isfinite(r["predicted"]) else math.inf for r in rows]
+    seen = seen_steps(rows)
     pt = _times(seen, rows)
     at = _times([r["actual"] for r in rows], rows)
     tau = float(kendalltau(pt, at).statistic)
@@ -408,6 +407,12 @@ def score(
         rows=rows,
         **extra,
     )
+
+
+def seen_steps(rows: list) -> list:
+    """Each scored row's steps as the advisor ranks them (``ranking.seen_time``): observed, or the
+    predicted interval's slow end; inf where not ranked."""
+    return [(r["predicted"] if r["observed"] else r["hi"]) if math.isfinite(r["predicted"]) else math.inf for r in rows]
 
 
 def _pick(seen: list, rows: list) -> int:
