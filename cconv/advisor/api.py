@@ -382,8 +382,7 @@ def run_race(plan: Plan) -> tuple[dict, list, race.Race, dict]:
     try:
         with signals.deferred():
             budget = int(plan.budget * plan.base.steps)
-            result = race.race(arms, observe, plan.target, plan.base.steps, budget, train=side_by_side(trainers))
-            result = spend_left(result, observe, plan.target, plan.base.steps, train=side_by_side(trainers))
+            result = race_all(arms, observe, plan.target, plan.base.steps, budget, train=side_by_side(trainers))
     finally:
         trainers.shutdown(wait=True, cancel_futures=True)
         pool.shutdown(wait=True, cancel_futures=True)
@@ -418,6 +417,45 @@ def predictions(result: race.Race, target: Target, settings=extrapolate.Settings
         )
         out[s.arm.name] = _prediction(s, target, refs, settings)
     return out
+
+
+def revived(standings: list, target: Target, max_steps: int, settings=extrapolate.Settings()) -> list[str]:
+    """``race.race``'s ``revive``: the pruned candidate the step-time test of ``ranking.leapfrog``
+    puts ahead of the fastest candidate the race kept, read from every standing's curve so far
+    (seen steps: observed, or the interval's slow end; ranked within ``max_steps``) -- at most one.
+    Only a pruned candidate whose step is cheaper than some kept one's can pass, so only those
+    curves are fitted beside the kept ones."""
+    kept = {s.arm.name: s.arm.step_s for s in standings if s.curve is not None and s.status != race.PRUNED}
+    dearest = max(kept.values(), default=0.0)
+    cheaper = {s.arm.name for s in standings if s.status == race.PRUNED and s.arm.step_s < dearest}
+    asked = set(kept) | cheaper
+    preds = predictions(race.Race(standings, [], 0, 0), target, settings, only=asked)
+    ok = [s for s in standings if s.arm.name in asked and s.curve is not None and preds[s.arm.name].ok]
+    ok = [s for s in ok if preds[s.arm.name].steps <= max_steps]
+    steps = [ranking.seen_steps(preds[s.arm.name]) for s in ok]
+    i = ranking.leapfrog(
+        [n * s.arm.step_s for n, s in zip(steps, ok, strict=True)],
+        steps,
+        [s.arm.step_s for s in ok],
+        [s.status == race.PRUNED for s in ok],
+    )
+    return [] if i is None else [ok[i].arm.name]
+
+
+def race_all(
+    arms: list,
+    observe: Callable[[str, int], race.Observation],
+    target: Target,
+    max_steps: int,
+    budget: int,
+    train: Callable = race.one_by_one,
+) -> race.Race:
+    """The whole race of ``cconv advise`` (and of its validation's replays): successive halving,
+    each rung's survivors joined by the candidate ``revived`` beside them, then the finalists, then
+    what the budget leaves (``spend_left``)."""
+    revive = lambda standings: revived(standings, target, max_steps)  # noqa: E731
+    result = race.race(arms, observe, target, max_steps, budget, train=train, revive=revive)
+    return spend_left(result, observe, target, max_steps, train=train)
 
 
 def spend_left(

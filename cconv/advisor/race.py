@@ -21,9 +21,15 @@ is at least ``eta`` times the time every survivor has already trained (the first
 ``MIN_STEPS`` can put it past ``T_r``), so every rung trains someone further: a rung never prunes
 on what the previous one already showed.  When
 ``finalists`` are left, they run to the target (or to ``max_steps``) in rungs that keep
-doubling, while the budget lasts.  What the budget leaves then goes to the pruned candidates
-whose curves do not yet give a time to target within the step budget, and what it still leaves
-to every pruned candidate (``refine``, as ``cconv.advisor.api.spend_left`` calls it).
+doubling, while the budget lasts.  After each halving rung, a pruned candidate whose cheaper step
+would still win needing as many steps as the survivors (``revive``:
+``cconv.advisor.ranking.leapfrog``) runs on beside them into the next rung, where equal time
+decides again: a curve that only starts slowly catches up there, one that stalls is pruned again
+(a revived candidate that the budget gives no further step stays pruned).  So its own longer
+curve, not its first rung's, decides whether it can be recommended.  What the budget leaves then
+goes to the pruned candidates whose curves do not yet give a time to target within the step
+budget, and what it still leaves to every pruned candidate (``refine``, as
+``cconv.advisor.api.spend_left`` calls it).
 
 Budget: ``budget_steps`` training steps in all, counted in steps of a candidate's program (its
 seeds are vmapped into one program; ``cconv.advisor.api`` sets ``budget_steps = B x max_steps``,
@@ -90,6 +96,7 @@ class Rung(NamedTuple):
     time_s: float
     steps: dict  # arm name -> steps trained by the rung's end
     kept: tuple  # arm names that go on
+    revived: tuple = ()  # pruned arms that go on beside them (``race``'s ``revive``)
 
 
 class Race(NamedTuple):
@@ -235,14 +242,17 @@ def race(
     halving_share: float = HALVING_SHARE,
     score=None,
     train: Callable[[Callable, dict], list] = one_by_one,
+    revive: Callable[[list], list] | None = None,
 ) -> Race:
     """Successive halving by simulated time, then the finalists to the target (module docstring).
     ``train(observe, {name: steps})``: the rung's observations, in its order; the arms of a rung
-    are independent, so it may train them side by side (``cconv.advisor.api`` does)."""
+    are independent, so it may train them side by side (``cconv.advisor.api`` does).
+    ``revive(standings)``: after each halving rung, the names of pruned arms that run on beside
+    its survivors (``cconv.advisor.api.revived``; after the last one, beside the finalists)."""
     st = {a.name: Standing(a, 0, None, "unrun") for a in arms}
     counts = rung_counts(len(arms), eta, finalists)
     t0 = first_time(arms, int(budget * halving_share), max_steps, eta, finalists)
-    spent, rungs, alive = 0, [], [a.name for a in arms]
+    spent, rungs, alive, revived_at = 0, [], [a.name for a in arms], {}
     r, t = 0, t0
     while alive:
         wants = _wants(st, alive, t, max_steps, budget - spent)
@@ -260,13 +270,20 @@ def race(
         for n in alive:
             if st[n].status == "running" and n not in kept:
                 st[n] = st[n]._replace(status=PRUNED)
-        rungs.append(Rung(t, {n: st[n].steps for n in alive}, tuple(kept)))
-        alive = kept
+        back = []
+        if revive is not None and r + 2 <= len(counts) and spent < budget:  # a halving rung's pruned arms
+            back = [n for n in revive(list(st.values())) if st[n].status == PRUNED]
+            for n in back:
+                st[n] = st[n]._replace(status="running")
+                revived_at[n] = st[n].steps
+            finalists += len(back) if r + 2 == len(counts) else 0  # the halving's last rung: they join the finalists
+        rungs.append(Rung(t, {n: st[n].steps for n in alive}, tuple(kept), tuple(back)))
+        alive = kept + back
         if spent >= budget:
             break
         r, t = r + 1, max(t, common_time([st[n] for n in alive])) * eta  # every rung trains someone further
-    for n in alive:  # still running when the budget ran out
-        st[n] = st[n]._replace(status="finalist")
+    for n in alive:  # still running when the budget ran out (a revived arm that trained no further: pruned)
+        st[n] = st[n]._replace(status=PRUNED if revived_at.get(n) == st[n].steps else "finalist")
     return Race(list(st.values()), rungs, spent, budget)
 
 

@@ -9,13 +9,16 @@ A row is one raced candidate under one communication schedule.  Its steps to tar
 Rows whose steps to target are known or predicted within the config's step budget are ranked by
 the time the advisor can vouch for (``seen_time``): an observed row's time, a predicted row's
 interval's slow end.  The recommendation is the first ranked row that the race's verdict allows
-(``pick``): a row the race did not prune, or a pruned one whose advantage over the fastest
-row the race kept holds on its step time alone -- it would still be faster needing as many steps as
-the survivor that needs the most (seen steps: observed, or the interval's slow end).  The race compared the
-candidates' curves at equal time and pruned this one; extrapolating its short curve to fewer steps
-does not overrule that (learning-curve extrapolation prunes, it is not the verdict: Domhan et al.
-2015; Hyperband's survivors are its answer), but a cheaper step, which the cluster model gives and
-no curve does, can.  When every ranked row was pruned, the first is recommended.  Rows that
+(``pick``): a row the race did not prune.  The race compared the candidates' curves at equal
+time and pruned the others; extrapolating a short curve does not overrule that (learning-curve
+extrapolation prunes, it is not the verdict: Domhan et al. 2015; Hyperband's survivors are its
+answer).  A cheaper step, which the cluster model gives and no curve does, can: a pruned row
+whose advantage over the fastest kept row holds on its step time alone -- faster even needing as
+many steps as the kept row that needs the most (``leapfrog``; seen steps: observed, or the
+interval's slow end) -- is run on by the race beside the survivors (``cconv.advisor.api.revived``)
+and is recommended only from that longer curve, as a survivor.  Recommending it from its first
+rung's curve chose a candidate that never reached the target (the Adam task of the validation,
+on two communication-bound clusters).  When every ranked row was pruned, the first is recommended.  Rows that
 cannot be ranked follow the ranked ones, with the reason: diverged
 (``cconv.experiments.divergence``), missed (ran the whole step budget without reaching the
 target), misses the budget (predicted past it), stalled, not approached, noisy.
@@ -28,8 +31,8 @@ row's step time goes (``steptime.StepTime``): compute-, communication- or compre
     observed     the race saw this candidate reach the target (no extrapolation)
     wide         the interval spans more than a factor 3
     tied         this row's interval holds the recommended row's time (not separable by the race)
-    pruned       the race pruned it at equal time on the cluster: ranked from its curve; recommended
-                 over a candidate that outlasted it only on its step time (``pick``)
+    pruned       the race pruned it at equal time on the cluster: ranked from its curve, never
+                 recommended over a candidate that outlasted it (``pick``)
     lr-change    the learning-rate schedule moves by ``LR_CHANGE`` or more between the curve's end and
                  its prediction's slow end (``lr_factor``: a step decay, a warm-up or a decay the
                  curve has not reached, so no fit of it can see its effect)
@@ -96,33 +99,41 @@ def seen_time(r: Row) -> float:
     return r.time_s if r.prediction.observed else r.time_hi
 
 
-def _seen_steps(r: Row) -> float:
-    p = r.prediction
+def seen_steps(p: Prediction) -> float:
+    """The steps the advisor can vouch for (as ``seen_time``): observed, or the interval's slow end."""
     return p.steps if p.observed else p.hi
 
 
-def pick(seen: list, steps: list, step_s: list, pruned: list) -> int | None:
+def pick(seen: list, pruned: list) -> int | None:
     """The index of the recommendation among rows given by their seen times (``seen_time``; not
-    finite: not ranked), seen steps (observed, or the interval's slow end), seconds per step and
-    whether the race pruned them: the fastest row the race's verdict allows (module docstring) --
-    not pruned, or pruned but faster than the fastest row the race kept even with as many steps as
-    the survivor that needs the most.  None when nothing is ranked."""
+    finite: not ranked) and whether the race pruned them: the fastest row the race did not prune,
+    or the fastest row when it pruned every ranked one.  None when nothing is ranked."""
     order = sorted((i for i in range(len(seen)) if math.isfinite(seen[i])), key=lambda i: seen[i])
     kept = [i for i in order if not pruned[i]]
-    need = max((steps[i] for i in kept), default=0.0)  # the most steps a survivor needs (seen)
+    return kept[0] if kept else (order[0] if order else None)
+
+
+def leapfrog(seen: list, steps: list, step_s: list, pruned: list) -> int | None:
+    """The pruned row whose advantage over the fastest row the race kept holds on its step time
+    alone: faster even needing as many steps as the kept row that needs the most (``steps``: seen
+    steps, observed or the interval's slow end); the fastest such row, or None.  The race runs it
+    on with its finalists (``cconv.advisor.api.revived``), which is how such a row can become the
+    recommendation: from its own longer curve, never from its short one (module docstring)."""
+    order = sorted((i for i in range(len(seen)) if math.isfinite(seen[i])), key=lambda i: seen[i])
+    kept = [i for i in order if not pruned[i]]
+    if not kept:
+        return None
+    need = max(steps[i] for i in kept)
     for i in order:
-        if not pruned[i] or not kept or max(steps[i], need) * step_s[i] < seen[kept[0]]:
+        if i == kept[0]:
+            return None
+        if pruned[i] and max(steps[i], need) * step_s[i] < seen[kept[0]]:
             return i
     return None
 
 
 def _recommended(ok: list[Row]) -> Row | None:
-    i = pick(
-        [seen_time(r) for r in ok],
-        [_seen_steps(r) for r in ok],
-        [r.step.step_s for r in ok],
-        [r.race == PRUNED for r in ok],
-    )
+    i = pick([seen_time(r) for r in ok], [r.race == PRUNED for r in ok])
     return None if i is None else ok[i]
 
 
@@ -255,8 +266,6 @@ def recommendation(rows: list[Row], target: str, cluster: str, budget: int) -> t
     why = f"; {b.why}" if b.why else ""
     above = [r.candidate for r in ok[: b.rank - 1]]
     over = f"; ranked above it from their curves, pruned by the race: {', '.join(above)}" if above else ""
-    if b.race == PRUNED and any(r.race != PRUNED for r in ok):
-        over += "; pruned by the race, recommended on its step time (faster with the survivors' steps)"
     return True, (
         f"Recommended: {b.candidate} ({b.schedule}): {target} in {fmt_time(b.time_s)} on {cluster} "
         f"({b.prediction.steps:.0f} steps, {seen}){sp}{why}{tie}{over}."

@@ -17,7 +17,9 @@ against the full runs:
 * top-1 regret: actual time of the advisor's recommendation / the best actual time;
 * coverage: the share of ranked candidates whose actual steps to target lie in the interval, and
   the median interval width hi/lo -- over all ranked rows and over the predicted (not observed)
-  ones alone;
+  ones alone; a ranked row whose full run never reaches the target is a miss when its interval
+  ends inside the step budget (``never``), and is left out when the interval runs past it (the run
+  stopped there: inside or not is unknown);
 * wall time (``--wall``): ``cconv advise`` vs ``cconv run`` of one dense run, each in a fresh
   process, interleaved, compilation included.
 
@@ -323,8 +325,7 @@ def _race(truth: dict, target, steps: int, budget: float, seeds: int):
         trained = int(min(upto, np.nanmax(c.steps[np.isfinite(c.values).all(0)], initial=0) if why else upto))
         return race.Observation(cut, trained, why)
 
-    result = race.race(arms, observe, target, steps, int(budget * steps))
-    return api.spend_left(result, observe, target, steps)  # as ``cconv advise``
+    return api.race_all(arms, observe, target, steps, int(budget * steps))  # as ``cconv advise``
 
 
 def actual_steps(d: dict, target) -> float:
@@ -384,8 +385,8 @@ def score(
         regret = float(at[pick] / at.min()) if at[pick] < BIG else math.inf
         pick_name = rows[pick]["candidate"]
     extra = _against(independent, rows, pt, at, pick, target) if independent is not None else {}
-    checked = [r for r in rows if math.isfinite(r["predicted"]) and math.isfinite(r["actual"])]
-    inside = [r["lo"] <= r["actual"] <= r["hi"] for r in checked]
+    checked = [r for r in rows if math.isfinite(r["predicted"]) and (math.isfinite(r["actual"]) or r["hi"] < steps)]
+    inside = [r["lo"] <= r["actual"] <= r["hi"] for r in checked]  # a run that never reaches: past every such hi
     widths = [r["hi"] / max(r["lo"], 1e-12) for r in checked]
     pred_only = [r for r in checked if not r["observed"]]
     return dict(
@@ -398,6 +399,7 @@ def score(
         coverage=float(np.mean(inside)) if inside else math.nan,
         width=float(np.median(widths)) if widths else math.nan,
         checked=len(checked),
+        never=sum(math.isinf(r["actual"]) for r in checked),
         observed=sum(r["observed"] for r in checked),
         coverage_predicted=float(np.mean([r["lo"] <= r["actual"] <= r["hi"] for r in pred_only]))
         if pred_only
@@ -422,7 +424,7 @@ def _pick(seen: list, rows: list) -> int:
     from cconv.advisor.ranking import pick
 
     step_s = [r["step_s"] for r in rows]
-    i = pick([t * s for t, s in zip(seen, step_s, strict=True)], seen, step_s, [r["race"] == PRUNED for r in rows])
+    i = pick([t * s for t, s in zip(seen, step_s, strict=True)], [r["race"] == PRUNED for r in rows])
     return 0 if i is None else i
 
 
@@ -685,12 +687,13 @@ def figure(results: list, path: str) -> None:
                 ax.plot([act], [top], "x", color="0.5")
                 continue
             inside = x["lo"] <= x["actual"] <= x["hi"]
+            unknown = not math.isfinite(x["actual"]) and x["hi"] >= r["steps"]  # left out of coverage (score)
             ax.errorbar(
                 act,
                 x["predicted"],
                 yerr=[[x["predicted"] - x["lo"]], [x["hi"] - x["predicted"]]],
                 fmt="s" if x["observed"] else "o",
-                color="C0" if inside else "C3",
+                color="0.6" if unknown else "C0" if inside else "C3",
                 capsize=2,
                 ms=5,
             )
@@ -717,6 +720,7 @@ def figure(results: list, path: str) -> None:
         Line2D([], [], marker="s", ls="", color="C0", label="observed in the race"),
         Line2D([], [], marker="o", ls="", color="C0", label="predicted; interval holds the actual"),
         Line2D([], [], marker="o", ls="", color="C3", label="actual outside the interval"),
+        Line2D([], [], marker="o", ls="", color="0.6", label="never reached, interval past the budget (unscored)"),
         Line2D([], [], marker="o", ls="", mfc="none", mec="k", ms=10, label="the recommendation"),
         Line2D([], [], marker="x", ls="", color="0.5", label="not ranked (flagged)"),
         Line2D([], [], ls="--", color="k", lw=0.8, label="predicted = actual"),
