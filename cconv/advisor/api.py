@@ -98,22 +98,22 @@ ConfigSource = str | os.PathLike | dict | RunConfig  # a run or sweep file, a ma
 def load_config(config: ConfigSource, overrides: list | None = None) -> tuple[RunConfig, str, tuple]:
     """(RunConfig, source, sweep rules) from a run config file, a sweep file (its ``base`` and
     ``rules``), a mapping or a RunConfig."""
-    from cconv.experiments import config as CF
     from cconv.experiments.build import check_names
+    from cconv.experiments.config import apply_overrides, from_dict, load_yaml
 
-    if isinstance(config, CF.RunConfig):
+    if isinstance(config, RunConfig):
         return config, config.name or "config", ()
     rules: tuple = ()
     if isinstance(config, dict):
         raw, src = config, "config"
     else:
-        raw, src = CF.load_yaml(config), str(config)
+        raw, src = load_yaml(config), str(config)
         if isinstance(raw, dict) and "grid" in raw:  # a sweep file: advise on its base config, with its rules
             rules = tuple(raw.get("rules") or ())
             raw = raw.get("base") or {}
             if isinstance(raw, str):
-                raw = CF.load_yaml(os.path.join(os.path.dirname(os.path.abspath(src)), raw)) or {}
-    cfg = CF.from_dict(CF.apply_overrides(raw or {}, overrides or []), source=src)
+                raw = load_yaml(os.path.join(os.path.dirname(os.path.abspath(src)), raw)) or {}
+    cfg = from_dict(apply_overrides(raw or {}, overrides or []), source=src)
     check_names(cfg)
     return cfg, src, rules
 
@@ -159,10 +159,10 @@ def prepare(
 ) -> Plan:
     """Validate everything (one-line ValueError) and each candidate's config; writes nothing."""
     from cconv.experiments import io
-    from cconv.theory import cluster as CL
+    from cconv.theory.cluster import parse as parse_cluster
 
     cfg, src, rules = load_config(config, overrides)
-    cl = CL.parse(cluster) if isinstance(cluster, str) else cluster
+    cl = parse_cluster(cluster) if isinstance(cluster, str) else cluster
     sp = space.parse(cfg.advise, cfg)
     repeats = steptime.check_timing(timing, repeats, sp.schedules, cl.workers)
     b, n_seeds = _options(sp, budget, seeds)
@@ -223,9 +223,9 @@ def _probe_configs(cfg: RunConfig, sp: Space, seeds: int, workers: int, rules: t
 def _parse_target(text: str, problem: Problem) -> Target:
     """The target against the metrics this task logs (read from the model's evaluation function
     on the data's shapes, abstractly)."""
-    from cconv.advisor import target as T
+    from cconv.advisor.target import parse
 
-    return T.parse(text, task_metrics(problem))
+    return parse(text, task_metrics(problem))
 
 
 OWN = {JSON_NAME: False, FIGURE_NAME: False, "probes": True, "verify": True}  # name -> is a directory

@@ -10,7 +10,7 @@ from cconv import distributed
 from cconv.advisor import ranking
 from cconv.advisor.steptime import TIMINGS
 from cconv.cli_schema import Command, Option
-from cconv.theory import cluster as CL
+from cconv.theory import cluster
 
 DESCRIPTION = """\
 Which method reaches the target soonest on this cluster?  Times a step of every candidate of the
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 <= args.verify <= 64:
         raise ValueError(f"--verify must be an integer in [0, 64], got {args.verify}")
-    cluster = CL.from_args(args)
+    on = cluster.from_args(args)
     n = distributed.launched_processes()
     if n > 1 and args.timing != "measured":
         raise ValueError(
@@ -57,14 +57,14 @@ def run(args: argparse.Namespace) -> int:
             f"(each candidate's step timed across them); start it once, or add --timing measured"
         )
     if args.timing == "measured":  # before jax starts: jax.distributed, or simulated CPU devices
-        distributed.start_devices(cluster.workers)
+        distributed.start_devices(on.workers)
     quiet_libraries()
     from cconv.advisor.api import advise
 
     with stdout_to_stderr(n > 1):  # gloo's C++ prints its connections on stdout
         adv = advise(
             args.config,
-            cluster,
+            on,
             target=args.target,
             budget=args.budget,
             seeds=args.seeds,
@@ -98,7 +98,7 @@ COMMAND = Command(
     description=DESCRIPTION,
     options=(
         Option("config", help="run config or sweep file (its base); an `advise:` block sets the candidates"),
-        *CL.options(),
+        *cluster.options(),
         Option("--target", help="METRIC=VALUE, e.g. test_accuracy=0.9 (default: advise.target, else loss=target_loss)"),
         Option(
             "--budget", type=float, help="training steps to spend, in full dense runs of the config's steps (default 1)"

@@ -173,10 +173,10 @@ def new_problem(cfg: RunConfig, like: Problem | None = None) -> Problem:
     """A probe's Problem (``build.problem``): its programs built as ``compiler_options`` says, on
     the launcher's default devices in one process; across the processes of a measured run
     (``cconv.advisor.steptime.leads``) on this process's first device, so that process 0 races alone."""
-    from cconv.experiments import build as B
+    from cconv.experiments.build import problem
 
     devices = jax.local_devices()[:1] if jax.process_count() > 1 else None
-    return B.problem(cfg, compiler_options(), like=like, devices=devices)
+    return problem(cfg, compiler_options(), like=like, devices=devices)
 
 
 def build(
