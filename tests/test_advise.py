@@ -987,7 +987,10 @@ def test_a_candidate_the_race_pruned_is_ranked_from_its_curve_but_not_recommende
     assert "pruned" in rows[0].flags and "pruned" not in rows[1].flags
     ok, line = R.recommendation(rows, "test_accuracy>=0.42", "1x8", 200)
     assert ok and line.startswith("Recommended: dense (mg-wfbp)")
-    assert line.endswith("ranked above it from their curves, pruned by the race: QSGD.")
+    assert line.endswith(
+        "ranked above it from their curves, pruned by the race: QSGD "
+        "(--verify 2 trains them and it to the step budget)."
+    )
     rings, real = [], Axes.plot
 
     def spy(self, *args, **kw):
@@ -1036,7 +1039,10 @@ def test_a_pruned_candidate_whose_step_time_alone_wins_is_revived_not_recommende
     assert [(r.candidate, r.recommended) for r in rows] == [("dense, local SGD H=4", False), ("THC", True)]
     ok, line = R.recommendation(rows, "loss<=0.3", "4x8", 300)
     assert ok and line.startswith("Recommended: THC")
-    assert line.endswith("ranked above it from their curves, pruned by the race: dense, local SGD H=4.")
+    assert line.endswith(
+        "ranked above it from their curves, pruned by the race: dense, local SGD H=4 "
+        "(--verify 2 trains them and it to the step budget)."
+    )
     # (seen time, seen steps, s/step, pruned): a pruned row first, the survivor second
     assert R.leapfrog([0.175, 0.57], [175, 57], [1e-3, 1e-2], [True, False]) == 0  # 175 x 1 ms < 0.57 s
     assert R.leapfrog([0.01, 0.057], [10, 57], [1e-3, 1e-3], [True, False]) is None  # fewer steps only

@@ -264,8 +264,13 @@ def recommendation(rows: list[Row], target: str, cluster: str, budget: int) -> t
     more = f" and {len(tied) - 3} more" if len(tied) > 3 else ""
     tie = f"; not separable from {', '.join(tied[:3])}{more}" if tied else ""
     why = f"; {b.why}" if b.why else ""
-    above = [r.candidate for r in ok[: b.rank - 1]]
-    over = f"; ranked above it from their curves, pruned by the race: {', '.join(above)}" if above else ""
+    above = list(dict.fromkeys(r.candidate for r in ok[: b.rank - 1] if r.candidate != b.candidate))
+    over = ""
+    if above:  # --verify trains the top N candidates on (``api.verify``): these and the recommendation
+        over = (
+            f"; ranked above it from their curves, pruned by the race: {', '.join(above)} "
+            f"(--verify {len(above) + 1} trains them and it to the step budget)"
+        )
     return True, (
         f"Recommended: {b.candidate} ({b.schedule}): {target} in {fmt_time(b.time_s)} on {cluster} "
         f"({b.prediction.steps:.0f} steps, {seen}){sp}{why}{tie}{over}."
