@@ -898,6 +898,28 @@ def test_a_probe_builds_every_program_unoptimised_on_cpu(tmp_path, monkeypatch):
     assert probes.compiler_options() == {"xla_backend_optimization_level": 0}  # another XLA's: left out
 
 
+@pytest.mark.parametrize(
+    "schedule",
+    ["cosine", {"name": "exponential_decay", "decay_rate": 0.1, "staircase": True, "transition_steps": 12}],
+)
+def test_a_probes_learning_rate_is_the_full_runs_at_every_step(schedule):
+    """A probe is the first steps of the run the user would start: its config keeps the full run's
+    steps, so its learning-rate schedule (warm-up, then a schedule whose length cconv fills in from
+    the run, or one the config sets) is the full run's at every step, for every candidate."""
+    from cconv.advisor import probes
+    from cconv.experiments.build import make_schedule
+
+    block = {"compressors": [{"name": "topk", "ratio": 0.1}], "memory": ["ef"], "include": [{"local_steps": 4}]}
+    base = _cfg(data="digits", steps=40, lr=0.2, lr_warmup=5, lr_schedule=schedule, advise=block)
+    steps = np.arange(base.steps + 1)
+    want = np.asarray([make_schedule(base)(int(t)) for t in steps])
+    assert want[0] == 0.0 and want.max() == pytest.approx(0.2) and want[-1] < 0.1  # a warm-up, then a decay
+    for cand in SP.candidates(SP.parse(block, base)):
+        cfg = probes.probe_config(base, cand, seeds=3, workers=8, log_every=2)
+        assert cfg.steps == base.steps
+        np.testing.assert_allclose([make_schedule(cfg)(int(t)) for t in steps], want, rtol=1e-6)
+
+
 @pytest.mark.parametrize("lo, hi", [(1.5e-3, 6e-2), (2e-5, 3e-4), (0.5, 4000.0), (1e-4, 10.0)])
 def test_the_figures_time_axis_reads_in_units_and_no_label_overlaps_another(lo, hi):
     """``figure._time_axis``: the labelled ticks read in the table's units ("5 ms"), the minor

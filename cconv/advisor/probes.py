@@ -118,22 +118,6 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9.=-]+", "_", name).strip("_")[:80] or "run"
 
 
-def _schedule_length(raw: dict, full_steps: int) -> None:
-    """Pin the learning-rate schedule's length to the full run's."""
-    from cconv.experiments.build import SCHEDULE_LENGTH_ARGS
-    from cconv.experiments.optax_names import SCHEDULE_ALIASES, parameters, schedule_function
-
-    spec = raw.get("lr_schedule", "constant")
-    spec = {"name": spec} if isinstance(spec, str) else dict(spec)
-    spec["name"] = SCHEDULE_ALIASES.get(spec["name"], spec["name"])
-    params = parameters(schedule_function(spec["name"]))
-    for n in SCHEDULE_LENGTH_ARGS:
-        if n in params:
-            spec.setdefault(n, max(full_steps - int(raw.get("lr_warmup", 0)), 1))
-            break
-    raw["lr_schedule"] = spec
-
-
 def probe_config(
     base: RunConfig, cand: Candidate, seeds: int, workers: int, log_every: int, rules: tuple = ()
 ) -> RunConfig:
@@ -162,8 +146,6 @@ def probe_config(
     apply_rules(raw, list(rules))
     if raw.get("memory") == "ef" and raw.get("ef_scale") is None:
         raw["ef_scale"] = "auto"  # 1/(1 + omega) around an unbiased compressor, 1 around the others
-    if raw.get("lr_schedule", "constant") != "constant":
-        _schedule_length(raw, base.steps)
     cfg = from_dict(raw, source=f"candidate {cand.name}")
     check_names(cfg)
     return cfg
