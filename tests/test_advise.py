@@ -617,6 +617,25 @@ def _row(name, over, steps, step_s, status="predicted", lo=None, hi=None):
     return R.Row(name, over, "mg-wfbp", p, StepTime("mg-wfbp", step_s, step_s / 2, step_s / 4, step_s / 4), 1.0, 0.9)
 
 
+def test_the_learning_rate_schedule_is_evaluated_once_per_schedule(monkeypatch):
+    """``api.lr_factor`` evaluates a schedule over every step once and reads every candidate's
+    window from it: candidates that share the run's schedule (every candidate of one advice, whose
+    keys never touch it) build it once; another schedule is built anew, and each gives its own rates."""
+    from cconv.advisor import api
+    from cconv.experiments import build
+    from cconv.experiments.config import from_dict
+
+    built, real = [], build.make_schedule
+    monkeypatch.setattr(build, "make_schedule", lambda cfg: built.append(cfg.lr_schedule) or real(cfg))
+    monkeypatch.setattr(api, "_RATES", {})
+    decay = {"name": "exponential_decay", "transition_steps": 30, "decay_rate": 0.5, "staircase": True}
+    a = from_dict(dict(steps=90, lr=0.1, lr_schedule=decay, compressor={"name": "topk", "ratio": 0.1}, memory="ef"))
+    b = from_dict(dict(steps=90, lr=0.1, lr_schedule=decay, local_steps=4))
+    assert api.lr_factor(a, 10, 70) == pytest.approx(4.0) and api.lr_factor(b, 40, 70) == pytest.approx(2.0)
+    assert api.lr_factor(a, 10, 20) == 1.0 and len(built) == 1
+    assert api.lr_factor(from_dict(dict(steps=90, lr=0.1, lr_schedule="cosine")), 10, 80) > 2 and len(built) == 2
+
+
 def test_a_prediction_past_a_learning_rate_change_is_flagged():
     """``api.lr_factor``: the learning rate's largest move between a curve's end and its
     prediction's slow end -- x0.1 at step 60 (staircase): a curve of 31 steps predicted to 223 of
