@@ -617,6 +617,40 @@ def _row(name, over, steps, step_s, status="predicted", lo=None, hi=None):
     return R.Row(name, over, "mg-wfbp", p, StepTime("mg-wfbp", step_s, step_s / 2, step_s / 4, step_s / 4), 1.0, 0.9)
 
 
+def test_the_validation_scores_the_speedup_the_table_prints():
+    """``studies/advise/validate.py``'s ``speedups`` is the speedup over dense and its interval that
+    ``ranking.rank`` prints (dense's time over the row's; dense's fast end over the row's slow end,
+    and the other way), beside the actual one from the full runs; a row beside an observed dense row
+    is checked, two observed rows are not (no interval), and a run that never reaches the target
+    gives no actual speedup."""
+    import importlib.util
+
+    from cconv.advisor import ranking as R
+
+    path = os.path.join(os.path.dirname(__file__), "..", "studies", "advise", "validate.py")
+    spec = importlib.util.spec_from_file_location("advise_validate", path)
+    V = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(V)
+    dense = _row("dense", {"compressor": {"name": "none"}}, 90, 2e-3, lo=80, hi=150)
+    topk = _row("top-k", {"compressor": {"name": "topk"}}, 120, 1e-3, lo=100, hi=300)
+    local = _row("local", {"local_steps": 4}, 60, 5e-4, status="reached", lo=59, hi=60)
+    rows = {r.candidate: r for r in R.rank([dense, topk, local], budget=400, baseline="dense")}
+
+    def scored(r, actual):
+        p = r.prediction
+        return dict(candidate=r.candidate, predicted=p.steps, lo=p.lo, hi=p.hi, observed=p.observed,
+                    step_s=r.step.step_s, actual=actual)  # fmt: skip
+
+    got = V.speedups([scored(rows["dense"], 100.0), scored(rows["top-k"], 150.0), scored(rows["local"], math.inf)])
+    assert [x["candidate"] for x in got] == ["top-k", "local"]
+    for x in got:
+        r = rows[x["candidate"]]
+        assert (x["predicted"], x["lo"], x["hi"]) == pytest.approx((r.speedup, r.speedup_lo, r.speedup_hi))
+    assert got[0]["actual"] == pytest.approx(100 * 2e-3 / (150 * 1e-3)) and math.isnan(got[1]["actual"])
+    seen = dict(scored(rows["dense"], 90.0), observed=True)
+    assert V.speedups([seen, dict(scored(rows["local"], 60.0), observed=True)]) == []
+
+
 def test_the_learning_rate_schedule_is_evaluated_once_per_schedule(monkeypatch):
     """``api.lr_factor`` evaluates a schedule over every step once and reads every candidate's
     window from it: candidates that share the run's schedule (every candidate of one advice, whose

@@ -144,7 +144,43 @@ def markdown(rows: list) -> str:
             )
         lines.append("")
         lines += _summary(rows, set_name)
-    return "\n".join(lines + _families(rows))
+    return "\n".join(lines + _speedups(rows) + _families(rows))
+
+
+def _speedups(rows: list) -> list:
+    """The speedup over dense of every ranked row where either time is predicted (what the table
+    prints beside it), pooled over the tasks of each cluster and set: how often the actual speedup
+    lies in the interval, and the median actual / predicted (below 1: the advice promised more)."""
+    out = [
+        "**The speedup over dense against the full runs**",
+        "",
+        "The speedup over dense that each ranked row prints where either time is predicted (dense's time / "
+        "the row's, its interval dense's fast end over the row's slow end and the other way), against the "
+        "full runs', pooled over the eight tasks (rows where either run never reaches the target left out).",
+        "",
+        "| set | cluster | speedups checked | actual in the interval | median actual / predicted |",
+        "|---|---|---|---|---|",
+    ]
+    for set_name, _, _ in SETS:
+        for cl, net in CLUSTERS:
+            sp = [
+                x
+                for r in rows
+                if r["set"] == set_name and r["cluster"] == cl and r["network"] == net
+                for x in r["score"]["speedups"]
+                if _finite(x["actual"])
+            ]
+            hi = [x["hi"] if _finite(x["hi"]) else math.inf for x in sp]  # JSON keeps an infinite end as null
+            inside = np.mean([x["lo"] <= x["actual"] <= h for x, h in zip(sp, hi, strict=True)]) if sp else math.nan
+            ratio = np.median([x["actual"] / x["predicted"] for x in sp]) if sp else math.nan
+            where = cl + (f" {net}" if net else " (NVLink)")
+            lines = f"| {set_name} | {where} | {len(sp)} | {V._f(float(inside), '{:.0%}')} | {V._f(float(ratio))} |"
+            out.append(lines)
+    return [*out, ""]
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 def _tuning_at_1x8(r: dict) -> bool:

@@ -20,6 +20,8 @@ against the full runs:
   ones alone; a ranked row whose full run never reaches the target is a miss when its interval
   ends inside the step budget (``never``), and is left out when the interval runs past it (the run
   stopped there: inside or not is unknown);
+* the speedup over dense of each ranked row where either time is predicted, with its interval, as
+  the table prints it (``speedups``), against the full runs' speedup;
 * wall time (``--wall``): ``cconv advise`` vs ``cconv run`` of one dense run, each in a fresh
   process, interleaved, compilation included.
 
@@ -389,6 +391,8 @@ def score(
     inside = [r["lo"] <= r["actual"] <= r["hi"] for r in checked]  # a run that never reaches: past every such hi
     widths = [r["hi"] / max(r["lo"], 1e-12) for r in checked]
     pred_only = [r for r in checked if not r["observed"]]
+    sp = speedups(rows)
+    sp_checked = [x for x in sp if math.isfinite(x["actual"])]
     return dict(
         budget=budget,
         spent=result.spent / steps,
@@ -406,9 +410,42 @@ def score(
         else math.nan,
         width_predicted=float(np.median([r["hi"] / max(r["lo"], 1e-12) for r in pred_only])) if pred_only else math.nan,
         ranked=sum(math.isfinite(r["predicted"]) for r in rows),
+        speedups=sp,
+        speedup_checked=len(sp_checked),
+        speedup_coverage=float(np.mean([x["lo"] <= x["actual"] <= x["hi"] for x in sp_checked]))
+        if sp_checked
+        else math.nan,
+        speedup_ratio=float(np.median([x["actual"] / x["predicted"] for x in sp_checked])) if sp_checked else math.nan,
         rows=rows,
         **extra,
     )
+
+
+def speedups(rows: list) -> list:
+    """Each ranked row's speedup over the dense baseline (the first row: the plan's first candidate,
+    as ``space.candidates`` orders them) as the advisor prints it
+    (``ranking.rank``: dense's time / the row's, with the interval of dense's fast end over the row's
+    slow end and the other way) where either time is predicted, beside the actual one (NaN where
+    either full run never reaches the target)."""
+    d = rows[0]
+    if not math.isfinite(d["predicted"]):
+        return []
+    out = []
+    for r in rows[1:]:
+        if not math.isfinite(r["predicted"]) or (r["observed"] and d["observed"]):
+            continue
+        ds, rs = d["step_s"], r["step_s"]
+        reach = math.isfinite(d["actual"]) and math.isfinite(r["actual"])
+        out.append(
+            dict(
+                candidate=r["candidate"],
+                predicted=d["predicted"] * ds / (r["predicted"] * rs),
+                lo=d["lo"] * ds / (r["hi"] * rs),
+                hi=d["hi"] * ds / (r["lo"] * rs) if r["lo"] > 0 else math.inf,
+                actual=d["actual"] * ds / (r["actual"] * rs) if reach else math.nan,
+            )
+        )
+    return out
 
 
 def seen_steps(rows: list) -> list:
@@ -599,8 +636,8 @@ def markdown(results: list, settings, command: str) -> str:
         ),
         "",
         "| task | set | target | Kendall tau | regret (pick) | coverage | width | predicted rows: coverage, width "
-        "| observed | spent | wall (advise / dense) | goals |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| speedup over dense: in interval, actual / predicted | observed | spent | wall (advise / dense) | goals |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         b, w = r["score"], r.get("wall")
@@ -613,8 +650,9 @@ def markdown(results: list, settings, command: str) -> str:
         lines.append(
             f"| {r['task']} | {'held out' if r['task'] in HELD_OUT else 'tuning'} | {r['target']} | {_f(b['tau'])} | "
             f"{_f(b['regret'])} ({b['pick']}) | {_f(b['coverage'], '{:.0%}')} ({b['checked']}) | {_f(b['width'])} | "
-            f"{_f(b['coverage_predicted'], '{:.0%}')}, {_f(b['width_predicted'])} | {b['observed']} of "
-            f"{b['ranked']} | {b['spent']:.2f} | {wall} | {_goal_marks(b, w)} |"
+            f"{_f(b['coverage_predicted'], '{:.0%}')}, {_f(b['width_predicted'])} | "
+            f"{_f(b['speedup_coverage'], '{:.0%}')} ({b['speedup_checked']}), {_f(b['speedup_ratio'])} | "
+            f"{b['observed']} of {b['ranked']} | {b['spent']:.2f} | {wall} | {_goal_marks(b, w)} |"
         )
     lines += _independent_table(results)
     lines += ["", "Per candidate (predicted or observed [interval] vs actual steps to target, family):", ""]
