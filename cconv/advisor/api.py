@@ -430,8 +430,7 @@ def revived(standings: list, target: Target, max_steps: int, settings=extrapolat
     cheaper = {s.arm.name for s in standings if s.status == race.PRUNED and s.arm.step_s < dearest}
     asked = set(kept) | cheaper
     preds = predictions(race.Race(standings, [], 0, 0), target, settings, only=asked)
-    ok = [s for s in standings if s.arm.name in asked and s.curve is not None and preds[s.arm.name].ok]
-    ok = [s for s in ok if preds[s.arm.name].steps <= max_steps]
+    ok = [s for s in standings if s.arm.name in preds and preds[s.arm.name].ok and preds[s.arm.name].steps <= max_steps]
     steps = [ranking.seen_steps(preds[s.arm.name]) for s in ok]
     i = ranking.leapfrog(
         [n * s.arm.step_s for n, s in zip(steps, ok, strict=True)],

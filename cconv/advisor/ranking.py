@@ -104,12 +104,17 @@ def seen_steps(p: Prediction) -> float:
     return p.steps if p.observed else p.hi
 
 
+def _order(seen: list, pruned: list) -> tuple[list, list]:
+    """(the ranked rows' indices, fastest seen first; those of them the race did not prune)."""
+    order = sorted((i for i in range(len(seen)) if math.isfinite(seen[i])), key=lambda i: seen[i])
+    return order, [i for i in order if not pruned[i]]
+
+
 def pick(seen: list, pruned: list) -> int | None:
     """The index of the recommendation among rows given by their seen times (``seen_time``; not
     finite: not ranked) and whether the race pruned them: the fastest row the race did not prune,
     or the fastest row when it pruned every ranked one.  None when nothing is ranked."""
-    order = sorted((i for i in range(len(seen)) if math.isfinite(seen[i])), key=lambda i: seen[i])
-    kept = [i for i in order if not pruned[i]]
+    order, kept = _order(seen, pruned)
     return kept[0] if kept else (order[0] if order else None)
 
 
@@ -119,17 +124,18 @@ def leapfrog(seen: list, steps: list, step_s: list, pruned: list) -> int | None:
     steps, observed or the interval's slow end); the fastest such row, or None.  The race runs it
     on with its finalists (``cconv.advisor.api.revived``), which is how such a row can become the
     recommendation: from its own longer curve, never from its short one (module docstring)."""
-    order = sorted((i for i in range(len(seen)) if math.isfinite(seen[i])), key=lambda i: seen[i])
-    kept = [i for i in order if not pruned[i]]
+    order, kept = _order(seen, pruned)
     if not kept:
         return None
-    need = max(steps[i] for i in kept)
-    for i in order:
-        if i == kept[0]:
-            return None
-        if pruned[i] and max(steps[i], need) * step_s[i] < seen[kept[0]]:
-            return i
-    return None
+    need, best = max(steps[i] for i in kept), seen[kept[0]]
+    ahead = order[: order.index(kept[0])]  # all pruned: seen faster than the fastest kept row
+    return next((i for i in ahead if max(steps[i], need) * step_s[i] < best), None)
+
+
+def speedup_bounds(dense_lo: float, dense_hi: float, lo: float, hi: float) -> tuple[float, float]:
+    """A speedup's interval over dense from the two times' intervals: dense's fast end over the
+    row's slow end, dense's slow end over the row's fast end."""
+    return dense_lo / hi, (dense_hi / lo if lo > 0 else math.inf)
 
 
 def _recommended(ok: list[Row]) -> Row | None:
@@ -165,7 +171,7 @@ def rank(rows: list[Row], budget: int, baseline: str = "dense") -> list[Row]:
         sp = d.time_s / r.time_s if d is not None and in_budget(d, budget) else math.nan
         lo = hi = math.nan
         if math.isfinite(sp) and r is not d and not (p.observed and d.prediction.observed):
-            lo, hi = d.time_lo / r.time_hi, (d.time_hi / r.time_lo if r.time_lo > 0 else math.inf)
+            lo, hi = speedup_bounds(d.time_lo, d.time_hi, r.time_lo, r.time_hi)
         out.append(
             r._replace(speedup=sp, speedup_lo=lo, speedup_hi=hi, flags=tuple(flags), rank=i + 1, recommended=r is best)
         )

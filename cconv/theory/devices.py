@@ -86,6 +86,16 @@ _A100 = _sustained(
     "NVIDIA DeepLearningExamples ResNet50 v1.5 (PyTorch): 1 x A100 80GB TF32, 938 img/s; datasheet 2,039 GB/s",
 )
 
+_H100 = Device(
+    "h100",
+    _A100.flops / _A100.peak_flops * 494.7e12,
+    3.35e12,
+    LAUNCH_S,
+    "rule: A100's measured share of its TF32 peak (14.6 %) x H100 SXM's 494.7 TFLOP/s TF32; datasheet 3.35 TB/s",
+    494.7e12,
+    "tf32",
+)
+
 DEVICES: dict[str, Device] = {
     "p100": _sustained(
         "p100",
@@ -106,23 +116,12 @@ DEVICES: dict[str, Device] = {
         "NVIDIA DeepLearningExamples ResNet50 v1.5 (PyTorch): 1 x V100 16GB FP32, 367 img/s; datasheet 900 GB/s",
     ),
     "a100": _A100,
-    "h100": Device(
-        "h100",
-        _A100.flops / _A100.peak_flops * 494.7e12,
-        3.35e12,
-        LAUNCH_S,
-        "rule: A100's measured share of its TF32 peak (14.6 %) x H100 SXM's 494.7 TFLOP/s TF32; datasheet 3.35 TB/s",
-        494.7e12,
-        "tf32",
-    ),
-    "h200": Device(
-        "h200",
-        _A100.flops / _A100.peak_flops * 494.7e12,
-        4.8e12,
-        LAUNCH_S,
-        "rule: H100's (the same GH100 compute: A100's share of peak x 494.7 TFLOP/s TF32); datasheet 4.8 TB/s HBM3e",
-        494.7e12,
-        "tf32",
+    "h100": _H100,
+    "h200": _H100._replace(  # the same GH100 compute, its own memory
+        name="h200",
+        mem_bw=4.8e12,
+        source="rule: H100's (the same GH100 compute: A100's share of peak x 494.7 TFLOP/s TF32); "
+        "datasheet 4.8 TB/s HBM3e",
     ),
     "rtx2080ti": Device(
         "rtx2080ti",

@@ -15,7 +15,6 @@ Printed 2026-11-29 (docs/advise_validation.md, "What was measured and tried"); n
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 
@@ -43,19 +42,6 @@ def _keeping_baseline(real):
     return run
 
 
-def _met(s: dict) -> tuple:
-    ok = lambda v, cond: v is not None and not (isinstance(v, float) and math.isnan(v)) and cond(v)  # noqa: E731
-    return (
-        ok(s["tau"], lambda v: v >= 0.7),
-        ok(s["regret"], lambda v: v <= 1.1),
-        ok(s["coverage"], lambda v: v >= 0.7) and ok(s["width"], lambda v: v <= 3.0),
-    )
-
-
-def _f(x) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.2f}"
-
-
 def main() -> int:
     shipped = clusters.collect_afresh()
     real, race.race = race.race, _keeping_baseline(race.race)
@@ -63,14 +49,13 @@ def main() -> int:
         variant = clusters.collect_afresh()
     finally:
         race.race = real
+    f = clusters.V._f
     for a, b in zip(shipped, variant, strict=True):
-        moved = [
-            f"{k} {_f(a['score'][k])} -> {_f(b['score'][k])}" for k in GOALS if _f(a["score"][k]) != _f(b["score"][k])
-        ]
+        moved = [f"{k} {f(a['score'][k])} -> {f(b['score'][k])}" for k in GOALS if f(a["score"][k]) != f(b["score"][k])]
         if moved:
             print(f"{a['set'][:18]:18s} {a['cluster']} {a['network'] or '':7s} {a['task']:8s} " + "; ".join(moved))
     for name, rows in (("shipped", shipped), ("baseline kept", variant)):
-        met = [_met(r["score"]) for r in rows]
+        met = [clusters.V._met(r["score"]) for r in rows]
         print(
             f"{name}: tau >= 0.7 in {sum(m[0] for m in met)}, regret <= 1.1 in {sum(m[1] for m in met)}, "
             f"coverage and width in {sum(m[2] for m in met)} of {len(rows)} cases"

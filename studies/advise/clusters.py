@@ -168,19 +168,15 @@ def _speedups(rows: list) -> list:
                 for r in rows
                 if r["set"] == set_name and r["cluster"] == cl and r["network"] == net
                 for x in r["score"]["speedups"]
-                if _finite(x["actual"])
+                if math.isfinite(x["actual"])
             ]
-            hi = [x["hi"] if _finite(x["hi"]) else math.inf for x in sp]  # JSON keeps an infinite end as null
+            hi = [x["hi"] if math.isfinite(x["hi"]) else math.inf for x in sp]  # JSON keeps an infinite end as null
             inside = np.mean([x["lo"] <= x["actual"] <= h for x, h in zip(sp, hi, strict=True)]) if sp else math.nan
             ratio = np.median([x["actual"] / x["predicted"] for x in sp]) if sp else math.nan
             where = cl + (f" {net}" if net else " (NVLink)")
             lines = f"| {set_name} | {where} | {len(sp)} | {V._f(float(inside), '{:.0%}')} | {V._f(float(ratio))} |"
             out.append(lines)
     return [*out, ""]
-
-
-def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 def _tuning_at_1x8(r: dict) -> bool:

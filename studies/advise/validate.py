@@ -387,7 +387,7 @@ def score(
         regret = float(at[pick] / at.min()) if at[pick] < BIG else math.inf
         pick_name = rows[pick]["candidate"]
     extra = _against(independent, rows, pt, at, pick, target) if independent is not None else {}
-    checked = [r for r in rows if math.isfinite(r["predicted"]) and (math.isfinite(r["actual"]) or r["hi"] < steps)]
+    checked = [r for r in rows if scored_interval(r, steps)]
     inside = [r["lo"] <= r["actual"] <= r["hi"] for r in checked]  # a run that never reaches: past every such hi
     widths = [r["hi"] / max(r["lo"], 1e-12) for r in checked]
     pred_only = [r for r in checked if not r["observed"]]
@@ -421,12 +421,20 @@ def score(
     )
 
 
+def scored_interval(r: dict, steps: int) -> bool:
+    """Is a row's interval scored (coverage, width)?  A ranked row whose full run reaches the
+    target, or never does while its interval ends inside the step budget (a miss); one whose run
+    never reaches it and whose interval runs past the budget is censored: inside or not is unknown."""
+    return math.isfinite(r["predicted"]) and (math.isfinite(r["actual"]) or r["hi"] < steps)
+
+
 def speedups(rows: list) -> list:
     """Each ranked row's speedup over the dense baseline (the first row: the plan's first candidate,
     as ``space.candidates`` orders them) as the advisor prints it
-    (``ranking.rank``: dense's time / the row's, with the interval of dense's fast end over the row's
-    slow end and the other way) where either time is predicted, beside the actual one (NaN where
-    either full run never reaches the target)."""
+    (``ranking.rank``: dense's time / the row's, with ``ranking.speedup_bounds``) where either time
+    is predicted, beside the actual one (NaN where either full run never reaches the target)."""
+    from cconv.advisor.ranking import speedup_bounds
+
     d = rows[0]
     if not math.isfinite(d["predicted"]):
         return []
@@ -436,14 +444,10 @@ def speedups(rows: list) -> list:
             continue
         ds, rs = d["step_s"], r["step_s"]
         reach = math.isfinite(d["actual"]) and math.isfinite(r["actual"])
+        lo, hi = speedup_bounds(d["lo"] * ds, d["hi"] * ds, r["lo"] * rs, r["hi"] * rs)
+        predicted, actual = d["predicted"] * ds / (r["predicted"] * rs), d["actual"] * ds / (r["actual"] * rs)
         out.append(
-            dict(
-                candidate=r["candidate"],
-                predicted=d["predicted"] * ds / (r["predicted"] * rs),
-                lo=d["lo"] * ds / (r["hi"] * rs),
-                hi=d["hi"] * ds / (r["lo"] * rs) if r["lo"] > 0 else math.inf,
-                actual=d["actual"] * ds / (r["actual"] * rs) if reach else math.nan,
-            )
+            dict(candidate=r["candidate"], predicted=predicted, lo=lo, hi=hi, actual=actual if reach else math.nan)
         )
     return out
 
@@ -725,7 +729,7 @@ def figure(results: list, path: str) -> None:
                 ax.plot([act], [top], "x", color="0.5")
                 continue
             inside = x["lo"] <= x["actual"] <= x["hi"]
-            unknown = not math.isfinite(x["actual"]) and x["hi"] >= r["steps"]  # left out of coverage (score)
+            unknown = not scored_interval(x, r["steps"])  # censored: left out of coverage
             ax.errorbar(
                 act,
                 x["predicted"],
