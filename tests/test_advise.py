@@ -617,20 +617,46 @@ def _row(name, over, steps, step_s, status="predicted", lo=None, hi=None):
     return R.Row(name, over, "mg-wfbp", p, StepTime("mg-wfbp", step_s, step_s / 2, step_s / 4, step_s / 4), 1.0, 0.9)
 
 
+def _validation():
+    """``studies/advise/validate.py`` as a module (the study is a script beside the package)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "studies", "advise", "validate.py")
+    spec = importlib.util.spec_from_file_location("advise_validate", path)
+    V = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(V)
+    return V
+
+
+def test_the_validation_scores_every_interval_the_advice_prints():
+    """``validate.scored_interval`` (coverage and width): a ranked row, and a row predicted past the
+    step budget of 200 (``misses the budget``, not ranked: ``predicted`` NaN) whose full run reaches
+    the target all the same, are scored; a run that never reaches the target is a miss where the
+    interval ends inside the budget and censored where it runs past it; a row without a prediction
+    (stalled, flagged) has no interval to score."""
+    V = _validation()
+    nan, inf = math.nan, math.inf
+
+    def row(predicted, point, lo, hi, actual):
+        return dict(predicted=predicted, point=point, lo=lo, hi=hi, actual=actual)
+
+    assert V.scored_interval(row(90.0, 90.0, 70.0, 150.0, 100.0), 200)
+    assert V.scored_interval(row(nan, 216.0, 203.0, 484.0, 128.0), 200)  # predicted past the budget, reached
+    assert V.scored_interval(row(90.0, 90.0, 70.0, 150.0, inf), 200)  # a miss: never reached by 200
+    assert not V.scored_interval(row(90.0, 90.0, 70.0, 250.0, inf), 200)  # censored
+    assert not V.scored_interval(row(nan, 216.0, 203.0, 484.0, inf), 200)  # censored
+    assert not V.scored_interval(row(nan, nan, nan, nan, 128.0), 200)  # no prediction
+
+
 def test_the_validation_scores_the_speedup_the_table_prints():
     """``studies/advise/validate.py``'s ``speedups`` is the speedup over dense and its interval that
     ``ranking.rank`` prints (dense's time over the row's; dense's fast end over the row's slow end,
     and the other way), beside the actual one from the full runs; a row beside an observed dense row
     is checked, two observed rows are not (no interval), and a run that never reaches the target
     gives no actual speedup."""
-    import importlib.util
-
     from cconv.advisor import ranking as R
 
-    path = os.path.join(os.path.dirname(__file__), "..", "studies", "advise", "validate.py")
-    spec = importlib.util.spec_from_file_location("advise_validate", path)
-    V = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(V)
+    V = _validation()
     dense = _row("dense", {"compressor": {"name": "none"}}, 90, 2e-3, lo=80, hi=150)
     topk = _row("top-k", {"compressor": {"name": "topk"}}, 120, 1e-3, lo=100, hi=300)
     local = _row("local", {"local_steps": 4}, 60, 5e-4, status="reached", lo=59, hi=60)

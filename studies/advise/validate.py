@@ -368,6 +368,7 @@ def score(
                 reason=p.reason,
                 family=p.family,
                 predicted=p.steps if ranked else math.nan,
+                point=p.steps if p.ok else math.nan,  # ranked or not (past the step budget: not ranked)
                 lo=p.lo,
                 hi=p.hi,
                 actual=act,
@@ -422,10 +423,12 @@ def score(
 
 
 def scored_interval(r: dict, steps: int) -> bool:
-    """Is a row's interval scored (coverage, width)?  A ranked row whose full run reaches the
-    target, or never does while its interval ends inside the step budget (a miss); one whose run
-    never reaches it and whose interval runs past the budget is censored: inside or not is unknown."""
-    return math.isfinite(r["predicted"]) and (math.isfinite(r["actual"]) or r["hi"] < steps)
+    """Is a row's interval scored (coverage, width)?  Every row the advice gives an interval --
+    ranked, or predicted past the step budget (``misses the budget``, not ranked) -- whose full run
+    reaches the target, or never does while its interval ends inside the step budget (a miss); one
+    whose run never reaches it and whose interval runs past the budget is censored: inside or not
+    is unknown."""
+    return math.isfinite(r["point"]) and (math.isfinite(r["actual"]) or r["hi"] < steps)
 
 
 def speedups(rows: list) -> list:
@@ -666,6 +669,11 @@ def markdown(results: list, settings, command: str) -> str:
             if math.isfinite(row["predicted"]):
                 how = "observed" if row["observed"] else f"{row['family']}"
                 pred = f"{row['predicted']:.0f} [{row['lo']:.0f}, {row['hi']:.0f}] ({how})"
+            elif row["status"] == "predicted":  # past the step budget: not ranked (ranking.rank)
+                pred = (
+                    f"misses the budget: ~{row['point']:.0f} [{row['lo']:.0f}, {row['hi']:.0f}] > {r['steps']} "
+                    f"({row['reason'][:60]})"
+                )
             else:
                 pred = f"{row['status']} ({row['reason'][:90]})"
             act = f"{row['actual']:.0f}" if math.isfinite(row["actual"]) else "not reached"
@@ -720,29 +728,30 @@ def figure(results: list, path: str) -> None:
     for ax, r in zip(axes.flat, results):
         rows, b = r["score"]["rows"], r["score"]
         acts = [x["actual"] for x in rows if math.isfinite(x["actual"])]
-        his = [x["hi"] for x in rows if math.isfinite(x["predicted"])]
+        his = [x["hi"] for x in rows if math.isfinite(x["point"])]
         top = max([r["steps"] * 1.3, *acts, *his]) * 1.2
-        lo = max(1.0, min([*acts, *[x["lo"] for x in rows if math.isfinite(x["predicted"])], top]) / 2)
+        lo = max(1.0, min([*acts, *[x["lo"] for x in rows if math.isfinite(x["point"])], top]) / 2)
         for x in rows:
             act = x["actual"] if math.isfinite(x["actual"]) else top
-            if not math.isfinite(x["predicted"]):
+            if not math.isfinite(x["point"]):
                 ax.plot([act], [top], "x", color="0.5")
                 continue
             inside = x["lo"] <= x["actual"] <= x["hi"]
             unknown = not scored_interval(x, r["steps"])  # censored: left out of coverage
             ax.errorbar(
                 act,
-                x["predicted"],
-                yerr=[[x["predicted"] - x["lo"]], [x["hi"] - x["predicted"]]],
+                x["point"],
+                yerr=[[x["point"] - x["lo"]], [x["hi"] - x["point"]]],
                 fmt="s" if x["observed"] else "o",
                 color="0.6" if unknown else "C0" if inside else "C3",
                 capsize=2,
                 ms=5,
             )
             if x["candidate"] == b["pick"]:
-                ax.plot([act], [x["predicted"]], "o", mfc="none", mec="k", ms=12, mew=1.4)
+                ax.plot([act], [x["point"]], "o", mfc="none", mec="k", ms=12, mew=1.4)
         ax.plot([lo, top], [lo, top], "k--", lw=0.8)
         ax.axvline(r["steps"], color="0.7", lw=0.8)
+        ax.axhline(r["steps"], color="0.7", lw=0.8)  # above it: predicted to miss the budget (not ranked)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.xaxis.set_minor_formatter(NullFormatter())
@@ -764,9 +773,9 @@ def figure(results: list, path: str) -> None:
         Line2D([], [], marker="o", ls="", color="C3", label="actual outside the interval"),
         Line2D([], [], marker="o", ls="", color="0.6", label="never reached, interval past the budget (unscored)"),
         Line2D([], [], marker="o", ls="", mfc="none", mec="k", ms=10, label="the recommendation"),
-        Line2D([], [], marker="x", ls="", color="0.5", label="not ranked (flagged)"),
+        Line2D([], [], marker="x", ls="", color="0.5", label="no prediction (flagged)"),
         Line2D([], [], ls="--", color="k", lw=0.8, label="predicted = actual"),
-        Line2D([], [], color="0.7", lw=0.8, label="step budget"),
+        Line2D([], [], color="0.7", lw=0.8, label="step budget (above it: not ranked)"),
     ]
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
