@@ -635,13 +635,16 @@ def _advice(
     )
 
 
-AHEAD = ("orbax.checkpoint",)  # imported by the race's first checkpoint, in a thread that trains
+# imported by the race's first checkpoint (in a thread that trains) and its first curve fit (scipy's
+# least squares: cconv.advisor.curves, on the race's thread, between two rungs)
+AHEAD = ("orbax.checkpoint", "scipy.optimize")
 AHEAD_FIGURE = ("matplotlib.figure", "matplotlib.backends.backend_agg", "matplotlib.ticker", "matplotlib.lines")
 
 
 def _import_ahead(figure: bool) -> None:
-    """Import in a daemon thread what the race's first checkpoint and the figure import later: on
-    the critical path they cost about 0.8 s (orbax) and 0.4 s (matplotlib) of interpreter time;
+    """Import in a daemon thread what the race's first checkpoint, its first curve fit and the
+    figure import later: on the critical path they cost about 0.8 s (orbax), 0.3 s (scipy.optimize)
+    and 0.4 s (matplotlib) of interpreter time, several times that while programs build beside them;
     ahead, they overlap the data set's loading and the programs' builds.  Python's import lock
     makes a module imported once, by whichever thread comes first; an import that fails here fails
     again, with its error, where it is needed."""
