@@ -35,23 +35,33 @@ def _noisy(f, steps, seeds=3, sigma=0.03, seed=0) -> X.Curve:
     )
 
 
-# Each family recovered from noisy synthetic data (3 seeds, 3 % multiplicative noise, fixed keys):
-# the held-out choice picks the true family and t* lands within 10 % of the known answer (20 % for
-# the power law, whose target lies 8 curve lengths ahead).
+# Each family recovered from noisy synthetic data (3 seeds, 3 % multiplicative noise), in at least
+# 5 of 6 draws (fixed keys): the held-out choice picks the true family, or the one that contains it
+# (the stretched exponential is the exponential at beta = 1; the log-logistic is a power law past its
+# knee), t* lands within 10 % of the known answer (20 % for the power law, whose target lies 8 curve
+# lengths ahead), and the interval holds it.
 FAMILY_CASES = {
     "power": (lambda t: 2.0 * t**-0.5, (2.0 / 0.05) ** 2),
     "exp": (lambda t: 1.0 * np.exp(-0.01 * t), math.log(1 / 0.05) / 0.01),
     "loglogistic": (lambda t: 1.0 / (1 + (t / 150.0) ** 2.0), 150 * math.sqrt(1 / 0.05 - 1)),
+    "stretched": (lambda t: np.exp(-np.sqrt(t / 30.0)), 30.0 * math.log(1 / 0.05) ** 2),
 }
+CONTAINING = {"power": ("power", "loglogistic"), "exp": ("exp", "stretched")}
 
 
 @pytest.mark.parametrize("family", list(FAMILY_CASES))
 def test_each_curve_family_is_recovered(family):
     f, truth = FAMILY_CASES[family]
-    p = X.predict(_noisy(f, np.arange(5, 205, 5)), LOSS)
-    assert p.status == "predicted" and p.family == family
-    assert p.steps == pytest.approx(truth, rel=0.20 if family == "power" else 0.10)
-    assert p.lo <= truth <= p.hi
+    recovered = []
+    for seed in range(6):
+        p = X.predict(_noisy(f, np.arange(5, 205, 5), seed=seed), LOSS)
+        recovered.append(
+            p.status == "predicted"
+            and p.family in CONTAINING.get(family, (family,))
+            and p.steps == pytest.approx(truth, rel=0.20 if family == "power" else 0.10)
+            and p.lo <= truth <= p.hi
+        )
+    assert sum(recovered) >= 5, recovered
 
 
 def test_a_power_law_alone_misreads_an_s_curve():
@@ -142,14 +152,14 @@ def test_noisy_seeds_are_refused_not_ranked():
 # Coverage on synthetic noisy curves of every family with a known answer, targets 1.2 to 3 curve
 # lengths ahead.  With n >= 250 curves, if the true coverage were 0.7 the observed share would have
 # sd sqrt(0.7 x 0.3 / 250) = 0.029: the bound 0.7 holds the calibrated interval to the goal the
-# validation states (its measured share here is ~0.9, 7 sd above).
+# validation states (its measured share here is ~0.97, 9 sd above).
 @pytest.mark.slow
 def test_interval_coverage_on_noisy_curves_of_every_family():
     rng = np.random.default_rng(1234)
     steps = np.arange(4, 81, 4, dtype=float)
     hits = n = 0
     for i in range(300):
-        kind = ("power", "exp", "loglogistic")[i % 3]
+        kind = ("power", "exp", "loglogistic", "stretched")[i % 4]
         ahead = steps[-1] * rng.uniform(1.2, 3.0)
         if kind == "power":
             b = rng.uniform(0.3, 0.8)
@@ -157,9 +167,12 @@ def test_interval_coverage_on_noisy_curves_of_every_family():
         elif kind == "exp":
             k = rng.uniform(0.005, 0.03)
             f, e = (lambda t, k=k: np.exp(-k * t)), math.exp(-k * ahead)
-        else:
+        elif kind == "loglogistic":
             tau, b = rng.uniform(20, 60), rng.uniform(1.0, 3.0)
             f, e = (lambda t, tau=tau, b=b: 1 / (1 + (t / tau) ** b)), 1 / (1 + (ahead / tau) ** b)
+        else:
+            tau, b = rng.uniform(5, 40), rng.uniform(0.4, 0.9)
+            f, e = (lambda t, tau=tau, b=b: np.exp(-((t / tau) ** b))), math.exp(-((ahead / tau) ** b))
         p = X.predict(_noisy(f, steps, sigma=0.03, seed=i), T.Target("test_loss", e, T.KINDS["loss"]))
         if not p.ok:
             continue

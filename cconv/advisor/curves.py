@@ -12,6 +12,11 @@ predicts its own *last* points best:
 ``loglogistic`` log e = log e0 - log(1 + (t/tau)^b)
                                                 S-shaped in log t: a plateau (warm-up, momentum's
                                                 start, symmetry breaking), then t^-b
+``stretched``   log e = a - c t^beta, beta <= 1  the stretched exponential (Kohlrausch; Williams &
+                                                Watts 1970): a decay whose rate falls with time, as
+                                                a sum of exponentials' does once its fast modes are
+                                                gone (least squares, a model with noise); between
+                                                the exponential (beta = 1) and the power law
 ``warp``        log e(t) = log e_R(t / s)       the shape of a reference curve R that ran further
                                                 (a survivor of the race), stretched in time by s:
                                                 the candidate learns like R, s times slower
@@ -43,7 +48,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-FAMILIES = ("power", "exp", "loglogistic", "warp")
+FAMILIES = ("power", "exp", "loglogistic", "stretched", "warp")
 MIN_RATE = 0.05  # a fit whose gap falls slower than t^-0.05 at the curve's last step predicts nothing
 
 
@@ -130,6 +135,36 @@ def fit_loglogistic(t: np.ndarray, le: np.ndarray) -> Fit | None:
     return Fit("loglogistic", lambda q: l0 - np.logaddexp(0.0, b * (np.log(np.asarray(q, np.float64)) - ltau)), inv)
 
 
+STRETCH = np.geomspace(0.15, 1.0, 40)  # the stretched exponential's beta: its grid, never past exp's 1
+
+
+def fit_stretched(t: np.ndarray, le: np.ndarray) -> Fit | None:
+    """log e = a - c t^beta (c > 0, 0.15 <= beta <= 1).  Variable projection: for each beta of
+    ``STRETCH`` the best (a, c) is a linear regression of log e on t^beta, all betas at once; the
+    one with the least squared error is kept.  A beta above 1 (a decay faster than exponential)
+    is left out: from a short curve it only extrapolates a fall that speeds up."""
+    if len(t) < 4:
+        return None
+    x = t[None, :] ** STRETCH[:, None]  # (beta, points)
+    xm, ym = x.mean(1, keepdims=True), le.mean()
+    c = -((x - xm) * (le - ym)).sum(1) / np.maximum(((x - xm) ** 2).sum(1), 1e-300)
+    a = ym + c * xm[:, 0]
+    sse = ((a[:, None] - c[:, None] * x - le) ** 2).sum(1)
+    sse[~(c > 0)] = np.inf
+    i = int(np.argmin(sse))
+    if not math.isfinite(sse[i]):
+        return None
+    a, c, b = float(a[i]), float(c[i]), float(STRETCH[i])
+    if not c * b * t[-1] ** b >= MIN_RATE:  # -d log e / d log t at the last step
+        return None
+
+    def inv(lv: float) -> float:
+        d = a - lv
+        return 0.0 if d <= 0 else (d / c) ** (1.0 / b)
+
+    return Fit("stretched", lambda q: a - c * np.asarray(q, np.float64) ** b, inv)
+
+
 class Reference(NamedTuple):
     """A curve that ran further (a race's survivor): its steps and seed-mean log gap, and the
     step at which it reached the target's gap (NaN if it did not)."""
@@ -178,9 +213,9 @@ def fit_warp(t: np.ndarray, le: np.ndarray, ref: Reference) -> Fit | None:
 
 
 def fitters(refs: tuple = ()) -> list[Callable[[np.ndarray, np.ndarray], Fit | None]]:
-    """The families as functions (t, log e) -> Fit or None: power, exp, loglogistic, and one warp
-    per reference curve."""
-    out: list = [fit_power, fit_exp, fit_loglogistic]
+    """The families as functions (t, log e) -> Fit or None: power, exp, loglogistic, stretched, and
+    one warp per reference curve."""
+    out: list = [fit_power, fit_exp, fit_loglogistic, fit_stretched]
     return out + [lambda t, le, r=r: fit_warp(t, le, r) for r in refs]
 
 

@@ -4,17 +4,19 @@ A curve whose seed mean already reached the target needs no model: t* is the fir
 linearly interpolated in the gap between logged steps, and the interval is those two logged steps.
 Otherwise the gap to the metric's best value (``cconv.advisor.target``) is extrapolated by the
 family that predicts the curve's own last points best (``cconv.advisor.curves``: power law,
-exponential, log-logistic S-curve, or the time-stretched shape of a reference curve that ran
-further, e.g. a race's survivor), with the interval on log t*::
+exponential, log-logistic S-curve, stretched exponential, or the time-stretched shape of a
+reference curve that ran further, e.g. a race's survivor), with the interval on log t*::
 
     fast side:  z * sqrt(var_seed + var_family) + kappa * log(1 + t* / t_end)
     slow side:  z * sqrt(var_seed + var_family) + (kappa + kappa_slow) * log(1 + t* / t_end)
 
-(``curves`` gives the terms).  The slow side widens faster with the extrapolation: a learning
-curve's rate of progress falls as it goes (a sum of exponentials' fast modes die out; compression's
-slowdown shows after the first steps), so a short curve's families err mostly towards too few steps.
-``z``, ``kappa`` and ``kappa_slow`` are set on the tuning tasks of
-``studies/advise/validate.py --calibrate`` and checked on the held-out tasks there.
+(``curves`` gives the terms).  The slow side may widen faster with the extrapolation
+(``kappa_slow``): a learning curve's rate of progress falls as it goes (a sum of exponentials' fast
+modes die out; compression's slowdown shows after the first steps), so a short curve's families
+err mostly towards too few steps -- less so since the stretched exponential reads a slowing curve
+itself, and the calibration now sets ``kappa_slow`` to 0.  ``z``, ``kappa`` and ``kappa_slow`` are
+set on the tuning tasks of ``studies/advise/validate.py --calibrate`` and checked on the held-out
+tasks there.
 
 No prediction (``Prediction.ok`` is False) when: a seed diverged (``cconv.experiments.divergence``:
 non-finite, or a training loss above 10x its first step's; ``diverged``); no family that can be
@@ -68,9 +70,9 @@ class Settings(NamedTuple):
 
     min_points: int = 5
     holdout: int = 3
-    z: float = 1.25  # set with the kappas on the validation's tuning tasks (studies/advise/validate.py --calibrate)
-    kappa: float = 0.0
-    kappa_slow: float = 0.3  # the slow side's extra widening with the extrapolation
+    z: float = 1.5  # set with the kappas on the validation's tuning tasks (studies/advise/validate.py --calibrate)
+    kappa: float = 0.1
+    kappa_slow: float = 0.0  # the slow side's extra widening with the extrapolation
     family_slack: float = 1.5  # families within this factor of the best held-out error count in var_family
     max_extrapolation: float = 30.0
     max_width: float = 20.0  # on exp(2 z sd_seed): the seeds' spread alone

@@ -33,6 +33,8 @@ sys.path.insert(0, HERE)
 
 import validate as V  # noqa: E402  (the validation's tasks, runs and scoring)
 
+from cconv.advisor.curves import FAMILIES  # noqa: E402
+
 CLUSTERS = (  # (NODESxGPUS, network): compute-bound first
     ("1x8", None),
     ("8x1", "100GbIB"),
@@ -225,7 +227,7 @@ def _families(rows: list) -> list:
         "median actual / predicted | optimistic |",
         "|---|---|---|---|---|---|---|",
     ]
-    for fam in ("power", "exp", "loglogistic", "warp"):
+    for fam in FAMILIES:
         cells = []
         for keep in (lambda r: True, _tuning_at_1x8):
             ratios = _ratios([r for r in rows if keep(r)], fam)
