@@ -16,7 +16,9 @@ clusters x 2 sets), the tuning and the held-out tasks at 1x8 at the tasks' setti
 
     PYTHONPATH=. python studies/advise/combine_whatif.py   (needs validate.py's full runs; ~1 min a variant)
 
-Printed 2026-11-29 (docs/advise_validation.md, "On clusters it was not tuned on"); not kept.
+Printed 2026-11-29 on the tree of commit e41f73e, before the stretched exponential and the
+constants chosen with it (docs/advise_validation.md, "On clusters it was not tuned on"); not kept.
+Today's tree prints other numbers.
 """
 
 from __future__ import annotations
