@@ -70,6 +70,24 @@ def collect_afresh() -> list:
         return collect()
 
 
+def what_if_line(name: str, rows: list) -> str:
+    """One line of a what-if study (``collect_afresh`` under a patch): goals met over the cases, the
+    median tau, and the tuning and held-out tasks at 1x8 at the tasks' setting apart."""
+    bs = [r["score"] for r in rows]
+    met = [V._met(b) for b in bs]
+    at1x8 = [r for r in rows if r["cluster"] == "1x8" and r["set"] == SETS[0][0]]
+    tune = [r["score"] for r in at1x8 if r["task"] in V.TUNE]
+    held = [r["score"] for r in at1x8 if r["task"] in V.HELD_OUT]
+    listed = lambda scores, key: " ".join(f"{b[key]:.2f}" for b in scores)  # noqa: E731
+    return (
+        f"{name:11s} all {len(bs)}: tau {sum(m[0] for m in met)}, regret {sum(m[1] for m in met)}, "
+        f"coverage/width {sum(m[2] for m in met)}, every goal {sum(all(m) for m in met)}, median tau "
+        f"{np.median([b['tau'] for b in bs]):.2f} | tuning at 1x8: tau {listed(tune, 'tau')}, coverage "
+        f"{listed(tune, 'coverage')} | held out at 1x8: tau {listed(held, 'tau')}, "
+        f"coverage {listed(held, 'coverage')}"
+    )
+
+
 def _kinds(task: str, out: str) -> tuple[str, list]:
     """(the dense baseline's name, the compressed candidates' names), from the advisor's own plan
     of the task (its candidates' overrides, not their names)."""

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import sys
 from unittest import mock
 
@@ -33,7 +32,6 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import clusters  # noqa: E402  (the study's own modules, beside this file)
-import validate  # noqa: E402
 
 from cconv.advisor import curves, extrapolate  # noqa: E402
 
@@ -73,29 +71,13 @@ def variant(kind: str):
     return _extrapolate
 
 
-def _listed(scores: list, key: str) -> str:
-    return " ".join(f"{b[key]:.2f}" for b in scores)
-
-
 def line(kind: str) -> str:
     if kind == "shipped":
         rows = clusters.collect_afresh()
     else:
         with mock.patch.object(E, "_extrapolate", variant(kind)):  # the race's refinement reads the predictions
             rows = clusters.collect_afresh()
-    bs = [r["score"] for r in rows]
-    met = [validate._met(b) for b in bs]
-    first = clusters.SETS[0][0]  # the tasks' setting
-    at1x8 = [r for r in rows if r["cluster"] == "1x8" and r["set"] == first]
-    tune = [r["score"] for r in at1x8 if r["task"] in validate.TUNE]
-    held = [r["score"] for r in at1x8 if r["task"] in validate.HELD_OUT]
-    return (
-        f"{kind:8s} all {len(bs)}: tau {sum(m[0] for m in met)}, regret {sum(m[1] for m in met)}, "
-        f"coverage/width {sum(m[2] for m in met)}, every goal {sum(all(m) for m in met)}, median tau "
-        f"{statistics.median(b['tau'] for b in bs):.2f} | tuning at 1x8: tau {_listed(tune, 'tau')}, coverage "
-        f"{_listed(tune, 'coverage')} | held out at 1x8: tau {_listed(held, 'tau')}, "
-        f"coverage {_listed(held, 'coverage')}"
-    )
+    return clusters.what_if_line(kind, rows)
 
 
 def main() -> int:

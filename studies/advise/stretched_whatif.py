@@ -11,7 +11,6 @@ Printed 2026-11-29 (docs/advise_validation.md, "The stretched exponential").
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 from unittest import mock
 
@@ -19,7 +18,6 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import clusters  # noqa: E402  (the study's own modules, beside this file)
-import validate  # noqa: E402
 
 from cconv.advisor import curves  # noqa: E402
 
@@ -42,10 +40,6 @@ VARIANTS = {
 }
 
 
-def _listed(scores: list, key: str) -> str:
-    return " ".join(f"{b[key]:.2f}" for b in scores)
-
-
 def line(name: str) -> str:
     patches = [mock.patch.object(curves, k, v) for k, v in VARIANTS[name].items()]
     for p in patches:
@@ -55,19 +49,7 @@ def line(name: str) -> str:
     finally:
         for p in patches:
             p.stop()
-    bs = [r["score"] for r in rows]
-    met = [validate._met(b) for b in bs]
-    first = clusters.SETS[0][0]  # the tasks' setting
-    at1x8 = [r for r in rows if r["cluster"] == "1x8" and r["set"] == first]
-    tune = [r["score"] for r in at1x8 if r["task"] in validate.TUNE]
-    held = [r["score"] for r in at1x8 if r["task"] in validate.HELD_OUT]
-    return (
-        f"{name:11s} all {len(bs)}: tau {sum(m[0] for m in met)}, regret {sum(m[1] for m in met)}, "
-        f"coverage/width {sum(m[2] for m in met)}, every goal {sum(all(m) for m in met)}, median tau "
-        f"{statistics.median(b['tau'] for b in bs):.2f} | tuning at 1x8: tau {_listed(tune, 'tau')}, coverage "
-        f"{_listed(tune, 'coverage')} | held out at 1x8: tau {_listed(held, 'tau')}, "
-        f"coverage {_listed(held, 'coverage')}"
-    )
+    return clusters.what_if_line(name, rows)
 
 
 def main() -> int:
