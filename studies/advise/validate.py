@@ -15,11 +15,12 @@ against the full runs:
   intervals' slow ends) and the actual times to target (steps x seconds per step) over all 8
   candidates (flagged or never reaching: last, tied);
 * top-1 regret: actual time of the advisor's recommendation / the best actual time;
-* coverage: the share of ranked candidates whose actual steps to target lie in the interval, and
-  the median interval width hi/lo -- over all ranked rows and over the predicted (not observed)
-  ones alone; a ranked row whose full run never reaches the target is a miss when its interval
-  ends inside the step budget (``never``), and is left out when the interval runs past it (the run
-  stopped there: inside or not is unknown);
+* coverage: the share of the candidates given an interval (ranked, or predicted past the step
+  budget) whose actual steps to target lie in it, and the median interval width hi/lo -- over all
+  of them and over the predicted (not observed) ones alone; a row whose full run never reaches the
+  target is a miss when its interval ends inside the step budget (``never``), and is left out when
+  the interval runs past it (the run stopped there: inside or not is unknown:
+  ``scored_interval``);
 * the speedup over dense of each ranked row where either time is predicted, with its interval, as
   the table prints it (``speedups``), against the full runs' speedup;
 * wall time (``--wall``): ``cconv advise`` vs ``cconv run`` of one dense run, each in a fresh
@@ -388,9 +389,7 @@ def score(
         regret = float(at[pick] / at.min()) if at[pick] < BIG else math.inf
         pick_name = rows[pick]["candidate"]
     extra = _against(independent, rows, pt, at, pick, target) if independent is not None else {}
-    checked = [r for r in rows if scored_interval(r, steps)]
-    inside = [r["lo"] <= r["actual"] <= r["hi"] for r in checked]  # a run that never reaches: past every such hi
-    widths = [r["hi"] / max(r["lo"], 1e-12) for r in checked]
+    checked = [r for r in rows if scored_interval(r, steps)]  # a run that never reaches: past every such hi
     pred_only = [r for r in checked if not r["observed"]]
     sp = speedups(rows)
     sp_checked = [x for x in sp if math.isfinite(x["actual"])]
@@ -401,25 +400,31 @@ def score(
         tau=tau,
         regret=regret,
         pick=pick_name,
-        coverage=float(np.mean(inside)) if inside else math.nan,
-        width=float(np.median(widths)) if widths else math.nan,
+        coverage=_covered(checked),
+        width=_width(checked),
         checked=len(checked),
         never=sum(math.isinf(r["actual"]) for r in checked),
         observed=sum(r["observed"] for r in checked),
-        coverage_predicted=float(np.mean([r["lo"] <= r["actual"] <= r["hi"] for r in pred_only]))
-        if pred_only
-        else math.nan,
-        width_predicted=float(np.median([r["hi"] / max(r["lo"], 1e-12) for r in pred_only])) if pred_only else math.nan,
+        coverage_predicted=_covered(pred_only),
+        width_predicted=_width(pred_only),
         ranked=sum(math.isfinite(r["predicted"]) for r in rows),
         speedups=sp,
         speedup_checked=len(sp_checked),
-        speedup_coverage=float(np.mean([x["lo"] <= x["actual"] <= x["hi"] for x in sp_checked]))
-        if sp_checked
-        else math.nan,
+        speedup_coverage=_covered(sp_checked),
         speedup_ratio=float(np.median([x["actual"] / x["predicted"] for x in sp_checked])) if sp_checked else math.nan,
         rows=rows,
         **extra,
     )
+
+
+def _covered(xs: list) -> float:
+    """The share of ``xs`` whose ``actual`` lies in [``lo``, ``hi``] (NaN for none)."""
+    return float(np.mean([x["lo"] <= x["actual"] <= x["hi"] for x in xs])) if xs else math.nan
+
+
+def _width(xs: list) -> float:
+    """The median interval width hi / lo of ``xs`` (NaN for none)."""
+    return float(np.median([x["hi"] / max(x["lo"], 1e-12) for x in xs])) if xs else math.nan
 
 
 def scored_interval(r: dict, steps: int) -> bool:
